@@ -1,0 +1,3 @@
+"""atomr-accel: an actor-shaped face for GPU compute."""
+
+__version__ = "0.1.0"

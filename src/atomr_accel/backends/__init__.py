@@ -1,0 +1,1 @@
+"""Backends: where ops actually run. ``cpu`` (NumPy/SciPy) is the reference."""

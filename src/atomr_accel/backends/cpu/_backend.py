@@ -1,0 +1,87 @@
+"""The CPU backend: buffers are NumPy arrays, libraries are NumPy/SciPy."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, ClassVar
+
+import numpy as np
+
+from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument, OutOfMemory
+from atomr_accel.core._op import Op
+
+__all__ = ["CpuBackend"]
+
+_DEFAULT_CAPACITY = 1 << 40  # a notional 1 TiB "device"; real limit is the host's
+
+
+class CpuBackend(Backend):
+    """A context whose buffers are 1-D NumPy arrays.
+
+    ``capacity`` bounds the bytes it may hold (``OutOfMemory`` past it), so tests
+    and the memory-fit placement see a finite device.
+    """
+
+    name: ClassVar[str] = "cpu"
+    handlers: ClassVar[dict[type[Op], Handler]] = dict(MEMORY_HANDLERS)
+
+    def __init__(self, device_id: int = 0, capacity: int = _DEFAULT_CAPACITY) -> None:
+        super().__init__(device_id)
+        self.capacity = capacity
+        self._buffers: dict[int, np.ndarray[Any, Any]] = {}
+        self._ids = itertools.count(1)
+        self._used = 0
+
+    def array(self, buffer_id: int) -> np.ndarray[Any, Any]:
+        """The live 1-D array behind a buffer id (library handlers write into it)."""
+        try:
+            return self._buffers[buffer_id]
+        except KeyError:
+            raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
+
+    def allocate(self, dtype: DType, length: int) -> int:
+        nbytes = length * dtype.itemsize
+        if self._used + nbytes > self.capacity:
+            raise OutOfMemory(
+                f"cannot allocate {nbytes} bytes on cpu device {self.device_id}",
+                requested=nbytes,
+                available=self.capacity - self._used,
+            )
+        try:
+            arr = np.zeros(length, dtype=dtype.numpy)
+        except MemoryError as exc:
+            raise OutOfMemory(f"host allocation of {nbytes} bytes failed", requested=nbytes) from exc
+        buffer_id = next(self._ids)
+        self._buffers[buffer_id] = arr
+        self._used += nbytes
+        return buffer_id
+
+    def free(self, buffer_id: int) -> None:
+        arr = self.array(buffer_id)
+        del self._buffers[buffer_id]
+        self._used -= arr.nbytes
+
+    def write(self, buffer_id: int, data: np.ndarray[Any, Any], offset: int) -> None:
+        arr = self.array(buffer_id)
+        arr[offset : offset + data.size] = data
+
+    def read(self, buffer_id: int, offset: int, length: int) -> np.ndarray[Any, Any]:
+        return self.array(buffer_id)[offset : offset + length].copy()
+
+    def copy(self, src: int, dst: int, length: int, src_offset: int, dst_offset: int) -> None:
+        source = self.array(src)[src_offset : src_offset + length]
+        self.array(dst)[dst_offset : dst_offset + length] = source
+
+    def memory_info(self) -> tuple[int, int]:
+        return self.capacity - self._used, self.capacity
+
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes held by live buffers."""
+        return self._used
+
+    def close(self) -> None:
+        self._buffers.clear()
+        self._used = 0

@@ -1,0 +1,104 @@
+"""Element types a device buffer can hold."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from atomr_accel.core._errors import InvalidArgument
+
+__all__ = ["DType"]
+
+
+def _bfloat16() -> np.dtype[Any]:
+    try:
+        import ml_dtypes
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise InvalidArgument("bfloat16 needs the ml_dtypes package for host arrays") from exc
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+class DType(enum.Enum):
+    """An element type; ``value`` is its short name (``"f32"``)."""
+
+    F16 = "f16"
+    BF16 = "bf16"
+    F32 = "f32"
+    F64 = "f64"
+    I8 = "i8"
+    I16 = "i16"
+    I32 = "i32"
+    I64 = "i64"
+    U8 = "u8"
+    U16 = "u16"
+    U32 = "u32"
+    U64 = "u64"
+    C64 = "c64"
+    C128 = "c128"
+
+    @property
+    def itemsize(self) -> int:
+        """Size of one element in bytes."""
+        return _ITEMSIZE[self]
+
+    @property
+    def numpy(self) -> np.dtype[Any]:
+        """The NumPy dtype (bf16 needs ``ml_dtypes``)."""
+        if self is DType.BF16:
+            return _bfloat16()
+        return np.dtype(_NUMPY_NAME[self])
+
+    @property
+    def is_float(self) -> bool:
+        """True for real floating-point types."""
+        return self in (DType.F16, DType.BF16, DType.F32, DType.F64)
+
+    @property
+    def is_complex(self) -> bool:
+        """True for complex types."""
+        return self in (DType.C64, DType.C128)
+
+    @property
+    def real(self) -> DType:
+        """The real type of the same precision (f32 for c64); itself when already real."""
+        return {DType.C64: DType.F32, DType.C128: DType.F64}.get(self, self)
+
+    @property
+    def complex(self) -> DType:
+        """The complex type of the same precision (c64 for f32)."""
+        try:
+            return {DType.F32: DType.C64, DType.F64: DType.C128, DType.C64: DType.C64,
+                    DType.C128: DType.C128}[self]
+        except KeyError:
+            raise InvalidArgument(f"{self.value} has no complex counterpart") from None
+
+    @classmethod
+    def of(cls, value: object) -> DType:
+        """Return the DType for a DType, a short name (``"f32"``) or anything ``np.dtype`` takes."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, str) and value in _BY_NAME:
+            return _BY_NAME[value]
+        try:
+            dt = np.dtype(value)  # type: ignore[call-overload]
+        except TypeError as exc:
+            raise InvalidArgument(f"not a dtype: {value!r}") from exc
+        if dt.name == "bfloat16":
+            return DType.BF16
+        try:
+            return _BY_NUMPY[dt.name]
+        except KeyError:
+            raise InvalidArgument(f"unsupported dtype: {dt}") from None
+
+
+_NUMPY_NAME = {
+    DType.F16: "float16", DType.F32: "float32", DType.F64: "float64",
+    DType.I8: "int8", DType.I16: "int16", DType.I32: "int32", DType.I64: "int64",
+    DType.U8: "uint8", DType.U16: "uint16", DType.U32: "uint32", DType.U64: "uint64",
+    DType.C64: "complex64", DType.C128: "complex128",
+}
+_ITEMSIZE = {d: np.dtype(n).itemsize for d, n in _NUMPY_NAME.items()} | {DType.BF16: 2}
+_BY_NAME = {d.value: d for d in DType}
+_BY_NUMPY = {n: d for d, n in _NUMPY_NAME.items()}

@@ -1,0 +1,88 @@
+"""The device error taxonomy.
+
+Hierarchy::
+
+    GpuRuntimeError (Exception)
+    ├── ContextPoisoned     sticky device fault; the context must be rebuilt (Restart)
+    ├── OutOfMemory         an allocation did not fit (Resume)
+    ├── Unrecoverable       the device cannot serve any more (Stop)
+    ├── GpuRefStale         a handle from an older context generation was used
+    ├── LibraryError        a library call failed (library name + status)
+    ├── DeviceUnavailable   no such device or backend on this machine
+    └── InvalidArgument     bad dtype, length, shape or option (also ValueError)
+
+``AskTimeout`` comes from the actor runtime and is re-exported here.
+"""
+
+from __future__ import annotations
+
+from atomr_accel.actor._errors import AskTimeout
+
+__all__ = [
+    "AskTimeout",
+    "ContextPoisoned",
+    "DeviceUnavailable",
+    "GpuRefStale",
+    "GpuRuntimeError",
+    "InvalidArgument",
+    "LibraryError",
+    "OutOfMemory",
+    "Unrecoverable",
+]
+
+
+class GpuRuntimeError(Exception):
+    """Base class of every device-side error."""
+
+
+class ContextPoisoned(GpuRuntimeError):
+    """The device context hit a sticky fault; the context must be rebuilt.
+
+    Supervision restarts the context on this error (a fresh worker process on
+    the process host).
+    """
+
+
+class OutOfMemory(GpuRuntimeError):
+    """An allocation did not fit; ``requested`` and ``available`` are in bytes when known."""
+
+    def __init__(
+        self, message: str, *, requested: int | None = None, available: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.requested = requested
+        self.available = available
+
+
+class Unrecoverable(GpuRuntimeError):
+    """The device cannot serve any more; every queued and later request fails with this."""
+
+
+class GpuRefStale(GpuRuntimeError):
+    """A buffer (or other handle) from an older context generation was used."""
+
+    def __init__(self, what: str, generation: int, current: int) -> None:
+        super().__init__(
+            f"{what} belongs to context generation {generation}, but the context is now "
+            f"generation {current}; allocate it again"
+        )
+        self.generation = generation
+        self.current = current
+
+
+class LibraryError(GpuRuntimeError):
+    """A library call failed; ``library`` names it (``"cusolver"``, ...) and ``status`` says how."""
+
+    def __init__(self, library: str, status: object, message: str = "") -> None:
+        text = f"{library} failed with status {status}"
+        super().__init__(f"{text}: {message}" if message else text)
+        self.library = library
+        self.status = status
+
+
+class DeviceUnavailable(GpuRuntimeError):
+    """The requested device or backend does not exist or cannot be used here."""
+
+
+class InvalidArgument(GpuRuntimeError, ValueError):
+    """An argument is wrong: dtype, length, shape, option or a closed object."""

@@ -1,0 +1,1 @@
+"""Op dataclasses, one module per library."""

@@ -1,0 +1,96 @@
+"""Ops the context runs itself: allocation, copies in and out, frees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._op import Op, require, require_len, require_nonneg, require_same_dtype
+from atomr_accel.core._ref import GpuRef
+
+__all__ = ["Allocate", "CopyBuffer", "Download", "Free", "Upload"]
+
+
+@dataclass(frozen=True, slots=True)
+class Allocate(Op):
+    """Allocate a zero-filled buffer of ``length`` elements; answers a ``GpuRef``."""
+
+    dtype: DType
+    length: int
+
+    def validate(self) -> None:
+        require(isinstance(self.dtype, DType), f"dtype must be a DType, got {self.dtype!r}")
+        require_nonneg(length=self.length)
+
+
+@dataclass(frozen=True, slots=True)
+class Free(Op):
+    """Release a buffer; later use of its ref is an ``InvalidArgument``."""
+
+    ref: GpuRef
+
+
+@dataclass(frozen=True, slots=True)
+class Upload(Op):
+    """Copy a host array into ``ref`` starting at element ``offset``.
+
+    ``data`` is a 1-D contiguous NumPy array of the buffer's dtype (the facade
+    converts); the process host swaps it for a shared-memory slice in transit.
+    """
+
+    outputs: ClassVar[tuple[str, ...]] = ("ref",)
+    ref: GpuRef
+    data: Any
+    offset: int = 0
+
+    def validate(self) -> None:
+        require_nonneg(offset=self.offset)
+        arr = self.data
+        if isinstance(arr, np.ndarray):
+            require(arr.ndim == 1, f"upload data must be 1-D, got shape {arr.shape}")
+            require(
+                arr.dtype == self.ref.dtype.numpy,
+                f"upload data has dtype {arr.dtype} but the buffer holds {self.ref.dtype.value}",
+            )
+            require_len(self.ref, self.offset + arr.size, "destination buffer")
+
+
+@dataclass(frozen=True, slots=True)
+class Download(Op):
+    """Copy ``length`` elements (all when None) from ``ref`` starting at ``offset`` to the host."""
+
+    ref: GpuRef
+    offset: int = 0
+    length: int | None = None
+
+    def validate(self) -> None:
+        require_nonneg(offset=self.offset)
+        if self.length is not None:
+            require_nonneg(length=self.length)
+        require_len(self.ref, self.offset + self.count, "source buffer")
+
+    @property
+    def count(self) -> int:
+        """Number of elements copied."""
+        return self.ref.length - self.offset if self.length is None else self.length
+
+
+@dataclass(frozen=True, slots=True)
+class CopyBuffer(Op):
+    """Copy ``length`` elements from ``src[src_offset:]`` to ``dst[dst_offset:]`` on the device."""
+
+    outputs: ClassVar[tuple[str, ...]] = ("dst",)
+    src: GpuRef
+    dst: GpuRef
+    length: int
+    src_offset: int = 0
+    dst_offset: int = 0
+
+    def validate(self) -> None:
+        require_nonneg(length=self.length, src_offset=self.src_offset, dst_offset=self.dst_offset)
+        require_same_dtype(src=self.src, dst=self.dst)
+        require_len(self.src, self.src_offset + self.length, "src")
+        require_len(self.dst, self.dst_offset + self.length, "dst")
