@@ -17,7 +17,8 @@ def _bfloat16() -> np.dtype[Any]:
         import ml_dtypes
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise InvalidArgument("bfloat16 needs the ml_dtypes package for host arrays") from exc
-    return np.dtype(ml_dtypes.bfloat16)
+    dtype: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return dtype
 
 
 class DType(enum.Enum):

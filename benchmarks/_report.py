@@ -1,0 +1,50 @@
+"""Shared helpers for benchmark scripts: percentiles, a text table, JSON output."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``samples`` (nearest rank)."""
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summarize_us(samples_ns: Sequence[int]) -> dict[str, float]:
+    """p50/p99/mean of nanosecond samples, in microseconds."""
+    us = [s / 1000 for s in samples_ns]
+    return {"p50_us": percentile(us, 50), "p99_us": percentile(us, 99),
+            "mean_us": statistics.fmean(us)}
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """Print rows under a title as an aligned text table."""
+    cells = [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(col), *(len(r[i]) for r in cells)) for i, col in enumerate(columns)]
+    print(f"\n{title}")
+    print("  ".join(col.ljust(w) for col, w in zip(columns, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` plus machine facts as JSON to ``path``."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        **payload,
+    }
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"\nwrote {out}")

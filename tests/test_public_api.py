@@ -1,0 +1,33 @@
+"""Every public name is exported, importable and documented."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+PACKAGES = ["atomr_accel.actor", "atomr_accel.actor.testkit", "atomr_accel.core"]
+
+
+def public_members(obj: object) -> list[tuple[str, object]]:
+    return [
+        (name, member)
+        for name, member in inspect.getmembers(obj)
+        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))
+    ]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_exports_exist_and_are_documented(package: str) -> None:
+    module = importlib.import_module(package)
+    assert module.__doc__, f"{package} has no docstring"
+    exported = module.__all__
+    assert len(exported) == len(set(exported))
+    for name in exported:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getdoc(obj), f"{package}.{name} has no docstring"
+        if inspect.isclass(obj):
+            for member_name, member in public_members(obj):
+                assert inspect.getdoc(member), f"{package}.{name}.{member_name} has no docstring"
