@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
+from atomr_accel.backends.cpu import _blas, _fft, _rng, _solver, _sparse, _tensor
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core._op import Op
@@ -25,7 +26,15 @@ class CpuBackend(Backend):
     """
 
     name: ClassVar[str] = "cpu"
-    handlers: ClassVar[dict[type[Op], Handler]] = dict(MEMORY_HANDLERS)
+    handlers: ClassVar[dict[type[Op], Handler]] = (
+        dict(MEMORY_HANDLERS)
+        | _fft.HANDLERS
+        | _rng.HANDLERS
+        | _sparse.HANDLERS
+        | _tensor.HANDLERS
+        | _blas.HANDLERS
+        | _solver.HANDLERS
+    )
 
     def __init__(self, device_id: int = 0, capacity: int = _DEFAULT_CAPACITY) -> None:
         super().__init__(device_id)
@@ -52,7 +61,8 @@ class CpuBackend(Backend):
         try:
             arr = np.zeros(length, dtype=dtype.numpy)
         except MemoryError as exc:
-            raise OutOfMemory(f"host allocation of {nbytes} bytes failed", requested=nbytes) from exc
+            message = f"host allocation of {nbytes} bytes failed"
+            raise OutOfMemory(message, requested=nbytes) from exc
         buffer_id = next(self._ids)
         self._buffers[buffer_id] = arr
         self._used += nbytes

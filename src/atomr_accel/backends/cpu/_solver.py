@@ -1,0 +1,263 @@
+"""CPU solver handlers: SciPy's LAPACK wrappers on column-major views of the flat buffers.
+
+Every op, batched or not, runs one LAPACK call per matrix (a plain op is a
+batch of one). All matrices are processed; then the first non-zero ``info``
+raises ``LibraryError("solver", info, ...)``, naming the matrix for batched ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.linalg import lapack
+
+from atomr_accel.backends._base import Handler
+from atomr_accel.backends.cpu._blas import matrix_views, vector_view
+from atomr_accel.core._errors import LibraryError
+from atomr_accel.core._op import Op, require
+from atomr_accel.core.ops._solver import (
+    Geqrf,
+    Gesvd,
+    GesvdBatched,
+    Getrf,
+    GetrfBatched,
+    Getrs,
+    GetrsBatched,
+    Orgqr,
+    Potrf,
+    PotrfBatched,
+    Potrs,
+    PotrsBatched,
+    Syevd,
+    SyevdBatched,
+)
+
+if TYPE_CHECKING:
+    from atomr_accel.backends.cpu._backend import CpuBackend
+
+__all__ = ["HANDLERS", "geqrf", "gesvd", "getrf", "getrs", "orgqr", "potrf", "potrs", "syevd"]
+
+Array = np.ndarray[Any, Any]
+
+
+def _lapack(name: str, like: Array) -> Any:
+    """Return the LAPACK routine ``name`` for ``like``'s dtype (``dgetrf`` for f64)."""
+    return lapack.get_lapack_funcs(name, (like,))
+
+
+def _raise_first(
+    routine: str, infos: Sequence[int], batched: bool, explain: Callable[[int], str]
+) -> None:
+    """Raise ``LibraryError`` for the first non-zero ``info``, if any."""
+    for index, info in enumerate(infos):
+        if info != 0:
+            what = f"argument {-info} had an illegal value" if info < 0 else explain(info)
+            where = f"matrix {index} of the batch: " if batched else ""
+            raise LibraryError("solver", info, f"{routine}: {where}{what}")
+
+
+def _illegal_only(info: int) -> str:
+    return f"unexpected info {info}"
+
+
+def _getrf_one(a: Array, ipiv: Array) -> int:
+    if a.size == 0:
+        return 0
+    lu, piv, info = _lapack("getrf", a)(a)
+    a[...] = lu
+    ipiv[...] = piv + 1
+    return int(info)
+
+
+def getrf(backend: CpuBackend, op: Getrf | GetrfBatched) -> None:
+    """Factor ``A = P @ L @ U`` per matrix, writing 1-based pivots."""
+    (spec,) = op.operands()
+    mats = matrix_views(backend, spec)
+    k = min(spec.rows, spec.cols)
+    ipiv = backend.array(op.ipiv.buffer_id)
+    infos = [_getrf_one(mats[i], ipiv[i * k : (i + 1) * k]) for i in range(spec.batch)]
+    _raise_first(
+        "getrf",
+        infos,
+        isinstance(op, GetrfBatched),
+        lambda i: f"U({i},{i}) is exactly zero, so the matrix is singular",
+    )
+
+
+def _getrs_one(lu: Array, ipiv: Array, b: Array, trans: int) -> int:
+    n = lu.shape[0]
+    if b.size == 0:
+        return 0
+    require(
+        bool(np.all((ipiv >= 1) & (ipiv <= n))),
+        f"ipiv holds pivots outside 1..{n}; pass the pivots getrf wrote",
+    )
+    x, info = _lapack("getrs", lu)(lu, ipiv - 1, b, trans=trans)
+    b[...] = x
+    return int(info)
+
+
+def getrs(backend: CpuBackend, op: Getrs | GetrsBatched) -> None:
+    """Solve ``op(A) @ X = B`` per matrix from getrf's factors, in place into B."""
+    a_spec, b_spec = op.operands()
+    lus = matrix_views(backend, a_spec)
+    bs = matrix_views(backend, b_spec)
+    n = a_spec.rows
+    ipiv = backend.array(op.ipiv.buffer_id)
+    trans = (2 if op.conj else 1) if op.trans else 0
+    infos = [
+        _getrs_one(lus[i], ipiv[i * n : (i + 1) * n], bs[i], trans) for i in range(b_spec.batch)
+    ]
+    _raise_first("getrs", infos, isinstance(op, GetrsBatched), _illegal_only)
+
+
+def _potrf_one(a: Array, upper: bool) -> int:
+    if a.size == 0:
+        return 0
+    c, info = _lapack("potrf", a)(a, lower=0 if upper else 1, clean=0)
+    a[...] = c
+    return int(info)
+
+
+def potrf(backend: CpuBackend, op: Potrf | PotrfBatched) -> None:
+    """Factor each Hermitian positive definite matrix in its chosen triangle (Cholesky)."""
+    (spec,) = op.operands()
+    mats = matrix_views(backend, spec)
+    infos = [_potrf_one(mats[i], op.upper) for i in range(spec.batch)]
+    _raise_first(
+        "potrf",
+        infos,
+        isinstance(op, PotrfBatched),
+        lambda i: f"the leading minor of order {i} is not positive definite",
+    )
+
+
+def _potrs_one(c: Array, b: Array, upper: bool) -> int:
+    if b.size == 0:
+        return 0
+    x, info = _lapack("potrs", c)(c, b, lower=0 if upper else 1)
+    b[...] = x
+    return int(info)
+
+
+def potrs(backend: CpuBackend, op: Potrs | PotrsBatched) -> None:
+    """Solve ``A @ X = B`` per matrix from potrf's factor, in place into B."""
+    a_spec, b_spec = op.operands()
+    cs = matrix_views(backend, a_spec)
+    bs = matrix_views(backend, b_spec)
+    infos = [_potrs_one(cs[i], bs[i], op.upper) for i in range(b_spec.batch)]
+    _raise_first("potrs", infos, isinstance(op, PotrsBatched), _illegal_only)
+
+
+def geqrf(backend: CpuBackend, op: Geqrf) -> None:
+    """Factor ``A = Q @ R`` in place in Householder form, scalars into tau."""
+    a_spec, tau_spec = op.operands()
+    a = matrix_views(backend, a_spec)[0]
+    if a.size == 0:
+        return
+    qr, tau, _work, info = _lapack("geqrf", a)(a)
+    a[...] = qr
+    vector_view(backend, tau_spec)[...] = tau
+    _raise_first("geqrf", [int(info)], False, _illegal_only)
+
+
+def orgqr(backend: CpuBackend, op: Orgqr) -> None:
+    """Overwrite A with the first ``n`` columns of Q built from ``k`` reflectors."""
+    a_spec, tau_spec = op.operands()
+    a = matrix_views(backend, a_spec)[0]
+    if a.size == 0:
+        return
+    tau = vector_view(backend, tau_spec)
+    name = "ungqr" if np.iscomplexobj(a) else "orgqr"
+    q, _work, info = _lapack(name, a)(a, tau)
+    a[...] = q
+    _raise_first(name, [int(info)], False, _illegal_only)
+
+
+def _gesvd_one(a: Array, s: Array, u: Array | None, vt: Array | None) -> int:
+    if a.size == 0:
+        return 0
+    want = u is not None or vt is not None
+    u_full, values, vt_full, info = _lapack("gesvd", a)(a, compute_uv=int(want), full_matrices=1)
+    s[...] = values
+    if u is not None:
+        u[...] = u_full
+    if vt is not None:
+        vt[...] = vt_full
+    return int(info)
+
+
+def gesvd(backend: CpuBackend, op: Gesvd | GesvdBatched) -> None:
+    """Decompose each matrix as ``U @ diag(s) @ VT``, full U and VT where asked for."""
+    specs = iter(op.operands())
+    a_spec = next(specs)
+    mats = matrix_views(backend, a_spec)
+    us = None if op.u is None else matrix_views(backend, next(specs))
+    vts = None if op.vt is None else matrix_views(backend, next(specs))
+    k = min(a_spec.rows, a_spec.cols)
+    s = backend.array(op.s.buffer_id)
+    infos = [
+        _gesvd_one(
+            mats[i],
+            s[i * k : (i + 1) * k],
+            None if us is None else us[i],
+            None if vts is None else vts[i],
+        )
+        for i in range(a_spec.batch)
+    ]
+    _raise_first(
+        "gesvd",
+        infos,
+        isinstance(op, GesvdBatched),
+        lambda i: f"{i} superdiagonals of the bidiagonal form did not converge",
+    )
+
+
+def _syevd_one(a: Array, w: Array, upper: bool, vectors: bool) -> int:
+    if a.size == 0:
+        return 0
+    name = "heevd" if np.iscomplexobj(a) else "syevd"
+    values, v, info = _lapack(name, a)(a, compute_v=int(vectors), lower=0 if upper else 1)
+    w[...] = values
+    if vectors:
+        a[...] = v
+    return int(info)
+
+
+def syevd(backend: CpuBackend, op: Syevd | SyevdBatched) -> None:
+    """Find ascending eigenvalues into w and, with ``vectors``, eigenvectors over A."""
+    (spec,) = op.operands()
+    mats = matrix_views(backend, spec)
+    n = spec.rows
+    w = backend.array(op.w.buffer_id)
+    infos = [
+        _syevd_one(mats[i], w[i * n : (i + 1) * n], op.upper, op.vectors)
+        for i in range(spec.batch)
+    ]
+    _raise_first(
+        "syevd",
+        infos,
+        isinstance(op, SyevdBatched),
+        lambda i: f"the eigensolver did not converge (info {i})",
+    )
+
+
+HANDLERS: dict[type[Op], Handler] = {
+    Getrf: getrf,
+    GetrfBatched: getrf,
+    Getrs: getrs,
+    GetrsBatched: getrs,
+    Potrf: potrf,
+    PotrfBatched: potrf,
+    Potrs: potrs,
+    PotrsBatched: potrs,
+    Geqrf: geqrf,
+    Orgqr: orgqr,
+    Gesvd: gesvd,
+    GesvdBatched: gesvd,
+    Syevd: syevd,
+    SyevdBatched: syevd,
+}
+"""The solver op handlers of the CPU backend."""

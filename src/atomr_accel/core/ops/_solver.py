@@ -1,0 +1,532 @@
+"""Dense solver ops (cuSOLVER on CUDA, SciPy's LAPACK on CPU), column-major and in place.
+
+Conventions follow LAPACK: matrices are column-major with a leading dimension
+(``None`` means tight, the row count), factorizations overwrite their input,
+pivots are 1-based ``i32`` (row ``i`` was swapped with row ``ipiv[i]``), and
+``upper`` picks the triangle that is read and written. Every op takes f32, f64,
+c64 and c128; singular values and eigenvalues are real (f32 for c64).
+
+Batched ops work on ``batch`` matrices of one buffer, ``stride`` elements apart
+(``None`` packs them tightly, ``ld`` times the column count); their small
+per-matrix outputs (pivots, singular values, eigenvalues) are packed tightly,
+matrix ``i`` owning the ``i``-th slice. A stride of 0 may reuse one read-only
+matrix for every member (the factors of ``GetrsBatched``/``PotrsBatched``).
+
+When LAPACK reports failure (``info != 0``: a singular matrix at getrf, a
+matrix that is not positive definite at potrf, no convergence at syevd or
+gesvd) the handler raises ``LibraryError("solver", info, ...)`` naming the
+first failing matrix of a batch; the outputs then hold what LAPACK left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._op import require, require_dtype, require_len
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._blas import LinalgOp, Matrix, Vector, require_trans
+
+__all__ = [
+    "GESVD_BATCHED_MAX",
+    "Geqrf",
+    "Gesvd",
+    "GesvdBatched",
+    "Getrf",
+    "GetrfBatched",
+    "Getrs",
+    "GetrsBatched",
+    "Orgqr",
+    "Potrf",
+    "PotrfBatched",
+    "Potrs",
+    "PotrsBatched",
+    "Syevd",
+    "SyevdBatched",
+]
+
+GESVD_BATCHED_MAX = 32
+"""Largest ``m`` and ``n`` ``GesvdBatched`` takes, as cuSOLVER's gesvdjBatched."""
+
+
+def _require_pivots(ipiv: GpuRef, needed: int) -> None:
+    require_dtype(ipiv, (DType.I32,), "ipiv")
+    require_len(ipiv, needed, "ipiv")
+
+
+def _require_real(ref: GpuRef, dtype: DType, needed: int, name: str) -> None:
+    require_dtype(ref, (dtype.real,), name)
+    require_len(ref, needed, name)
+
+
+def _svd_operands(
+    op: Gesvd | GesvdBatched, batch: int, strides: tuple[int | None, int | None, int | None]
+) -> tuple[Matrix, ...]:
+    a = Matrix.of("a", op.a, op.m, op.n, op.lda, batch=batch, stride=strides[0])
+    u = () if op.u is None else (
+        Matrix.of("u", op.u, op.m, op.m, op.ldu, batch=batch, stride=strides[1]),
+    )
+    vt = () if op.vt is None else (
+        Matrix.of("vt", op.vt, op.n, op.n, op.ldvt, batch=batch, stride=strides[2]),
+    )
+    return (a, *u, *vt)
+
+
+@dataclass(frozen=True, slots=True)
+class Getrf(LinalgOp):
+    """Factor ``A = P @ L @ U`` in place with partial pivoting, 1-based pivots (LAPACK getrf).
+
+    A is ``m x n``; L (unit diagonal, not stored) and U overwrite it and
+    ``ipiv`` (i32, ``min(m, n)`` entries) receives the pivots.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
+    a: GpuRef
+    ipiv: GpuRef
+    m: int
+    n: int
+    lda: int | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``m`` and ``n``."""
+        return {"m": self.m, "n": self.n}
+
+    def operands(self) -> tuple[Matrix]:
+        """Return A."""
+        return (Matrix.of("a", self.a, self.m, self.n, self.lda),)
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``ipiv``: i32 with ``min(m, n)`` entries."""
+        _require_pivots(self.ipiv, min(self.m, self.n))
+
+
+@dataclass(frozen=True, slots=True)
+class Getrs(LinalgOp):
+    """Solve ``op(A) @ X = B`` in place into B from ``Getrf``'s factors and pivots (LAPACK getrs).
+
+    A is ``n x n``, B is ``n x nrhs``; ``trans`` solves with A.T, and with
+    ``conj`` as well with A.H.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("b",)
+    a: GpuRef
+    ipiv: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    lda: int | None = None
+    ldb: int | None = None
+    trans: bool = False
+    conj: bool = False
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n`` and ``nrhs``."""
+        return {"n": self.n, "nrhs": self.nrhs}
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the factors and B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
+        )
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``ipiv`` and refuse a conjugate without a transpose."""
+        _require_pivots(self.ipiv, self.n)
+        require_trans(self.trans, self.conj, "a")
+
+
+@dataclass(frozen=True, slots=True)
+class Potrf(LinalgOp):
+    """Factor a Hermitian positive definite A in place: ``L @ L.H`` or ``U.H @ U`` (LAPACK potrf).
+
+    Only the ``upper`` (or lower) triangle of the ``n x n`` A is read and
+    overwritten with the factor; the other triangle is left as it was.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a",)
+    a: GpuRef
+    n: int
+    lda: int | None = None
+    upper: bool = False
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``."""
+        return {"n": self.n}
+
+    def operands(self) -> tuple[Matrix]:
+        """Return A."""
+        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
+
+
+@dataclass(frozen=True, slots=True)
+class Potrs(LinalgOp):
+    """Solve ``A @ X = B`` in place into B from ``Potrf``'s factor (LAPACK potrs).
+
+    ``a`` holds the factor in its ``upper`` (or lower) triangle; B is ``n x nrhs``.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("b",)
+    a: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    lda: int | None = None
+    ldb: int | None = None
+    upper: bool = False
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n`` and ``nrhs``."""
+        return {"n": self.n, "nrhs": self.nrhs}
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the factor and B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Geqrf(LinalgOp):
+    """Factor ``A = Q @ R`` in place in Householder form (LAPACK geqrf).
+
+    R overwrites the upper triangle of the ``m x n`` A; the Householder
+    vectors sit below the diagonal and their scalars in ``tau``
+    (``min(m, n)`` entries, A's dtype). ``Orgqr`` forms Q from them.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a", "tau")
+    a: GpuRef
+    tau: GpuRef
+    m: int
+    n: int
+    lda: int | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``m`` and ``n``."""
+        return {"m": self.m, "n": self.n}
+
+    def operands(self) -> tuple[Matrix, Vector]:
+        """Return A and tau."""
+        return (
+            Matrix.of("a", self.a, self.m, self.n, self.lda),
+            Vector("tau", self.tau, min(self.m, self.n)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Orgqr(LinalgOp):
+    """Form the first ``n`` columns of Q in place from ``k`` Householder reflectors (orgqr/ungqr).
+
+    ``a`` (``m x n``, ``m >= n >= k``) holds the reflectors as ``Geqrf`` left
+    them and ``tau`` their ``k`` scalars; Q's columns overwrite ``a``.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a",)
+    a: GpuRef
+    tau: GpuRef
+    m: int
+    n: int
+    k: int
+    lda: int | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``m``, ``n`` and ``k``."""
+        return {"m": self.m, "n": self.n, "k": self.k}
+
+    def operands(self) -> tuple[Matrix, Vector]:
+        """Return A and tau."""
+        return (
+            Matrix.of("a", self.a, self.m, self.n, self.lda),
+            Vector("tau", self.tau, self.k),
+        )
+
+    def check_extra(self, dtype: DType) -> None:
+        """Require ``m >= n >= k``."""
+        require(
+            self.m >= self.n >= self.k,
+            f"orgqr needs m >= n >= k, got m={self.m}, n={self.n}, k={self.k}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Gesvd(LinalgOp):
+    """Decompose ``A = U @ diag(s) @ VT`` with full U and VT (LAPACK gesvd, jobu = jobvt = 'A').
+
+    A is ``m x n``; ``s`` (real, ``min(m, n)`` entries) gets the singular
+    values in descending order, ``u`` the ``m x m`` U and ``vt`` the
+    ``n x n`` V.H. Either of ``u`` and ``vt`` may be None to skip it. A's
+    contents are destroyed, as in LAPACK (the CPU backend leaves it as it was).
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    a: GpuRef
+    s: GpuRef
+    u: GpuRef | None
+    vt: GpuRef | None
+    m: int
+    n: int
+    lda: int | None = None
+    ldu: int | None = None
+    ldvt: int | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``m`` and ``n``."""
+        return {"m": self.m, "n": self.n}
+
+    def operands(self) -> tuple[Matrix, ...]:
+        """Return A, then U and VT where asked for."""
+        return _svd_operands(self, 1, (None, None, None))
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``s``: real, ``min(m, n)`` entries."""
+        _require_real(self.s, dtype, min(self.m, self.n), "s")
+
+
+@dataclass(frozen=True, slots=True)
+class Syevd(LinalgOp):
+    """Find the eigenvalues (ascending, into ``w``) and eigenvectors of a Hermitian A (syevd/heevd).
+
+    Only the ``upper`` (or lower) triangle of the ``n x n`` A is read. With
+    ``vectors`` the orthonormal eigenvectors overwrite A column by column;
+    without, A's triangle is destroyed, as in LAPACK (the CPU backend leaves
+    it as it was). ``w`` is real with ``n`` entries.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a", "w")
+    a: GpuRef
+    w: GpuRef
+    n: int
+    lda: int | None = None
+    upper: bool = False
+    vectors: bool = True
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``."""
+        return {"n": self.n}
+
+    def operands(self) -> tuple[Matrix]:
+        """Return A."""
+        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``w``: real, ``n`` entries."""
+        _require_real(self.w, dtype, self.n, "w")
+
+
+@dataclass(frozen=True, slots=True)
+class GetrfBatched(LinalgOp):
+    """Factor ``batch`` square ``n x n`` matrices in place as ``Getrf`` does (cuBLAS getrfBatched).
+
+    Matrix ``i`` starts ``i * stride`` elements into ``a``; its pivots are
+    ``ipiv[i * n:(i + 1) * n]`` (1-based).
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
+    a: GpuRef
+    ipiv: GpuRef
+    n: int
+    batch: int
+    lda: int | None = None
+    stride: int | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n`` and ``batch``."""
+        return {"n": self.n, "batch": self.batch}
+
+    def operands(self) -> tuple[Matrix]:
+        """Return the batch of A."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
+        )
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``ipiv``: i32 with ``batch * n`` entries."""
+        _require_pivots(self.ipiv, self.batch * self.n)
+
+
+@dataclass(frozen=True, slots=True)
+class GetrsBatched(LinalgOp):
+    """Solve ``op(A[i]) @ X[i] = B[i]`` in place for a batch, as ``Getrs`` (cuBLAS getrsBatched).
+
+    ``ipiv`` holds ``n`` pivots per matrix, packed as ``GetrfBatched`` leaves them.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("b",)
+    a: GpuRef
+    ipiv: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    batch: int
+    lda: int | None = None
+    ldb: int | None = None
+    stride_a: int | None = None
+    stride_b: int | None = None
+    trans: bool = False
+    conj: bool = False
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``, ``nrhs`` and ``batch``."""
+        return {"n": self.n, "nrhs": self.nrhs, "batch": self.batch}
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the batches of factors and of B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
+                      stride=self.stride_a),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
+                      stride=self.stride_b),
+        )
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``ipiv`` and refuse a conjugate without a transpose."""
+        _require_pivots(self.ipiv, self.batch * self.n)
+        require_trans(self.trans, self.conj, "a")
+
+
+@dataclass(frozen=True, slots=True)
+class PotrfBatched(LinalgOp):
+    """Factor ``batch`` Hermitian positive definite matrices in place (cuSOLVER potrfBatched)."""
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a",)
+    a: GpuRef
+    n: int
+    batch: int
+    lda: int | None = None
+    stride: int | None = None
+    upper: bool = False
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n`` and ``batch``."""
+        return {"n": self.n, "batch": self.batch}
+
+    def operands(self) -> tuple[Matrix]:
+        """Return the batch of A."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PotrsBatched(LinalgOp):
+    """Solve ``A[i] @ X[i] = B[i]`` in place from Cholesky factors, as ``Potrs`` (potrsBatched).
+
+    Any ``nrhs`` is accepted (cuSOLVER's potrsBatched itself takes ``nrhs == 1``).
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("b",)
+    a: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    batch: int
+    lda: int | None = None
+    ldb: int | None = None
+    stride_a: int | None = None
+    stride_b: int | None = None
+    upper: bool = False
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``, ``nrhs`` and ``batch``."""
+        return {"n": self.n, "nrhs": self.nrhs, "batch": self.batch}
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the batches of factors and of B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
+                      stride=self.stride_a),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
+                      stride=self.stride_b),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SyevdBatched(LinalgOp):
+    """Find eigenpairs of ``batch`` Hermitian matrices, as ``Syevd`` does (cuSOLVER syevjBatched).
+
+    Matrix ``i``'s eigenvalues go to ``w[i * n:(i + 1) * n]``, ascending.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a", "w")
+    a: GpuRef
+    w: GpuRef
+    n: int
+    batch: int
+    lda: int | None = None
+    stride: int | None = None
+    upper: bool = False
+    vectors: bool = True
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n`` and ``batch``."""
+        return {"n": self.n, "batch": self.batch}
+
+    def operands(self) -> tuple[Matrix]:
+        """Return the batch of A."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
+        )
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``w``: real, ``batch * n`` entries."""
+        _require_real(self.w, dtype, self.batch * self.n, "w")
+
+
+@dataclass(frozen=True, slots=True)
+class GesvdBatched(LinalgOp):
+    """Decompose ``batch`` small matrices as ``Gesvd`` does (cuSOLVER gesvdjBatched).
+
+    ``m`` and ``n`` are at most ``GESVD_BATCHED_MAX`` (32), as in cuSOLVER.
+    Matrix ``i``'s singular values go to ``s[i * min(m, n):]``, descending;
+    ``u`` and ``vt`` (each optional) hold full ``m x m`` U and ``n x n`` V.H
+    per matrix, ``stride_u`` and ``stride_vt`` apart.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    a: GpuRef
+    s: GpuRef
+    u: GpuRef | None
+    vt: GpuRef | None
+    m: int
+    n: int
+    batch: int
+    lda: int | None = None
+    ldu: int | None = None
+    ldvt: int | None = None
+    stride_a: int | None = None
+    stride_u: int | None = None
+    stride_vt: int | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``m``, ``n`` and ``batch``."""
+        return {"m": self.m, "n": self.n, "batch": self.batch}
+
+    def operands(self) -> tuple[Matrix, ...]:
+        """Return the batch of A, then those of U and VT where asked for."""
+        return _svd_operands(self, self.batch, (self.stride_a, self.stride_u, self.stride_vt))
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check the 32 x 32 limit and ``s``: real, ``batch * min(m, n)`` entries."""
+        require(
+            self.m <= GESVD_BATCHED_MAX and self.n <= GESVD_BATCHED_MAX,
+            f"gesvd batched takes m, n <= {GESVD_BATCHED_MAX}, got m={self.m}, n={self.n}",
+        )
+        _require_real(self.s, dtype, self.batch * min(self.m, self.n), "s")
+
