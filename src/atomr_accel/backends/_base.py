@@ -8,15 +8,26 @@ one thread only (the host's), so a backend needs no locks.
 from __future__ import annotations
 
 import abc
+import os
+import signal
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._errors import ContextPoisoned, InvalidArgument, OutOfMemory, Unrecoverable
 from atomr_accel.core._op import Op
-from atomr_accel.core.ops._memory import Allocate, CopyBuffer, Download, Free, Upload
+from atomr_accel.core.ops._faults import FaultKind, InjectFault
+from atomr_accel.core.ops._memory import (
+    Allocate,
+    CopyBuffer,
+    Download,
+    Free,
+    MemoryInfo,
+    Upload,
+)
 
 __all__ = ["Backend", "Handler"]
 
@@ -29,9 +40,13 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     handlers: ClassVar[dict[type[Op], Handler]]
+    recoverable_in_process: ClassVar[bool] = False
+    """True when a poisoned context can be rebuilt inside the same process (not CUDA)."""
 
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
+        self.stream = 0
+        """The stream the op being executed was submitted on (0: the default stream)."""
 
     @abc.abstractmethod
     def allocate(self, dtype: DType, length: int) -> int:
@@ -63,8 +78,9 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release every buffer and library state."""
 
-    def execute(self, op: Op) -> Any:
-        """Run one op and return its result (None for in-place ops)."""
+    def execute(self, op: Op, stream: int = 0) -> Any:
+        """Run one op on ``stream`` and return its result (None for in-place ops)."""
+        self.stream = stream
         try:
             handler = self.handlers[type(op)]
         except KeyError:
@@ -94,10 +110,29 @@ def _copy(backend: Backend, op: CopyBuffer) -> None:
     backend.copy(op.src.buffer_id, op.dst.buffer_id, op.length, op.src_offset, op.dst_offset)
 
 
+def _memory_info(backend: Backend, op: MemoryInfo) -> tuple[int, int]:
+    return backend.memory_info()
+
+
+def _inject_fault(backend: Backend, op: InjectFault) -> None:
+    if op.delay:
+        time.sleep(op.delay)
+    where = f"{backend.name} device {backend.device_id}"
+    if op.kind is FaultKind.POISON:
+        raise ContextPoisoned(f"injected sticky fault on {where}")
+    if op.kind is FaultKind.OOM:
+        raise OutOfMemory(f"injected out-of-memory on {where}")
+    if op.kind is FaultKind.UNRECOVERABLE:
+        raise Unrecoverable(f"injected unrecoverable fault on {where}")
+    os.kill(os.getpid(), signal.SIGKILL)  # CRASH: hosts only let this run in a worker process
+
+
 MEMORY_HANDLERS: dict[type[Op], Handler] = {
     Allocate: _allocate,
     Free: _free,
     Upload: _upload,
     Download: _download,
     CopyBuffer: _copy,
+    MemoryInfo: _memory_info,
+    InjectFault: _inject_fault,
 }

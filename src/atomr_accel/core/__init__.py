@@ -10,6 +10,7 @@ from atomr_accel.core._errors import (
     InvalidArgument,
     LibraryError,
     OutOfMemory,
+    QueueFull,
     Unrecoverable,
 )
 from atomr_accel.core._op import Op
@@ -27,5 +28,6 @@ __all__ = [
     "LibraryError",
     "Op",
     "OutOfMemory",
+    "QueueFull",
     "Unrecoverable",
 ]

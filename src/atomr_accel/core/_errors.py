@@ -9,12 +9,17 @@ Hierarchy::
     ├── GpuRefStale         a handle from an older context generation was used
     ├── LibraryError        a library call failed (library name + status)
     ├── DeviceUnavailable   no such device or backend on this machine
+    ├── QueueFull           the device's rebuild queue is full
     └── InvalidArgument     bad dtype, length, shape or option (also ValueError)
+
+Every error pickles with its fields, so it crosses from a worker process intact.
 
 ``AskTimeout`` comes from the actor runtime and is re-exported here.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from atomr_accel.actor._errors import AskTimeout
 
@@ -27,12 +32,23 @@ __all__ = [
     "InvalidArgument",
     "LibraryError",
     "OutOfMemory",
+    "QueueFull",
     "Unrecoverable",
 ]
 
 
+def _rebuild(cls: type[GpuRuntimeError], message: str, state: dict[str, Any]) -> GpuRuntimeError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
+
 class GpuRuntimeError(Exception):
     """Base class of every device-side error."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), self.__dict__))
 
 
 class ContextPoisoned(GpuRuntimeError):
@@ -78,6 +94,18 @@ class LibraryError(GpuRuntimeError):
         super().__init__(f"{text}: {message}" if message else text)
         self.library = library
         self.status = status
+
+
+class QueueFull(GpuRuntimeError):
+    """The device is (re)building its context and its queue of waiting requests is full."""
+
+    def __init__(self, device_id: int, capacity: int) -> None:
+        super().__init__(
+            f"device {device_id} is rebuilding its context and already queues {capacity} "
+            "requests; retry later"
+        )
+        self.device_id = device_id
+        self.capacity = capacity
 
 
 class DeviceUnavailable(GpuRuntimeError):

@@ -26,6 +26,7 @@ class CpuBackend(Backend):
     """
 
     name: ClassVar[str] = "cpu"
+    recoverable_in_process: ClassVar[bool] = True
     handlers: ClassVar[dict[type[Op], Handler]] = (
         dict(MEMORY_HANDLERS)
         | _fft.HANDLERS

@@ -11,7 +11,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op, require, require_len, require_nonneg, require_same_dtype
 from atomr_accel.core._ref import GpuRef
 
-__all__ = ["Allocate", "CopyBuffer", "Download", "Free", "Upload"]
+__all__ = ["Allocate", "CopyBuffer", "Download", "Free", "MemoryInfo", "Upload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,3 +94,8 @@ class CopyBuffer(Op):
         require_same_dtype(src=self.src, dst=self.dst)
         require_len(self.src, self.src_offset + self.length, "src")
         require_len(self.dst, self.dst_offset + self.length, "dst")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInfo(Op):
+    """Ask the context for ``(free_bytes, total_bytes)`` of its device."""

@@ -1,0 +1,75 @@
+"""DeviceConfig: everything that decides how one device is built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.device._streams import PerActorStreams, StreamAllocator
+from atomr_accel.hosts._base import BackendSpec, ContextHost
+
+__all__ = ["ALL_LIBRARIES", "DeviceConfig"]
+
+ALL_LIBRARIES: tuple[str, ...] = ("blas", "fft", "rng", "solver", "sparse", "tensor")
+"""Every library a device can enable."""
+
+Isolation = Literal["thread", "process"]
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """How to build a device.
+
+    ``backend`` is ``"cpu"`` or ``"cuda"``; ``isolation`` picks the context host
+    (``"thread"``: lowest latency; ``"process"``: a worker process, real recovery).
+    ``max_restarts`` context rebuilds within ``within`` seconds are allowed; past
+    that the device stops for good. ``stash_capacity`` bounds requests queued
+    while the context (re)builds. ``streams`` hands out kernel-actor streams.
+    ``backend_options`` go to the backend's constructor (e.g. the CPU backend's
+    ``capacity`` in bytes); ``host_factory`` replaces the host entirely (tests).
+    """
+
+    device_id: int = 0
+    backend: str = "cpu"
+    isolation: Isolation = "thread"
+    libraries: tuple[str, ...] = ALL_LIBRARIES
+    max_restarts: int = 3
+    within: float = 60.0
+    stash_capacity: int = 1024
+    streams: StreamAllocator = field(default_factory=PerActorStreams)
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    host_factory: Callable[[BackendSpec], ContextHost] | None = None
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("thread", "process"):
+            raise InvalidArgument(
+                f"isolation must be 'thread' or 'process', got {self.isolation!r}"
+            )
+        unknown = [lib for lib in self.libraries if lib not in ALL_LIBRARIES]
+        if unknown:
+            raise InvalidArgument(
+                f"unknown library {unknown[0]!r}; choose from {', '.join(ALL_LIBRARIES)}"
+            )
+        if self.device_id < 0:
+            raise InvalidArgument(f"device_id must be >= 0, got {self.device_id}")
+        if self.stash_capacity < 0 or self.max_restarts < 0 or self.within <= 0:
+            raise InvalidArgument("stash_capacity and max_restarts must be >= 0, within > 0")
+
+    @property
+    def spec(self) -> BackendSpec:
+        """The backend to build in the context host."""
+        return BackendSpec(self.backend, self.device_id, dict(self.backend_options))
+
+    def make_host(self) -> ContextHost:
+        """A new, unstarted context host."""
+        if self.host_factory is not None:
+            return self.host_factory(self.spec)
+        if self.isolation == "process":
+            from atomr_accel.hosts._process import ProcessHost
+
+            return ProcessHost(self.spec)
+        from atomr_accel.hosts._thread import ThreadHost
+
+        return ThreadHost(self.spec)

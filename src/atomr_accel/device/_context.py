@@ -1,0 +1,111 @@
+"""ContextActor: owns one context generation (its host) and the kernel actors on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atomr_accel.actor import Actor, Directive, OneForOneStrategy, Props
+from atomr_accel.core._errors import ContextPoisoned, GpuRuntimeError, Unrecoverable
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._memory import Allocate
+from atomr_accel.device._config import DeviceConfig
+from atomr_accel.device._kernels import KERNEL_ACTORS, launch
+from atomr_accel.device._messages import ContextDown, ContextReady, Fatal, Run
+from atomr_accel.device._state import DeviceState
+from atomr_accel.hosts._base import ContextHost
+
+__all__ = ["ContextActor"]
+
+
+class ContextActor(Actor):
+    """One context generation: starts the host, spawns a kernel actor per library,
+    runs memory ops itself, and fails when an op's error ends the generation.
+
+    Supervised by the device actor, which restarts it on ``ContextPoisoned``
+    (a fresh host, the generation one higher) and stops it on ``Unrecoverable``.
+    """
+
+    supervisor_strategy = OneForOneStrategy(decider=lambda exc: Directive.ESCALATE)
+
+    def __init__(self, config: DeviceConfig, state: DeviceState) -> None:
+        self.config = config
+        self.state = state
+        self.generation = 0
+        self.host: ContextHost | None = None
+        self.failure: GpuRuntimeError | None = None
+        self.restarting = False
+
+    async def pre_start(self) -> None:
+        """Start a host for a new generation and announce it to the device."""
+        state = self.state
+        state.generation += 1
+        self.generation = state.generation
+        host = self.config.make_host()
+        try:
+            await host.start()
+        except BaseException as exc:
+            state.start_error = exc
+            await host.close()
+            raise
+        state.start_error = None
+        self.host = host
+        me = self.context.self_ref
+        generation = self.generation
+        assert host.died is not None
+        host.died.add_done_callback(
+            lambda fut: me.tell(Fatal(fut.result(), generation)) if not fut.cancelled() else None
+        )
+        routes = {"memory": me}
+        for library in self.config.libraries:
+            props = Props(KERNEL_ACTORS[library], host, generation, state, me,
+                          self.config.streams.stream_for(library))
+            routes[library] = self.context.spawn(props, library)
+        parent = self.context.parent
+        assert parent is not None
+        parent.tell(ContextReady(generation, routes))
+
+    async def receive(self, message: Any) -> None:
+        """Run memory ops; turn the first fatal error of this generation into a failure."""
+        if isinstance(message, Run):
+            assert self.host is not None
+            op = message.op
+            convert = None
+            if isinstance(op, Allocate):
+                def convert(buffer_id: int, op: Allocate = op) -> GpuRef:
+                    return GpuRef(self.state.device_id, buffer_id, op.dtype, op.length,
+                                  self.generation)
+            launch(op, message.pending, self.host, self.generation, self.state,
+                   self.context.self_ref, convert=convert)
+        elif isinstance(message, Fatal):
+            if message.generation != self.generation or self.failure is not None:
+                return  # a later report of a failure already handled
+            self.failure = message.error
+            parent = self.context.parent
+            assert parent is not None
+            parent.tell(ContextDown(self.generation))
+            raise message.error
+        else:
+            raise TypeError(f"ContextActor does not handle {message!r}")
+
+    async def pre_restart(self, exc: BaseException, message: Any) -> None:
+        """Tear this generation down (kernel actors, host) before the next one starts."""
+        self.restarting = True
+        await super().pre_restart(exc, message)
+        self.state.restarts += 1
+
+    async def post_stop(self) -> None:
+        """Fail what this generation still owes, then close its host."""
+        failure, device = self.failure, self.state.device_id
+        error: GpuRuntimeError
+        if self.restarting or isinstance(failure, ContextPoisoned):
+            error = ContextPoisoned(
+                f"context generation {self.generation} of device {device} went down "
+                "before this op finished"
+            )
+        else:
+            error = Unrecoverable(f"device {device} stopped" + (f": {failure}" if failure else ""))
+        error.__cause__ = failure
+        self.state.fail_launched(self.generation, error)
+        if self.host is not None:
+            await self.host.close()
+            self.host = None

@@ -1,0 +1,72 @@
+"""Messages between the device, context and kernel actors, and for observers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atomr_accel.actor import ActorRef
+from atomr_accel.core._errors import GpuRuntimeError
+from atomr_accel.core._op import Op
+from atomr_accel.device._state import Pending
+
+__all__ = [
+    "ContextDown",
+    "ContextReady",
+    "Fatal",
+    "GenerationChanged",
+    "GetStats",
+    "Run",
+    "WatchGeneration",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run ``op`` and answer ``pending`` (device -> context or kernel actor)."""
+
+    op: Op
+    pending: Pending
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReady:
+    """A context generation is up (context -> device); ``routes`` maps library -> actor."""
+
+    generation: int
+    routes: dict[str, ActorRef]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextDown:
+    """The context of ``generation`` is going down (context -> device)."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """An op hit an error that ends its context generation (kernel -> context)."""
+
+    error: GpuRuntimeError
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchGeneration:
+    """Subscribe ``subscriber`` to ``GenerationChanged`` of this device (``unwatch`` to stop)."""
+
+    subscriber: ActorRef
+    unwatch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationChanged:
+    """Told to generation watchers each time the device's context comes up."""
+
+    device_id: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class GetStats:
+    """Ask a device for its ``DeviceStats``."""

@@ -1,0 +1,44 @@
+"""The Python facade: ``System``, ``Device``, typed buffers and library handles."""
+
+from atomr_accel.facade._buffers import (
+    GpuBuffer,
+    GpuBufferBF16,
+    GpuBufferC64,
+    GpuBufferC128,
+    GpuBufferF16,
+    GpuBufferF32,
+    GpuBufferF64,
+    GpuBufferI8,
+    GpuBufferI16,
+    GpuBufferI32,
+    GpuBufferI64,
+    GpuBufferU8,
+    GpuBufferU16,
+    GpuBufferU32,
+    GpuBufferU64,
+)
+from atomr_accel.facade._device import Device
+from atomr_accel.facade._libraries import Blas, Library
+from atomr_accel.facade._system import System
+
+__all__ = [
+    "Blas",
+    "Device",
+    "GpuBuffer",
+    "GpuBufferBF16",
+    "GpuBufferC64",
+    "GpuBufferC128",
+    "GpuBufferF16",
+    "GpuBufferF32",
+    "GpuBufferF64",
+    "GpuBufferI8",
+    "GpuBufferI16",
+    "GpuBufferI32",
+    "GpuBufferI64",
+    "GpuBufferU8",
+    "GpuBufferU16",
+    "GpuBufferU32",
+    "GpuBufferU64",
+    "Library",
+    "System",
+]

@@ -1,0 +1,177 @@
+"""Typed buffer handles the facade hands out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._ref import GpuRef
+
+if TYPE_CHECKING:
+    from atomr_accel.facade._device import Device
+
+__all__ = [
+    "GpuBuffer",
+    "GpuBufferBF16",
+    "GpuBufferC64",
+    "GpuBufferC128",
+    "GpuBufferF16",
+    "GpuBufferF32",
+    "GpuBufferF64",
+    "GpuBufferI8",
+    "GpuBufferI16",
+    "GpuBufferI32",
+    "GpuBufferI64",
+    "GpuBufferU8",
+    "GpuBufferU16",
+    "GpuBufferU32",
+    "GpuBufferU64",
+    "buffer_for",
+]
+
+
+class GpuBuffer:
+    """A buffer on a device: ``len(buf)`` elements of ``buf.dtype``.
+
+    The handle is only valid for the context generation that allocated it:
+    ``is_stale()`` turns True when the device's context is rebuilt, and any op
+    on it then raises ``GpuRefStale``. Free it with ``device.free(buf)``.
+    """
+
+    __slots__ = ("_device", "ref")
+    dtype_class: ClassVar[DType | None] = None
+
+    def __init__(self, device: Device, ref: GpuRef) -> None:
+        self._device = device
+        self.ref = ref
+
+    def __len__(self) -> int:
+        return self.ref.length
+
+    @property
+    def device(self) -> Device:
+        """The device that owns the buffer."""
+        return self._device
+
+    @property
+    def device_id(self) -> int:
+        """Id of the device that owns the buffer."""
+        return self.ref.device_id
+
+    @property
+    def dtype(self) -> DType:
+        """Element type."""
+        return self.ref.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return self.ref.nbytes
+
+    @property
+    def generation(self) -> int:
+        """Context generation that allocated the buffer."""
+        return self.ref.generation
+
+    def is_stale(self) -> bool:
+        """True once the device's context has been rebuilt since this buffer was allocated."""
+        return self.ref.generation != self._device.generation
+
+    def __repr__(self) -> str:
+        stale = ", stale" if self.is_stale() else ""
+        return (f"{type(self).__name__}(len={len(self)}, device={self.device_id}, "
+                f"gen={self.generation}{stale})")
+
+
+class GpuBufferF16(GpuBuffer):
+    """A buffer of float16."""
+
+    dtype_class = DType.F16
+
+
+class GpuBufferBF16(GpuBuffer):
+    """A buffer of bfloat16."""
+
+    dtype_class = DType.BF16
+
+
+class GpuBufferF32(GpuBuffer):
+    """A buffer of float32."""
+
+    dtype_class = DType.F32
+
+
+class GpuBufferF64(GpuBuffer):
+    """A buffer of float64."""
+
+    dtype_class = DType.F64
+
+
+class GpuBufferI8(GpuBuffer):
+    """A buffer of int8."""
+
+    dtype_class = DType.I8
+
+
+class GpuBufferI16(GpuBuffer):
+    """A buffer of int16."""
+
+    dtype_class = DType.I16
+
+
+class GpuBufferI32(GpuBuffer):
+    """A buffer of int32."""
+
+    dtype_class = DType.I32
+
+
+class GpuBufferI64(GpuBuffer):
+    """A buffer of int64."""
+
+    dtype_class = DType.I64
+
+
+class GpuBufferU8(GpuBuffer):
+    """A buffer of uint8."""
+
+    dtype_class = DType.U8
+
+
+class GpuBufferU16(GpuBuffer):
+    """A buffer of uint16."""
+
+    dtype_class = DType.U16
+
+
+class GpuBufferU32(GpuBuffer):
+    """A buffer of uint32."""
+
+    dtype_class = DType.U32
+
+
+class GpuBufferU64(GpuBuffer):
+    """A buffer of uint64."""
+
+    dtype_class = DType.U64
+
+
+class GpuBufferC64(GpuBuffer):
+    """A buffer of complex64."""
+
+    dtype_class = DType.C64
+
+
+class GpuBufferC128(GpuBuffer):
+    """A buffer of complex128."""
+
+    dtype_class = DType.C128
+
+
+_BY_DTYPE: dict[DType, type[GpuBuffer]] = {
+    cls.dtype_class: cls for cls in GpuBuffer.__subclasses__() if cls.dtype_class is not None
+}
+
+
+def buffer_for(device: Device, ref: GpuRef) -> GpuBuffer:
+    """Wrap ``ref`` in the buffer class of its dtype."""
+    return _BY_DTYPE[ref.dtype](device, ref)

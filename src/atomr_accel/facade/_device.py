@@ -1,0 +1,234 @@
+"""The facade ``Device``: allocate, copy, run ops, and get library handles."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from atomr_accel.actor import ActorRef, ActorStopped, SystemClosed
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._faults import FaultKind, InjectFault
+from atomr_accel.core.ops._memory import (
+    Allocate,
+    CopyBuffer,
+    Download,
+    Free,
+    MemoryInfo,
+    Upload,
+)
+from atomr_accel.device import DeviceConfig, DeviceState, DeviceStats, GetStats
+from atomr_accel.facade._buffers import (
+    GpuBuffer,
+    GpuBufferF32,
+    GpuBufferF64,
+    GpuBufferI32,
+    GpuBufferU8,
+    GpuBufferU32,
+    buffer_for,
+)
+from atomr_accel.facade._portal import Portal, blocking
+
+if TYPE_CHECKING:
+    from atomr_accel.facade._libraries import Blas
+
+__all__ = ["Device", "host_array"]
+
+BufferLike = GpuBuffer | GpuRef
+
+
+def host_array(data: Any) -> np.ndarray[Any, Any]:
+    """A NumPy view of ``data``: NumPy, anything with ``__array__``, DLPack, or CuPy (copied)."""
+    if isinstance(data, np.ndarray):
+        return data
+    if hasattr(data, "__cuda_array_interface__") and hasattr(data, "get"):
+        return np.asarray(data.get())  # CuPy: copy to the host
+    if hasattr(data, "__dlpack__") and not hasattr(data, "__array__"):
+        return np.from_dlpack(data)
+    return np.asarray(data)
+
+
+class Device:
+    """One device of a ``System``: its buffers, copies, ops and library handles.
+
+    Every method has an awaitable ``*_async`` twin; the plain method blocks the
+    calling thread (never call it inside a running event loop). Errors are the
+    typed ones of ``atomr_accel`` (``InvalidArgument``, ``GpuRefStale``, ...).
+    """
+
+    def __init__(self, ref: ActorRef, config: DeviceConfig, state: DeviceState,
+                 portal: Portal, op_timeout: float | None) -> None:
+        self.ref = ref
+        self.config = config
+        self._state = state
+        self._portal = portal
+        self._op_timeout = op_timeout
+
+    @property
+    def device_id(self) -> int:
+        """The device's id."""
+        return self.config.device_id
+
+    @property
+    def backend(self) -> str:
+        """``"cpu"`` or ``"cuda"``."""
+        return self.config.backend
+
+    @property
+    def isolation(self) -> str:
+        """``"thread"`` or ``"process"``."""
+        return self.config.isolation
+
+    @property
+    def generation(self) -> int:
+        """The current context generation (goes up on every rebuild)."""
+        return self._state.generation
+
+    # ---------------------------------------------------------------- core
+
+    async def run_async(self, op: Op) -> Any:
+        """Run any op on this device and return its result."""
+        if not isinstance(op, Op):
+            raise InvalidArgument(f"run() takes an op, got {op!r}")
+        try:
+            return await self._portal.acall(self.ref.ask(op, timeout=self._op_timeout))
+        except ActorStopped as exc:
+            raise SystemClosed(self.ref.path, "device call") from exc
+
+    run = blocking(run_async)
+
+    def ref_of(self, buffer: BufferLike, name: str = "buffer") -> GpuRef:
+        """The ``GpuRef`` of a buffer of this device (``InvalidArgument`` otherwise)."""
+        if isinstance(buffer, GpuBuffer):
+            if buffer.device is not self:
+                raise InvalidArgument(f"{name} belongs to another device: {buffer!r}")
+            return buffer.ref
+        if isinstance(buffer, GpuRef):
+            return buffer
+        raise InvalidArgument(f"{name} must be a GpuBuffer, got {type(buffer).__name__}")
+
+    # -------------------------------------------------------------- memory
+
+    async def allocate_async(self, length: int, dtype: DType | str = DType.F32) -> GpuBuffer:
+        """Allocate a zero-filled buffer of ``length`` elements of ``dtype``."""
+        ref = await self.run_async(Allocate(DType.of(dtype), length))
+        return buffer_for(self, ref)
+
+    allocate = blocking(allocate_async)
+
+    async def allocate_f32_async(self, length: int) -> GpuBufferF32:
+        """Allocate a zero-filled float32 buffer."""
+        return await self.allocate_async(length, DType.F32)  # type: ignore[return-value]
+
+    async def allocate_f64_async(self, length: int) -> GpuBufferF64:
+        """Allocate a zero-filled float64 buffer."""
+        return await self.allocate_async(length, DType.F64)  # type: ignore[return-value]
+
+    async def allocate_i32_async(self, length: int) -> GpuBufferI32:
+        """Allocate a zero-filled int32 buffer."""
+        return await self.allocate_async(length, DType.I32)  # type: ignore[return-value]
+
+    async def allocate_u32_async(self, length: int) -> GpuBufferU32:
+        """Allocate a zero-filled uint32 buffer."""
+        return await self.allocate_async(length, DType.U32)  # type: ignore[return-value]
+
+    async def allocate_u8_async(self, length: int) -> GpuBufferU8:
+        """Allocate a zero-filled uint8 buffer."""
+        return await self.allocate_async(length, DType.U8)  # type: ignore[return-value]
+
+    allocate_f32 = blocking(allocate_f32_async)
+    allocate_f64 = blocking(allocate_f64_async)
+    allocate_i32 = blocking(allocate_i32_async)
+    allocate_u32 = blocking(allocate_u32_async)
+    allocate_u8 = blocking(allocate_u8_async)
+
+    async def free_async(self, buffer: BufferLike) -> None:
+        """Release a buffer; using it afterwards is an ``InvalidArgument``."""
+        await self.run_async(Free(self.ref_of(buffer)))
+
+    free = blocking(free_async)
+
+    async def copy_from_numpy_async(
+        self, buffer: BufferLike, array: Any, offset: int | None = None
+    ) -> None:
+        """Copy a host array (flattened in C order) into ``buffer``.
+
+        The array's dtype must be the buffer's. Without ``offset`` it must have
+        exactly ``len(buffer)`` elements; with ``offset`` it must fit after it.
+        """
+        ref = self.ref_of(buffer)
+        data = host_array(array)
+        if data.dtype != ref.dtype.numpy:
+            raise InvalidArgument(
+                f"array has dtype {data.dtype} but the buffer holds {ref.dtype.value}; "
+                f"convert it with .astype(np.{ref.dtype.numpy.name})"
+            )
+        if offset is None and data.size != ref.length:
+            raise InvalidArgument(
+                f"array has {data.size} elements but the buffer holds {ref.length}; "
+                "pass offset= to copy into part of it"
+            )
+        flat = np.ascontiguousarray(data).reshape(-1)
+        await self.run_async(Upload(ref, flat, offset or 0))
+
+    copy_from_numpy = blocking(copy_from_numpy_async)
+
+    async def copy_to_numpy_async(
+        self, buffer: BufferLike, offset: int = 0, length: int | None = None,
+        shape: tuple[int, ...] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """Copy ``length`` elements (all by default) from ``offset`` into a new host array."""
+        result: np.ndarray[Any, Any] = await self.run_async(
+            Download(self.ref_of(buffer), offset, length))
+        return result if shape is None else result.reshape(shape)
+
+    copy_to_numpy = blocking(copy_to_numpy_async)
+
+    async def copy_async(
+        self, src: BufferLike, dst: BufferLike, length: int | None = None,
+        src_offset: int = 0, dst_offset: int = 0,
+    ) -> None:
+        """Copy elements between two buffers of this device."""
+        src_ref, dst_ref = self.ref_of(src, "src"), self.ref_of(dst, "dst")
+        count = min(src_ref.length - src_offset, dst_ref.length - dst_offset) \
+            if length is None else length
+        await self.run_async(CopyBuffer(src_ref, dst_ref, count, src_offset, dst_offset))
+
+    copy = blocking(copy_async)
+
+    # ------------------------------------------------------------- observe
+
+    async def stats_async(self) -> DeviceStats:
+        """A snapshot: status, generation, restarts, in-flight ops, queue depth, counters."""
+        stats: DeviceStats = await self._portal.acall(self.ref.ask(GetStats()))
+        return stats
+
+    stats = blocking(stats_async)
+
+    async def memory_info_async(self) -> tuple[int, int]:
+        """``(free_bytes, total_bytes)`` of the device."""
+        info: tuple[int, int] = await self.run_async(MemoryInfo())
+        return info
+
+    memory_info = blocking(memory_info_async)
+
+    async def inject_fault_async(self, kind: FaultKind | str, delay: float = 0.0) -> None:
+        """Make the context fail on purpose (tests and demos); raises the fault's error."""
+        await self.run_async(InjectFault(FaultKind(kind), delay))
+
+    inject_fault = blocking(inject_fault_async)
+
+    # ----------------------------------------------------------- libraries
+
+    def blas(self) -> Blas:
+        """The BLAS handle (gemm, gemv, axpy, ...)."""
+        from atomr_accel.facade._libraries import Blas
+
+        return Blas(self)
+
+    def __repr__(self) -> str:
+        return (f"Device({self.device_id}, backend={self.backend!r}, "
+                f"isolation={self.isolation!r}, generation={self.generation})")

@@ -1,0 +1,7 @@
+"""Context hosts: where a device context lives (``thread`` or ``process``)."""
+
+from atomr_accel.hosts._base import BackendSpec, ContextHost
+from atomr_accel.hosts._process import ProcessHost
+from atomr_accel.hosts._thread import ThreadHost
+
+__all__ = ["BackendSpec", "ContextHost", "ProcessHost", "ThreadHost"]
