@@ -48,6 +48,7 @@ class ContextActor(Actor):
             await host.close()
             raise
         state.start_error = None
+        state.host_pid = host.pid
         self.host = host
         me = self.context.self_ref
         generation = self.generation

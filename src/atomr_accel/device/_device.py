@@ -144,7 +144,7 @@ class DeviceActor(Actor):
             isolation=self.config.isolation, status=state.status, generation=state.generation,
             restarts=state.restarts, in_flight=len(state.pending),
             queue_depth=self.context.stash_size, completed=state.completed,
-            failed=state.failed, out_of_memory=state.out_of_memory,
+            failed=state.failed, out_of_memory=state.out_of_memory, host_pid=state.host_pid,
         )
 
     async def pre_restart(self, exc: BaseException, message: Any) -> None:

@@ -74,6 +74,7 @@ class DeviceStats:
     completed: int
     failed: int
     out_of_memory: int
+    host_pid: int | None
 
 
 class DeviceState:
@@ -92,6 +93,8 @@ class DeviceState:
         self.completed = 0
         self.failed = 0
         self.out_of_memory = 0
+        self.host_pid: int | None = None
+        """Process the current context lives in (a worker's pid on the process host)."""
         self.start_error: BaseException | None = None
         """Why the last context failed to start, if it did."""
 

@@ -28,7 +28,7 @@ def device_decider(exc: BaseException) -> Directive:
     """
     if isinstance(exc, ContextPoisoned):
         return Directive.RESTART
-    if isinstance(exc, OutOfMemory | _REQUEST_ERRORS):
+    if isinstance(exc, (OutOfMemory, *_REQUEST_ERRORS)):
         return Directive.RESUME
     if isinstance(exc, Unrecoverable):
         return Directive.STOP

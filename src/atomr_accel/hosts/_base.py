@@ -87,6 +87,11 @@ class ContextHost(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def pid(self) -> int | None:
+        """The process the context lives in (None before start)."""
+
+    @property
+    @abc.abstractmethod
     def in_flight(self) -> int:
         """Ops submitted and not yet completed."""
 

@@ -57,7 +57,7 @@ class ProcessHost(ContextHost):
         super().__init__(spec)
         self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
-        self.pid: int | None = None
+        self._pid: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._arena: SharedArena | None = None
         self._inflight: dict[int, _InFlight] = {}
@@ -93,8 +93,8 @@ class ProcessHost(ContextHost):
             if reply is not None and isinstance(reply[1], GpuRuntimeError):
                 raise reply[1]
             raise DeviceUnavailable(f"the context worker for {self.spec} failed to start")
-        self.pid = reply[1]
-        self._reader = loop.create_task(self._read_replies(), name=f"atomr-host-{self.pid}")
+        self._pid = reply[1]
+        self._reader = loop.create_task(self._read_replies(), name=f"atomr-host-{self._pid}")
 
     def submit(self, op: Op, stream: int = 0) -> asyncio.Future[Any]:
         """Send ``op`` to the worker; payloads go through shared memory."""
@@ -145,6 +145,11 @@ class ProcessHost(ContextHost):
             settle(entry.fut, None, error)
         self._inflight.clear()
         self._mark_died(error)
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id."""
+        return self._pid
 
     @property
     def in_flight(self) -> int:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from typing import Any, ClassVar
 
 from atomr_accel.backends._base import Backend
-from atomr_accel.core._errors import ContextPoisoned, InvalidArgument, Unrecoverable
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    GpuRuntimeError,
+    InvalidArgument,
+    Unrecoverable,
+)
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.hosts._base import BackendSpec, ContextHost, settle, translate_error
@@ -21,8 +27,9 @@ _STOP = object()
 class ThreadHost(ContextHost):
     """Runs every backend call on one thread (CUDA handles and streams stay on it).
 
-    A sticky fault cannot be recovered inside a process whose backend says so
-    (CUDA): it is reported as ``Unrecoverable`` and the host refuses further ops.
+    A sticky fault (``ContextPoisoned``) makes the host refuse every later op,
+    as a real CUDA context does. Where the backend cannot be rebuilt inside the
+    process (CUDA) the fault is reported as ``Unrecoverable``, honestly.
     """
 
     kind: ClassVar[str] = "thread"
@@ -33,7 +40,7 @@ class ThreadHost(ContextHost):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[asyncio.Future[Any]] = set()
-        self._broken: Unrecoverable | None = None
+        self._broken: GpuRuntimeError | None = None
 
     async def start(self) -> None:
         """Start the thread and build the backend on it."""
@@ -68,18 +75,23 @@ class ThreadHost(ContextHost):
     def _execute(
         self, backend: Backend, op: Op, stream: int
     ) -> tuple[Any, BaseException | None]:
+        if self._broken is not None:  # a sticky fault: the context runs nothing more
+            return None, self._broken
         try:
             return backend.execute(op, stream), None
         except BaseException as exc:
             error = translate_error(exc, op)
-            if isinstance(error, ContextPoisoned) and not backend.recoverable_in_process:
+            if not isinstance(error, ContextPoisoned):
+                return None, error
+            if backend.recoverable_in_process:
+                self._broken = error
+            else:
                 self._broken = Unrecoverable(
                     f"{error} -- the {backend.name} context cannot be rebuilt inside this "
                     "process; use isolation='process' for real recovery"
                 )
                 self._broken.__cause__ = error
-                return None, self._broken
-            return None, error
+            return None, self._broken
 
     def _complete(self, fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
         self._pending.discard(fut)
@@ -97,6 +109,11 @@ class ThreadHost(ContextHost):
             self._pending.add(fut)
             self._queue.put((op, stream, fut))
         return fut
+
+    @property
+    def pid(self) -> int | None:
+        """This process: the context lives on one of its threads."""
+        return os.getpid() if self._thread is not None else None
 
     @property
     def in_flight(self) -> int:

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from atomr_accel.backends._base import Backend
+from atomr_accel.core._errors import ContextPoisoned, GpuRuntimeError
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Upload
 from atomr_accel.hosts._base import BackendSpec, picklable, translate_error
@@ -55,12 +56,19 @@ class _Worker:
         return result
 
     def serve(self, inp: BinaryIO) -> None:
+        poisoned: GpuRuntimeError | None = None  # sticky: once poisoned, run nothing more
         while (frame := read_frame(inp)) is not None:
             req_id, op, stream, out_slice = frame
-            try:
-                reply = (req_id, True, self.run(op, stream, out_slice))
-            except BaseException as exc:
-                reply = (req_id, False, picklable(translate_error(exc, op)))
+            if poisoned is not None:
+                reply = (req_id, False, poisoned)
+            else:
+                try:
+                    reply = (req_id, True, self.run(op, stream, out_slice))
+                except BaseException as exc:
+                    error = picklable(translate_error(exc, op))
+                    if isinstance(error, ContextPoisoned):
+                        poisoned = error
+                    reply = (req_id, False, error)
             self.out.write(encode(reply))
             self.out.flush()
 
