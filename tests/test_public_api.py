@@ -7,7 +7,15 @@ import inspect
 
 import pytest
 
-PACKAGES = ["atomr_accel.actor", "atomr_accel.actor.testkit", "atomr_accel.core"]
+PACKAGES = [
+    "atomr_accel",
+    "atomr_accel.actor",
+    "atomr_accel.actor.testkit",
+    "atomr_accel.core",
+    "atomr_accel.device",
+    "atomr_accel.facade",
+    "atomr_accel.hosts",
+]
 
 
 def public_members(obj: object) -> list[tuple[str, object]]:
