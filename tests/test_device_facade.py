@@ -114,6 +114,14 @@ def test_buffers_of_another_device_are_refused(system: System, dev: Device) -> N
         dev.copy_to_numpy(foreign)
     with pytest.raises(InvalidArgument, match="belongs to device 1"):
         dev.copy_to_numpy(foreign.ref)
+    twin = system.spawn_device(device_id=dev.device_id, mock=True)  # same id, other device
+    mine, theirs = dev.allocate_f64(4), twin.allocate_f64(4)
+    assert (mine.ref.device_id, mine.ref.generation) == (
+        theirs.ref.device_id, theirs.ref.generation)
+    twin.copy_from_numpy(theirs, np.full(4, 10.0))
+    with pytest.raises(InvalidArgument, match="not allocated by this device"):
+        dev.blas().dot(4, theirs.ref, theirs.ref)
+    assert twin.blas().dot(4, theirs, theirs) == 400.0
 
 
 def test_unknown_or_disabled_libraries_are_refused(system: System) -> None:

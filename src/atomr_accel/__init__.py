@@ -21,10 +21,12 @@ from atomr_accel.core import (
     Unrecoverable,
 )
 from atomr_accel.core.ops._faults import FaultKind
+from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.device import DeviceStats, Status
 from atomr_accel.facade import (
     Blas,
     Device,
+    Fft,
     GpuBuffer,
     GpuBufferBF16,
     GpuBufferC64,
@@ -41,7 +43,11 @@ from atomr_accel.facade import (
     GpuBufferU32,
     GpuBufferU64,
     Library,
+    RngGenerator,
+    Solver,
+    Sparse,
     System,
+    Tensor,
 )
 
 __version__ = "0.1.0"
@@ -51,11 +57,13 @@ __all__ = [
     "AskTimeout",
     "Blas",
     "ContextPoisoned",
+    "CsrMatrix",
     "Device",
     "DeviceStats",
     "DeviceUnavailable",
     "DType",
     "FaultKind",
+    "Fft",
     "GpuBuffer",
     "GpuBufferBF16",
     "GpuBufferC128",
@@ -79,8 +87,12 @@ __all__ = [
     "LibraryError",
     "OutOfMemory",
     "QueueFull",
+    "RngGenerator",
+    "Solver",
+    "Sparse",
     "Status",
     "System",
     "SystemClosed",
+    "Tensor",
     "Unrecoverable",
 ]

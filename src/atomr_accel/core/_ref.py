@@ -15,6 +15,8 @@ class GpuRef:
 
     ``generation`` is the generation of the context that allocated the buffer;
     the context refuses the handle with ``GpuRefStale`` once it is rebuilt.
+    ``owner`` is a token unique to the device instance, so two devices that
+    share an id (two CPU devices 0, say) never accept each other's buffers.
     """
 
     device_id: int
@@ -22,6 +24,7 @@ class GpuRef:
     dtype: DType
     length: int
     generation: int
+    owner: int = 0
 
     @property
     def nbytes(self) -> int:

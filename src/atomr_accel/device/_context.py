@@ -74,7 +74,7 @@ class ContextActor(Actor):
             if isinstance(op, Allocate):
                 def convert(buffer_id: int, op: Allocate = op) -> GpuRef:
                     return GpuRef(self.state.device_id, buffer_id, op.dtype, op.length,
-                                  self.generation)
+                                  self.generation, self.state.owner)
             launch(op, message.pending, self.host, self.generation, self.state,
                    self.context.self_ref, convert=convert)
         elif isinstance(message, Fatal):

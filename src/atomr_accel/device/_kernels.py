@@ -26,13 +26,17 @@ __all__ = [
 ]
 
 
-def check_refs(op: Op, generation: int, device_id: int) -> None:
-    """Raise ``GpuRefStale`` (or ``InvalidArgument``) before a stale or foreign buffer is used."""
+def check_refs(op: Op, generation: int, state: DeviceState) -> None:
+    """Raise ``InvalidArgument`` for a foreign buffer, ``GpuRefStale`` for a stale one."""
     for ref in op.refs():
+        if ref.owner != state.owner:
+            raise InvalidArgument(
+                f"{ref!r} was not allocated by this device (device {state.device_id})"
+                if ref.device_id == state.device_id
+                else f"{ref!r} belongs to device {ref.device_id}, not {state.device_id}"
+            )
         if ref.generation != generation:
             raise GpuRefStale(repr(ref), ref.generation, generation)
-        if ref.device_id != device_id:
-            raise InvalidArgument(f"{ref!r} belongs to device {ref.device_id}, not {device_id}")
 
 
 def launch(
@@ -48,7 +52,7 @@ def launch(
     if not pending.claim(generation):
         return  # already launched elsewhere, or already answered
     try:
-        check_refs(op, generation, state.device_id)
+        check_refs(op, generation, state)
     except GpuRuntimeError as exc:
         pending.fail(exc)
         return

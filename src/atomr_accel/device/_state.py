@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,8 @@ class DeviceState:
 
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
+        self.owner = secrets.randbits(62) + 1
+        """A token unique to this device instance, stamped into every ``GpuRef`` it makes."""
         self.generation = 0
         self.status = Status.STARTING
         self.restarts = 0

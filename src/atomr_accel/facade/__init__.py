@@ -18,12 +18,21 @@ from atomr_accel.facade._buffers import (
     GpuBufferU64,
 )
 from atomr_accel.facade._device import Device
-from atomr_accel.facade._libraries import Blas, Library
+from atomr_accel.facade._libraries import (
+    Blas,
+    Fft,
+    Library,
+    RngGenerator,
+    Solver,
+    Sparse,
+    Tensor,
+)
 from atomr_accel.facade._system import System
 
 __all__ = [
     "Blas",
     "Device",
+    "Fft",
     "GpuBuffer",
     "GpuBufferBF16",
     "GpuBufferC64",
@@ -40,5 +49,9 @@ __all__ = [
     "GpuBufferU32",
     "GpuBufferU64",
     "Library",
+    "RngGenerator",
+    "Solver",
+    "Sparse",
     "System",
+    "Tensor",
 ]

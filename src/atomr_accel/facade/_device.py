@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +30,8 @@ from atomr_accel.facade._buffers import (
     GpuBufferU32,
     buffer_for,
 )
+from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
 from atomr_accel.facade._portal import Portal, blocking
-
-if TYPE_CHECKING:
-    from atomr_accel.facade._libraries import Blas
 
 __all__ = ["Device", "host_array"]
 
@@ -224,10 +222,28 @@ class Device:
     # ----------------------------------------------------------- libraries
 
     def blas(self) -> Blas:
-        """The BLAS handle (gemm, gemv, axpy, ...)."""
-        from atomr_accel.facade._libraries import Blas
-
+        """Return the BLAS handle (gemm, gemv, axpy, ...)."""
         return Blas(self)
+
+    def fft(self) -> Fft:
+        """Return the FFT handle (c2c, r2c, c2r)."""
+        return Fft(self)
+
+    def rng(self, seed: int = 0) -> RngGenerator:
+        """Return a new random generator on the stream named by ``seed``, at offset 0."""
+        return RngGenerator(self, seed)
+
+    def solver(self) -> Solver:
+        """Return the dense solver handle (getrf, potrf, gesvd, syevd, ... and batched forms)."""
+        return Solver(self)
+
+    def sparse(self) -> Sparse:
+        """Return the sparse handle (csr, spmv, spmm)."""
+        return Sparse(self)
+
+    def tensor(self) -> Tensor:
+        """Return the tensor handle (contract, einsum)."""
+        return Tensor(self)
 
     def __repr__(self) -> str:
         return (f"Device({self.device_id}, backend={self.backend!r}, "

@@ -7,11 +7,12 @@ fields of the op class of the same name (see ``atomr_accel.core.ops``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blas import (
@@ -29,13 +30,34 @@ from atomr_accel.core.ops._blas import (
     Syrk,
     Trsm,
 )
+from atomr_accel.core.ops._fft import Fft as FftOp
+from atomr_accel.core.ops._fft import FftKind
+from atomr_accel.core.ops._rng import Distribution, RngFill
+from atomr_accel.core.ops._solver import (
+    Geqrf,
+    Gesvd,
+    GesvdBatched,
+    Getrf,
+    GetrfBatched,
+    Getrs,
+    GetrsBatched,
+    Orgqr,
+    Potrf,
+    PotrfBatched,
+    Potrs,
+    PotrsBatched,
+    Syevd,
+    SyevdBatched,
+)
+from atomr_accel.core.ops._sparse import CsrMatrix, CsrSpMM, CsrSpMV
+from atomr_accel.core.ops._tensor import Contract
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._portal import blocking
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
 
-__all__ = ["Blas", "Library"]
+__all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor"]
 
 BufferLike = GpuBuffer | GpuRef
 
@@ -182,3 +204,314 @@ class Blas(Library):
     geam = blocking(geam_async)
     syrk = blocking(syrk_async)
     trsm = blocking(trsm_async)
+
+
+def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    """Return ``shape`` as a tuple; an int is a 1-D shape."""
+    return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+class Fft(Library):
+    """FFTs on one device, cuFFT conventions: unnormalized inverse, contiguous C-order batches.
+
+    ``shape`` (1 to 3 sizes; an int for 1-D) always names the logical size, the
+    real side of R2C and C2R; their complex side holds ``shape[:-1] +
+    (shape[-1] // 2 + 1,)`` values per item, as cuFFT and ``rfftn`` produce.
+    The ``batch`` items lie end to end in each buffer, each row-major (C order),
+    and the transform runs over every axis of ``shape``. Inverse transforms are
+    unnormalized like cuFFT: ``inverse(forward(x)) == prod(shape) * x``. The two
+    sides share one precision: f32 with c64, f64 with c128.
+    """
+
+    async def c2c_async(
+        self, input: BufferLike, output: BufferLike, shape: int | Sequence[int], *,
+        inverse: bool = False, batch: int = 1,
+    ) -> None:
+        """Transform complex ``input`` into ``output``, in place allowed (inverse unnormalized)."""
+        await self._run(FftOp(self._ref(input, "input"), self._ref(output, "output"),
+                              _shape(shape), FftKind.C2C, inverse, batch))
+
+    async def r2c_async(
+        self, input: BufferLike, output: BufferLike, shape: int | Sequence[int], *,
+        batch: int = 1,
+    ) -> None:
+        """Transform real ``input`` of ``shape`` forward into its half spectrum in ``output``."""
+        await self._run(FftOp(self._ref(input, "input"), self._ref(output, "output"),
+                              _shape(shape), FftKind.R2C, False, batch))
+
+    async def c2r_async(
+        self, input: BufferLike, output: BufferLike, shape: int | Sequence[int], *,
+        batch: int = 1,
+    ) -> None:
+        """Transform a half spectrum in ``input`` back (unnormalized) into real ``output``."""
+        await self._run(FftOp(self._ref(input, "input"), self._ref(output, "output"),
+                              _shape(shape), FftKind.C2R, True, batch))
+
+    c2c = blocking(c2c_async)
+    r2c = blocking(r2c_async)
+    c2r = blocking(c2r_async)
+
+
+class RngGenerator(Library):
+    """Fill buffers with random numbers from one seeded stream that continues fill after fill.
+
+    Fills are stateless ops keyed by ``(seed, offset)``: element ``i`` of a fill
+    is element ``offset + i`` of the stream named by ``seed``. The generator
+    keeps ``offset`` (elements drawn so far) and advances it by each fill's
+    length, so two fills of ``n`` give exactly the numbers of one fill of
+    ``2n`` from a fresh generator with the same seed (on the same backend).
+
+    A fill reserves its range of the stream before it is sent, so fills awaited
+    concurrently (from one event loop or several threads) never overlap; they
+    take the stream in the order they were called. A fill the device refuses or
+    fails (a ``GpuRuntimeError``) hands its range back when no later fill has
+    reserved past it, so in sequential use a failed fill skips no numbers. Else
+    the range stays used and the stream has a gap there; so it does when a fill
+    times out or is cancelled, since that fill may still run.
+    """
+
+    def __init__(self, device: Device, seed: int) -> None:
+        super().__init__(device)
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
+            raise InvalidArgument(f"seed must be an int in [0, 2**64), got {seed!r}")
+        self.seed = seed
+        self.offset = 0
+        self._lock = threading.Lock()
+
+    async def _fill(self, out: BufferLike, distribution: Distribution,
+                    params: tuple[float, ...], length: int | None) -> None:
+        """Reserve ``length`` elements of the stream, fill them, and hand them back on failure."""
+        ref = self._ref(out, "out")
+        if length is not None and (not isinstance(length, int) or isinstance(length, bool)
+                                   or length < 0):
+            raise InvalidArgument(f"length must be a non-negative int, got {length!r}")
+        count = ref.length if length is None else length
+        with self._lock:
+            start = self.offset
+            self.offset = start + count
+        try:
+            await self._run(RngFill(ref, distribution, self.seed, start, params, length))
+        except GpuRuntimeError:
+            with self._lock:
+                if self.offset == start + count:  # no later fill has reserved past this one
+                    self.offset = start
+            raise
+
+    async def uniform_async(self, out: BufferLike, low: float = 0.0, high: float = 1.0, *,
+                            length: int | None = None) -> None:
+        """Fill ``out`` (f32/f64) uniformly in ``[low, high)`` (``(low, high]`` on cuRAND)."""
+        await self._fill(out, Distribution.UNIFORM, (low, high), length)
+
+    async def normal_async(self, out: BufferLike, mean: float = 0.0, stddev: float = 1.0, *,
+                           length: int | None = None) -> None:
+        """Fill ``out`` (f32/f64) from a normal distribution."""
+        await self._fill(out, Distribution.NORMAL, (mean, stddev), length)
+
+    async def log_normal_async(self, out: BufferLike, mean: float = 0.0, stddev: float = 1.0,
+                               *, length: int | None = None) -> None:
+        """Fill ``out`` (f32/f64) with ``exp`` of normal draws of ``mean`` and ``stddev``."""
+        await self._fill(out, Distribution.LOG_NORMAL, (mean, stddev), length)
+
+    async def poisson_async(self, out: BufferLike, lam: float, *,
+                            length: int | None = None) -> None:
+        """Fill ``out`` (i32/u32) from a Poisson distribution of mean ``lam``."""
+        await self._fill(out, Distribution.POISSON, (lam,), length)
+
+    async def exponential_async(self, out: BufferLike, scale: float = 1.0, *,
+                                length: int | None = None) -> None:
+        """Fill ``out`` (f32/f64) from an exponential distribution of mean ``scale``."""
+        await self._fill(out, Distribution.EXPONENTIAL, (scale,), length)
+
+    async def bits_async(self, out: BufferLike, *, length: int | None = None) -> None:
+        """Fill ``out`` (u32) with raw 32-bit words, like ``curandGenerate``."""
+        await self._fill(out, Distribution.BITS, (), length)
+
+    uniform = blocking(uniform_async)
+    normal = blocking(normal_async)
+    log_normal = blocking(log_normal_async)
+    poisson = blocking(poisson_async)
+    exponential = blocking(exponential_async)
+    bits = blocking(bits_async)
+
+    def __repr__(self) -> str:
+        return f"RngGenerator(seed={self.seed}, offset={self.offset})"
+
+
+class Solver(Library):
+    """Dense solvers on one device, LAPACK conventions: column-major, in place, 1-based pivots.
+
+    Options are the op's remaining fields: leading dimensions (``lda``, ...),
+    ``upper``, ``trans``/``conj``, ``vectors``, and ``stride*`` for the batched
+    calls, whose small outputs (pivots, singular values, eigenvalues) are packed
+    tightly. A failed factorization (singular, not positive definite, no
+    convergence) raises ``LibraryError``.
+    """
+
+    async def getrf_async(self, a: BufferLike, ipiv: BufferLike, m: int, n: int,
+                          **options: Any) -> None:
+        """Factor the m x n A = P L U in place; ``ipiv`` (i32, ``min(m, n)``) gets the pivots."""
+        await self._run(Getrf(self._ref(a, "a"), self._ref(ipiv, "ipiv"), m, n, **options))
+
+    async def getrs_async(self, a: BufferLike, ipiv: BufferLike, b: BufferLike, n: int,
+                          nrhs: int, **options: Any) -> None:
+        """Solve op(A) X = B in place into B (n x nrhs) from ``getrf``'s factors and pivots."""
+        await self._run(Getrs(self._ref(a, "a"), self._ref(ipiv, "ipiv"), self._ref(b, "b"),
+                              n, nrhs, **options))
+
+    async def potrf_async(self, a: BufferLike, n: int, **options: Any) -> None:
+        """Factor the Hermitian positive definite n x n A in place (Cholesky, lower by default)."""
+        await self._run(Potrf(self._ref(a, "a"), n, **options))
+
+    async def potrs_async(self, a: BufferLike, b: BufferLike, n: int, nrhs: int,
+                          **options: Any) -> None:
+        """Solve A X = B in place into B (n x nrhs) from ``potrf``'s factor."""
+        await self._run(Potrs(self._ref(a, "a"), self._ref(b, "b"), n, nrhs, **options))
+
+    async def geqrf_async(self, a: BufferLike, tau: BufferLike, m: int, n: int,
+                          **options: Any) -> None:
+        """Factor the m x n A = Q R in place, Householder scalars into ``tau``."""
+        await self._run(Geqrf(self._ref(a, "a"), self._ref(tau, "tau"), m, n, **options))
+
+    async def orgqr_async(self, a: BufferLike, tau: BufferLike, m: int, n: int, k: int,
+                          **options: Any) -> None:
+        """Form the first n columns of Q in place from ``geqrf``'s k reflectors."""
+        await self._run(Orgqr(self._ref(a, "a"), self._ref(tau, "tau"), m, n, k, **options))
+
+    async def gesvd_async(self, a: BufferLike, s: BufferLike, u: BufferLike | None,
+                          vt: BufferLike | None, m: int, n: int, **options: Any) -> None:
+        """Decompose the m x n A = U diag(s) VT (full U and VT; pass None to skip either)."""
+        await self._run(Gesvd(
+            self._ref(a, "a"), self._ref(s, "s"), None if u is None else self._ref(u, "u"),
+            None if vt is None else self._ref(vt, "vt"), m, n, **options))
+
+    async def syevd_async(self, a: BufferLike, w: BufferLike, n: int, **options: Any) -> None:
+        """Put the eigenvalues of Hermitian A in ``w`` (ascending), eigenvectors into A."""
+        await self._run(Syevd(self._ref(a, "a"), self._ref(w, "w"), n, **options))
+
+    async def getrf_batched_async(self, a: BufferLike, ipiv: BufferLike, n: int, batch: int,
+                                  **options: Any) -> None:
+        """Factor ``batch`` n x n matrices in place as ``getrf``; n pivots per matrix."""
+        await self._run(GetrfBatched(self._ref(a, "a"), self._ref(ipiv, "ipiv"), n, batch,
+                                     **options))
+
+    async def getrs_batched_async(self, a: BufferLike, ipiv: BufferLike, b: BufferLike, n: int,
+                                  nrhs: int, batch: int, **options: Any) -> None:
+        """Solve ``batch`` systems in place as ``getrs`` from ``getrf_batched``'s output."""
+        await self._run(GetrsBatched(self._ref(a, "a"), self._ref(ipiv, "ipiv"),
+                                     self._ref(b, "b"), n, nrhs, batch, **options))
+
+    async def potrf_batched_async(self, a: BufferLike, n: int, batch: int,
+                                  **options: Any) -> None:
+        """Factor ``batch`` Hermitian positive definite matrices in place as ``potrf``."""
+        await self._run(PotrfBatched(self._ref(a, "a"), n, batch, **options))
+
+    async def potrs_batched_async(self, a: BufferLike, b: BufferLike, n: int, nrhs: int,
+                                  batch: int, **options: Any) -> None:
+        """Solve ``batch`` systems in place as ``potrs`` from ``potrf_batched``'s factors."""
+        await self._run(PotrsBatched(self._ref(a, "a"), self._ref(b, "b"), n, nrhs, batch,
+                                     **options))
+
+    async def syevd_batched_async(self, a: BufferLike, w: BufferLike, n: int, batch: int,
+                                  **options: Any) -> None:
+        """Find the eigenpairs of ``batch`` Hermitian matrices as ``syevd``; n values each."""
+        await self._run(SyevdBatched(self._ref(a, "a"), self._ref(w, "w"), n, batch,
+                                     **options))
+
+    async def gesvd_batched_async(self, a: BufferLike, s: BufferLike, u: BufferLike | None,
+                                  vt: BufferLike | None, m: int, n: int, batch: int,
+                                  **options: Any) -> None:
+        """Decompose ``batch`` matrices of at most 32 x 32 as ``gesvd``."""
+        await self._run(GesvdBatched(
+            self._ref(a, "a"), self._ref(s, "s"), None if u is None else self._ref(u, "u"),
+            None if vt is None else self._ref(vt, "vt"), m, n, batch, **options))
+
+    getrf = blocking(getrf_async)
+    getrs = blocking(getrs_async)
+    potrf = blocking(potrf_async)
+    potrs = blocking(potrs_async)
+    geqrf = blocking(geqrf_async)
+    orgqr = blocking(orgqr_async)
+    gesvd = blocking(gesvd_async)
+    syevd = blocking(syevd_async)
+    getrf_batched = blocking(getrf_batched_async)
+    getrs_batched = blocking(getrs_batched_async)
+    potrf_batched = blocking(potrf_batched_async)
+    potrs_batched = blocking(potrs_batched_async)
+    syevd_batched = blocking(syevd_batched_async)
+    gesvd_batched = blocking(gesvd_batched_async)
+
+
+class Sparse(Library):
+    """Sparse products on one device, cuSPARSE conventions: CSR matrices, dense column-major.
+
+    ``csr`` names a CSR matrix held in three buffers of this device (zero-based
+    i32 ``indptr`` and ``indices``, and ``values``); ``spmv`` and ``spmm`` take
+    it with the options of ``CsrSpMV`` and ``CsrSpMM`` (``alpha``, ``beta``,
+    ``trans``, ``ldb``, ``ldc``).
+    """
+
+    async def csr_async(self, indptr: BufferLike, indices: BufferLike, values: BufferLike,
+                        rows: int, cols: int, nnz: int | None = None) -> CsrMatrix:
+        """Return the ``rows`` x ``cols`` CSR matrix of three buffers (nnz: ``len(values)``)."""
+        values_ref = self._ref(values, "values")
+        matrix = CsrMatrix(self._ref(indptr, "indptr"), self._ref(indices, "indices"),
+                           values_ref, rows, cols, values_ref.length if nnz is None else nnz)
+        matrix.validate()
+        return matrix
+
+    async def spmv_async(self, a: CsrMatrix, x: BufferLike, y: BufferLike,
+                         **options: Any) -> None:
+        """y = alpha * op(A) x + beta * y for a CSR A (``trans=True`` for A^T)."""
+        await self._run(CsrSpMV(a, self._ref(x, "x"), self._ref(y, "y"), **options))
+
+    async def spmm_async(self, a: CsrMatrix, b: BufferLike, c: BufferLike, n: int,
+                         **options: Any) -> None:
+        """C = alpha * A B + beta * C for a CSR A, with B (cols x n) and C column-major."""
+        await self._run(CsrSpMM(a, self._ref(b, "b"), self._ref(c, "c"), n, **options))
+
+    csr = blocking(csr_async)
+    spmv = blocking(spmv_async)
+    spmm = blocking(spmm_async)
+
+
+def _einsum_modes(subscripts: str) -> tuple[str, str, str]:
+    """Split ``"ab,bc->ac"`` into its three mode strings (whitespace is ignored)."""
+    inputs, arrow, output = "".join(subscripts.split()).partition("->")
+    operands = inputs.split(",")
+    if not arrow or len(operands) != 2:
+        raise InvalidArgument(
+            f"einsum takes two inputs and an explicit output, like 'ab,bc->ac'; "
+            f"got {subscripts!r}"
+        )
+    return operands[0], operands[1], output
+
+
+class Tensor(Library):
+    """Tensor contractions on one device: dense row-major tensors with one-letter mode labels.
+
+    Options are ``alpha`` and ``beta`` (``C = alpha * contract(A, B) + beta * C``);
+    each call returns the name of the implementation that ran.
+    """
+
+    async def contract_async(
+        self, a: BufferLike, a_modes: str, a_shape: Sequence[int],
+        b: BufferLike, b_modes: str, b_shape: Sequence[int],
+        c: BufferLike, c_modes: str, c_shape: Sequence[int], **options: Any,
+    ) -> str:
+        """Contract A and B into C over their mode labels; return the implementation's name."""
+        result: str = await self._run(Contract(
+            self._ref(a, "a"), a_modes, tuple(a_shape), self._ref(b, "b"), b_modes,
+            tuple(b_shape), self._ref(c, "c"), c_modes, tuple(c_shape), **options))
+        return result
+
+    async def einsum_async(
+        self, subscripts: str, a: BufferLike, a_shape: Sequence[int], b: BufferLike,
+        b_shape: Sequence[int], c: BufferLike, c_shape: Sequence[int], **options: Any,
+    ) -> str:
+        """Contract as ``subscripts`` says (``"ab,bc->ac"``); return the implementation's name."""
+        a_modes, b_modes, c_modes = _einsum_modes(subscripts)
+        return await self.contract_async(a, a_modes, a_shape, b, b_modes, b_shape,
+                                         c, c_modes, c_shape, **options)
+
+    contract = blocking(contract_async)
+    einsum = blocking(einsum_async)
