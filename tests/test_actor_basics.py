@@ -313,3 +313,22 @@ async def test_sender_is_the_calling_actor() -> None:
         pinger.tell("go")
         await probe.expect_message("ping")
         assert probe.last_sender is pinger
+
+
+async def test_asks_with_mixed_timeouts_each_expire_on_their_own() -> None:
+    async with ActorSystem("t") as system:
+        ref = system.spawn(Props(Recorder))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        slow = asyncio.ensure_future(ref.ask(("sleep", 0.3), timeout=1.0))
+        short = [asyncio.ensure_future(ref.ask(i, timeout=0.05)) for i in range(5)]
+        longer = asyncio.ensure_future(ref.ask("after", timeout=0.15))
+        for fut in short:
+            with pytest.raises(AskTimeout):
+                await fut
+        assert 0.04 <= loop.time() - start < 0.14
+        with pytest.raises(AskTimeout) as info:
+            await longer
+        assert info.value.timeout == 0.15 and loop.time() - start < 0.28
+        assert await slow == 1  # answered asks never time out
+        assert await ref.ask("get", timeout=0.5) == [("sleep", 0.3), 0, 1, 2, 3, 4, "after"]

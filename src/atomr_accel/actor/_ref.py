@@ -28,11 +28,6 @@ DEFAULT: Final = _Default()
 """Stands for "the system's default" in ``ask(timeout=...)``."""
 
 
-def _expire(fut: asyncio.Future[Any], path: str, timeout: float) -> None:
-    if not fut.done():
-        fut.set_exception(AskTimeout(path, timeout))
-
-
 def current_sender() -> ActorRef | None:
     """The actor whose task is running now, or None outside actors."""
     cell = _current_cell.get()
@@ -117,13 +112,9 @@ class ActorRef:
         fut: asyncio.Future[Any] = loop.create_future()
         current = _current_cell.get()
         cell.enqueue((message, None if current is None else current.ref, fut))
-        if timeout is None:
-            return await fut
-        handle = loop.call_later(timeout, _expire, fut, cell.path, timeout)
-        try:
-            return await fut
-        finally:
-            handle.cancel()
+        if timeout is not None:
+            cell.system.deadlines.add(timeout, fut, cell.path)
+        return await fut
 
     def __repr__(self) -> str:
         return f"ActorRef({self._cell.path})"

@@ -11,6 +11,7 @@ from typing import Any, Self
 
 from atomr_accel.actor._actor import Actor
 from atomr_accel.actor._cell import ActorCell
+from atomr_accel.actor._deadlines import Deadlines
 from atomr_accel.actor._errors import InvalidActorName, SystemClosed
 from atomr_accel.actor._event_stream import EventStream
 from atomr_accel.actor._messages import DeadLetter
@@ -63,6 +64,7 @@ class ActorSystem:
         self._guardian: ActorCell | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread_id: int | None = None
+        self.deadlines: Deadlines  # set when the system binds to its event loop
         self._closed = False
         self._dead_letters = 0
         self._names = itertools.count(1)
@@ -90,6 +92,7 @@ class ActorSystem:
                     "an ActorSystem must be used from inside a running asyncio event loop"
                 ) from None
             self._thread_id = threading.get_ident()
+            self.deadlines = Deadlines(self._loop)
             guardian = ActorCell(self, None, Props(_Guardian, self._guardian_strategy),
                                  "user", "/user")
             guardian.start()
@@ -139,6 +142,7 @@ class ActorSystem:
             await asyncio.gather(*tasks, return_exceptions=True)
             for cell in reversed(cells):  # a cell never started has no task to clean it up
                 cell._finish_stop()
+        self.deadlines.close()
 
     # ----------------------------------------------------------------- spawning
 
