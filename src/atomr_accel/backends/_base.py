@@ -8,11 +8,12 @@ one thread only (the host's), so a backend needs no locks.
 from __future__ import annotations
 
 import abc
+import mmap
 import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -29,10 +30,20 @@ from atomr_accel.core.ops._memory import (
     Upload,
 )
 
-__all__ = ["Backend", "Handler"]
+__all__ = ["ArrayBackend", "Backend", "Handler"]
 
 Handler = Callable[[Any, Any], Any]
 """``handler(backend, op) -> result``: runs one op type on one backend."""
+
+
+class ArrayBackend(Protocol):
+    """A backend whose buffers are NumPy-like arrays; shared handlers need only this."""
+
+    xp: Any
+
+    def array(self, buffer_id: int) -> Any:
+        """The live 1-D array behind a buffer id."""
+        ...
 
 
 class Backend(abc.ABC):
@@ -42,6 +53,8 @@ class Backend(abc.ABC):
     handlers: ClassVar[dict[type[Op], Handler]]
     recoverable_in_process: ClassVar[bool] = False
     """True when a poisoned context can be rebuilt inside the same process (not CUDA)."""
+    xp: Any = np
+    """The array module of the buffers (NumPy, or CuPy on CUDA); shared handlers use it."""
 
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
@@ -71,6 +84,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def memory_info(self) -> tuple[int, int]:
         """Return ``(free_bytes, total_bytes)`` of the device."""
+
+    def register_host_memory(self, region: mmap.mmap) -> None:
+        """Make a shared host region fast to copy from (page-lock it on CUDA); a no-op here."""
 
     def synchronize(self) -> None:
         """Wait until all work submitted to the device has finished."""

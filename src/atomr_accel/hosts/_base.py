@@ -31,7 +31,7 @@ class BackendSpec:
             return CpuBackend(self.device_id, **self.options)
         if self.name == "cuda":
             try:
-                from atomr_accel.backends.cuda import CudaBackend  # type: ignore[import-not-found]
+                from atomr_accel.backends.cuda import CudaBackend
             except ImportError as exc:
                 raise DeviceUnavailable(
                     "the CUDA backend needs CuPy: pip install 'atomr-accel[cuda]'"

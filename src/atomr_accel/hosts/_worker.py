@@ -55,7 +55,8 @@ class _Worker:
             return None
         return result
 
-    def serve(self, inp: BinaryIO) -> None:
+    def serve(self, inp: BinaryIO) -> bool:
+        """Answer frames until stdin closes; return True if the context was poisoned."""
         poisoned: GpuRuntimeError | None = None  # sticky: once poisoned, run nothing more
         while (frame := read_frame(inp)) is not None:
             req_id, op, stream, out_slice = frame
@@ -71,6 +72,7 @@ class _Worker:
                     reply = (req_id, False, error)
             self.out.write(encode(reply))
             self.out.flush()
+        return poisoned is not None
 
 
 def main() -> None:
@@ -90,12 +92,18 @@ def main() -> None:
         out.write(encode(("error", picklable(error))))
         out.flush()
         return
+    try:
+        backend.register_host_memory(arena)
+    except Exception as exc:  # pageable copies still work, only slower
+        print(f"atomr-accel worker: could not page-lock the shared arena: {exc}",
+              file=sys.stderr)
     out.write(encode(("ready", os.getpid())))
     out.flush()
-    try:
-        _Worker(backend, arena, out).serve(inp)
-    finally:
-        backend.close()
+    if _Worker(backend, arena, out).serve(inp):
+        # A poisoned context cannot even free memory: leave without running destructors.
+        sys.stderr.flush()
+        os._exit(3)
+    backend.close()
 
 
 if __name__ == "__main__":

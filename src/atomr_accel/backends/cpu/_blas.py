@@ -1,4 +1,8 @@
-"""CPU BLAS handlers: NumPy (and SciPy's trsm/nrm2) on column-major views of the flat buffers.
+"""BLAS handlers on column-major views of flat buffers, for any NumPy-like array module.
+
+Handlers use ``backend.xp`` (NumPy here; the CUDA backend runs the same code on
+CuPy, whose matmul is cuBLAS) except ``nrm2`` and ``trsm``, which call SciPy's
+BLAS here and have CuPy counterparts in the CUDA backend.
 
 Each handler builds strided views straight into the live buffers, so results
 land in place and only the ``rows x cols`` part of a matrix changes (padding
@@ -9,12 +13,12 @@ buffers' precision: scalars are cast to the operands' dtype first.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy.linalg import blas as scipy_blas
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.core._op import Op, require
 from atomr_accel.core.ops._blas import (
     Asum,
@@ -33,9 +37,6 @@ from atomr_accel.core.ops._blas import (
     Trsm,
     Vector,
 )
-
-if TYPE_CHECKING:
-    from atomr_accel.backends.cpu._backend import CpuBackend
 
 __all__ = [
     "HANDLERS",
@@ -56,10 +57,10 @@ __all__ = [
     "vector_view",
 ]
 
-Array = np.ndarray[Any, Any]
+Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
 
 
-def matrix_views(backend: CpuBackend, spec: Matrix) -> Array:
+def matrix_views(backend: ArrayBackend, spec: Matrix) -> Array:
     """Return a writable ``(batch, rows, cols)`` view of a column-major batch in its buffer."""
     buf = backend.array(spec.ref.buffer_id)
     extent = spec.extent
@@ -68,21 +69,22 @@ def matrix_views(backend: CpuBackend, spec: Matrix) -> Array:
         f"{spec.name} does not fit its buffer of {buf.size} elements; validate the op first",
     )
     shape = (spec.batch, spec.rows, spec.cols)
+    xp = backend.xp
     if extent == 0:
-        return np.empty(shape, buf.dtype)
+        return xp.empty(shape, buf.dtype)
     size = buf.itemsize
-    return np.lib.stride_tricks.as_strided(
+    return xp.lib.stride_tricks.as_strided(
         buf, shape=shape, strides=(spec.stride * size, size, spec.ld * size)
     )
 
 
-def matrix_view(backend: CpuBackend, spec: Matrix) -> Array:
+def matrix_view(backend: ArrayBackend, spec: Matrix) -> Array:
     """Return a writable ``(rows, cols)`` view of a single column-major matrix in its buffer."""
     view: Array = matrix_views(backend, spec)[0]
     return view
 
 
-def vector_view(backend: CpuBackend, spec: Vector) -> Array:
+def vector_view(backend: ArrayBackend, spec: Vector) -> Array:
     """Return a writable view of a strided vector in logical order (negative ``inc`` reversed)."""
     buf = backend.array(spec.ref.buffer_id)
     step = abs(spec.inc)
@@ -95,45 +97,53 @@ def _op(x: Array, trans: bool, conj: bool) -> Array:
     """Return op(x) over the last two axes: x, x.T or x.H."""
     if not trans:
         return x
-    t = np.swapaxes(x, -1, -2)
+    t = x.swapaxes(-1, -2)
     return t.conj() if conj else t
 
 
-def _blend(out: Array, alpha: complex, product: Callable[[], Array], beta: complex) -> None:
+def _is_complex(x: Array) -> bool:
+    return bool(x.dtype.kind == "c")
+
+
+def _blend(
+    xp: Any, out: Array, alpha: complex, product: Callable[[], Array], beta: complex
+) -> None:
     """Write ``alpha * product() + beta * out`` into ``out``; a zero scalar skips its term."""
     kind = out.dtype.type
-    value = kind(alpha) * product() if alpha != 0 else np.zeros(out.shape, out.dtype)
+    value = kind(alpha) * product() if alpha != 0 else xp.zeros(out.shape, out.dtype)
     if beta != 0:
         value = value + kind(beta) * out
     out[...] = value
 
 
-def gemm(backend: CpuBackend, op: Gemm | GemmStridedBatched) -> None:
+def gemm(backend: ArrayBackend, op: Gemm | GemmStridedBatched) -> None:
     """Compute ``C = alpha * op(A) @ op(B) + beta * C`` per matrix of the (strided) batch."""
     a, b, c = (matrix_views(backend, spec) for spec in op.operands())
     _blend(
+        backend.xp,
         c,
         op.alpha,
-        lambda: np.matmul(_op(a, op.trans_a, op.conj_a), _op(b, op.trans_b, op.conj_b)),
+        lambda: backend.xp.matmul(_op(a, op.trans_a, op.conj_a), _op(b, op.trans_b, op.conj_b)),
         op.beta,
     )
 
 
-def axpy(backend: CpuBackend, op: Axpy) -> None:
+def axpy(backend: ArrayBackend, op: Axpy) -> None:
     """Compute ``y = alpha * x + y`` over strided vectors."""
     x, y = (vector_view(backend, spec) for spec in op.operands())
     if op.alpha != 0:
         y += y.dtype.type(op.alpha) * x
 
 
-def dot(backend: CpuBackend, op: Dot) -> float | complex:
+def dot(backend: ArrayBackend, op: Dot) -> float | complex:
     """Return ``x . y`` (``conj(x) . y`` with ``conjugate``) as a Python number."""
     x, y = (vector_view(backend, spec) for spec in op.operands())
-    result = np.vdot(x, y) if op.conjugate else np.dot(x, y)
-    return complex(result) if np.iscomplexobj(x) else float(result)
+    xp = backend.xp
+    result = xp.vdot(x, y) if op.conjugate else xp.dot(x, y)
+    return complex(result) if _is_complex(x) else float(result)
 
 
-def nrm2(backend: CpuBackend, op: Nrm2) -> float:
+def nrm2(backend: ArrayBackend, op: Nrm2) -> float:
     """Return the Euclidean norm of x, scaled against overflow as BLAS nrm2."""
     x = vector_view(backend, op.operands()[0])
     if x.size == 0:
@@ -142,52 +152,53 @@ def nrm2(backend: CpuBackend, op: Nrm2) -> float:
     return float(scipy_blas.get_blas_funcs("nrm2", (x,))(x))
 
 
-def scal(backend: CpuBackend, op: Scal) -> None:
+def scal(backend: ArrayBackend, op: Scal) -> None:
     """Compute ``x = alpha * x`` in place."""
     x = vector_view(backend, op.operands()[0])
     x *= x.dtype.type(op.alpha)
 
 
-def _abs1(x: Array) -> Array:
+def _abs1(xp: Any, x: Array) -> Array:
     """Return ``|re(x)| + |im(x)|`` elementwise, BLAS's magnitude for asum and amax."""
-    return np.abs(x.real) + np.abs(x.imag) if np.iscomplexobj(x) else np.abs(x)
+    return xp.abs(x.real) + xp.abs(x.imag) if _is_complex(x) else xp.abs(x)
 
 
-def asum(backend: CpuBackend, op: Asum) -> float:
+def asum(backend: ArrayBackend, op: Asum) -> float:
     """Return ``sum(|re(x)| + |im(x)|)``."""
-    return float(np.sum(_abs1(vector_view(backend, op.operands()[0]))))
+    xp = backend.xp
+    return float(xp.sum(_abs1(xp, vector_view(backend, op.operands()[0]))))
 
 
-def iamax(backend: CpuBackend, op: Iamax) -> int:
+def iamax(backend: ArrayBackend, op: Iamax) -> int:
     """Return the 1-based index of the first largest ``|re| + |im|``, or 0 when ``n == 0``."""
     x = vector_view(backend, op.operands()[0])
-    return int(np.argmax(_abs1(x))) + 1 if x.size else 0
+    return int(backend.xp.argmax(_abs1(backend.xp, x))) + 1 if x.size else 0
 
 
-def gemv(backend: CpuBackend, op: Gemv) -> None:
+def gemv(backend: ArrayBackend, op: Gemv) -> None:
     """Compute ``y = alpha * op(A) @ x + beta * y``."""
     a_spec, x_spec, y_spec = op.operands()
     a = matrix_view(backend, a_spec)
     x = vector_view(backend, x_spec)
     y = vector_view(backend, y_spec)
-    _blend(y, op.alpha, lambda: _op(a, op.trans, op.conj) @ x, op.beta)
+    _blend(backend.xp, y, op.alpha, lambda: _op(a, op.trans, op.conj) @ x, op.beta)
 
 
-def ger(backend: CpuBackend, op: Ger) -> None:
+def ger(backend: ArrayBackend, op: Ger) -> None:
     """Compute ``A = alpha * x @ y.T + A`` (``y.H`` with ``conjugate``)."""
     x_spec, y_spec, a_spec = op.operands()
     x = vector_view(backend, x_spec)
     y = vector_view(backend, y_spec)
     a = matrix_view(backend, a_spec)
     if op.alpha != 0:
-        a += a.dtype.type(op.alpha) * np.outer(x, y.conj() if op.conjugate else y)
+        a += a.dtype.type(op.alpha) * backend.xp.outer(x, y.conj() if op.conjugate else y)
 
 
-def geam(backend: CpuBackend, op: Geam) -> None:
+def geam(backend: ArrayBackend, op: Geam) -> None:
     """Compute ``C = alpha * op(A) + beta * op(B)``; a zero scalar's matrix is not read."""
     a, b, c = (matrix_view(backend, spec) for spec in op.operands())
     kind = c.dtype.type
-    value = np.zeros(c.shape, c.dtype)
+    value = backend.xp.zeros(c.shape, c.dtype)
     if op.alpha != 0:
         value = value + kind(op.alpha) * _op(a, op.trans_a, op.conj_a)
     if op.beta != 0:
@@ -195,19 +206,20 @@ def geam(backend: CpuBackend, op: Geam) -> None:
     c[...] = value
 
 
-def syrk(backend: CpuBackend, op: Syrk) -> None:
+def syrk(backend: ArrayBackend, op: Syrk) -> None:
     """Compute ``C = alpha * op(A) @ op(A).T + beta * C`` on C's chosen triangle only."""
     a_spec, c_spec = op.operands()
     a = _op(matrix_view(backend, a_spec), op.trans, False)
     c = matrix_view(backend, c_spec)
     full = c.copy()
-    _blend(full, op.alpha, lambda: a @ a.T, op.beta)
-    triangle = np.triu if op.upper else np.tril
-    mask = triangle(np.ones(c.shape, dtype=bool))
+    xp = backend.xp
+    _blend(xp, full, op.alpha, lambda: a @ a.T, op.beta)
+    triangle = xp.triu if op.upper else xp.tril
+    mask = triangle(xp.ones(c.shape, dtype=bool))
     c[mask] = full[mask]
 
 
-def trsm(backend: CpuBackend, op: Trsm) -> None:
+def trsm(backend: ArrayBackend, op: Trsm) -> None:
     """Solve ``op(A) @ X = alpha * B`` (or ``X @ op(A)``) in place into B with BLAS trsm."""
     a_spec, b_spec = op.operands()
     a = matrix_view(backend, a_spec)

@@ -1,0 +1,226 @@
+"""The CUDA backend: buffers are CuPy arrays, libraries are CuPy's CUDA bindings.
+
+One instance owns one device context and is driven from one host thread.
+Each op runs on the stream its kernel actor was given; a buffer remembers the
+event of its last write, and an op on another stream waits on that event
+first. Completion: the host thread synchronizes the op's stream before it
+reports (never the event loop).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import signal
+from typing import Any, ClassVar
+
+import cupy as cp
+
+from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
+from atomr_accel.backends.cpu import _blas as shared_blas
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    DeviceUnavailable,
+    GpuRuntimeError,
+    InvalidArgument,
+    LibraryError,
+    OutOfMemory,
+    Unrecoverable,
+)
+from atomr_accel.core._op import Op
+from atomr_accel.core.ops._blas import Nrm2, Trsm
+from atomr_accel.core.ops._faults import FaultKind, InjectFault
+
+__all__ = ["STICKY_ERRORS", "CudaBackend"]
+
+STICKY_ERRORS = frozenset({700, 710, 714, 715, 716, 717, 719, 999})
+"""CUDA runtime errors after which the context is unusable (illegal address, ...)."""
+
+_POISON_SOURCE = r"""
+extern "C" __global__ void atomr_poison(int* p) { p[threadIdx.x] = 42; }
+"""
+
+
+class CudaBackend(Backend):
+    """A context on one CUDA device; ``xp`` is CuPy."""
+
+    name: ClassVar[str] = "cuda"
+    recoverable_in_process: ClassVar[bool] = False
+    handlers: ClassVar[dict[type[Op], Handler]] = {}  # filled below the class
+
+    def __init__(self, device_id: int = 0) -> None:
+        super().__init__(device_id)
+        self.xp = cp
+        try:
+            count = cp.cuda.runtime.getDeviceCount()
+        except Exception as exc:
+            raise DeviceUnavailable(f"CUDA is not usable here: {exc}") from exc
+        if not 0 <= device_id < count:
+            raise DeviceUnavailable(f"no CUDA device {device_id} (this machine has {count})")
+        self._device = cp.cuda.Device(device_id)
+        self._device.use()
+        self._buffers: dict[int, Any] = {}
+        self._last_write: dict[int, tuple[int, Any]] = {}  # buffer id -> (stream id, event)
+        self._streams: dict[int, Any] = {}
+        self._next_id = 1
+        self._registered: list[int] = []
+
+    # ----------------------------------------------------------------- streams
+
+    def cuda_stream(self, stream: int) -> Any:
+        """The CuPy stream behind a stream id (created on first use, non-blocking)."""
+        s = self._streams.get(stream)
+        if s is None:
+            s = self._streams[stream] = cp.cuda.Stream(non_blocking=True)
+        return s
+
+    def execute(self, op: Op, stream: int = 0) -> Any:
+        """Run ``op`` on ``stream`` after the last writes of its inputs, then wait for it."""
+        s = self.cuda_stream(stream)
+        try:
+            for ref in op.refs():
+                last = self._last_write.get(ref.buffer_id)
+                if last is not None and last[0] != stream:
+                    s.wait_event(last[1])
+            with s:
+                result = super().execute(op, stream)
+                written = op.writes()
+                if written:
+                    event = cp.cuda.Event(disable_timing=True)
+                    event.record(s)
+                    for ref in written:
+                        self._last_write[ref.buffer_id] = (stream, event)
+            s.synchronize()
+        except GpuRuntimeError:
+            raise
+        except Exception as exc:
+            raise translate_cuda_error(exc, op) from exc
+        return result
+
+    # ------------------------------------------------------------------ memory
+
+    def array(self, buffer_id: int) -> Any:
+        """The live 1-D CuPy array behind a buffer id."""
+        try:
+            return self._buffers[buffer_id]
+        except KeyError:
+            raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
+
+    def allocate(self, dtype: DType, length: int) -> int:
+        nbytes = length * dtype.itemsize
+        try:
+            arr = cp.zeros(length, dtype=dtype.numpy)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            free, _ = cp.cuda.runtime.memGetInfo()
+            raise OutOfMemory(
+                f"cannot allocate {nbytes} bytes on CUDA device {self.device_id}",
+                requested=nbytes, available=free,
+            ) from exc
+        buffer_id = self._next_id
+        self._next_id += 1
+        self._buffers[buffer_id] = arr
+        return buffer_id
+
+    def free(self, buffer_id: int) -> None:
+        self.array(buffer_id)
+        del self._buffers[buffer_id]
+        self._last_write.pop(buffer_id, None)
+
+    def write(self, buffer_id: int, data: Any, offset: int) -> None:
+        target = self.array(buffer_id)[offset : offset + data.size]
+        target.set(data, stream=cp.cuda.get_current_stream())
+
+    def read(self, buffer_id: int, offset: int, length: int) -> Any:
+        source = self.array(buffer_id)[offset : offset + length]
+        return source.get(stream=cp.cuda.get_current_stream())
+
+    def copy(self, src: int, dst: int, length: int, src_offset: int, dst_offset: int) -> None:
+        source = self.array(src)[src_offset : src_offset + length]
+        self.array(dst)[dst_offset : dst_offset + length] = source
+
+    def memory_info(self) -> tuple[int, int]:
+        free, total = cp.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
+    def register_host_memory(self, region: mmap.mmap) -> None:
+        """Page-lock a shared-memory region so copies from it are DMA (process host)."""
+        address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+        cp.cuda.runtime.hostRegister(address, len(region), 0)
+        self._registered.append(address)
+
+    def synchronize(self) -> None:
+        self._device.synchronize()
+
+    def close(self) -> None:
+        self._buffers.clear()
+        self._last_write.clear()
+        try:
+            for address in self._registered:
+                cp.cuda.runtime.hostUnregister(address)
+            cp.get_default_memory_pool().free_all_blocks()
+        except Exception:
+            pass  # a poisoned context cannot free anything; its process is about to go
+        self._registered.clear()
+
+
+def translate_cuda_error(exc: BaseException, op: Op) -> GpuRuntimeError:
+    """Classify a CuPy/CUDA exception: sticky faults poison the context."""
+    if isinstance(exc, cp.cuda.memory.OutOfMemoryError):
+        return OutOfMemory(str(exc))
+    status = getattr(exc, "status", None)
+    if type(exc).__name__ == "CUDARuntimeError":
+        if status in STICKY_ERRORS:
+            return ContextPoisoned(f"CUDA error {status} during {type(op).__name__}: {exc}")
+        if status == 2:  # cudaErrorMemoryAllocation
+            return OutOfMemory(str(exc))
+        return LibraryError("cuda", status, str(exc))
+    return LibraryError(op.library, status if status is not None else type(exc).__name__,
+                        str(exc))
+
+
+def _nrm2(backend: CudaBackend, op: Nrm2) -> float:
+    x = shared_blas.vector_view(backend, op.operands()[0])
+    return float(cp.linalg.norm(x)) if x.size else 0.0
+
+
+def _trsm(backend: CudaBackend, op: Trsm) -> None:
+    from cupyx.scipy.linalg import solve_triangular
+
+    a_spec, b_spec = op.operands()
+    a = shared_blas.matrix_view(backend, a_spec)
+    b = shared_blas.matrix_view(backend, b_spec)
+    if b.size == 0:
+        return
+    trans = (2 if op.conj else 1) if op.trans else 0
+    alpha = b.dtype.type(op.alpha)
+    lower, unit = not op.upper, op.unit_diag
+    if op.left:  # op(A) X = alpha B
+        x = solve_triangular(a, alpha * b, trans=trans, lower=lower, unit_diagonal=unit)
+    else:  # X op(A) = alpha B  <=>  op(A)^T X^T = alpha B^T, and (A^H)^T = conj(A)
+        matrix = a.conj() if trans == 2 else a
+        x = solve_triangular(matrix, (alpha * b).T, trans=1 if trans == 0 else 0,
+                             lower=lower, unit_diagonal=unit).T
+    b[...] = x
+
+
+def _inject_fault(backend: CudaBackend, op: InjectFault) -> None:
+    if op.kind is FaultKind.POISON:  # a real sticky fault: write to an illegal address
+        kernel = cp.RawKernel(_POISON_SOURCE, "atomr_poison")
+        kernel((1,), (1,), (cp.uint64(16),))
+        cp.cuda.get_current_stream().synchronize()
+        raise ContextPoisoned("the poison kernel did not fault")  # pragma: no cover
+    if op.kind is FaultKind.OOM:  # a real failed allocation
+        cp.empty(1 << 52, dtype=cp.uint8)
+        raise OutOfMemory("the oversized allocation succeeded")  # pragma: no cover
+    if op.kind is FaultKind.UNRECOVERABLE:
+        raise Unrecoverable(f"injected unrecoverable fault on CUDA device {backend.device_id}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+CudaBackend.handlers = (
+    dict(MEMORY_HANDLERS)
+    | shared_blas.HANDLERS
+    | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
+)

@@ -1,0 +1,225 @@
+"""The CUDA backend against the CPU backend in higher precision, and real fault recovery.
+
+Run on a GPU machine: ``PYTHONPATH=src python3 -m pytest -m gpu``. Skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr_accel import ContextPoisoned, DType, FaultKind, GpuRefStale, OutOfMemory, System
+from atomr_accel.core import GpuRef, Op
+from atomr_accel.core.ops._blas import (
+    Asum,
+    Axpy,
+    Dot,
+    Geam,
+    Gemm,
+    GemmStridedBatched,
+    Gemv,
+    Ger,
+    Iamax,
+    Nrm2,
+    Scal,
+    Syrk,
+    Trsm,
+)
+from atomr_accel.core.ops._memory import Allocate, CopyBuffer, Download, Upload
+from atomr_accel.hosts import BackendSpec
+
+pytestmark = pytest.mark.gpu
+
+WIDER = {DType.F32: DType.F64, DType.F64: DType.F64, DType.C64: DType.C128,
+         DType.C128: DType.C128}
+TOL = {DType.F32: 2e-5, DType.F64: 1e-12, DType.C64: 2e-5, DType.C128: 1e-12}
+M, N, K = 33, 17, 25
+
+
+def random(rng: np.random.Generator, size: int, dtype: DType) -> np.ndarray:
+    x = rng.standard_normal(size)
+    if dtype.is_complex:
+        x = x + 1j * rng.standard_normal(size)
+    return x.astype(dtype.numpy)
+
+
+def triangular(rng: np.random.Generator, n: int, ld: int, dtype: DType) -> np.ndarray:
+    """A well-conditioned column-major n x n matrix with leading dimension ld."""
+    a = random(rng, ld * n, dtype).reshape(n, ld)
+    for i in range(n):
+        a[i, i] += 4 * n
+    return a.reshape(-1)
+
+
+Case = tuple[dict[str, np.ndarray], Callable[[dict[str, GpuRef]], Op], list[str]]
+
+
+def cases(dtype: DType, rng: np.random.Generator) -> dict[str, Case]:
+    """name -> (buffers, op builder, buffers to compare)."""
+    r = lambda n: random(rng, n, dtype)  # noqa: E731
+    cplx = dtype.is_complex
+    return {
+        "gemm": ({"a": r(M * K), "b": r(K * N), "c": r(M * N)},
+                 lambda b: Gemm(b["a"], b["b"], b["c"], M, N, K, alpha=1.5, beta=0.5), ["c"]),
+        "gemm_trans_padded": (
+            {"a": r((K + 3) * M), "b": r((N + 2) * K), "c": r((M + 4) * N)},
+            lambda b: Gemm(b["a"], b["b"], b["c"], M, N, K, alpha=-0.5, beta=2.0,
+                           trans_a=True, trans_b=True, lda=K + 3, ldb=N + 2, ldc=M + 4,
+                           conj_a=cplx),
+            ["c"]),
+        "gemm_strided_batched": (
+            {"a": r(3 * M * K), "b": r(3 * K * N), "c": r(3 * M * N)},
+            lambda b: GemmStridedBatched(b["a"], b["b"], b["c"], M, N, K, 3, alpha=0.75),
+            ["c"]),
+        "axpy": ({"x": r(2 * N), "y": r(N)},
+                 lambda b: Axpy(N, 1.25, b["x"], b["y"], incx=2), ["y"]),
+        "dot": ({"x": r(N), "y": r(N)}, lambda b: Dot(N, b["x"], b["y"], conjugate=cplx), []),
+        "nrm2": ({"x": r(2 * N)}, lambda b: Nrm2(N, b["x"], incx=2), []),
+        "scal": ({"x": r(N)}, lambda b: Scal(N, -3.0, b["x"]), ["x"]),
+        "asum": ({"x": r(N)}, lambda b: Asum(N, b["x"]), []),
+        "iamax": ({"x": r(N)}, lambda b: Iamax(N, b["x"]), []),
+        "gemv_trans": ({"a": r(M * N), "x": r(M), "y": r(N)},
+                       lambda b: Gemv(M, N, b["a"], b["x"], b["y"], alpha=2.0, beta=-1.0,
+                                      trans=True, conj=cplx), ["y"]),
+        "ger": ({"x": r(M), "y": r(N), "a": r(M * N)},
+                lambda b: Ger(M, N, b["x"], b["y"], b["a"], alpha=0.5, conjugate=cplx), ["a"]),
+        "geam": ({"a": r(M * N), "b": r(N * M), "c": r(M * N)},
+                 lambda b: Geam(M, N, b["a"], b["b"], b["c"], alpha=1.0, beta=-2.0,
+                                trans_b=True, ldb=N), ["c"]),
+        "syrk_upper": ({"a": r(N * K), "c": r(N * N)},
+                       lambda b: Syrk(N, K, b["a"], b["c"], alpha=1.0, beta=0.5, upper=True),
+                       ["c"]),
+        "trsm_left": ({"a": triangular(rng, M, M + 1, dtype), "b": r(M * N)},
+                      lambda b: Trsm(M, N, b["a"], b["b"], alpha=2.0, left=True, upper=False,
+                                     lda=M + 1), ["b"]),
+        "trsm_right_trans": ({"a": triangular(rng, N, N, dtype), "b": r(M * N)},
+                             lambda b: Trsm(M, N, b["a"], b["b"], alpha=1.0, left=False,
+                                            upper=True, trans=True, conj=cplx), ["b"]),
+    }
+
+
+def run_case(backend: Any, dtype: DType, case: Case) -> tuple[Any, dict[str, np.ndarray]]:
+    buffers, build, outputs = case
+    refs = {}
+    for name, data in buffers.items():
+        buffer_id = backend.execute(Allocate(dtype, data.size))
+        refs[name] = GpuRef(0, buffer_id, dtype, data.size, 0)
+        backend.execute(Upload(refs[name], data.astype(dtype.numpy)))
+    op = build(refs)
+    op.validate()
+    result = backend.execute(op)
+    return result, {name: backend.execute(Download(refs[name])) for name in outputs}
+
+
+@pytest.fixture(scope="module")
+def backends() -> tuple[Any, Any]:
+    cuda = BackendSpec("cuda").create()
+    cpu = BackendSpec("cpu").create()
+    yield cuda, cpu
+    cuda.close()
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F64, DType.C64, DType.C128])
+def test_every_blas_op_matches_the_cpu_backend_in_higher_precision(
+    backends: tuple[Any, Any], dtype: DType
+) -> None:
+    cuda, cpu = backends
+    rng = np.random.default_rng(int(dtype.itemsize))
+    for name, case in cases(dtype, rng).items():
+        got, got_out = run_case(cuda, dtype, case)
+        want, want_out = run_case(cpu, WIDER[dtype], case)
+        if name == "iamax":
+            assert got == want, name
+        elif got is not None:
+            assert abs(got - want) <= TOL[dtype] * max(1.0, abs(want)), name
+        for key, ref in want_out.items():
+            err = np.linalg.norm(got_out[key] - ref) / np.linalg.norm(ref)
+            assert err <= TOL[dtype], f"{name}/{key}: relative error {err:.2e}"
+
+
+def test_memory_ops_and_real_out_of_memory(backends: tuple[Any, Any]) -> None:
+    cuda, _ = backends
+    data = np.random.default_rng(3).standard_normal(1000)
+    src = GpuRef(0, cuda.execute(Allocate(DType.F64, 1000)), DType.F64, 1000, 0)
+    dst = GpuRef(0, cuda.execute(Allocate(DType.F64, 1000)), DType.F64, 1000, 0)
+    cuda.execute(Upload(src, data), stream=1)
+    cuda.execute(CopyBuffer(src, dst, 500, 100, 0), stream=2)  # waits on stream 1's write
+    np.testing.assert_array_equal(cuda.execute(Download(dst, 0, 500), stream=3), data[100:600])
+    free, total = cuda.memory_info()
+    assert 0 < free <= total
+    with pytest.raises(OutOfMemory):
+        cuda.execute(Allocate(DType.U8, 4 * total))
+    np.testing.assert_array_equal(cuda.execute(Download(src)), data)  # still serving
+
+
+def test_facade_on_cuda_matches_numpy() -> None:
+    rng = np.random.default_rng(5)
+    with System.open("gpu") as system:
+        dev = system.spawn_device(mock=False)
+        assert dev.backend == "cuda"
+        x = rng.standard_normal((64, 48)).astype(np.float32)
+        y = rng.standard_normal((48, 80)).astype(np.float32)
+        a, b, c = dev.allocate_f32(x.size), dev.allocate_f32(y.size), dev.allocate_f32(64 * 80)
+        dev.copy_from_numpy(a, x)
+        dev.copy_from_numpy(b, y)
+        dev.blas().matmul(a, b, c, 64, 80, 48)
+        ref = x.astype(np.float64) @ y.astype(np.float64)
+        out = dev.copy_to_numpy(c, shape=(64, 80))
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-5
+        with pytest.raises(OutOfMemory):
+            dev.inject_fault(FaultKind.OOM)
+        assert dev.blas().nrm2(x.size, a) == pytest.approx(np.linalg.norm(x), rel=1e-5)
+
+
+def test_process_host_recovers_a_really_poisoned_context() -> None:
+    """An illegal-address kernel: the caller gets ContextPoisoned, a new worker serves."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(4096).astype(np.float32)
+    with System.open("gpu") as system:
+        dev = system.spawn_device(mock=False, isolation="process")
+        old = dev.allocate_f32(x.size)
+        dev.copy_from_numpy(old, x)
+        first = dev.stats()
+        with pytest.raises(ContextPoisoned, match="CUDA error 700"):
+            dev.inject_fault(FaultKind.POISON)
+        fresh = dev.allocate_f32(x.size)
+        dev.copy_from_numpy(fresh, x)
+        np.testing.assert_array_equal(dev.copy_to_numpy(fresh), x)
+        assert dev.blas().nrm2(x.size, fresh) == pytest.approx(np.linalg.norm(x), rel=1e-5)
+        with pytest.raises(GpuRefStale):
+            dev.copy_to_numpy(old)
+        after = dev.stats()
+        assert after.generation == first.generation + 1 and after.restarts == 1
+        assert after.host_pid != first.host_pid
+
+
+def test_thread_host_reports_a_sticky_fault_as_unrecoverable() -> None:
+    """In-process CUDA recovery is impossible, so the thread host says so (in a subprocess)."""
+    script = textwrap.dedent("""
+        from atomr_accel import FaultKind, System, Unrecoverable
+        with System.open("gpu") as system:
+            dev = system.spawn_device(mock=False, isolation="thread")
+            buf = dev.allocate_f32(16)
+            try:
+                dev.inject_fault(FaultKind.POISON)
+            except Unrecoverable as exc:
+                assert "isolation='process'" in str(exc), exc
+            else:
+                raise SystemExit("no Unrecoverable")
+            try:
+                dev.allocate_f32(16)
+            except Unrecoverable:
+                print("STOPPED-AS-EXPECTED", dev.stats().status.value)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True,
+                          text=True,
+                          timeout=120, env=env)
+    assert "STOPPED-AS-EXPECTED stopped" in done.stdout, done.stdout + done.stderr
