@@ -188,3 +188,8 @@ def test_blocking_facade_is_usable_from_many_threads(dev: Device) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert list(pool.map(work, range(32))) == [100.0 * i for i in range(32)]
+
+
+def test_completion_strategies_are_for_cuda_only(system: System) -> None:
+    with pytest.raises(InvalidArgument, match="CUDA backend only"):
+        system.spawn_device(mock=True, completion="poll")

@@ -223,3 +223,62 @@ def test_thread_host_reports_a_sticky_fault_as_unrecoverable() -> None:
                           text=True,
                           timeout=120, env=env)
     assert "STOPPED-AS-EXPECTED stopped" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("completion", ["sync", "poll", "host_fn"])
+def test_cross_stream_hazards_are_ordered_with_asynchronous_completion(completion: str) -> None:
+    """Launches return before the GPU finishes: RAW and WAR across streams must still hold."""
+    import threading
+
+    cuda = BackendSpec("cuda", options={"completion": completion}).create()
+    try:
+        n = 2048
+        rng = np.random.default_rng(11)
+        x = rng.standard_normal(n * n).astype(np.float32)
+        refs = {name: GpuRef(0, cuda.execute(Allocate(DType.F32, n * n)), DType.F32, n * n, 0)
+                for name in ("a", "c", "copy")}
+        cuda.execute(Upload(refs["a"], x))
+        results: dict[str, Any] = {}
+        finished = threading.Event()
+        expected = 3
+
+        def done(name: str) -> Callable[[Any, BaseException | None], None]:
+            def report(result: Any, error: BaseException | None) -> None:
+                results[name] = error if error is not None else result
+                if len(results) == expected:
+                    finished.set()
+            return report
+
+        # RAW: a long gemm writes c on stream 1; stream 2 copies c at once after launch.
+        cuda.launch(Gemm(refs["a"], refs["a"], refs["c"], n, n, n), 1, done("gemm"))
+        cuda.launch(CopyBuffer(refs["c"], refs["copy"], n * n), 2, done("copy"))
+        # WAR: stream 3 overwrites a while the gemm (stream 1) may still read it.
+        cuda.launch(Upload(refs["a"], np.zeros(n * n, np.float32)), 3, done("overwrite"))
+        assert finished.wait(60), results
+        assert all(not isinstance(r, BaseException) for r in results.values()), results
+        a64 = x.astype(np.float64).reshape(n, n).T
+        ref = (a64 @ a64).T.reshape(-1)
+        got = cuda.execute(Download(refs["copy"]))
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-4
+        assert not cuda.execute(Download(refs["a"])).any()
+    finally:
+        cuda.close()
+
+
+@pytest.mark.parametrize("completion", ["inline", "sync", "poll", "host_fn"])
+def test_every_completion_strategy_through_the_device(completion: str) -> None:
+    import asyncio
+
+    async def main() -> None:
+        async with await System.open_async("gpu") as system:
+            dev = await system.spawn_device_async(mock=False, completion=completion)
+            rng = np.random.default_rng(13)
+            xs = [rng.standard_normal(256).astype(np.float32) for _ in range(32)]
+            bufs = [await dev.allocate_f32_async(256) for _ in xs]
+            pairs = zip(bufs, xs, strict=True)
+            await asyncio.gather(*(dev.copy_from_numpy_async(b, x) for b, x in pairs))
+            norms = await asyncio.gather(*(dev.blas().nrm2_async(256, b) for b in bufs))
+            for norm, x in zip(norms, xs, strict=True):
+                assert norm == pytest.approx(np.linalg.norm(x.astype(np.float64)), rel=1e-5)
+
+    asyncio.run(main())

@@ -30,16 +30,24 @@ from atomr_accel.core.ops._memory import (
     Upload,
 )
 
-__all__ = ["ArrayBackend", "Backend", "Handler"]
+__all__ = ["ArrayBackend", "Backend", "Done", "Handler"]
 
 Handler = Callable[[Any, Any], Any]
 """``handler(backend, op) -> result``: runs one op type on one backend."""
+
+Done = Callable[[Any, BaseException | None], None]
+"""``done(result, error)``: called once when a launched op has finished (any thread)."""
 
 
 class ArrayBackend(Protocol):
     """A backend whose buffers are NumPy-like arrays; shared handlers need only this."""
 
     xp: Any
+    """The array module of the buffers: NumPy, or CuPy on CUDA."""
+    scipy_fft: Any
+    """The SciPy-shaped FFT module: ``scipy.fft``, or ``cupyx.scipy.fft`` on CUDA."""
+    scipy_sparse: Any
+    """The SciPy-shaped sparse module: ``scipy.sparse``, or ``cupyx.scipy.sparse`` on CUDA."""
 
     def array(self, buffer_id: int) -> Any:
         """The live 1-D array behind a buffer id."""
@@ -55,6 +63,10 @@ class Backend(abc.ABC):
     """True when a poisoned context can be rebuilt inside the same process (not CUDA)."""
     xp: Any = np
     """The array module of the buffers (NumPy, or CuPy on CUDA); shared handlers use it."""
+    scipy_fft: Any
+    """The SciPy-shaped FFT module of the buffers (``scipy.fft``, or ``cupyx.scipy.fft``)."""
+    scipy_sparse: Any
+    """The SciPy-shaped sparse module (``scipy.sparse``, or ``cupyx.scipy.sparse``)."""
 
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
@@ -93,6 +105,19 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release every buffer and library state."""
+
+    def launch(self, op: Op, stream: int, done: Done) -> None:
+        """Start ``op`` and call ``done(result, error)`` once it has finished.
+
+        The default runs it to completion at once; the CUDA backend returns after
+        queueing the work and reports completion through its completion strategy.
+        """
+        try:
+            result = self.execute(op, stream)
+        except BaseException as exc:
+            done(None, exc)
+            return
+        done(result, None)
 
     def execute(self, op: Op, stream: int = 0) -> Any:
         """Run one op on ``stream`` and return its result (None for in-place ops)."""

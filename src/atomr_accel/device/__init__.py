@@ -14,6 +14,7 @@ from atomr_accel.device._kernels import (
     TensorActor,
 )
 from atomr_accel.device._messages import GenerationChanged, GetStats, WatchGeneration
+from atomr_accel.device._pinned import PinnedBuffer, PinnedBufferPool
 from atomr_accel.device._state import DeviceState, DeviceStats, Status
 from atomr_accel.device._streams import (
     PerActorStreams,
@@ -37,6 +38,8 @@ __all__ = [
     "GetStats",
     "KernelActor",
     "PerActorStreams",
+    "PinnedBuffer",
+    "PinnedBufferPool",
     "PooledStreams",
     "RngActor",
     "SingleStream",

@@ -27,6 +27,8 @@ class DeviceConfig:
     ``max_restarts`` context rebuilds within ``within`` seconds are allowed; past
     that the device stops for good. ``stash_capacity`` bounds requests queued
     while the context (re)builds. ``streams`` hands out kernel-actor streams.
+    ``completion`` picks how the CUDA backend learns that work has finished
+    (``"inline"``, ``"sync"``, ``"poll"``, ``"host_fn"``; None: its default).
     ``backend_options`` go to the backend's constructor (e.g. the CPU backend's
     ``capacity`` in bytes); ``host_factory`` replaces the host entirely (tests).
     """
@@ -39,6 +41,7 @@ class DeviceConfig:
     within: float = 60.0
     stash_capacity: int = 1024
     streams: StreamAllocator = field(default_factory=PerActorStreams)
+    completion: str | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
     host_factory: Callable[[BackendSpec], ContextHost] | None = None
 
@@ -54,13 +57,18 @@ class DeviceConfig:
             )
         if self.device_id < 0:
             raise InvalidArgument(f"device_id must be >= 0, got {self.device_id}")
+        if self.completion is not None and self.backend != "cuda":
+            raise InvalidArgument("completion strategies apply to the CUDA backend only")
         if self.stash_capacity < 0 or self.max_restarts < 0 or self.within <= 0:
             raise InvalidArgument("stash_capacity and max_restarts must be >= 0, within > 0")
 
     @property
     def spec(self) -> BackendSpec:
         """The backend to build in the context host."""
-        return BackendSpec(self.backend, self.device_id, dict(self.backend_options))
+        options = dict(self.backend_options)
+        if self.completion is not None:
+            options["completion"] = self.completion
+        return BackendSpec(self.backend, self.device_id, options)
 
     def make_host(self) -> ContextHost:
         """A new, unstarted context host."""

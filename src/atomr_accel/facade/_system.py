@@ -95,6 +95,7 @@ class System:
         max_restarts: int = 3,
         within: float = 60.0,
         stash_capacity: int = 1024,
+        completion: str | None = None,
         backend_options: dict[str, Any] | None = None,
     ) -> Device:
         """Start a device and wait until its context is up.
@@ -103,7 +104,9 @@ class System:
         (``DeviceUnavailable`` without a GPU); otherwise ``backend`` decides
         (``"auto"``: CUDA if present). ``isolation="process"`` runs the context
         in a worker process so a poisoned context is really recovered.
-        ``libraries`` limits the kernel actors (default: all). The context may be
+        ``libraries`` limits the kernel actors (default: all). ``completion`` picks
+        the CUDA completion strategy (``inline``, ``sync``, ``poll``, ``host_fn``).
+        The context may be
         rebuilt ``max_restarts`` times within ``within`` seconds; past that the
         device stops and every request fails with ``Unrecoverable``.
         """
@@ -117,6 +120,7 @@ class System:
             max_restarts=max_restarts,
             within=within,
             stash_capacity=stash_capacity,
+            completion=completion,
             backend_options=dict(backend_options or {}),
         )
         state = DeviceState(device_id)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import queue
 import threading
@@ -64,34 +66,37 @@ class ThreadHost(ContextHost):
         try:
             while (item := self._queue.get()) is not _STOP:
                 op, stream, fut = item
-                result, error = self._execute(backend, op, stream)
-                try:
-                    loop.call_soon_threadsafe(self._complete, fut, result, error)
-                except RuntimeError:  # the loop is closed: nobody is waiting any more
-                    return
+                done = functools.partial(self._done, loop, backend, op, fut)
+                if self._broken is not None:  # a sticky fault: the context runs nothing more
+                    done(None, self._broken)
+                else:
+                    backend.launch(op, stream, done)
         finally:
             backend.close()
 
-    def _execute(
-        self, backend: Backend, op: Op, stream: int
-    ) -> tuple[Any, BaseException | None]:
-        if self._broken is not None:  # a sticky fault: the context runs nothing more
-            return None, self._broken
-        try:
-            return backend.execute(op, stream), None
-        except BaseException as exc:
-            error = translate_error(exc, op)
-            if not isinstance(error, ContextPoisoned):
-                return None, error
-            if backend.recoverable_in_process:
-                self._broken = error
-            else:
-                self._broken = Unrecoverable(
-                    f"{error} -- the {backend.name} context cannot be rebuilt inside this "
-                    "process; use isolation='process' for real recovery"
-                )
-                self._broken.__cause__ = error
-            return None, self._broken
+    def _done(self, loop: asyncio.AbstractEventLoop, backend: Backend, op: Op,
+              fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        """Report a finished op to the loop (called on the host or a completion thread)."""
+        if error is not None:
+            error = self._classify(backend, op, error)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+            loop.call_soon_threadsafe(self._complete, fut, result, error)
+
+    def _classify(self, backend: Backend, op: Op, exc: BaseException) -> BaseException:
+        if self._broken is not None and exc is self._broken:
+            return exc
+        error = translate_error(exc, op)
+        if not isinstance(error, ContextPoisoned):
+            return error
+        if backend.recoverable_in_process:
+            self._broken = error
+        else:
+            self._broken = Unrecoverable(
+                f"{error} -- the {backend.name} context cannot be rebuilt inside this "
+                "process; use isolation='process' for real recovery"
+            )
+            self._broken.__cause__ = error
+        return self._broken
 
     def _complete(self, fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
         self._pending.discard(fut)

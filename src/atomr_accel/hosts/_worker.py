@@ -7,10 +7,13 @@ when stdin closes. Anything printed goes to stderr, never into the frames.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import mmap
 import os
 import sys
+import threading
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -25,54 +28,59 @@ from atomr_accel.hosts._wire import encode, read_frame
 
 
 class _Worker:
+    """Launches each op on the backend and answers it when the backend reports completion."""
+
     def __init__(self, backend: Backend, arena: mmap.mmap, out: BinaryIO) -> None:
         self.backend = backend
         self.arena = arena
         self.out = out
+        self.poisoned: GpuRuntimeError | None = None  # sticky: once poisoned, run nothing more
+        self._lock = threading.Lock()  # completions may answer from other threads
 
     def _view(self, piece: ShmSlice) -> tuple[np.ndarray[Any, Any], mmap.mmap | None]:
         mm = self.arena if piece.path is None else map_path(piece.path, piece.nbytes)
         view = np.frombuffer(mm, dtype=piece.dtype, count=piece.count, offset=piece.offset)
         return view, (None if piece.path is None else mm)
 
-    def run(self, op: Op, stream: int, out_slice: ShmSlice | None) -> Any:
-        segment: mmap.mmap | None = None
-        if isinstance(op, Upload) and isinstance(op.data, ShmSlice):
-            data, segment = self._view(op.data)
-            op = dataclasses.replace(op, data=data)
-        try:
-            result = self.backend.execute(op, stream)
-        finally:
-            if segment is not None:
-                del op, data
+    def _answer(self, req_id: int, ok: bool, payload: Any) -> None:
+        with self._lock:
+            self.out.write(encode((req_id, ok, payload)))
+            self.out.flush()
+
+    def _finish(self, req_id: int, op: Op, out_slice: ShmSlice | None,
+                segment: mmap.mmap | None, result: Any, error: BaseException | None) -> None:
+        if segment is not None:  # the upload has been copied: its one-off segment can go
+            with contextlib.suppress(BufferError):
                 segment.close()
+        if error is not None:
+            failure = picklable(translate_error(error, op))
+            if isinstance(failure, ContextPoisoned):
+                self.poisoned = failure
+            self._answer(req_id, False, failure)
+            return
         if out_slice is not None and isinstance(result, np.ndarray):
-            view, segment = self._view(out_slice)
+            view, out_segment = self._view(out_slice)
             view[:] = result.reshape(-1)
             del view
-            if segment is not None:
-                segment.close()
-            return None
-        return result
+            if out_segment is not None:
+                out_segment.close()
+            result = None
+        self._answer(req_id, True, result)
 
     def serve(self, inp: BinaryIO) -> bool:
         """Answer frames until stdin closes; return True if the context was poisoned."""
-        poisoned: GpuRuntimeError | None = None  # sticky: once poisoned, run nothing more
         while (frame := read_frame(inp)) is not None:
             req_id, op, stream, out_slice = frame
-            if poisoned is not None:
-                reply = (req_id, False, poisoned)
-            else:
-                try:
-                    reply = (req_id, True, self.run(op, stream, out_slice))
-                except BaseException as exc:
-                    error = picklable(translate_error(exc, op))
-                    if isinstance(error, ContextPoisoned):
-                        poisoned = error
-                    reply = (req_id, False, error)
-            self.out.write(encode(reply))
-            self.out.flush()
-        return poisoned is not None
+            if self.poisoned is not None:
+                self._answer(req_id, False, self.poisoned)
+                continue
+            segment = None
+            if isinstance(op, Upload) and isinstance(op.data, ShmSlice):
+                data, segment = self._view(op.data)
+                op = dataclasses.replace(op, data=data)
+            done = functools.partial(self._finish, req_id, op, out_slice, segment)
+            self.backend.launch(op, stream, done)
+        return self.poisoned is not None
 
 
 def main() -> None:
@@ -103,7 +111,7 @@ def main() -> None:
         # A poisoned context cannot even free memory: leave without running destructors.
         sys.stderr.flush()
         os._exit(3)
-    backend.close()
+    backend.close()  # waits until every launched op has been answered
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import itertools
 from typing import Any, ClassVar
 
 import numpy as np
+import scipy.fft
+import scipy.sparse
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
 from atomr_accel.backends.cpu import _blas, _fft, _rng, _solver, _sparse, _tensor
@@ -27,6 +29,8 @@ class CpuBackend(Backend):
 
     name: ClassVar[str] = "cpu"
     recoverable_in_process: ClassVar[bool] = True
+    scipy_fft: Any = scipy.fft
+    scipy_sparse: Any = scipy.sparse
     handlers: ClassVar[dict[type[Op], Handler]] = (
         dict(MEMORY_HANDLERS)
         | _fft.HANDLERS

@@ -1,37 +1,51 @@
-"""CPU tensor contractions with ``numpy.einsum`` on row-major views of the buffers."""
+"""Tensor contractions on row-major views of the buffers; runs on NumPy or CuPy.
+
+The shared handler ``contract`` runs ``backend.xp.einsum`` and answers the name
+of that function, so the backend's array module names the implementation:
+``"numpy.einsum"`` on CPU, ``"cupy.einsum"`` on CUDA. The CUDA backend
+registers its own handler, which runs cuTENSOR where it can and falls back to
+this one.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
-import numpy as np
-
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._tensor import Contract
 
-if TYPE_CHECKING:
-    from atomr_accel.backends.cpu._backend import CpuBackend
+__all__ = ["HANDLERS", "contract", "operands", "scalars"]
 
-__all__ = ["HANDLERS", "contract"]
-
-
-def _scalar(value: complex, complex_data: bool) -> complex:
-    """Return ``value`` in the data's field: its real part for real data (results stay real)."""
-    return value if complex_data else complex(value).real
+Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
 
 
-def contract(backend: CpuBackend, op: Contract) -> str:
-    """Write ``alpha * einsum(A, B) + beta * C`` into ``C``; answer ``"numpy.einsum"``."""
-    a = backend.array(op.a.buffer_id)[: math.prod(op.a_shape)].reshape(op.a_shape)
-    b = backend.array(op.b.buffer_id)[: math.prod(op.b_shape)].reshape(op.b_shape)
-    c = backend.array(op.c.buffer_id)[: math.prod(op.c_shape)].reshape(op.c_shape)
-    product = np.einsum(op.subscripts, a, b, optimize=True)
-    alpha = _scalar(op.alpha, op.c.dtype.is_complex)
-    beta = _scalar(op.beta, op.c.dtype.is_complex)
+def operands(backend: ArrayBackend, op: Contract) -> tuple[Array, Array, Array]:
+    """Return writable row-major views of ``A``, ``B`` and ``C`` in their buffers."""
+
+    def view(ref: GpuRef, shape: tuple[int, ...]) -> Array:
+        return backend.array(ref.buffer_id)[: math.prod(shape)].reshape(shape)
+
+    return view(op.a, op.a_shape), view(op.b, op.b_shape), view(op.c, op.c_shape)
+
+
+def scalars(op: Contract) -> tuple[complex, complex]:
+    """Return ``(alpha, beta)`` in the data's field: real parts only for real data."""
+    if op.c.dtype.is_complex:
+        return complex(op.alpha), complex(op.beta)
+    return complex(op.alpha).real, complex(op.beta).real
+
+
+def contract(backend: ArrayBackend, op: Contract) -> str:
+    """Write ``alpha * einsum(A, B) + beta * C`` into ``C``; answer ``"<xp>.einsum"``."""
+    a, b, c = operands(backend, op)
+    xp = backend.xp
+    product = xp.einsum(op.subscripts, a, b, optimize=True)
+    alpha, beta = scalars(op)
     c[...] = alpha * product if beta == 0 else alpha * product + beta * c
-    return "numpy.einsum"
+    return f"{xp.__name__}.einsum"
 
 
 HANDLERS: dict[type[Op], Handler] = {Contract: contract}

@@ -1,10 +1,11 @@
 """The CUDA backend: buffers are CuPy arrays, libraries are CuPy's CUDA bindings.
 
 One instance owns one device context and is driven from one host thread.
-Each op runs on the stream its kernel actor was given; a buffer remembers the
-event of its last write, and an op on another stream waits on that event
-first. Completion: the host thread synchronizes the op's stream before it
-reports (never the event loop).
+Each op runs on the stream its kernel actor was given. A buffer remembers the
+event of its last write and of the reads since; an op on another stream waits
+on those first (read-after-write, and write-after-read for its outputs).
+Completion is reported by a pluggable strategy (``completion=``; see
+``_completion.py``), never by blocking an event loop.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any, ClassVar
 
 import cupy as cp
 
-from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
+from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
 from atomr_accel.backends.cpu import _blas as shared_blas
+from atomr_accel.backends.cuda import _blas as cuda_blas
+from atomr_accel.backends.cuda._completion import make_completion
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     ContextPoisoned,
@@ -33,7 +36,10 @@ from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import Nrm2, Trsm
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 
-__all__ = ["STICKY_ERRORS", "CudaBackend"]
+__all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend"]
+
+DEFAULT_COMPLETION = "inline"
+"""The completion strategy a device uses unless told otherwise (see benchmarks/gpu_overhead.py)."""
 
 STICKY_ERRORS = frozenset({700, 710, 714, 715, 716, 717, 719, 999})
 """CUDA runtime errors after which the context is unusable (illegal address, ...)."""
@@ -50,7 +56,7 @@ class CudaBackend(Backend):
     recoverable_in_process: ClassVar[bool] = False
     handlers: ClassVar[dict[type[Op], Handler]] = {}  # filled below the class
 
-    def __init__(self, device_id: int = 0) -> None:
+    def __init__(self, device_id: int = 0, completion: str = DEFAULT_COMPLETION) -> None:
         super().__init__(device_id)
         self.xp = cp
         try:
@@ -63,9 +69,11 @@ class CudaBackend(Backend):
         self._device.use()
         self._buffers: dict[int, Any] = {}
         self._last_write: dict[int, tuple[int, Any]] = {}  # buffer id -> (stream id, event)
+        self._reads: dict[int, dict[int, Any]] = {}  # buffer id -> stream id -> event
         self._streams: dict[int, Any] = {}
         self._next_id = 1
         self._registered: list[int] = []
+        self.completion = make_completion(completion, device_id)
 
     # ----------------------------------------------------------------- streams
 
@@ -76,27 +84,52 @@ class CudaBackend(Backend):
             s = self._streams[stream] = cp.cuda.Stream(non_blocking=True)
         return s
 
-    def execute(self, op: Op, stream: int = 0) -> Any:
-        """Run ``op`` on ``stream`` after the last writes of its inputs, then wait for it."""
+    def _enqueue(self, op: Op, stream: int) -> tuple[Any, Any, Any]:
+        """Queue ``op`` on ``stream`` behind the work it depends on; return (result, stream,
+        event recorded after it). Host results (downloads, scalars) are already final."""
         s = self.cuda_stream(stream)
+        written = {ref.buffer_id for ref in op.writes()}
+        touched = {ref.buffer_id for ref in op.refs()}
+        for buffer_id in touched:  # read-after-write, and write-after-read for outputs
+            last = self._last_write.get(buffer_id)
+            if last is not None and last[0] != stream:
+                s.wait_event(last[1])
+            if buffer_id in written:
+                for reader, event in self._reads.get(buffer_id, {}).items():
+                    if reader != stream:
+                        s.wait_event(event)
+        with s:
+            result = super().execute(op, stream)
+        event = cp.cuda.Event(disable_timing=True)
+        event.record(s)
+        for buffer_id in touched:
+            if buffer_id in written:
+                self._last_write[buffer_id] = (stream, event)
+                self._reads.pop(buffer_id, None)
+            else:
+                self._reads.setdefault(buffer_id, {})[stream] = event
+        return result, s, event
+
+    def launch(self, op: Op, stream: int, done: Done) -> None:
+        """Queue ``op`` and let the completion strategy report when it has finished."""
         try:
-            for ref in op.refs():
-                last = self._last_write.get(ref.buffer_id)
-                if last is not None and last[0] != stream:
-                    s.wait_event(last[1])
-            with s:
-                result = super().execute(op, stream)
-                written = op.writes()
-                if written:
-                    event = cp.cuda.Event(disable_timing=True)
-                    event.record(s)
-                    for ref in written:
-                        self._last_write[ref.buffer_id] = (stream, event)
-            s.synchronize()
-        except GpuRuntimeError:
-            raise
-        except Exception as exc:
-            raise translate_cuda_error(exc, op) from exc
+            result, s, event = self._enqueue(op, stream)
+        except BaseException as exc:
+            done(None, _classified(exc, op))
+            return
+
+        def report(value: Any, error: BaseException | None) -> None:
+            done(value, None if error is None else _classified(error, op))
+
+        self.completion.watch(stream, s, event, result, report)
+
+    def execute(self, op: Op, stream: int = 0) -> Any:
+        """Run ``op`` and wait for it on this thread (direct use, tests)."""
+        try:
+            result, _, event = self._enqueue(op, stream)
+            event.synchronize()
+        except BaseException as exc:
+            raise _classified(exc, op) from exc
         return result
 
     # ------------------------------------------------------------------ memory
@@ -127,6 +160,7 @@ class CudaBackend(Backend):
         self.array(buffer_id)
         del self._buffers[buffer_id]
         self._last_write.pop(buffer_id, None)
+        self._reads.pop(buffer_id, None)
 
     def write(self, buffer_id: int, data: Any, offset: int) -> None:
         target = self.array(buffer_id)[offset : offset + data.size]
@@ -154,8 +188,10 @@ class CudaBackend(Backend):
         self._device.synchronize()
 
     def close(self) -> None:
+        self.completion.close()
         self._buffers.clear()
         self._last_write.clear()
+        self._reads.clear()
         try:
             for address in self._registered:
                 cp.cuda.runtime.hostUnregister(address)
@@ -163,6 +199,10 @@ class CudaBackend(Backend):
         except Exception:
             pass  # a poisoned context cannot free anything; its process is about to go
         self._registered.clear()
+
+
+def _classified(exc: BaseException, op: Op) -> BaseException:
+    return exc if isinstance(exc, GpuRuntimeError) else translate_cuda_error(exc, op)
 
 
 def translate_cuda_error(exc: BaseException, op: Op) -> GpuRuntimeError:
@@ -222,5 +262,6 @@ def _inject_fault(backend: CudaBackend, op: InjectFault) -> None:
 CudaBackend.handlers = (
     dict(MEMORY_HANDLERS)
     | shared_blas.HANDLERS
+    | cuda_blas.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

@@ -1,0 +1,215 @@
+"""Completion strategies: how the CUDA backend learns that queued work has finished.
+
+Each strategy gets ``(stream, event, result, done)`` right after an op was
+queued and the event recorded behind it, and calls ``done(result, error)`` once
+the event has completed (``error`` is the CUDA error if the work failed). No
+strategy ever blocks an event loop; ``done`` may run on any thread.
+
+* ``inline``: the launching (host) thread synchronizes before it takes the next
+  op. Lowest latency, no overlap between ops.
+* ``sync``: one helper thread per stream synchronizes; the host thread goes on
+  launching, so streams overlap.
+* ``poll``: one poller thread queries pending events, spinning briefly while
+  work is in flight and sleeping when idle.
+* ``host_fn``: ``cudaLaunchHostFunc`` calls back from the driver's thread once the
+  stream reaches it (no CUDA call is made in the callback, as CUDA requires).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import cupy as cp
+
+from atomr_accel.backends._base import Done
+from atomr_accel.core._errors import InvalidArgument
+
+__all__ = [
+    "COMPLETIONS",
+    "Completion",
+    "HostFnCompletion",
+    "InlineCompletion",
+    "PolledCompletion",
+    "SyncCompletion",
+    "make_completion",
+]
+
+_STOP = object()
+
+
+class Completion(Protocol):
+    """Reports the completion of queued work."""
+
+    name: str
+
+    def watch(self, stream_id: int, stream: Any, event: Any, result: Any, done: Done) -> None:
+        """Call ``done(result, error)`` once ``event`` has completed."""
+        ...
+
+    def close(self) -> None:
+        """Stop helper threads after the work they watch has been reported."""
+        ...
+
+
+def _wait(event: Any, result: Any, done: Done) -> None:
+    try:
+        event.synchronize()
+    except BaseException as exc:
+        done(None, exc)
+        return
+    done(result, None)
+
+
+class InlineCompletion:
+    """Synchronize on the launching thread."""
+
+    name = "inline"
+
+    def watch(self, stream_id: int, stream: Any, event: Any, result: Any, done: Done) -> None:
+        """Wait here, then report."""
+        _wait(event, result, done)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class SyncCompletion:
+    """Synchronize on a helper thread per stream, in each stream's order."""
+
+    name = "sync"
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self._queues: dict[int, queue.SimpleQueue[Any]] = {}
+        self._threads: list[threading.Thread] = []
+
+    def watch(self, stream_id: int, stream: Any, event: Any, result: Any, done: Done) -> None:
+        """Hand the event to the stream's helper thread."""
+        q = self._queues.get(stream_id)
+        if q is None:
+            q = self._queues[stream_id] = queue.SimpleQueue()
+            thread = threading.Thread(target=self._serve, args=(q,), daemon=True,
+                                      name=f"atomr-complete-{self.device_id}-{stream_id}")
+            thread.start()
+            self._threads.append(thread)
+        q.put((event, result, done))
+
+    def _serve(self, q: queue.SimpleQueue[Any]) -> None:
+        cp.cuda.Device(self.device_id).use()
+        while (item := q.get()) is not _STOP:
+            _wait(*item)
+
+    def close(self) -> None:
+        """Stop the helper threads once their queues are drained."""
+        for q in self._queues.values():
+            q.put(_STOP)
+        for thread in self._threads:
+            thread.join()
+
+
+class PolledCompletion:
+    """Query pending events from one poller thread; it sleeps when nothing is pending."""
+
+    name = "poll"
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self._incoming: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name=f"atomr-poll-{device_id}")
+        self._thread.start()
+
+    def watch(self, stream_id: int, stream: Any, event: Any, result: Any, done: Done) -> None:
+        """Add the event to the poller's list."""
+        self._incoming.put((event, result, done))
+
+    def _serve(self) -> None:
+        cp.cuda.Device(self.device_id).use()
+        pending: list[tuple[Any, Any, Done]] = []
+        stopping = False
+        while True:
+            item = self._incoming.get() if not pending else _get_nowait(self._incoming)
+            while item is not None:  # take everything that has arrived
+                if item is _STOP:
+                    stopping = True
+                else:
+                    pending.append(item)
+                item = _get_nowait(self._incoming)
+            pending = [entry for entry in pending if not _report_if_done(*entry)]
+            if stopping and not pending:
+                return
+            if pending:
+                time.sleep(0)  # let other threads run while the GPU works
+
+    def close(self) -> None:
+        """Stop the poller once everything pending has been reported."""
+        self._incoming.put(_STOP)
+        self._thread.join()
+
+
+def _get_nowait(q: queue.SimpleQueue[Any]) -> Any:
+    try:
+        return q.get_nowait()
+    except queue.Empty:
+        return None
+
+
+def _report_if_done(event: Any, result: Any, done: Done) -> bool:
+    try:
+        finished = event.done
+    except BaseException as exc:
+        done(None, exc)
+        return True
+    if finished:
+        done(result, None)
+    return bool(finished)
+
+
+class HostFnCompletion:
+    """Report from a host function queued on the stream (``cudaLaunchHostFunc``)."""
+
+    name = "host_fn"
+
+    def __init__(self) -> None:
+        self._in_flight: dict[int, tuple[Any, Done]] = {}
+        self._ids = iter(range(1 << 62))
+        self._lock = threading.Lock()
+
+    def watch(self, stream_id: int, stream: Any, event: Any, result: Any, done: Done) -> None:
+        """Queue a host function behind the work; it reports the result."""
+        with self._lock:
+            key = next(self._ids)
+            self._in_flight[key] = (result, done)
+        stream.launch_host_func(self._callback, key)
+
+    def _callback(self, key: int) -> None:  # runs on a CUDA driver thread: no CUDA calls here
+        with self._lock:
+            result, done = self._in_flight.pop(key)
+        done(result, None)
+
+    def close(self) -> None:
+        """Nothing to stop: the driver's callbacks have all run once the device is idle."""
+
+
+COMPLETIONS: dict[str, Callable[[int], Completion]] = {
+    "inline": lambda device_id: InlineCompletion(),
+    "sync": SyncCompletion,
+    "poll": PolledCompletion,
+    "host_fn": lambda device_id: HostFnCompletion(),
+}
+"""Completion strategy name -> factory taking the device id."""
+
+
+def make_completion(name: str, device_id: int) -> Completion:
+    """Build a completion strategy by name (``InvalidArgument`` for an unknown one)."""
+    try:
+        factory = COMPLETIONS[name]
+    except KeyError:
+        raise InvalidArgument(
+            f"unknown completion strategy {name!r}; choose from {', '.join(COMPLETIONS)}"
+        ) from None
+    return factory(device_id)
