@@ -20,7 +20,10 @@ import cupy as cp
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
 from atomr_accel.backends.cpu import _blas as shared_blas
+from atomr_accel.backends.cpu import _fft as shared_fft
+from atomr_accel.backends.cpu import _sparse as shared_sparse
 from atomr_accel.backends.cuda import _blas as cuda_blas
+from atomr_accel.backends.cuda import _tensor as cuda_tensor
 from atomr_accel.backends.cuda._completion import make_completion
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
@@ -50,7 +53,7 @@ extern "C" __global__ void atomr_poison(int* p) { p[threadIdx.x] = 42; }
 
 
 class CudaBackend(Backend):
-    """A context on one CUDA device; ``xp`` is CuPy."""
+    """A context on one CUDA device; ``xp`` is CuPy, ``scipy_fft``/``scipy_sparse`` are cupyx's."""
 
     name: ClassVar[str] = "cuda"
     recoverable_in_process: ClassVar[bool] = False
@@ -67,6 +70,11 @@ class CudaBackend(Backend):
             raise DeviceUnavailable(f"no CUDA device {device_id} (this machine has {count})")
         self._device = cp.cuda.Device(device_id)
         self._device.use()
+        import cupyx.scipy.fft as cupyx_fft
+        import cupyx.scipy.sparse as cupyx_sparse
+
+        self.scipy_fft = cupyx_fft
+        self.scipy_sparse = cupyx_sparse
         self._buffers: dict[int, Any] = {}
         self._last_write: dict[int, tuple[int, Any]] = {}  # buffer id -> (stream id, event)
         self._reads: dict[int, dict[int, Any]] = {}  # buffer id -> stream id -> event
@@ -263,5 +271,8 @@ CudaBackend.handlers = (
     dict(MEMORY_HANDLERS)
     | shared_blas.HANDLERS
     | cuda_blas.HANDLERS
+    | shared_fft.HANDLERS
+    | shared_sparse.HANDLERS
+    | cuda_tensor.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

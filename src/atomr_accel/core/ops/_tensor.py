@@ -51,7 +51,8 @@ class Contract(Op):
     from ``c_modes`` are summed over. All tensors share one dtype
     (f32/f64/c64/c128); when ``beta == 0``, ``C`` is only written. ``C`` may not
     share a buffer with ``A`` or ``B``. The handler answers the name of the
-    implementation that ran (``"numpy.einsum"`` on CPU).
+    implementation that ran: ``"numpy.einsum"`` on CPU, ``"cutensor"`` or
+    ``"cupy.einsum"`` on CUDA.
     """
 
     library: ClassVar[str] = "tensor"
