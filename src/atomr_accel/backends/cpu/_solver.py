@@ -37,7 +37,18 @@ from atomr_accel.core.ops._solver import (
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
 
-__all__ = ["HANDLERS", "geqrf", "gesvd", "getrf", "getrs", "orgqr", "potrf", "potrs", "syevd"]
+__all__ = [
+    "HANDLERS",
+    "geqrf",
+    "gesvd",
+    "getrf",
+    "getrs",
+    "orgqr",
+    "potrf",
+    "potrs",
+    "raise_first",
+    "syevd",
+]
 
 Array = np.ndarray[Any, Any]
 
@@ -47,19 +58,30 @@ def _lapack(name: str, like: Array) -> Any:
     return lapack.get_lapack_funcs(name, (like,))
 
 
-def _raise_first(
-    routine: str, infos: Sequence[int], batched: bool, explain: Callable[[int], str]
-) -> None:
-    """Raise ``LibraryError`` for the first non-zero ``info``, if any."""
+_FAILURES: dict[str, Callable[[int], str]] = {
+    "getrf": lambda i: f"U({i},{i}) is exactly zero, so the matrix is singular",
+    "potrf": lambda i: f"the leading minor of order {i} is not positive definite",
+    "gesvd": lambda i: f"{i} superdiagonals of the bidiagonal form did not converge",
+    "syevd": lambda i: f"the eigensolver did not converge (info {i})",
+}
+
+
+def raise_first(routine: str, infos: Sequence[int], batched: bool) -> None:
+    """Raise ``LibraryError("solver", info, ...)`` for the first non-zero ``info``, if any.
+
+    A negative ``info`` names an illegal argument; a positive one is explained as
+    LAPACK (and cuSOLVER) explain it for ``routine``. A batched op names the matrix.
+    """
     for index, info in enumerate(infos):
         if info != 0:
-            what = f"argument {-info} had an illegal value" if info < 0 else explain(info)
+            if info < 0:
+                what = f"argument {-info} had an illegal value"
+            elif routine in _FAILURES:
+                what = _FAILURES[routine](info)
+            else:
+                what = f"unexpected info {info}"
             where = f"matrix {index} of the batch: " if batched else ""
             raise LibraryError("solver", info, f"{routine}: {where}{what}")
-
-
-def _illegal_only(info: int) -> str:
-    return f"unexpected info {info}"
 
 
 def _getrf_one(a: Array, ipiv: Array) -> int:
@@ -78,12 +100,7 @@ def getrf(backend: CpuBackend, op: Getrf | GetrfBatched) -> None:
     k = min(spec.rows, spec.cols)
     ipiv = backend.array(op.ipiv.buffer_id)
     infos = [_getrf_one(mats[i], ipiv[i * k : (i + 1) * k]) for i in range(spec.batch)]
-    _raise_first(
-        "getrf",
-        infos,
-        isinstance(op, GetrfBatched),
-        lambda i: f"U({i},{i}) is exactly zero, so the matrix is singular",
-    )
+    raise_first("getrf", infos, isinstance(op, GetrfBatched))
 
 
 def _getrs_one(lu: Array, ipiv: Array, b: Array, trans: int) -> int:
@@ -110,7 +127,7 @@ def getrs(backend: CpuBackend, op: Getrs | GetrsBatched) -> None:
     infos = [
         _getrs_one(lus[i], ipiv[i * n : (i + 1) * n], bs[i], trans) for i in range(b_spec.batch)
     ]
-    _raise_first("getrs", infos, isinstance(op, GetrsBatched), _illegal_only)
+    raise_first("getrs", infos, isinstance(op, GetrsBatched))
 
 
 def _potrf_one(a: Array, upper: bool) -> int:
@@ -126,12 +143,7 @@ def potrf(backend: CpuBackend, op: Potrf | PotrfBatched) -> None:
     (spec,) = op.operands()
     mats = matrix_views(backend, spec)
     infos = [_potrf_one(mats[i], op.upper) for i in range(spec.batch)]
-    _raise_first(
-        "potrf",
-        infos,
-        isinstance(op, PotrfBatched),
-        lambda i: f"the leading minor of order {i} is not positive definite",
-    )
+    raise_first("potrf", infos, isinstance(op, PotrfBatched))
 
 
 def _potrs_one(c: Array, b: Array, upper: bool) -> int:
@@ -148,7 +160,7 @@ def potrs(backend: CpuBackend, op: Potrs | PotrsBatched) -> None:
     cs = matrix_views(backend, a_spec)
     bs = matrix_views(backend, b_spec)
     infos = [_potrs_one(cs[i], bs[i], op.upper) for i in range(b_spec.batch)]
-    _raise_first("potrs", infos, isinstance(op, PotrsBatched), _illegal_only)
+    raise_first("potrs", infos, isinstance(op, PotrsBatched))
 
 
 def geqrf(backend: CpuBackend, op: Geqrf) -> None:
@@ -160,7 +172,7 @@ def geqrf(backend: CpuBackend, op: Geqrf) -> None:
     qr, tau, _work, info = _lapack("geqrf", a)(a)
     a[...] = qr
     vector_view(backend, tau_spec)[...] = tau
-    _raise_first("geqrf", [int(info)], False, _illegal_only)
+    raise_first("geqrf", [int(info)], False)
 
 
 def orgqr(backend: CpuBackend, op: Orgqr) -> None:
@@ -173,7 +185,7 @@ def orgqr(backend: CpuBackend, op: Orgqr) -> None:
     name = "ungqr" if np.iscomplexobj(a) else "orgqr"
     q, _work, info = _lapack(name, a)(a, tau)
     a[...] = q
-    _raise_first(name, [int(info)], False, _illegal_only)
+    raise_first(name, [int(info)], False)
 
 
 def _gesvd_one(a: Array, s: Array, u: Array | None, vt: Array | None) -> int:
@@ -207,12 +219,7 @@ def gesvd(backend: CpuBackend, op: Gesvd | GesvdBatched) -> None:
         )
         for i in range(a_spec.batch)
     ]
-    _raise_first(
-        "gesvd",
-        infos,
-        isinstance(op, GesvdBatched),
-        lambda i: f"{i} superdiagonals of the bidiagonal form did not converge",
-    )
+    raise_first("gesvd", infos, isinstance(op, GesvdBatched))
 
 
 def _syevd_one(a: Array, w: Array, upper: bool, vectors: bool) -> int:
@@ -236,12 +243,7 @@ def syevd(backend: CpuBackend, op: Syevd | SyevdBatched) -> None:
         _syevd_one(mats[i], w[i * n : (i + 1) * n], op.upper, op.vectors)
         for i in range(spec.batch)
     ]
-    _raise_first(
-        "syevd",
-        infos,
-        isinstance(op, SyevdBatched),
-        lambda i: f"the eigensolver did not converge (info {i})",
-    )
+    raise_first("syevd", infos, isinstance(op, SyevdBatched))
 
 
 HANDLERS: dict[type[Op], Handler] = {

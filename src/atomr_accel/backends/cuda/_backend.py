@@ -23,6 +23,8 @@ from atomr_accel.backends.cpu import _blas as shared_blas
 from atomr_accel.backends.cpu import _fft as shared_fft
 from atomr_accel.backends.cpu import _sparse as shared_sparse
 from atomr_accel.backends.cuda import _blas as cuda_blas
+from atomr_accel.backends.cuda import _rng as cuda_rng
+from atomr_accel.backends.cuda import _solver as cuda_solver
 from atomr_accel.backends.cuda import _tensor as cuda_tensor
 from atomr_accel.backends.cuda._completion import make_completion
 from atomr_accel.core._dtype import DType
@@ -274,5 +276,7 @@ CudaBackend.handlers = (
     | shared_fft.HANDLERS
     | shared_sparse.HANDLERS
     | cuda_tensor.HANDLERS
+    | cuda_rng.HANDLERS
+    | cuda_solver.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )
