@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
+from _linalg_data import FILL, Arr, hpd, pack, rand
 
 from atomr_accel.backends.cpu import CpuBackend
 from atomr_accel.core import DType, GpuRef, InvalidArgument, LibraryError
@@ -29,10 +29,8 @@ from atomr_accel.core.ops._solver import (
     SyevdBatched,
 )
 
-Arr = np.ndarray[Any, Any]
 DTYPES = [DType.F32, DType.F64, DType.C64, DType.C128]
 TOL = {DType.F32: 1e-4, DType.F64: 1e-10, DType.C64: 1e-4, DType.C128: 1e-10}
-FILL = -777.0  # marks padding and gaps that an op must not touch
 
 
 def _ref(b: CpuBackend, data: Arr, dtype: DType) -> GpuRef:
@@ -57,25 +55,6 @@ def _run(b: CpuBackend, op: Op) -> None:
     assert b.execute(op) is None
 
 
-def _rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: DType) -> Arr:
-    """Random values already rounded to ``dtype``, held in float64/complex128."""
-    x = rng.standard_normal(shape)
-    if dtype.is_complex:
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype.numpy).astype(np.complex128 if dtype.is_complex else np.float64)
-
-
-def _hpd(rng: np.random.Generator, n: int, dtype: DType) -> Arr:
-    m = _rand(rng, (n, n), dtype)
-    return (m @ m.conj().T + n * np.eye(n)).astype(dtype.numpy).astype(m.dtype)
-
-
-def _pack(mat: Arr, ld: int, tail: int = 0) -> Arr:
-    """Store ``mat`` column-major with leading dimension ``ld``; padding holds ``FILL``."""
-    rows, cols = mat.shape
-    buf = np.full(ld * cols + tail, FILL, dtype=mat.dtype)
-    buf[: ld * cols].reshape(cols, ld).T[:rows] = mat
-    return buf
 
 
 def _unpack(buf: Arr, rows: int, cols: int, ld: int) -> Arr:
@@ -112,9 +91,9 @@ def _apply(mat: Arr, op: str) -> Arr:
 def test_getrf_reconstructs(dtype: DType, m: int, n: int) -> None:
     rng = np.random.default_rng(0)
     b = CpuBackend()
-    a = _rand(rng, (m, n), dtype)
+    a = rand(rng, (m, n), dtype)
     lda = m + 2
-    ra, rp = _ref(b, _pack(a, lda), dtype), _empty(b, DType.I32, min(m, n))
+    ra, rp = _ref(b, pack(a, lda), dtype), _empty(b, DType.I32, min(m, n))
     _run(b, Getrf(ra, rp, m, n, lda))
     out, ipiv = _get(b, ra), _get(b, rp)
     assert ipiv.dtype == np.int32 and np.all((ipiv >= 1) & (ipiv <= m))
@@ -128,10 +107,10 @@ def test_getrs_solves(dtype: DType, op_a: str) -> None:
     rng = np.random.default_rng(1)
     b = CpuBackend()
     n, nrhs, ldb = 5, 3, 7
-    a = _rand(rng, (n, n), dtype) + 3 * np.eye(n)
-    rhs = _rand(rng, (n, nrhs), dtype)
+    a = rand(rng, (n, n), dtype) + 3 * np.eye(n)
+    rhs = rand(rng, (n, nrhs), dtype)
     ra = _ref(b, a.T.reshape(-1), dtype)
-    rp, rb = _empty(b, DType.I32, n), _ref(b, _pack(rhs, ldb), dtype)
+    rp, rb = _empty(b, DType.I32, n), _ref(b, pack(rhs, ldb), dtype)
     _run(b, Getrf(ra, rp, n, n))
     _run(b, Getrs(ra, rp, rb, n, nrhs, ldb=ldb, trans=op_a != "N", conj=op_a == "C"))
     out = _get(b, rb)
@@ -156,9 +135,9 @@ def test_potrf_potrs(dtype: DType, upper: bool) -> None:
     rng = np.random.default_rng(2)
     b = CpuBackend()
     n, nrhs, lda = 5, 2, 6
-    a = _hpd(rng, n, dtype)
-    rhs = _rand(rng, (n, nrhs), dtype)
-    ra, rb = _ref(b, _pack(a, lda), dtype), _ref(b, rhs.T.reshape(-1), dtype)
+    a = hpd(rng, n, dtype)
+    rhs = rand(rng, (n, nrhs), dtype)
+    ra, rb = _ref(b, pack(a, lda), dtype), _ref(b, rhs.T.reshape(-1), dtype)
     _run(b, Potrf(ra, n, lda, upper))
     out = _get(b, ra)
     f = _unpack(out, n, n, lda)
@@ -190,8 +169,8 @@ def test_geqrf_orgqr_tall(dtype: DType) -> None:
     rng = np.random.default_rng(3)
     b = CpuBackend()
     m, n, lda = 6, 4, 8
-    a = _rand(rng, (m, n), dtype)
-    ra, rt = _ref(b, _pack(a, lda), dtype), _empty(b, dtype, n)
+    a = rand(rng, (m, n), dtype)
+    ra, rt = _ref(b, pack(a, lda), dtype), _empty(b, dtype, n)
     _run(b, Geqrf(ra, rt, m, n, lda))
     r = np.triu(_unpack(_get(b, ra), n, n, lda))
     _run(b, Orgqr(ra, rt, m, n, n, lda))
@@ -207,7 +186,7 @@ def test_geqrf_orgqr_wide(dtype: DType) -> None:
     rng = np.random.default_rng(4)
     b = CpuBackend()
     m, n = 3, 5
-    a = _rand(rng, (m, n), dtype)
+    a = rand(rng, (m, n), dtype)
     ra, rt = _ref(b, a.T.reshape(-1), dtype), _empty(b, dtype, m)
     _run(b, Geqrf(ra, rt, m, n))
     r = np.triu(_get(b, ra).reshape(n, m).T)
@@ -221,10 +200,10 @@ def test_geqrf_orgqr_wide(dtype: DType) -> None:
 def test_gesvd(dtype: DType, m: int, n: int) -> None:
     rng = np.random.default_rng(5)
     b = CpuBackend()
-    a = _rand(rng, (m, n), dtype)
+    a = rand(rng, (m, n), dtype)
     k, lda, ldu, ldvt = min(m, n), m + 1, m + 2, n + 1
     real = dtype.real
-    ra, rs = _ref(b, _pack(a, lda), dtype), _empty(b, real, k)
+    ra, rs = _ref(b, pack(a, lda), dtype), _empty(b, real, k)
     ru, rvt = _ref(b, np.full(ldu * m, FILL), dtype), _ref(b, np.full(ldvt * n, FILL), dtype)
     _run(b, Gesvd(ra, rs, ru, rvt, m, n, lda, ldu, ldvt))
     s, ubuf, vtbuf = _get(b, rs), _get(b, ru), _get(b, rvt)
@@ -237,7 +216,7 @@ def test_gesvd(dtype: DType, m: int, n: int) -> None:
     assert np.all(np.diff(s) <= 0)
     assert _padding_ok(ubuf, m, m, ldu) and _padding_ok(vtbuf, n, n, ldvt)
     rs2 = _empty(b, real, k)
-    _run(b, Gesvd(_ref(b, _pack(a, lda), dtype), rs2, None, None, m, n, lda))
+    _run(b, Gesvd(_ref(b, pack(a, lda), dtype), rs2, None, None, m, n, lda))
     _close(_get(b, rs2), np.linalg.svd(a, compute_uv=False), dtype)
 
 
@@ -247,11 +226,11 @@ def test_syevd(dtype: DType, upper: bool) -> None:
     rng = np.random.default_rng(6)
     b = CpuBackend()
     n, lda = 5, 7
-    stored = _rand(rng, (n, n), dtype)  # the unread triangle is junk
+    stored = rand(rng, (n, n), dtype)  # the unread triangle is junk
     stored[np.diag_indices(n)] = stored.diagonal().real
     h = np.triu(stored) if upper else np.tril(stored)
     h = h + h.conj().T - np.diag(h.diagonal())
-    ra, rw = _ref(b, _pack(stored, lda), dtype), _empty(b, dtype.real, n)
+    ra, rw = _ref(b, pack(stored, lda), dtype), _empty(b, dtype.real, n)
     _run(b, Syevd(ra, rw, n, lda, upper))
     out, w = _get(b, ra), _get(b, rw)
     v = _unpack(out, n, n, lda)
@@ -261,7 +240,7 @@ def test_syevd(dtype: DType, upper: bool) -> None:
     _close(v.conj().T @ v, np.eye(n), dtype)
     assert _padding_ok(out, n, n, lda)
     rw2 = _empty(b, dtype.real, n)
-    _run(b, Syevd(_ref(b, _pack(stored, lda), dtype), rw2, n, lda, upper, vectors=False))
+    _run(b, Syevd(_ref(b, pack(stored, lda), dtype), rw2, n, lda, upper, vectors=False))
     _close(_get(b, rw2), w, dtype)
 
 
@@ -271,9 +250,9 @@ def test_getrf_getrs_batched(dtype: DType) -> None:
     b = CpuBackend()
     n, nrhs, batch, lda = 4, 2, 3, 5
     stride = lda * n + 2
-    mats = [_rand(rng, (n, n), dtype) + 2 * np.eye(n) for _ in range(batch)]
-    rhs = [_rand(rng, (n, nrhs), dtype) for _ in range(batch)]
-    ra = _ref(b, np.concatenate([_pack(x, lda, stride - lda * n) for x in mats]), dtype)
+    mats = [rand(rng, (n, n), dtype) + 2 * np.eye(n) for _ in range(batch)]
+    rhs = [rand(rng, (n, nrhs), dtype) for _ in range(batch)]
+    ra = _ref(b, np.concatenate([pack(x, lda, stride - lda * n) for x in mats]), dtype)
     rp = _empty(b, DType.I32, batch * n)
     rb = _ref(b, np.concatenate([x.T.reshape(-1) for x in rhs]), dtype)
     _run(b, GetrfBatched(ra, rp, n, batch, lda, stride))
@@ -293,8 +272,8 @@ def test_potrf_potrs_batched(dtype: DType) -> None:
     rng = np.random.default_rng(8)
     b = CpuBackend()
     n, batch = 4, 3
-    mats = [_hpd(rng, n, dtype) for _ in range(batch)]
-    rhs = [_rand(rng, (n, 1), dtype) for _ in range(batch)]
+    mats = [hpd(rng, n, dtype) for _ in range(batch)]
+    rhs = [rand(rng, (n, 1), dtype) for _ in range(batch)]
     ra = _ref(b, np.concatenate([x.T.reshape(-1) for x in mats]), dtype)
     rb = _ref(b, np.concatenate([x.reshape(-1) for x in rhs]), dtype)
     _run(b, PotrfBatched(ra, n, batch, upper=True))
@@ -313,7 +292,7 @@ def test_syevd_batched(dtype: DType) -> None:
     rng = np.random.default_rng(9)
     b = CpuBackend()
     n, batch = 4, 3
-    mats = [_hpd(rng, n, dtype) - n * np.eye(n) for _ in range(batch)]
+    mats = [hpd(rng, n, dtype) - n * np.eye(n) for _ in range(batch)]
     ra = _ref(b, np.concatenate([x.T.reshape(-1) for x in mats]), dtype)
     rw = _empty(b, dtype.real, batch * n)
     _run(b, SyevdBatched(ra, rw, n, batch))
@@ -329,7 +308,7 @@ def test_gesvd_batched(dtype: DType) -> None:
     rng = np.random.default_rng(10)
     b = CpuBackend()
     m, n, batch = 4, 3, 2
-    mats = [_rand(rng, (m, n), dtype) for _ in range(batch)]
+    mats = [rand(rng, (m, n), dtype) for _ in range(batch)]
     ra = _ref(b, np.concatenate([x.T.reshape(-1) for x in mats]), dtype)
     rs = _empty(b, dtype.real, batch * n)
     ru, rvt = _empty(b, dtype, batch * m * m), _empty(b, dtype, batch * n * n)

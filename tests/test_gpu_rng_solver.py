@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _linalg_data import FILL, Arr, hpd, pack, rand
 
 from atomr_accel import DType, InvalidArgument, LibraryError, System
 from atomr_accel.core import GpuRef, Op
@@ -40,13 +41,11 @@ from atomr_accel.hosts import BackendSpec
 
 pytestmark = pytest.mark.gpu
 
-Arr = np.ndarray[Any, Any]
 D = Distribution
 DTYPES = [DType.F32, DType.F64, DType.C64, DType.C128]
 WIDER = {DType.F32: DType.F64, DType.F64: DType.F64, DType.C64: DType.C128,
          DType.C128: DType.C128}
 TOL = {DType.F32: 1e-4, DType.F64: 1e-10, DType.C64: 1e-4, DType.C128: 1e-10}
-FILL = -777.0  # marks padding and gaps that an op must not touch
 
 
 @pytest.fixture(scope="module")
@@ -223,30 +222,11 @@ def test_statistics(cuda: Any, dist: Distribution, dtype: DType,
 # ---------------------------------------------------------------- solver
 
 
-def _rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: DType) -> Arr:
-    """Random values already rounded to ``dtype``, held in float64/complex128."""
-    x = rng.standard_normal(shape)
-    if dtype.is_complex:
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype.numpy).astype(np.complex128 if dtype.is_complex else np.float64)
-
-
-def _hpd(rng: np.random.Generator, n: int, dtype: DType) -> Arr:
-    m = _rand(rng, (n, n), dtype)
-    return (m @ m.conj().T + n * np.eye(n)).astype(dtype.numpy).astype(m.dtype)
-
-
-def _pack(mat: Arr, ld: int, tail: int = 0) -> Arr:
-    """Store ``mat`` column-major with leading dimension ``ld``; padding holds ``FILL``."""
-    rows, cols = mat.shape
-    buf = np.full(ld * cols + tail, FILL, dtype=mat.dtype)
-    buf[: ld * cols].reshape(cols, ld).T[:rows] = mat
-    return buf
 
 
 def _pack_batch(mats: list[Arr], ld: int, stride: int) -> Arr:
     cols = mats[0].shape[1]
-    return np.concatenate([_pack(m, ld, stride - ld * cols) for m in mats])
+    return np.concatenate([pack(m, ld, stride - ld * cols) for m in mats])
 
 
 def _unpack(buf: Arr, rows: int, cols: int, ld: int) -> Arr:
@@ -307,9 +287,9 @@ def _pair(backends: tuple[Any, Any], dtype: DType, spec: Spec,
 @pytest.mark.parametrize(("m", "n"), [(37, 29), (29, 37), (32, 32)])
 def test_getrf_reconstructs(cuda: Any, dtype: DType, m: int, n: int) -> None:
     rng = np.random.default_rng(m * n)
-    a, lda = _rand(rng, (m, n), dtype), m + 3
+    a, lda = rand(rng, (m, n), dtype), m + 3
     k = min(m, n)
-    got = _on(cuda, dtype, {"a": (_pack(a, lda), "data"), "ipiv": (np.zeros(k), "i32")},
+    got = _on(cuda, dtype, {"a": (pack(a, lda), "data"), "ipiv": (np.zeros(k), "i32")},
               lambda r: [Getrf(r["a"], r["ipiv"], m, n, lda)])
     ipiv = got["ipiv"]
     assert ipiv.dtype == np.int32 and ipiv.min() >= 1 and ipiv.max() <= m
@@ -322,10 +302,10 @@ def test_getrf_reconstructs(cuda: Any, dtype: DType, m: int, n: int) -> None:
 def test_getrs_matches_cpu(backends: tuple[Any, Any], dtype: DType, op_a: str) -> None:
     rng = np.random.default_rng(1)
     n, nrhs, ldb = 40, 3, 43
-    a = _rand(rng, (n, n), dtype) + n * np.eye(n)
-    rhs = _rand(rng, (n, nrhs), dtype)
+    a = rand(rng, (n, n), dtype) + n * np.eye(n)
+    rhs = rand(rng, (n, nrhs), dtype)
     spec: Spec = {"a": (a.T, "data"), "ipiv": (np.zeros(n), "i32"),
-                  "b": (_pack(rhs, ldb), "data")}
+                  "b": (pack(rhs, ldb), "data")}
     got, want = _pair(backends, dtype, spec, lambda r: [
         Getrf(r["a"], r["ipiv"], n, n),
         Getrs(r["a"], r["ipiv"], r["b"], n, nrhs, ldb=ldb, trans=op_a != "N",
@@ -342,8 +322,8 @@ def test_getrs_matches_cpu(backends: tuple[Any, Any], dtype: DType, op_a: str) -
 def test_potrf_potrs_match_cpu(backends: tuple[Any, Any], dtype: DType, upper: bool) -> None:
     rng = np.random.default_rng(2)
     n, nrhs, lda = 33, 4, 35
-    a, rhs = _hpd(rng, n, dtype), _rand(rng, (n, nrhs), dtype)
-    spec: Spec = {"a": (_pack(a, lda), "data"), "b": (rhs.T, "data")}
+    a, rhs = hpd(rng, n, dtype), rand(rng, (n, nrhs), dtype)
+    spec: Spec = {"a": (pack(a, lda), "data"), "b": (rhs.T, "data")}
     got, want = _pair(backends, dtype, spec, lambda r: [
         Potrf(r["a"], n, lda, upper), Potrs(r["a"], r["b"], n, nrhs, lda, upper=upper)])
     tri = np.triu if upper else np.tril
@@ -399,8 +379,8 @@ def test_getrs_refuses_bad_pivots(cuda: Any) -> None:
 @pytest.mark.parametrize(("m", "n", "lda"), [(40, 25, 43), (20, 35, 20)])
 def test_geqrf_orgqr(cuda: Any, dtype: DType, m: int, n: int, lda: int) -> None:
     rng = np.random.default_rng(3)
-    a, k = _rand(rng, (m, n), dtype), min(m, n)
-    ra, rt = _ref(cuda, _pack(a, lda), dtype), _empty(cuda, dtype, k)
+    a, k = rand(rng, (m, n), dtype), min(m, n)
+    ra, rt = _ref(cuda, pack(a, lda), dtype), _empty(cuda, dtype, k)
     _run(cuda, Geqrf(ra, rt, m, n, lda))
     r = np.triu(_unpack(_get(cuda, ra), k, n, lda))
     _run(cuda, Orgqr(ra, rt, m, k, k, lda))  # Q's first k columns
@@ -417,8 +397,8 @@ def test_orgqr_matches_cpu(backends: tuple[Any, Any], dtype: DType, k: int) -> N
     """Q is a function of the reflectors and their scalars: both backends agree on it."""
     rng = np.random.default_rng(4)
     m, n, lda = 8, 5, 9
-    spec: Spec = {"a": (_pack(_rand(rng, (m, n), dtype), lda), "data"),
-                  "tau": (_rand(rng, (max(k, 1),), dtype) / 4 + 1, "data")}
+    spec: Spec = {"a": (pack(rand(rng, (m, n), dtype), lda), "data"),
+                  "tau": (rand(rng, (max(k, 1),), dtype) / 4 + 1, "data")}
     got, want = _pair(backends, dtype, spec, lambda r: [Orgqr(r["a"], r["tau"], m, n, k, lda)])
     q = _unpack(got["a"], m, n, lda)
     assert _err(q, _unpack(want["a"], m, n, lda)) <= TOL[dtype]
@@ -442,9 +422,9 @@ def test_empty_operands_are_no_ops(cuda: Any) -> None:
 @pytest.mark.parametrize(("m", "n"), [(40, 25), (25, 40)])
 def test_gesvd_matches_cpu(backends: tuple[Any, Any], dtype: DType, m: int, n: int) -> None:
     rng = np.random.default_rng(5)
-    a = _rand(rng, (m, n), dtype)
+    a = rand(rng, (m, n), dtype)
     k, lda, ldu, ldvt = min(m, n), m + 1, m + 2, n + 1
-    spec: Spec = {"a": (_pack(a, lda), "data"), "s": (np.zeros(k), "real"),
+    spec: Spec = {"a": (pack(a, lda), "data"), "s": (np.zeros(k), "real"),
                   "u": (np.full(ldu * m, FILL), "data"), "vt": (np.full(ldvt * n, FILL), "data")}
     got, want = _pair(backends, dtype, spec, lambda r: [
         Gesvd(r["a"], r["s"], r["u"], r["vt"], m, n, lda, ldu, ldvt)])
@@ -455,7 +435,7 @@ def test_gesvd_matches_cpu(backends: tuple[Any, Any], dtype: DType, m: int, n: i
     assert _err(u.conj().T @ u, np.eye(m)) <= TOL[dtype]
     assert _err(vt @ vt.conj().T, np.eye(n)) <= TOL[dtype]
     assert _padding_ok(got["u"], m, m, ldu) and _padding_ok(got["vt"], n, n, ldvt)
-    values = _on(backends[0], dtype, {"a": (_pack(a, lda), "data"), "s": (np.zeros(k), "real")},
+    values = _on(backends[0], dtype, {"a": (pack(a, lda), "data"), "s": (np.zeros(k), "real")},
                  lambda r: [Gesvd(r["a"], r["s"], None, None, m, n, lda)])
     assert _err(values["s"], want["s"]) <= TOL[dtype]
 
@@ -465,11 +445,11 @@ def test_gesvd_matches_cpu(backends: tuple[Any, Any], dtype: DType, m: int, n: i
 def test_syevd_matches_cpu(backends: tuple[Any, Any], dtype: DType, upper: bool) -> None:
     rng = np.random.default_rng(6)
     n, lda = 30, 33
-    stored = _rand(rng, (n, n), dtype)  # the unread triangle is junk
+    stored = rand(rng, (n, n), dtype)  # the unread triangle is junk
     stored[np.diag_indices(n)] = stored.diagonal().real
     h = np.triu(stored) if upper else np.tril(stored)
     h = h + h.conj().T - np.diag(h.diagonal())
-    spec: Spec = {"a": (_pack(stored, lda), "data"), "w": (np.zeros(n), "real")}
+    spec: Spec = {"a": (pack(stored, lda), "data"), "w": (np.zeros(n), "real")}
     got, want = _pair(backends, dtype, spec, lambda r: [Syevd(r["a"], r["w"], n, lda, upper)])
     w, v = got["w"], _unpack(got["a"], n, n, lda)
     assert np.all(np.diff(w) >= 0) and _err(w, want["w"]) <= TOL[dtype]
@@ -486,8 +466,8 @@ def test_getrf_getrs_batched(backends: tuple[Any, Any], dtype: DType) -> None:
     rng = np.random.default_rng(7)
     n, nrhs, batch, lda, ldb = 12, 2, 5, 13, 14
     stride_a, stride_b = lda * n + 3, ldb * nrhs + 1
-    mats = [_rand(rng, (n, n), dtype) + 2 * np.eye(n) for _ in range(batch)]
-    rhs = [_rand(rng, (n, nrhs), dtype) for _ in range(batch)]
+    mats = [rand(rng, (n, n), dtype) + 2 * np.eye(n) for _ in range(batch)]
+    rhs = [rand(rng, (n, nrhs), dtype) for _ in range(batch)]
     spec: Spec = {"a": (_pack_batch(mats, lda, stride_a), "data"),
                   "ipiv": (np.zeros(batch * n), "i32"),
                   "b": (_pack_batch(rhs, ldb, stride_b), "data")}
@@ -512,8 +492,8 @@ def test_getrf_getrs_batched(backends: tuple[Any, Any], dtype: DType) -> None:
 def test_getrs_batched_shares_one_factor(cuda: Any, dtype: DType) -> None:
     rng = np.random.default_rng(8)
     n, batch = 9, 4
-    a = _rand(rng, (n, n), dtype) + 2 * np.eye(n)
-    rhs = _rand(rng, (batch, n), dtype)
+    a = rand(rng, (n, n), dtype) + 2 * np.eye(n)
+    rhs = rand(rng, (batch, n), dtype)
     ra, rp = _ref(cuda, a.T, dtype), _empty(cuda, DType.I32, n)
     _run(cuda, Getrf(ra, rp, n, n))
     pivots = _ref(cuda, np.tile(_get(cuda, rp), batch), DType.I32)
@@ -529,8 +509,8 @@ def test_potrf_potrs_batched(backends: tuple[Any, Any], dtype: DType, upper: boo
     rng = np.random.default_rng(9)
     n, nrhs, batch, lda = 10, 3, 4, 12
     stride = lda * n + 5
-    mats = [_hpd(rng, n, dtype) for _ in range(batch)]
-    rhs = [_rand(rng, (n, nrhs), dtype) for _ in range(batch)]
+    mats = [hpd(rng, n, dtype) for _ in range(batch)]
+    rhs = [rand(rng, (n, nrhs), dtype) for _ in range(batch)]
     spec: Spec = {"a": (_pack_batch(mats, lda, stride), "data"),
                   "b": (np.concatenate([x.T.reshape(-1) for x in rhs]), "data")}
     got, want = _pair(backends, dtype, spec, lambda r: [
@@ -559,7 +539,7 @@ def test_syevd_batched(backends: tuple[Any, Any], dtype: DType, n: int) -> None:
     stride = lda * n + 2
     mats = []
     for _ in range(batch):
-        x = _rand(rng, (n, n), dtype)
+        x = rand(rng, (n, n), dtype)
         mats.append(((x + x.conj().T) / 2).astype(dtype.numpy).astype(x.dtype))
     spec: Spec = {"a": (_pack_batch(mats, lda, stride), "data"),
                   "w": (np.zeros(batch * n), "real")}
@@ -578,7 +558,7 @@ def test_syevd_batched(backends: tuple[Any, Any], dtype: DType, n: int) -> None:
 def test_gesvd_batched(backends: tuple[Any, Any], dtype: DType, m: int, n: int) -> None:
     rng = np.random.default_rng(11)
     batch, k = 3, min(m, n)
-    mats = [_rand(rng, (m, n), dtype) for _ in range(batch)]
+    mats = [rand(rng, (m, n), dtype) for _ in range(batch)]
     stride_u, stride_vt = m * m + 1, n * n + 2
     spec: Spec = {"a": (np.concatenate([x.T.reshape(-1) for x in mats]), "data"),
                   "s": (np.zeros(batch * k), "real"),
