@@ -28,12 +28,6 @@ DEFAULT: Final = _Default()
 """Stands for "the system's default" in ``ask(timeout=...)``."""
 
 
-def current_sender() -> ActorRef | None:
-    """The actor whose task is running now, or None outside actors."""
-    cell = _current_cell.get()
-    return None if cell is None else cell.ref
-
-
 class ActorRef:
     """The stable address of an actor; survives restarts of the actor it names.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -113,7 +113,3 @@ def matrix_extent(rows: int, cols: int, ld: int, name: str) -> int:
         raise InvalidArgument(f"leading dimension of {name} is {ld}; it must be >= {max(1, rows)}")
     return 0 if rows == 0 or cols == 0 else ld * (cols - 1) + rows
 
-
-def as_dict(op: Op) -> dict[str, Any]:
-    """The op's fields as a dict (for logs and journals)."""
-    return {f.name: getattr(op, f.name) for f in dataclasses.fields(op)}  # type: ignore[arg-type]
