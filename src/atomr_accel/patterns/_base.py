@@ -1,0 +1,122 @@
+"""What every blueprint shares: the client base, the actor base and argument checks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Coroutine
+from typing import Any, TypeAlias
+
+from atomr_accel.actor import POISON_PILL, Actor, ActorRef, ActorStopped, ActorSystem
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.facade import System
+
+__all__ = [
+    "PatternActor",
+    "PatternClient",
+    "SystemLike",
+    "actor_system",
+    "require_positive_int",
+    "require_wait",
+]
+
+SystemLike: TypeAlias = ActorSystem | System
+"""Where a blueprint may be spawned: an ``ActorSystem`` or a facade ``System``."""
+
+
+def actor_system(system: SystemLike) -> ActorSystem:
+    """The actor system behind ``system`` (``InvalidArgument`` for anything else)."""
+    if isinstance(system, ActorSystem):
+        return system
+    if isinstance(system, System):
+        return system.actors
+    raise InvalidArgument(f"expected an ActorSystem or a System, got {type(system).__name__}")
+
+
+def require_positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+    """Raise ``InvalidArgument`` unless ``value`` is an int >= 1 (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+
+
+def require_wait(name: str, value: object) -> None:
+    """Raise ``InvalidArgument`` unless ``value`` is a finite number of seconds >= 0."""
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value) or value < 0):
+        raise InvalidArgument(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+
+class PatternClient:
+    """Base of the blueprint clients: a typed face over the blueprint actor's ``ActorRef``.
+
+    Every ``async`` method must be awaited on the actor system's event loop
+    (as ``ActorRef.ask``); ``timeout=None`` means the system's
+    ``default_ask_timeout``. Build a client with the class's ``spawn``, or wrap
+    the ref of an actor spawned from the class's ``props`` (``Client(ref)``).
+    """
+
+    def __init__(self, ref: ActorRef) -> None:
+        self.ref = ref
+
+    @property
+    def path(self) -> str:
+        """The blueprint actor's path."""
+        return self.ref.path
+
+    @property
+    def is_alive(self) -> bool:
+        """True until the blueprint actor has begun stopping."""
+        return self.ref.is_alive
+
+    def stop(self) -> None:
+        """Stop the blueprint after the mail already sent to it; returns at once.
+
+        Requests still waiting inside it (queued, or running when it stops)
+        fail with ``ActorStopped``.
+        """
+        self.ref.tell(POISON_PILL)
+
+    async def _ask(self, message: Any, timeout: float | None) -> Any:
+        if timeout is None:
+            return await self.ref.ask(message)
+        return await self.ref.ask(message, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.ref.path})"
+
+
+class PatternActor(Actor):
+    """Base of the blueprint actors: owns the tasks that run requests.
+
+    Requests run as tasks so the actor keeps taking mail while models work.
+    ``post_stop`` (also run before a restart) cancels those tasks; each task
+    answers its own requests, so a cancelled one fails them with ``ActorStopped``.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task owned by this actor."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stopped_error(self) -> ActorStopped:
+        """The error for requests this actor can no longer answer."""
+        return ActorStopped(self.context.self_ref.path, "stopped before answering")
+
+    def unhandled(self, message: object) -> None:
+        """Fail the asker of an unknown message with ``TypeError`` (the actor keeps running)."""
+        self.context.defer_reply().set_exception(
+            TypeError(f"{type(self).__name__} does not handle {message!r}"))
+
+    async def post_stop(self) -> None:
+        """Cancel the running request tasks and wait for them to answer their callers."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+

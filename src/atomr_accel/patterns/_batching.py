@@ -1,0 +1,277 @@
+"""DynamicBatchingServer: gather single requests into batches for one batch function."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from atomr_accel.actor import Props, Reply
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.patterns._base import (
+    PatternActor,
+    PatternClient,
+    SystemLike,
+    actor_system,
+    require_positive_int,
+)
+from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
+from atomr_accel.patterns._errors import BatchResultMismatch, RequestDropped, RequestRejected
+from atomr_accel.patterns._invoke import invoke
+
+__all__ = ["BatchingStats", "DynamicBatchingServer", "split_results"]
+
+BatchFn = Callable[[list[Any]], Any]
+_DEADLINE_TIMER = "batch-deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingStats:
+    """A snapshot of a ``DynamicBatchingServer``.
+
+    ``expired`` counts requests whose caller had given up (its ask timed out)
+    before their batch was flushed; they were skipped, not computed.
+    ``timer_sets`` counts how often the one deadline timer was set: once per
+    request that becomes the oldest (again after running batches held the
+    queue back), never once per request.
+    """
+
+    queued: int
+    running_batches: int
+    batches: int
+    completed: int
+    failed: int
+    rejected: int
+    dropped: int
+    expired: int
+    timer_sets: int
+
+
+def split_results(result: Any, expected: int) -> list[Any]:
+    """Split a batch function's result into one value per request.
+
+    ``result`` must be a sequence (list, tuple, NumPy array, ...) of exactly
+    ``expected`` items; otherwise ``BatchResultMismatch``. Strings, bytes and
+    mappings do not count as sequences here.
+    """
+    if (isinstance(result, str | bytes | bytearray | Mapping)
+            or not hasattr(result, "__len__") or not hasattr(result, "__getitem__")):
+        raise BatchResultMismatch(expected, None, f"a {type(result).__name__}, not a sequence,")
+    got = len(result)
+    if got != expected:
+        raise BatchResultMismatch(expected, got)
+    return [result[i] for i in range(expected)]
+
+
+class _Request:
+    __slots__ = ("item", "reply")
+
+    def __init__(self, item: Any, reply: Reply) -> None:
+        self.item = item
+        self.reply = reply
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    item: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Deadline:
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchDone:
+    size: int
+    ok: bool
+
+
+class _GetStats:
+    __slots__ = ()
+
+
+class _BatchingActor(PatternActor):
+    """Queues requests, flushes batches and answers request i with result i."""
+
+    def __init__(self, batch_fn: BatchFn, max_batch: int, max_wait: float, queue_capacity: int,
+                 overflow: OverflowPolicy, max_concurrent_batches: int) -> None:
+        super().__init__()
+        self.batch_fn = batch_fn
+        self.queue: BatchQueue[_Request] = BatchQueue(max_batch, max_wait, queue_capacity,
+                                                      overflow)
+        self.max_concurrent = max_concurrent_batches
+        self.loop = asyncio.get_running_loop()
+        self.running = 0
+        self.armed_for: float | None = None
+        self.batches = self.completed = self.failed = 0
+        self.rejected = self.dropped = self.expired = self.timer_sets = 0
+
+    async def receive(self, message: Any) -> Any:
+        """Handle submits, the deadline timer, finished batches and stats requests."""
+        cls = type(message)
+        if cls is _Submit:
+            self._submit(message.item)
+        elif cls is _Deadline:
+            self.armed_for = None
+            self._pump(message.deadline)
+        elif cls is _BatchDone:
+            self.running -= 1
+            if message.ok:
+                self.completed += message.size
+            else:
+                self.failed += message.size
+            self._pump(None)
+        elif cls is _GetStats:
+            return BatchingStats(len(self.queue), self.running, self.batches, self.completed,
+                                 self.failed, self.rejected, self.dropped, self.expired,
+                                 self.timer_sets)
+        else:
+            self.unhandled(message)
+        return None
+
+    def _submit(self, item: Any) -> None:
+        request = _Request(item, self.context.defer_reply())
+        lost = self.queue.offer(request, self.loop.time())
+        if lost is request:
+            self.rejected += 1
+            request.reply.set_exception(RequestRejected(self.context.self_ref.path,
+                                                        self.queue.capacity))
+            return
+        if lost is not None:
+            self.dropped += 1
+            lost.reply.set_exception(RequestDropped(self.context.self_ref.path,
+                                                    self.queue.capacity))
+        elif self.armed_for is not None and len(self.queue) < self.queue.max_batch:
+            return  # not full, and the timer for the (unchanged) oldest is set
+        self._pump(None)
+
+    def _pump(self, fired: float | None) -> None:
+        """Start every batch that is due and may run now, then re-arm the one timer."""
+        queue = self.queue
+        now = self.loop.time()
+        while self.running < self.max_concurrent and len(queue):
+            deadline = queue.deadline()
+            timer_says = fired is not None and deadline is not None and deadline <= fired
+            if not (timer_says or queue.is_due(now)):
+                break
+            batch = queue.take(self._expired)
+            if batch:
+                self.running += 1
+                self.batches += 1
+                self.start_task(self._run(batch))
+        self._arm(now)
+
+    def _expired(self, request: _Request) -> bool:
+        """True (and counted) when the request's caller has given up."""
+        if request.reply.done():
+            self.expired += 1
+            return True
+        return False
+
+    def _arm(self, now: float) -> None:
+        """Keep exactly one timer, set for the oldest request's deadline (none while busy)."""
+        deadline = self.queue.deadline() if self.running < self.max_concurrent else None
+        if deadline == self.armed_for:
+            return
+        self.armed_for = deadline
+        if deadline is None:
+            self.context.cancel_timer(_DEADLINE_TIMER)
+        else:
+            self.timer_sets += 1
+            self.context.schedule_once(max(0.0, deadline - now), _Deadline(deadline),
+                                       key=_DEADLINE_TIMER)
+
+    async def _run(self, batch: list[_Request]) -> None:
+        try:
+            result = await invoke(self.batch_fn, [r.item for r in batch])
+            values = split_results(result, len(batch))
+        except asyncio.CancelledError:
+            error = self.stopped_error()
+            for request in batch:
+                request.reply.set_exception(error)
+            raise
+        except Exception as exc:
+            for request in batch:
+                request.reply.set_exception(exc)
+            self.context.self_ref.tell(_BatchDone(len(batch), ok=False))
+            return
+        for request, value in zip(batch, values, strict=True):
+            request.reply.set_result(value)
+        self.context.self_ref.tell(_BatchDone(len(batch), ok=True))
+
+    async def post_stop(self) -> None:
+        """Fail the queued requests, then cancel (and so fail) the running batches."""
+        error = self.stopped_error()
+        for request in self.queue.take_all():
+            request.reply.set_exception(error)
+        await super().post_stop()
+
+
+class DynamicBatchingServer(PatternClient):
+    """Serve single requests through a function that takes a whole batch.
+
+    ``batch_fn(items)`` gets a list of up to ``max_batch`` items, oldest first,
+    and returns one result per item in the same order (a list, tuple or array
+    of that length); result *i* answers request *i*. A batch is flushed as
+    soon as ``max_batch`` requests wait, or when the oldest has waited
+    ``max_wait`` seconds: one timer, always set for the oldest request.
+
+    * ``batch_fn`` may be ``async`` (awaited on the loop; the way to run it on a
+      device: ``await dev.blas().matmul_async(...)``) or a plain function (run on
+      a worker thread, so it never blocks the event loop).
+    * A result that is not a sequence, or has the wrong length, fails every
+      request of that batch with ``BatchResultMismatch``; an exception from
+      ``batch_fn`` fails every request of that batch with that exception.
+      Either way the server goes on with the next batch.
+    * At most ``queue_capacity`` requests wait. When full, ``overflow="reject"``
+      fails the new request with ``RequestRejected``; ``"drop_oldest"`` queues
+      it and fails the oldest waiting request with ``RequestDropped``.
+    * At most ``max_concurrent_batches`` batches run at once (default 1: batches
+      never overlap, which suits one model on one device); requests keep
+      queueing meanwhile and the next batch starts when one finishes.
+    * A request whose caller's ask has timed out is skipped when its batch is
+      formed (counted as ``expired``).
+    """
+
+    @staticmethod
+    def props(batch_fn: BatchFn, *, max_batch: int, max_wait: float,
+              queue_capacity: int = 1024, overflow: OverflowPolicy = "reject",
+              max_concurrent_batches: int = 1) -> Props:
+        """Props for the server actor (arguments as in ``spawn``); checks them now."""
+        if not callable(batch_fn):
+            raise InvalidArgument(f"batch_fn must be callable, got {batch_fn!r}")
+        BatchQueue[Any](max_batch, max_wait, queue_capacity, overflow)  # validates
+        require_positive_int("max_concurrent_batches", max_concurrent_batches)
+        return Props(_BatchingActor, batch_fn, max_batch, max_wait, queue_capacity, overflow,
+                     max_concurrent_batches)
+
+    @classmethod
+    def spawn(cls, system: SystemLike, batch_fn: BatchFn, *, max_batch: int, max_wait: float,
+              queue_capacity: int = 1024, overflow: OverflowPolicy = "reject",
+              max_concurrent_batches: int = 1, name: str | None = None,
+              ) -> DynamicBatchingServer:
+        """Start a server in ``system`` (on its event loop) and return its client.
+
+        Raises ``InvalidArgument`` for a bad setting (``max_batch`` < 1, a
+        negative ``max_wait``, an unknown ``overflow``, ...).
+        """
+        props = cls.props(batch_fn, max_batch=max_batch, max_wait=max_wait,
+                          queue_capacity=queue_capacity, overflow=overflow,
+                          max_concurrent_batches=max_concurrent_batches)
+        return cls(actor_system(system).spawn(props, name))
+
+    async def submit(self, item: Any, *, timeout: float | None = None) -> Any:
+        """Queue ``item`` and return its result once its batch has run.
+
+        Raises what ``batch_fn`` raised, ``BatchResultMismatch``,
+        ``RequestRejected`` / ``RequestDropped`` on overflow, ``AskTimeout``
+        after ``timeout`` seconds and ``ActorStopped`` if the server stops first.
+        """
+        return await self._ask(_Submit(item), timeout)
+
+    async def stats(self) -> BatchingStats:
+        """A snapshot of queue depth, running batches and counters."""
+        stats: BatchingStats = await self._ask(_GetStats(), None)
+        return stats

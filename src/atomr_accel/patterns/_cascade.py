@@ -1,0 +1,190 @@
+"""InferenceCascade: cheap models first, a stronger one only when they are unsure."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from atomr_accel.actor import ActorRef, Props, Reply
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike, actor_system
+from atomr_accel.patterns._errors import InvalidModelOutput
+from atomr_accel.patterns._worker import (
+    Invoke,
+    ModelSpec,
+    Worker,
+    WorkerDown,
+    WorkerUp,
+    check_model,
+    worker_strategy,
+)
+
+__all__ = ["CascadeResult", "CascadeStats", "InferenceCascade", "Stage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage: ``model(x)`` returns ``(answer, confidence)``.
+
+    The stage answers when ``confidence >= threshold``; the last stage always
+    answers and takes no threshold.
+    """
+
+    model: ModelSpec
+    threshold: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeResult:
+    """The answer, its confidence and the index of the stage that gave it."""
+
+    answer: Any
+    confidence: float
+    stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeStats:
+    """How many requests each stage answered, how many failed, and stage restarts."""
+
+    answered_by: tuple[int, ...]
+    failed: int
+    restarts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Infer:
+    x: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    stage: int | None  # None: failed
+
+
+class _GetStats:
+    __slots__ = ()
+
+
+def _stage_output(out: Any, stage: int) -> tuple[Any, float]:
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        raise InvalidModelOutput(
+            f"stage {stage} returned {type(out).__name__}; a stage returns (answer, confidence)")
+    answer, confidence = out
+    if not isinstance(confidence, numbers.Real) or isinstance(confidence, bool):
+        raise InvalidModelOutput(
+            f"stage {stage} returned confidence {confidence!r}; it must be a real number")
+    return answer, float(confidence)
+
+
+class _CascadeActor(PatternActor):
+    def __init__(self, stages: Sequence[Stage], max_restarts: int | None,
+                 within: float | None) -> None:
+        super().__init__()
+        self.supervisor_strategy = worker_strategy(max_restarts, within)
+        self.thresholds = [s.threshold for s in stages]
+        self.workers: list[ActorRef] = [
+            self.context.spawn(Worker.props(i, s.model), f"stage-{i}")
+            for i, s in enumerate(stages)
+        ]
+        self.answered_by = [0] * len(stages)
+        self.restarts = [0] * len(stages)
+        self.failed = 0
+
+    async def receive(self, message: Any) -> Any:
+        """Handle requests, stage lifecycle notes, finished requests and stats."""
+        cls = type(message)
+        if cls is _Infer:
+            self.start_task(self._cascade(message.x, self.context.defer_reply()))
+        elif cls is _Finished:
+            if message.stage is None:
+                self.failed += 1
+            else:
+                self.answered_by[message.stage] += 1
+        elif cls is WorkerDown:
+            self.restarts[message.index] += 1
+        elif cls is WorkerUp:
+            pass
+        elif cls is _GetStats:
+            return CascadeStats(tuple(self.answered_by), self.failed, tuple(self.restarts))
+        else:
+            self.unhandled(message)
+        return None
+
+    async def _cascade(self, x: Any, reply: Reply) -> None:
+        me = self.context.self_ref
+        last = len(self.workers) - 1
+        try:
+            for stage, worker in enumerate(self.workers):
+                if reply.done():  # the caller gave up: spend nothing more on it
+                    return
+                answer, confidence = _stage_output(
+                    await worker.ask(Invoke((x,)), timeout=None), stage)
+                threshold = self.thresholds[stage]
+                if stage == last or (threshold is not None and confidence >= threshold):
+                    reply.set_result(CascadeResult(answer, confidence, stage))
+                    me.tell(_Finished(stage))
+                    return
+        except asyncio.CancelledError:
+            reply.set_exception(self.stopped_error())
+            raise
+        except Exception as exc:
+            reply.set_exception(exc)
+            me.tell(_Finished(None))
+
+
+class InferenceCascade(PatternClient):
+    """Ask the stages in order; the first whose confidence meets its threshold answers.
+
+    Each stage's model runs in its own child actor (``stage-0``, ...),
+    supervised: a model that raises fails that request with the same
+    exception and its actor is restarted (at most ``max_restarts`` times in
+    ``within`` seconds; past that the stage stops and requests fail with
+    ``ActorStopped``). A stage returning anything but ``(answer, confidence)``
+    with a real confidence fails the request with ``InvalidModelOutput``. If no
+    earlier stage is confident enough the last stage answers. Requests run
+    concurrently; each stage takes one call at a time.
+    """
+
+    @staticmethod
+    def props(stages: Sequence[Stage], *, max_restarts: int | None = 10,
+              within: float | None = 60.0) -> Props:
+        """Props for the cascade actor (arguments as in ``spawn``); checks them now."""
+        stages = list(stages)
+        if not stages:
+            raise InvalidArgument("a cascade needs at least one stage")
+        for i, stage in enumerate(stages):
+            if not isinstance(stage, Stage):
+                raise InvalidArgument(f"stage {i} must be a Stage, got {stage!r}")
+            check_model(f"stage {i}", stage.model)
+            t = stage.threshold
+            if i < len(stages) - 1 and (not isinstance(t, int | float) or isinstance(t, bool)
+                                        or not math.isfinite(t)):
+                raise InvalidArgument(f"stage {i} needs a finite threshold, got {t!r}")
+        return Props(_CascadeActor, stages, max_restarts, within)
+
+    @classmethod
+    def spawn(cls, system: SystemLike, stages: Sequence[Stage], *,
+              max_restarts: int | None = 10, within: float | None = 60.0,
+              name: str | None = None) -> InferenceCascade:
+        """Start a cascade in ``system`` and return its client (``InvalidArgument`` if bad)."""
+        props = cls.props(stages, max_restarts=max_restarts, within=within)
+        return cls(actor_system(system).spawn(props, name))
+
+    async def infer(self, x: Any, *, timeout: float | None = None) -> CascadeResult:
+        """Run ``x`` through the cascade; return the answering stage's result.
+
+        Raises what a stage raised, ``InvalidModelOutput``, ``AskTimeout`` or
+        ``ActorStopped``.
+        """
+        result: CascadeResult = await self._ask(_Infer(x), timeout)
+        return result
+
+    async def stats(self) -> CascadeStats:
+        """Answers per stage, failures and restarts per stage."""
+        stats: CascadeStats = await self._ask(_GetStats(), None)
+        return stats

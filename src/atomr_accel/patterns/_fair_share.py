@@ -1,0 +1,161 @@
+"""FairShareScheduler: share one model between tenants by weight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from atomr_accel.actor import Props, Reply
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike, actor_system
+from atomr_accel.patterns._errors import PatternError
+from atomr_accel.patterns._fair_queue import FairQueue, Ticket
+from atomr_accel.patterns._invoke import invoke
+
+__all__ = ["FairShareScheduler", "FairShareStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareStats:
+    """Per tenant: queued, in flight, completed requests and completed cost; the virtual clock."""
+
+    virtual_time: float
+    queued: Mapping[Hashable, int]
+    in_flight: Mapping[Hashable, int]
+    completed: Mapping[Hashable, int]
+    completed_cost: Mapping[Hashable, float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    tenant: Hashable
+    item: Any
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    ticket: Ticket[tuple[Any, Reply]]
+
+
+class _GetStats:
+    __slots__ = ()
+
+
+class _FairShareActor(PatternActor):
+    def __init__(self, fn: Callable[[Any], Any], weights: Mapping[Hashable, float],
+                 max_in_flight: int, tenant_limits: Mapping[Hashable, int] | None,
+                 queue_capacity: int | None) -> None:
+        super().__init__()
+        self.fn = fn
+        self.queue: FairQueue[tuple[Any, Reply]] = FairQueue(
+            weights, max_in_flight, tenant_limits, queue_capacity)
+        queue = self.queue
+        self.completed = dict.fromkeys(queue.tenants, 0)
+        self.completed_cost = dict.fromkeys(queue.tenants, 0.0)
+
+    async def receive(self, message: Any) -> Any:
+        """Handle submits, finished requests and stats."""
+        cls = type(message)
+        if cls is _Submit:
+            reply = self.context.defer_reply()
+            try:
+                self.queue.push(message.tenant, (message.item, reply), message.cost)
+            except (PatternError, InvalidArgument) as exc:
+                reply.set_exception(exc)
+            self._pump()
+        elif cls is _Done:
+            ticket = message.ticket
+            self.queue.done(ticket)
+            self.completed[ticket.tenant] += 1
+            self.completed_cost[ticket.tenant] += ticket.cost
+            self._pump()
+        elif cls is _GetStats:
+            q = self.queue
+            return FairShareStats(
+                q.virtual_time, {t: q.queued(t) for t in q.tenants},
+                {t: q.in_flight(t) for t in q.tenants}, dict(self.completed),
+                dict(self.completed_cost))
+        else:
+            self.unhandled(message)
+        return None
+
+    def _pump(self) -> None:
+        while (ticket := self.queue.pop()) is not None:
+            if ticket.value[1].done():  # the caller gave up while it waited
+                self.queue.done(ticket)
+                continue
+            self.start_task(self._run(ticket))
+
+    async def _run(self, ticket: Ticket[tuple[Any, Reply]]) -> None:
+        item, reply = ticket.value
+        try:
+            result = await invoke(self.fn, item)
+        except asyncio.CancelledError:
+            reply.set_exception(self.stopped_error())
+            raise
+        except Exception as exc:
+            reply.set_exception(exc)
+        else:
+            reply.set_result(result)
+        self.context.self_ref.tell(_Done(ticket))
+
+    async def post_stop(self) -> None:
+        """Fail every queued request, then the running ones."""
+        error = self.stopped_error()
+        for ticket in self.queue.take_all():
+            ticket.value[1].set_exception(error)
+        await super().post_stop()
+
+
+class FairShareScheduler(PatternClient):
+    """Run ``fn(item)`` for many tenants, sharing it by weight (weighted fair queueing).
+
+    Each request carries a tenant and a ``cost`` (default 1). Requests are
+    handed to ``fn`` in the order of ``FairQueue``: smallest virtual finish
+    tag first on one global virtual clock, ties broken by tenant order (the
+    order of ``weights``) then arrival. At most ``max_in_flight`` requests run
+    at once, and at most ``tenant_limits[t]`` of tenant ``t``. Under
+    saturation each tenant's share of the completed cost follows its share of
+    the weights. ``fn`` may be sync (run on a worker thread) or async. Each
+    tenant queues at most ``queue_capacity`` requests (``RequestRejected``
+    beyond); an unknown tenant gets ``UnknownTenant``.
+    """
+
+    @staticmethod
+    def props(fn: Callable[[Any], Any], *, weights: Mapping[Hashable, float],
+              max_in_flight: int, tenant_limits: Mapping[Hashable, int] | None = None,
+              queue_capacity: int | None = 1024) -> Props:
+        """Props for the scheduler actor (arguments as in ``spawn``); checks them now."""
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be callable, got {fn!r}")
+        FairQueue[Any](weights, max_in_flight, tenant_limits, queue_capacity)  # validates
+        return Props(_FairShareActor, fn, dict(weights), max_in_flight,
+                     None if tenant_limits is None else dict(tenant_limits), queue_capacity)
+
+    @classmethod
+    def spawn(cls, system: SystemLike, fn: Callable[[Any], Any], *,
+              weights: Mapping[Hashable, float], max_in_flight: int,
+              tenant_limits: Mapping[Hashable, int] | None = None,
+              queue_capacity: int | None = 1024, name: str | None = None,
+              ) -> FairShareScheduler:
+        """Start a scheduler in ``system`` and return its client (``InvalidArgument`` if bad)."""
+        props = cls.props(fn, weights=weights, max_in_flight=max_in_flight,
+                          tenant_limits=tenant_limits, queue_capacity=queue_capacity)
+        return cls(actor_system(system).spawn(props, name))
+
+    async def submit(self, tenant: Hashable, item: Any, *, cost: float = 1.0,
+                     timeout: float | None = None) -> Any:
+        """Queue ``item`` for ``tenant`` and return ``fn(item)`` once it has run.
+
+        Raises what ``fn`` raised, ``UnknownTenant``, ``RequestRejected``,
+        ``InvalidArgument`` (bad cost), ``AskTimeout`` or ``ActorStopped``.
+        """
+        return await self._ask(_Submit(tenant, item, cost), timeout)
+
+    async def stats(self) -> FairShareStats:
+        """Queued, in-flight and completed figures per tenant, and the virtual clock."""
+        stats: FairShareStats = await self._ask(_GetStats(), None)
+        return stats
