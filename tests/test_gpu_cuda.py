@@ -225,7 +225,7 @@ def test_thread_host_reports_a_sticky_fault_as_unrecoverable() -> None:
     assert "STOPPED-AS-EXPECTED stopped" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("completion", ["sync", "poll", "host_fn"])
+@pytest.mark.parametrize("completion", ["inline", "sync", "poll", "host_fn"])
 def test_cross_stream_hazards_are_ordered_with_asynchronous_completion(completion: str) -> None:
     """Launches return before the GPU finishes: RAW and WAR across streams must still hold."""
     import threading
@@ -254,6 +254,7 @@ def test_cross_stream_hazards_are_ordered_with_asynchronous_completion(completio
         cuda.launch(CopyBuffer(refs["c"], refs["copy"], n * n), 2, done("copy"))
         # WAR: stream 3 overwrites a while the gemm (stream 1) may still read it.
         cuda.launch(Upload(refs["a"], np.zeros(n * n, np.float32)), 3, done("overwrite"))
+        cuda.flush()  # inline defers its reports until the host has nothing more to launch
         assert finished.wait(60), results
         assert all(not isinstance(r, BaseException) for r in results.values()), results
         a64 = x.astype(np.float64).reshape(n, n).T

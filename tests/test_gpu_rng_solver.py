@@ -143,6 +143,21 @@ def test_continuation_is_exact(cuda: Any, dist: Distribution, dtype: DType,
     np.testing.assert_array_equal(np.concatenate([head, tail]), whole)
 
 
+LARGE = [c for c in CASES if c[0] in (D.UNIFORM, D.NORMAL, D.BITS, D.POISSON)]
+
+
+@pytest.mark.parametrize(("dist", "dtype", "params"), LARGE,
+                         ids=[f"{d.name}-{t.value}" for d, t, _ in LARGE])
+def test_a_large_fill_equals_the_same_stream_drawn_in_small_pieces(
+        cuda: Any, dist: Distribution, dtype: DType, params: tuple[float, ...]) -> None:
+    """Past 2^19 or so elements cuRAND orders one call's outputs differently; fills must not."""
+    n, start, piece = (1 << 22) + 6, 12346, 1 << 16
+    whole = _fill(cuda, dist, dtype, n, offset=start, params=params)
+    parts = [_fill(cuda, dist, dtype, min(piece, n - i), offset=start + i, params=params)
+             for i in range(0, n, piece)]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
 @pytest.mark.parametrize("dist", [D.UNIFORM, D.NORMAL, D.BITS])
 def test_offset_shifts_the_stream(cuda: Any, dist: Distribution) -> None:
     dtype = dist.dtypes[-1]

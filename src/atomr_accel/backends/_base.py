@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -22,15 +22,21 @@ from atomr_accel.core._errors import ContextPoisoned, InvalidArgument, OutOfMemo
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._memory import (
+    Advice,
+    Advise,
     Allocate,
     CopyBuffer,
     Download,
     Free,
+    Location,
     MemoryInfo,
+    Prefetch,
     Upload,
 )
 
 __all__ = ["ArrayBackend", "Backend", "Done", "Handler"]
+
+T = TypeVar("T")
 
 Handler = Callable[[Any, Any], Any]
 """``handler(backend, op) -> result``: runs one op type on one backend."""
@@ -72,10 +78,39 @@ class Backend(abc.ABC):
         self.device_id = device_id
         self.stream = 0
         """The stream the op being executed was submitted on (0: the default stream)."""
+        self._handles: dict[int, Any] = {}
+        self._next_handle = 1
+        self.managed: set[int] = set()
+        """Ids of the buffers allocated as managed memory."""
+
+    def keep(self, obj: Any) -> int:
+        """Hold a kernel, graph or module of this context and return its id."""
+        handle_id = self._next_handle
+        self._next_handle += 1
+        self._handles[handle_id] = obj
+        return handle_id
+
+    def kept(self, handle_id: int, kind: type[T]) -> T:
+        """The ``kind`` object kept under ``handle_id`` (``InvalidArgument`` if released)."""
+        obj = self._handles.get(handle_id)
+        if not isinstance(obj, kind):
+            raise InvalidArgument(
+                f"{kind.__name__} {handle_id} was released or never made in this context"
+            )
+        return obj
+
+    def release(self, handle_id: int, kind: type[Any]) -> None:
+        """Drop what ``keep`` holds under ``handle_id``."""
+        self.kept(handle_id, kind)
+        del self._handles[handle_id]
 
     @abc.abstractmethod
-    def allocate(self, dtype: DType, length: int) -> int:
-        """Allocate a zero-filled buffer and return its id."""
+    def array(self, buffer_id: int) -> Any:
+        """The live 1-D array behind a buffer id (``InvalidArgument`` if freed or unknown)."""
+
+    @abc.abstractmethod
+    def allocate(self, dtype: DType, length: int, managed: bool = False) -> int:
+        """Allocate a zero-filled buffer (managed memory if asked) and return its id."""
 
     @abc.abstractmethod
     def free(self, buffer_id: int) -> None:
@@ -97,11 +132,20 @@ class Backend(abc.ABC):
     def memory_info(self) -> tuple[int, int]:
         """Return ``(free_bytes, total_bytes)`` of the device."""
 
+    def prefetch(self, buffer_id: int, location: Location) -> None:
+        """Migrate a managed buffer; a no-op where host and device memory are one (CPU)."""
+
+    def advise(self, buffer_id: int, advice: Advice) -> None:
+        """Hint how a managed buffer is used; a no-op where there is nothing to tune (CPU)."""
+
     def register_host_memory(self, region: mmap.mmap) -> None:
         """Make a shared host region fast to copy from (page-lock it on CUDA); a no-op here."""
 
     def synchronize(self) -> None:
         """Wait until all work submitted to the device has finished."""
+
+    def flush(self) -> None:
+        """Report launched ops whose completion was deferred; hosts call it when idle."""
 
     def close(self) -> None:
         """Release every buffer and library state."""
@@ -110,7 +154,8 @@ class Backend(abc.ABC):
         """Start ``op`` and call ``done(result, error)`` once it has finished.
 
         The default runs it to completion at once; the CUDA backend returns after
-        queueing the work and reports completion through its completion strategy.
+        queueing the work and reports completion through its completion strategy,
+        which may defer the report until ``flush()`` (call it before waiting).
         """
         try:
             result = self.execute(op, stream)
@@ -122,6 +167,10 @@ class Backend(abc.ABC):
     def execute(self, op: Op, stream: int = 0) -> Any:
         """Run one op on ``stream`` and return its result (None for in-place ops)."""
         self.stream = stream
+        return self.run_handler(op)
+
+    def run_handler(self, op: Op) -> Any:
+        """Call ``op``'s handler as it is: no stream ordering, no waiting (ops inside ops)."""
         try:
             handler = self.handlers[type(op)]
         except KeyError:
@@ -132,11 +181,33 @@ class Backend(abc.ABC):
 
 
 def _allocate(backend: Backend, op: Allocate) -> int:
-    return backend.allocate(op.dtype, op.length)
+    buffer_id = backend.allocate(op.dtype, op.length, op.managed)
+    if op.managed:
+        backend.managed.add(buffer_id)
+    return buffer_id
 
 
 def _free(backend: Backend, op: Free) -> None:
     backend.free(op.ref.buffer_id)
+    backend.managed.discard(op.ref.buffer_id)
+
+
+def _require_managed(backend: Backend, op: Prefetch | Advise) -> int:
+    buffer_id = op.ref.buffer_id
+    backend.array(buffer_id)  # a freed buffer: InvalidArgument
+    if buffer_id not in backend.managed:
+        raise InvalidArgument(
+            f"{type(op).__name__} needs a managed buffer; allocate it with managed=True"
+        )
+    return buffer_id
+
+
+def _prefetch(backend: Backend, op: Prefetch) -> None:
+    backend.prefetch(_require_managed(backend, op), op.location)
+
+
+def _advise(backend: Backend, op: Advise) -> None:
+    backend.advise(_require_managed(backend, op), op.advice)
 
 
 def _upload(backend: Backend, op: Upload) -> None:
@@ -175,5 +246,7 @@ MEMORY_HANDLERS: dict[type[Op], Handler] = {
     Download: _download,
     CopyBuffer: _copy,
     MemoryInfo: _memory_info,
+    Prefetch: _prefetch,
+    Advise: _advise,
     InjectFault: _inject_fault,
 }

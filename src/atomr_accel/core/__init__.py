@@ -8,13 +8,14 @@ from atomr_accel.core._errors import (
     GpuRefStale,
     GpuRuntimeError,
     InvalidArgument,
+    KernelCompileError,
     LibraryError,
     OutOfMemory,
     QueueFull,
     Unrecoverable,
 )
 from atomr_accel.core._op import Op
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = [
     "AskTimeout",
@@ -24,7 +25,10 @@ __all__ = [
     "GpuRef",
     "GpuRefStale",
     "GpuRuntimeError",
+    "GraphRef",
     "InvalidArgument",
+    "KernelCompileError",
+    "KernelRef",
     "LibraryError",
     "Op",
     "OutOfMemory",

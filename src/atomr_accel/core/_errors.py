@@ -8,6 +8,7 @@ Hierarchy::
     ├── Unrecoverable       the device cannot serve any more (Stop)
     ├── GpuRefStale         a handle from an older context generation was used
     ├── LibraryError        a library call failed (library name + status)
+    │   └── KernelCompileError  NVRTC rejected a kernel; ``log`` holds the compiler's log
     ├── DeviceUnavailable   no such device or backend on this machine
     ├── QueueFull           the device's rebuild queue is full
     └── InvalidArgument     bad dtype, length, shape or option (also ValueError)
@@ -30,6 +31,7 @@ __all__ = [
     "GpuRefStale",
     "GpuRuntimeError",
     "InvalidArgument",
+    "KernelCompileError",
     "LibraryError",
     "OutOfMemory",
     "QueueFull",
@@ -94,6 +96,15 @@ class LibraryError(GpuRuntimeError):
         super().__init__(f"{text}: {message}" if message else text)
         self.library = library
         self.status = status
+
+
+class KernelCompileError(LibraryError):
+    """NVRTC could not compile a kernel; ``log`` is the compiler's log (errors, lines)."""
+
+    def __init__(self, status: object, log: str, name: str = "") -> None:
+        where = f" {name!r}" if name else ""
+        super().__init__("nvrtc", status, f"kernel{where} did not compile:\n{log.strip()}")
+        self.log = log
 
 
 class QueueFull(GpuRuntimeError):

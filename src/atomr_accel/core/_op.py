@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = [
     "Op",
@@ -45,6 +45,10 @@ class Op:
             v for f in dataclasses.fields(self)  # type: ignore[arg-type]
             if isinstance(v := getattr(self, f.name), GpuRef)
         )
+
+    def handles(self) -> tuple[KernelRef | GraphRef, ...]:
+        """Kernel and graph handles the op uses (generation-checked like buffers)."""
+        return ()
 
     def writes(self) -> tuple[GpuRef, ...]:
         """The buffers the op writes."""

@@ -1,12 +1,12 @@
-"""Generation-checked handles to device buffers."""
+"""Generation-checked handles: device buffers, kernels and graphs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from atomr_accel.core._dtype import DType
 
-__all__ = ["GpuRef"]
+__all__ = ["GpuRef", "GraphRef", "KernelRef"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,3 +36,47 @@ class GpuRef:
             f"GpuRef(dev={self.device_id}, id={self.buffer_id}, {self.dtype.value}"
             f"[{self.length}], gen={self.generation})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRef:
+    """A handle to a compiled or loaded kernel of one context generation.
+
+    ``library`` is the kernel actor that made it (``"nvrtc"`` or ``"module"``) and
+    runs its launches. A launch with a handle of an older generation raises
+    ``GpuRefStale``; ``cache_hit`` says whether the compiled image came from the
+    disk cache.
+    """
+
+    device_id: int
+    kernel_id: int
+    name: str
+    generation: int
+    owner: int = 0
+    library: str = "nvrtc"
+    cache_hit: bool = field(default=False, compare=False)
+
+    def __repr__(self) -> str:
+        return (f"KernelRef(dev={self.device_id}, id={self.kernel_id}, {self.name!r}, "
+                f"gen={self.generation})")
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRef:
+    """A handle to a recorded sequence of ops (a CUDA graph on CUDA) of one generation.
+
+    ``buffers`` are every buffer the graph touches and ``written`` those it
+    writes, so a replay is checked and ordered like the ops it records.
+    """
+
+    device_id: int
+    graph_id: int
+    generation: int
+    owner: int
+    buffers: tuple[GpuRef, ...]
+    written: tuple[GpuRef, ...]
+    op_count: int
+
+    def __repr__(self) -> str:
+        return (f"GraphRef(dev={self.device_id}, id={self.graph_id}, {self.op_count} ops, "
+                f"gen={self.generation})")

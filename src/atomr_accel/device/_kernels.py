@@ -8,6 +8,9 @@ from typing import Any, ClassVar
 from atomr_accel.actor import Actor, ActorRef
 from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument, OutOfMemory
 from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GraphRef, KernelRef
+from atomr_accel.core.ops._graph import CaptureGraph
+from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
 from atomr_accel.device._messages import Fatal, Run
 from atomr_accel.device._state import DeviceState, Pending
 from atomr_accel.device._supervision import ends_generation
@@ -17,7 +20,10 @@ __all__ = [
     "KERNEL_ACTORS",
     "BlasActor",
     "FftActor",
+    "GraphActor",
     "KernelActor",
+    "ModuleActor",
+    "NvrtcActor",
     "RngActor",
     "SolverActor",
     "SparseActor",
@@ -27,8 +33,8 @@ __all__ = [
 
 
 def check_refs(op: Op, generation: int, state: DeviceState) -> None:
-    """Raise ``InvalidArgument`` for a foreign buffer, ``GpuRefStale`` for a stale one."""
-    for ref in op.refs():
+    """Raise ``InvalidArgument`` for a foreign buffer or handle, ``GpuRefStale`` for a stale one."""
+    for ref in (*op.refs(), *op.handles()):
         if ref.owner != state.owner:
             raise InvalidArgument(
                 f"{ref!r} was not allocated by this device (device {state.device_id})"
@@ -100,7 +106,11 @@ class KernelActor(Actor):
             ))
             return
         launch(message.op, message.pending, self.host, self.generation, self.state,
-               self.context_ref, self.stream)
+               self.context_ref, self.stream, self.converter(message.op))
+
+    def converter(self, op: Op) -> Callable[[Any], Any] | None:
+        """What turns ``op``'s backend result into its answer (None: the result as is)."""
+        return None
 
 
 class BlasActor(KernelActor):
@@ -139,8 +149,61 @@ class TensorActor(KernelActor):
     library: ClassVar[str] = "tensor"
 
 
+class NvrtcActor(KernelActor):
+    """NVRTC: compiles CUDA C (through a disk cache) and launches the kernels it made."""
+
+    library: ClassVar[str] = "nvrtc"
+
+    def converter(self, op: Op) -> Callable[[Any], Any] | None:
+        """A compile's ``(kernel id, cache hit)`` becomes a generation-stamped ``KernelRef``."""
+        if not isinstance(op, CompileKernel):
+            return None
+
+        def to_ref(result: tuple[int, bool]) -> KernelRef:
+            kernel_id, cache_hit = result
+            return KernelRef(self.state.device_id, kernel_id, op.name, self.generation,
+                             self.state.owner, self.library, cache_hit)
+
+        return to_ref
+
+
+class ModuleActor(KernelActor):
+    """Loads PTX or cubin modules and launches their kernels."""
+
+    library: ClassVar[str] = "module"
+
+    def converter(self, op: Op) -> Callable[[Any], Any] | None:
+        """A load's kernel id becomes a generation-stamped ``KernelRef``."""
+        if not isinstance(op, LoadKernel):
+            return None
+
+        def to_ref(kernel_id: int) -> KernelRef:
+            return KernelRef(self.state.device_id, kernel_id, op.name, self.generation,
+                             self.state.owner, self.library)
+
+        return to_ref
+
+
+class GraphActor(KernelActor):
+    """Records op sequences into graphs (CUDA stream capture) and replays them."""
+
+    library: ClassVar[str] = "graph"
+
+    def converter(self, op: Op) -> Callable[[Any], Any] | None:
+        """A capture's graph id becomes a generation-stamped ``GraphRef``."""
+        if not isinstance(op, CaptureGraph):
+            return None
+
+        def to_ref(graph_id: int) -> GraphRef:
+            return GraphRef(self.state.device_id, graph_id, self.generation, self.state.owner,
+                            op.refs(), op.written(), len(op.ops))
+
+        return to_ref
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
-    for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor)
+    for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
+                NvrtcActor, ModuleActor, GraphActor)
 }
 """Library name -> kernel actor class."""

@@ -18,6 +18,8 @@ from atomr_accel.facade._buffers import (
     GpuBufferU64,
 )
 from atomr_accel.facade._device import Device
+from atomr_accel.facade._graphs import Graph, GraphRecorder
+from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel
 from atomr_accel.facade._libraries import (
     Blas,
     Fft,
@@ -27,6 +29,7 @@ from atomr_accel.facade._libraries import (
     Sparse,
     Tensor,
 )
+from atomr_accel.facade._placement import Placement
 from atomr_accel.facade._system import System
 
 __all__ = [
@@ -48,7 +51,13 @@ __all__ = [
     "GpuBufferU16",
     "GpuBufferU32",
     "GpuBufferU64",
+    "Graph",
+    "GraphRecorder",
     "Library",
+    "Modules",
+    "Nvrtc",
+    "NvrtcKernel",
+    "Placement",
     "RngGenerator",
     "Solver",
     "Sparse",

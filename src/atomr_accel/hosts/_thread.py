@@ -64,7 +64,7 @@ class ThreadHost(ContextHost):
             return
         loop.call_soon_threadsafe(settle, ready, None, None)
         try:
-            while (item := self._queue.get()) is not _STOP:
+            while (item := self._next(backend)) is not _STOP:
                 op, stream, fut = item
                 done = functools.partial(self._done, loop, backend, op, fut)
                 if self._broken is not None:  # a sticky fault: the context runs nothing more
@@ -73,6 +73,14 @@ class ThreadHost(ContextHost):
                     backend.launch(op, stream, done)
         finally:
             backend.close()
+
+    def _next(self, backend: Backend) -> Any:
+        """The next queued item; with none queued, flush deferred completions, then wait."""
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            backend.flush()
+            return self._queue.get()
 
     def _done(self, loop: asyncio.AbstractEventLoop, backend: Backend, op: Op,
               fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

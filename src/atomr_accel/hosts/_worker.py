@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import mmap
 import os
+import select
 import sys
 import threading
 from typing import Any, BinaryIO
@@ -80,7 +81,14 @@ class _Worker:
                 op = dataclasses.replace(op, data=data)
             done = functools.partial(self._finish, req_id, op, out_slice, segment)
             self.backend.launch(op, stream, done)
+            if not _readable(inp):  # nothing more to launch: report what is deferred
+                self.backend.flush()
         return self.poisoned is not None
+
+
+def _readable(inp: BinaryIO) -> bool:
+    """Whether the next frame has (begun to) arrive; False means flush now, never a hang."""
+    return bool(select.select([inp], [], [], 0)[0])
 
 
 def main() -> None:

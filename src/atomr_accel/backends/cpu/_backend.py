@@ -10,7 +10,17 @@ import scipy.fft
 import scipy.sparse
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
-from atomr_accel.backends.cpu import _blas, _fft, _rng, _solver, _sparse, _tensor
+from atomr_accel.backends.cpu import (
+    _blas,
+    _fft,
+    _graph,
+    _kernels,
+    _peer,
+    _rng,
+    _solver,
+    _sparse,
+    _tensor,
+)
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core._op import Op
@@ -39,6 +49,9 @@ class CpuBackend(Backend):
         | _tensor.HANDLERS
         | _blas.HANDLERS
         | _solver.HANDLERS
+        | _graph.HANDLERS
+        | _kernels.HANDLERS
+        | _peer.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int = _DEFAULT_CAPACITY) -> None:
@@ -55,7 +68,7 @@ class CpuBackend(Backend):
         except KeyError:
             raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
 
-    def allocate(self, dtype: DType, length: int) -> int:
+    def allocate(self, dtype: DType, length: int, managed: bool = False) -> int:
         nbytes = length * dtype.itemsize
         if self._used + nbytes > self.capacity:
             raise OutOfMemory(
@@ -98,5 +111,7 @@ class CpuBackend(Backend):
         return self._used
 
     def close(self) -> None:
+        self._handles.clear()
+        self.managed.clear()
         self._buffers.clear()
         self._used = 0

@@ -23,6 +23,10 @@ from atomr_accel.backends.cpu import _blas as shared_blas
 from atomr_accel.backends.cpu import _fft as shared_fft
 from atomr_accel.backends.cpu import _sparse as shared_sparse
 from atomr_accel.backends.cuda import _blas as cuda_blas
+from atomr_accel.backends.cuda import _direct as direct
+from atomr_accel.backends.cuda import _graph as cuda_graph
+from atomr_accel.backends.cuda import _kernels as cuda_kernels
+from atomr_accel.backends.cuda import _peer as cuda_peer
 from atomr_accel.backends.cuda import _rng as cuda_rng
 from atomr_accel.backends.cuda import _solver as cuda_solver
 from atomr_accel.backends.cuda import _tensor as cuda_tensor
@@ -40,6 +44,7 @@ from atomr_accel.core._errors import (
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import Nrm2, Trsm
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
+from atomr_accel.core.ops._memory import Advice, Location
 
 __all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend"]
 
@@ -48,6 +53,16 @@ DEFAULT_COMPLETION = "inline"
 
 STICKY_ERRORS = frozenset({700, 710, 714, 715, 716, 717, 719, 999})
 """CUDA runtime errors after which the context is unusable (illegal address, ...)."""
+
+_ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the host)
+    Advice.READ_MOSTLY: (1, False),
+    Advice.UNSET_READ_MOSTLY: (2, False),
+    Advice.PREFERRED_LOCATION_DEVICE: (3, False),
+    Advice.PREFERRED_LOCATION_HOST: (3, True),
+    Advice.UNSET_PREFERRED_LOCATION: (4, False),
+    Advice.ACCESSED_BY_DEVICE: (5, False),
+    Advice.UNSET_ACCESSED_BY_DEVICE: (6, False),
+}
 
 _POISON_SOURCE = r"""
 extern "C" __global__ void atomr_poison(int* p) { p[threadIdx.x] = 42; }
@@ -61,7 +76,8 @@ class CudaBackend(Backend):
     recoverable_in_process: ClassVar[bool] = False
     handlers: ClassVar[dict[type[Op], Handler]] = {}  # filled below the class
 
-    def __init__(self, device_id: int = 0, completion: str = DEFAULT_COMPLETION) -> None:
+    def __init__(self, device_id: int = 0, completion: str = DEFAULT_COMPLETION,
+                 kernel_cache_dir: str | None = None) -> None:
         super().__init__(device_id)
         self.xp = cp
         try:
@@ -84,6 +100,13 @@ class CudaBackend(Backend):
         self._next_id = 1
         self._registered: list[int] = []
         self.completion = make_completion(completion, device_id)
+        self.compute_capability: str = self._device.compute_capability
+        """Like ``"90"`` for an H100; NVRTC compiles for it by default."""
+        self.kernel_cache = cuda_kernels.KernelCache(kernel_cache_dir)
+        self.modules: dict[str, Any] = {}
+        """Loaded modules by the SHA-256 of their image."""
+        self.capturing = False
+        """True while a graph capture records ops (see ``_graph.py``)."""
 
     # ----------------------------------------------------------------- streams
 
@@ -151,10 +174,15 @@ class CudaBackend(Backend):
         except KeyError:
             raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
 
-    def allocate(self, dtype: DType, length: int) -> int:
+    def allocate(self, dtype: DType, length: int, managed: bool = False) -> int:
         nbytes = length * dtype.itemsize
         try:
-            arr = cp.zeros(length, dtype=dtype.numpy)
+            if managed:
+                memory = cp.cuda.malloc_managed(max(nbytes, 1))
+                arr = cp.ndarray((length,), dtype=dtype.numpy, memptr=memory)
+                arr.fill(0)
+            else:
+                arr = cp.zeros(length, dtype=dtype.numpy)
         except cp.cuda.memory.OutOfMemoryError as exc:
             free, _ = cp.cuda.runtime.memGetInfo()
             raise OutOfMemory(
@@ -184,6 +212,20 @@ class CudaBackend(Backend):
         source = self.array(src)[src_offset : src_offset + length]
         self.array(dst)[dst_offset : dst_offset + length] = source
 
+    def prefetch(self, buffer_id: int, location: Location) -> None:
+        """Migrate a managed buffer to this device or the host, on the current stream."""
+        arr = self.array(buffer_id)
+        if arr.nbytes:
+            target = self.device_id if location is Location.DEVICE else None
+            direct.prefetch(arr.data.ptr, arr.nbytes, target, cp.cuda.get_current_stream().ptr)
+
+    def advise(self, buffer_id: int, advice: Advice) -> None:
+        """``cuMemAdvise`` for this device (or the host, for a host preferred location)."""
+        arr = self.array(buffer_id)
+        if arr.nbytes:
+            code, on_host = _ADVICE[advice]
+            direct.advise(arr.data.ptr, arr.nbytes, code, None if on_host else self.device_id)
+
     def memory_info(self) -> tuple[int, int]:
         free, total = cp.cuda.runtime.memGetInfo()
         return int(free), int(total)
@@ -197,8 +239,14 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         self._device.synchronize()
 
+    def flush(self) -> None:
+        self.completion.flush()
+
     def close(self) -> None:
         self.completion.close()
+        self._handles.clear()
+        self.managed.clear()
+        self.modules.clear()
         self._buffers.clear()
         self._last_write.clear()
         self._reads.clear()
@@ -220,10 +268,11 @@ def translate_cuda_error(exc: BaseException, op: Op) -> GpuRuntimeError:
     if isinstance(exc, cp.cuda.memory.OutOfMemoryError):
         return OutOfMemory(str(exc))
     status = getattr(exc, "status", None)
-    if type(exc).__name__ == "CUDARuntimeError":
+    kind = type(exc).__name__
+    if kind in ("CUDARuntimeError", "CUDADriverError"):  # runtime and driver codes agree here
         if status in STICKY_ERRORS:
             return ContextPoisoned(f"CUDA error {status} during {type(op).__name__}: {exc}")
-        if status == 2:  # cudaErrorMemoryAllocation
+        if status == 2:  # cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY
             return OutOfMemory(str(exc))
         return LibraryError("cuda", status, str(exc))
     return LibraryError(op.library, status if status is not None else type(exc).__name__,
@@ -278,5 +327,8 @@ CudaBackend.handlers = (
     | cuda_tensor.HANDLERS
     | cuda_rng.HANDLERS
     | cuda_solver.HANDLERS
+    | cuda_kernels.HANDLERS
+    | cuda_graph.HANDLERS
+    | cuda_peer.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

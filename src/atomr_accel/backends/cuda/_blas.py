@@ -13,6 +13,7 @@ import numpy as np
 from cupy_backends.cuda.libs import cublas
 
 from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends.cuda._direct import call_cublas
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import Gemm, GemmStridedBatched
@@ -38,7 +39,8 @@ def gemm(backend: ArrayBackend, op: Gemm | GemmStridedBatched) -> None:
     single, batched, scalar = _ROUTINES[op.c.dtype]
     a, b, c = op.operands()
     handle = cp.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    if not getattr(backend, "capturing", False):  # a capture bound the stream beforehand
+        cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
     alpha = np.array(op.alpha, dtype=scalar)
     beta = np.array(op.beta, dtype=scalar)
 
@@ -47,6 +49,15 @@ def gemm(backend: ArrayBackend, op: Gemm | GemmStridedBatched) -> None:
 
     head = (handle, _op_code(op.trans_a, op.conj_a), _op_code(op.trans_b, op.conj_b),
             op.m, op.n, op.k, alpha.ctypes.data)
+    if getattr(backend, "capturing", False):  # CuPy's wrappers refuse capture; cuBLAS does not
+        if isinstance(op, GemmStridedBatched):
+            call_cublas(f"cublas{single[0].upper()}gemmStridedBatched", *head,
+                        ptr(op.a), a.ld, a.stride, ptr(op.b), b.ld, b.stride,
+                        beta.ctypes.data, ptr(op.c), c.ld, c.stride, op.batch)
+        else:
+            call_cublas(f"cublas{single[0].upper()}gemm_v2", *head, ptr(op.a), a.ld,
+                        ptr(op.b), b.ld, beta.ctypes.data, ptr(op.c), c.ld)
+        return
     if isinstance(op, GemmStridedBatched):
         getattr(cublas, batched)(*head, ptr(op.a), a.ld, a.stride, ptr(op.b), b.ld, b.stride,
                                  beta.ctypes.data, ptr(op.c), c.ld, c.stride, op.batch)

@@ -5,8 +5,9 @@ queued and the event recorded behind it, and calls ``done(result, error)`` once
 the event has completed (``error`` is the CUDA error if the work failed). No
 strategy ever blocks an event loop; ``done`` may run on any thread.
 
-* ``inline``: the launching (host) thread synchronizes before it takes the next
-  op. Lowest latency, no overlap between ops.
+* ``inline``: the launching (host) thread synchronizes itself, once it has nothing
+  more to launch (or 32 ops are waiting). Lowest latency when ops come one at a time;
+  a backlog of ops is launched back to back, so the GPU stays busy.
 * ``sync``: one helper thread per stream synchronizes; the host thread goes on
   launching, so streams overlap.
 * ``poll``: one poller thread queries pending events, spinning briefly while
@@ -50,6 +51,10 @@ class Completion(Protocol):
         """Call ``done(result, error)`` once ``event`` has completed."""
         ...
 
+    def flush(self) -> None:
+        """Report everything deferred so far (the host calls it before it waits for work)."""
+        ...
+
     def close(self) -> None:
         """Stop helper threads after the work they watch has been reported."""
         ...
@@ -65,16 +70,29 @@ def _wait(event: Any, result: Any, done: Done) -> None:
 
 
 class InlineCompletion:
-    """Synchronize on the launching thread."""
+    """Synchronize on the launching thread once it runs out of ops to launch."""
 
     name = "inline"
 
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self._deferred: list[tuple[Any, Any, Done]] = []
+
     def watch(self, stream_id: int, stream: Any, event: Any, result: Any, done: Done) -> None:
-        """Wait here, then report."""
-        _wait(event, result, done)
+        """Defer the wait until ``flush`` (or until ``limit`` ops wait)."""
+        self._deferred.append((event, result, done))
+        if len(self._deferred) >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait for each deferred op in launch order and report it."""
+        deferred, self._deferred = self._deferred, []
+        for item in deferred:
+            _wait(*item)
 
     def close(self) -> None:
-        """Nothing to stop."""
+        """Report what is still deferred."""
+        self.flush()
 
 
 class SyncCompletion:
@@ -102,6 +120,9 @@ class SyncCompletion:
         cp.cuda.Device(self.device_id).use()
         while (item := q.get()) is not _STOP:
             _wait(*item)
+
+    def flush(self) -> None:
+        """Nothing deferred: the helper threads report on their own."""
 
     def close(self) -> None:
         """Stop the helper threads once their queues are drained."""
@@ -144,6 +165,9 @@ class PolledCompletion:
                 return
             if pending:
                 time.sleep(0)  # let other threads run while the GPU works
+
+    def flush(self) -> None:
+        """Nothing deferred: the poller reports on its own."""
 
     def close(self) -> None:
         """Stop the poller once everything pending has been reported."""
@@ -190,6 +214,9 @@ class HostFnCompletion:
         with self._lock:
             result, done = self._in_flight.pop(key)
         done(result, None)
+
+    def flush(self) -> None:
+        """Nothing deferred: the driver calls back on its own."""
 
     def close(self) -> None:
         """Nothing to stop: the driver's callbacks have all run once the device is idle."""

@@ -7,7 +7,8 @@ call start at element ``offset`` of that call's own output stream, counted in
 outputs whatever the distribution ("if offset = 100, the first random number
 generated will be the 100th in the sequence", cuRAND's guide; seen with
 cuRAND 10.4 for every generation function used here), and the stream does not
-depend on how many elements one call draws. So the numbers depend only on ``(seed, offset,
+depend on how many elements one call draws, as long as a call draws no more than
+``_LARGEST`` (below), so longer fills are split. So the numbers depend only on ``(seed, offset,
 distribution, params, length)`` and continuation (``n`` at offset 0, then
 ``n`` at offset ``n``, equals ``2n`` at offset 0) is exact for every
 distribution, as on the CPU. The GPU tests check both for each distribution.
@@ -48,6 +49,13 @@ from atomr_accel.core.ops._rng import Distribution, RngFill
 __all__ = ["HANDLERS", "rng_fill"]
 
 _OFFSETS = 1 << 64  # cuRAND offsets are unsigned 64-bit
+_LARGEST = {4: 1 << 22, 8: 1 << 17}
+"""Longest single cuRAND call per element size. Past some size cuRAND lays a call's
+outputs out differently (seen on an H200 with CUDA 13: an f64 call of 2^18 elements
+differs from 2^16-element calls in the last two of them; f64 fills of 2^20 did not
+continue fills of 2^19), so longer fills are made of pieces of at most this length,
+each at its own stream offset. The GPU tests compare 2^22-element fills of every
+dtype with the same stream drawn in 2^16-element pieces."""
 
 _UNIFORM = cp.ElementwiseKernel(
     "T u, float64 low, float64 high",
@@ -80,13 +88,20 @@ class _Philox:
 
     def __init__(self) -> None:
         self.handle: int = curand.createGenerator(curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+        self.stream = 0  # the stream the generator is bound to (0: the default stream)
         weakref.finalize(self, _destroy, self.handle)
+
+    def bind(self, stream: int) -> None:
+        """Bind the generator to ``stream`` (a CUDA stream pointer) unless it already is."""
+        if stream != self.stream:
+            curand.setStream(self.handle, stream)
+            self.stream = stream
 
     def at(self, seed: int, offset: int) -> int:
         """Key the generator by ``seed``, start it at ``offset`` on the current stream."""
         curand.setPseudoRandomGeneratorSeed(self.handle, seed)
         curand.setGeneratorOffset(self.handle, offset)
-        curand.setStream(self.handle, cp.cuda.get_current_stream().ptr)
+        self.bind(cp.cuda.get_current_stream().ptr)
         return self.handle
 
 
@@ -106,10 +121,25 @@ def _generator(backend: ArrayBackend) -> _Philox:
     return gen
 
 
-def _uniform(gen: int, out: Any) -> None:
+def _pieces(out: Any, offset: int, count: int) -> Any:
+    """``(pointer, count, stream offset)`` of each piece of ``out[:count]``, no piece longer
+    than ``_LARGEST`` for the dtype (cuRAND's element order changes past it)."""
+    step = _LARGEST[out.itemsize]
+    for start in range(0, count, step):
+        yield (out.data.ptr + start * out.itemsize, min(step, count - start),
+               (offset + start) % _OFFSETS)
+
+
+def _generate(philox: _Philox, op: RngFill, out: Any, fill: Any, *extra: Any) -> None:
+    """Run a cuRAND generation into ``out`` piece by piece at ``op``'s stream position."""
+    for pointer, count, offset in _pieces(out, op.offset, out.size):
+        fill(philox.at(op.seed, offset), pointer, count, *extra)
+
+
+def _uniform(philox: _Philox, op: RngFill, out: Any) -> None:
     """Fill ``out`` (f32/f64, contiguous) with cuRAND uniforms in ``(0, 1]``."""
     fill = curand.generateUniform if out.dtype == cp.float32 else curand.generateUniformDouble
-    fill(gen, out.data.ptr, out.size)
+    _generate(philox, op, out, fill)
 
 
 def _standard_normal(philox: _Philox, op: RngFill, out: Any) -> None:
@@ -117,8 +147,8 @@ def _standard_normal(philox: _Philox, op: RngFill, out: Any) -> None:
     fill = curand.generateNormal if out.dtype == cp.float32 else curand.generateNormalDouble
     n = out.size
     even = n - n % 2
-    if even:
-        fill(philox.at(op.seed, op.offset), out.data.ptr, even, 0.0, 1.0)
+    for pointer, count, offset in _pieces(out, op.offset, even):  # pieces stay even
+        fill(philox.at(op.seed, offset), pointer, count, 0.0, 1.0)
     if n % 2:  # cuRAND draws normals in pairs: draw the last one's pair into scratch
         pair = cp.empty(2, dtype=out.dtype)
         fill(philox.at(op.seed, (op.offset + even) % _OFFSETS), pair.data.ptr, 2, 0.0, 1.0)
@@ -138,16 +168,17 @@ def rng_fill(backend: ArrayBackend, op: RngFill) -> None:
         kernel = _NORMAL if dist is Distribution.NORMAL else _LOG_NORMAL
         kernel(out, float(params[0]), float(params[1]), out)
         return
-    gen = philox.at(op.seed, op.offset)
     if dist is Distribution.BITS:
-        curand.generate(gen, out.data.ptr, out.size)
+        _generate(philox, op, out, curand.generate)
     elif dist is Distribution.POISSON:
-        curand.generatePoisson(gen, out.data.ptr, out.size, float(params[0]))
+        _generate(philox, op, out, curand.generatePoisson, float(params[0]))
     elif dist is Distribution.UNIFORM:
-        _uniform(gen, out)
-        _UNIFORM(out, float(params[0]), float(params[1]), out)
+        _uniform(philox, op, out)
+        low, high = float(params[0]), float(params[1])
+        if (low, high) != (0.0, 1.0):  # the identity map would only cost a pass over memory
+            _UNIFORM(out, low, high, out)
     else:
-        _uniform(gen, out)
+        _uniform(philox, op, out)
         _EXPONENTIAL(out, float(params[0]), out)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -11,19 +12,81 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op, require, require_len, require_nonneg, require_same_dtype
 from atomr_accel.core._ref import GpuRef
 
-__all__ = ["Allocate", "CopyBuffer", "Download", "Free", "MemoryInfo", "Upload"]
+__all__ = [
+    "Advice",
+    "Allocate",
+    "CopyBuffer",
+    "Download",
+    "Free",
+    "Location",
+    "MemoryInfo",
+    "Prefetch",
+    "Upload",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Allocate(Op):
-    """Allocate a zero-filled buffer of ``length`` elements; answers a ``GpuRef``."""
+    """Allocate a zero-filled buffer of ``length`` elements; answers a ``GpuRef``.
+
+    ``managed=True`` allocates CUDA managed (unified) memory, which migrates
+    between host and device on demand and takes ``Prefetch`` and ``Advise``;
+    plain device memory is the default.
+    """
 
     dtype: DType
     length: int
+    managed: bool = False
 
     def validate(self) -> None:
         require(isinstance(self.dtype, DType), f"dtype must be a DType, got {self.dtype!r}")
         require_nonneg(length=self.length)
+        require(isinstance(self.managed, bool), f"managed must be a bool, got {self.managed!r}")
+
+
+class Location(enum.Enum):
+    """Where managed memory should live."""
+
+    DEVICE = "device"
+    HOST = "host"
+
+
+class Advice(enum.Enum):
+    """Hints about how managed memory is used (``cudaMemAdvise``)."""
+
+    READ_MOSTLY = "read_mostly"
+    """Reads dominate: each processor may keep a read-only copy."""
+    UNSET_READ_MOSTLY = "unset_read_mostly"
+    PREFERRED_LOCATION_DEVICE = "preferred_location_device"
+    """Keep the pages on the device; others map them rather than migrate them."""
+    PREFERRED_LOCATION_HOST = "preferred_location_host"
+    UNSET_PREFERRED_LOCATION = "unset_preferred_location"
+    ACCESSED_BY_DEVICE = "accessed_by_device"
+    """Keep the pages mapped for the device wherever they live."""
+    UNSET_ACCESSED_BY_DEVICE = "unset_accessed_by_device"
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch(Op):
+    """Migrate a managed buffer to ``location`` ahead of use, in stream order."""
+
+    ref: GpuRef
+    location: Location = Location.DEVICE
+
+    def validate(self) -> None:
+        require(isinstance(self.location, Location),
+                f"location must be a Location, got {self.location!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Advise(Op):
+    """Give the driver a usage hint for a managed buffer."""
+
+    ref: GpuRef
+    advice: Advice
+
+    def validate(self) -> None:
+        require(isinstance(self.advice, Advice), f"advice must be an Advice, got {self.advice!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,51 @@
+"""Graphs on the CPU: the recorded ops, replayed in order (same semantics as CUDA graphs)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from atomr_accel.backends._base import Handler
+from atomr_accel.core._op import Op
+from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
+
+if TYPE_CHECKING:
+    from atomr_accel.backends.cpu._backend import CpuBackend
+
+__all__ = ["HANDLERS", "RecordedGraph"]
+
+
+class RecordedGraph:
+    """The ops of one capture, in order."""
+
+    def __init__(self, ops: tuple[Op, ...]) -> None:
+        self.ops = ops
+
+
+def capture(backend: CpuBackend, op: CaptureGraph) -> int:
+    """Record ``op.ops`` after checking that each of their buffers is live."""
+    for ref in op.refs():
+        backend.array(ref.buffer_id)
+    return backend.keep(RecordedGraph(op.ops))
+
+
+def launch(backend: CpuBackend, op: LaunchGraph) -> None:
+    """Run the recorded ops in order on the graph's stream."""
+    graph = backend.kept(op.graph.graph_id, RecordedGraph)
+    for ref in op.graph.buffers:  # a freed buffer: InvalidArgument before anything runs
+        backend.array(ref.buffer_id)
+    stream = backend.stream
+    for inner in graph.ops:
+        backend.execute(inner, stream)
+
+
+def destroy(backend: CpuBackend, op: DestroyGraph) -> None:
+    """Forget a recorded graph."""
+    backend.release(op.graph.graph_id, RecordedGraph)
+
+
+HANDLERS: dict[type[Op], Handler] = {
+    CaptureGraph: capture,
+    LaunchGraph: launch,
+    DestroyGraph: destroy,
+}
+"""Recorded-graph handlers of the CPU backend."""

@@ -1,0 +1,26 @@
+"""User kernels on the CPU backend: refused with a clear error (NVRTC needs a CUDA device)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atomr_accel.backends._base import Handler
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import Op
+from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel
+
+__all__ = ["HANDLERS"]
+
+
+def refuse(backend: Any, op: Op) -> None:
+    """Say that CUDA C kernels and modules need the CUDA backend."""
+    raise InvalidArgument(
+        f"{type(op).__name__} needs the CUDA backend: the cpu backend cannot compile, load or "
+        "run CUDA kernels (spawn the device with backend='cuda')"
+    )
+
+
+HANDLERS: dict[type[Op], Handler] = {
+    CompileKernel: refuse, LoadKernel: refuse, LaunchKernel: refuse,
+}
+"""Kernel-op handlers of the CPU backend."""
