@@ -1,23 +1,13 @@
-"""The main demo: what atomr-accel does, end to end, on this machine.
+"""The main demo: ``atomr-accel demo`` (devices, a gemm/FFT/RNG/solver round checked
+against NumPy, a fault injected and recovered, placement, a summary).
 
-    python examples/demo.py
+    python examples/demo.py        # the same as: atomr-accel demo
+
+``actor_demo.py`` and ``device_demo.py`` beside it walk through the actor
+runtime and the device tier step by step.
 """
 
-from __future__ import annotations
-
-import asyncio
-
-from actor_demo import main as actor_demo
-from device_demo import main as device_demo
-
-
-def main() -> None:
-    """Run each part of the demo in turn."""
-    print("== actor runtime ==")
-    asyncio.run(actor_demo())
-    print("\n== device tier (CPU backend; the same code runs on CUDA) ==")
-    device_demo()
-
+from atomr_accel.cli import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(["demo"]))

@@ -11,10 +11,12 @@ PACKAGES = [
     "atomr_accel",
     "atomr_accel.actor",
     "atomr_accel.actor.testkit",
+    "atomr_accel.cli",
     "atomr_accel.core",
     "atomr_accel.device",
     "atomr_accel.facade",
     "atomr_accel.hosts",
+    "atomr_accel.telemetry",
 ]
 
 

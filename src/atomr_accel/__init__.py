@@ -15,14 +15,16 @@ from atomr_accel.core import (
     GpuRefStale,
     GpuRuntimeError,
     InvalidArgument,
+    KernelCompileError,
     LibraryError,
     OutOfMemory,
     QueueFull,
     Unrecoverable,
 )
 from atomr_accel.core.ops._faults import FaultKind
+from atomr_accel.core.ops._memory import Advice, Location
 from atomr_accel.core.ops._sparse import CsrMatrix
-from atomr_accel.device import DeviceStats, Status
+from atomr_accel.device import DeviceStats, Journal, JournalConfig, ReplayHarness, Status
 from atomr_accel.facade import (
     Blas,
     Device,
@@ -42,21 +44,30 @@ from atomr_accel.facade import (
     GpuBufferU16,
     GpuBufferU32,
     GpuBufferU64,
+    Graph,
+    GraphRecorder,
     Library,
+    Modules,
+    Nvrtc,
+    NvrtcKernel,
+    Placement,
     RngGenerator,
     Solver,
     Sparse,
     System,
     Tensor,
 )
+from atomr_accel.facade._peer import CopyPath, PeerTopology
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ActorStopped",
+    "Advice",
     "AskTimeout",
     "Blas",
     "ContextPoisoned",
+    "CopyPath",
     "CsrMatrix",
     "Device",
     "DeviceStats",
@@ -82,11 +93,23 @@ __all__ = [
     "GpuRef",
     "GpuRefStale",
     "GpuRuntimeError",
+    "Graph",
+    "GraphRecorder",
     "InvalidArgument",
+    "Journal",
+    "JournalConfig",
+    "KernelCompileError",
     "Library",
     "LibraryError",
+    "Location",
+    "Modules",
+    "Nvrtc",
+    "NvrtcKernel",
     "OutOfMemory",
+    "PeerTopology",
+    "Placement",
     "QueueFull",
+    "ReplayHarness",
     "RngGenerator",
     "Solver",
     "Sparse",

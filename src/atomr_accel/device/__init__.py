@@ -3,6 +3,14 @@
 from atomr_accel.device._config import ALL_LIBRARIES, DeviceConfig
 from atomr_accel.device._context import ContextActor
 from atomr_accel.device._device import DeviceActor
+from atomr_accel.device._journal import (
+    Journal,
+    JournalConfig,
+    JournalEntry,
+    JournalStore,
+    PostgresJournalStore,
+    SqliteJournalStore,
+)
 from atomr_accel.device._kernels import (
     KERNEL_ACTORS,
     BlasActor,
@@ -15,7 +23,23 @@ from atomr_accel.device._kernels import (
 )
 from atomr_accel.device._messages import GenerationChanged, GetStats, WatchGeneration
 from atomr_accel.device._pinned import PinnedBuffer, PinnedBufferPool
-from atomr_accel.device._state import DeviceState, DeviceStats, Status
+from atomr_accel.device._placement import (
+    AddDevice,
+    Place,
+    Placed,
+    PlacementActor,
+    Policy,
+    choose_device,
+)
+from atomr_accel.device._replay import (
+    DeviceRecorder,
+    MarkDurable,
+    Replayer,
+    ReplayHarness,
+    ReplayResult,
+    recovery_plan,
+)
+from atomr_accel.device._state import DeviceState, DeviceStats, OpObserver, Status
 from atomr_accel.device._streams import (
     PerActorStreams,
     PooledStreams,
@@ -27,28 +51,47 @@ from atomr_accel.device._supervision import device_decider, ends_generation
 __all__ = [
     "ALL_LIBRARIES",
     "KERNEL_ACTORS",
+    "AddDevice",
     "BlasActor",
     "ContextActor",
     "DeviceActor",
     "DeviceConfig",
+    "DeviceRecorder",
     "DeviceState",
     "DeviceStats",
     "FftActor",
     "GenerationChanged",
     "GetStats",
+    "Journal",
+    "JournalConfig",
+    "JournalEntry",
+    "JournalStore",
     "KernelActor",
+    "MarkDurable",
+    "OpObserver",
     "PerActorStreams",
     "PinnedBuffer",
     "PinnedBufferPool",
+    "Place",
+    "Placed",
+    "PlacementActor",
+    "Policy",
     "PooledStreams",
+    "PostgresJournalStore",
+    "ReplayHarness",
+    "ReplayResult",
+    "Replayer",
     "RngActor",
     "SingleStream",
     "SolverActor",
     "SparseActor",
+    "SqliteJournalStore",
     "Status",
     "StreamAllocator",
     "TensorActor",
     "WatchGeneration",
+    "choose_device",
     "device_decider",
     "ends_generation",
+    "recovery_plan",
 ]

@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.device._journal import JournalConfig
 from atomr_accel.device._streams import PerActorStreams, StreamAllocator
 from atomr_accel.hosts._base import BackendSpec, ContextHost
 
 __all__ = ["ALL_LIBRARIES", "DeviceConfig"]
 
-ALL_LIBRARIES: tuple[str, ...] = ("blas", "fft", "rng", "solver", "sparse", "tensor")
+ALL_LIBRARIES: tuple[str, ...] = (
+    "blas", "fft", "rng", "solver", "sparse", "tensor", "nvrtc", "module", "graph",
+)
 """Every library a device can enable."""
 
 Isolation = Literal["thread", "process"]
@@ -31,6 +34,8 @@ class DeviceConfig:
     (``"inline"``, ``"sync"``, ``"poll"``, ``"host_fn"``; None: its default).
     ``backend_options`` go to the backend's constructor (e.g. the CPU backend's
     ``capacity`` in bytes); ``host_factory`` replaces the host entirely (tests).
+    ``journal`` records completed ops for replay and keeps durable buffers
+    across rebuilds (None: no journal).
     """
 
     device_id: int = 0
@@ -44,6 +49,7 @@ class DeviceConfig:
     completion: str | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
     host_factory: Callable[[BackendSpec], ContextHost] | None = None
+    journal: JournalConfig | None = None
 
     def __post_init__(self) -> None:
         if self.isolation not in ("thread", "process"):

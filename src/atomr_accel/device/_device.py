@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from atomr_accel.actor import (
@@ -9,10 +11,17 @@ from atomr_accel.actor import (
     ActorRef,
     OneForOneStrategy,
     Props,
+    Reply,
     StashOverflow,
     Terminated,
 )
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, QueueFull, Unrecoverable
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    GpuRuntimeError,
+    InvalidArgument,
+    QueueFull,
+    Unrecoverable,
+)
 from atomr_accel.core._op import Op
 from atomr_accel.device._config import DeviceConfig
 from atomr_accel.device._context import ContextActor
@@ -24,10 +33,13 @@ from atomr_accel.device._messages import (
     Run,
     WatchGeneration,
 )
+from atomr_accel.device._replay import DeviceRecorder, MarkDurable, Recovered
 from atomr_accel.device._state import DeviceState, DeviceStats, Status
 from atomr_accel.device._supervision import device_decider
 
 __all__ = ["DeviceActor"]
+
+_log = logging.getLogger("atomr_accel.device")
 
 
 class DeviceActor(Actor):
@@ -38,7 +50,9 @@ class DeviceActor(Actor):
     draining them in order when it is ready (``QueueFull`` past
     ``stash_capacity``). It supervises the ``ContextActor`` with the device
     decider and the restart budget; once the context stops for good every
-    queued and later request fails at once with ``Unrecoverable``.
+    queued and later request fails at once with ``Unrecoverable``. With a
+    journal (``config.journal``) it records completed ops and, after a rebuild,
+    re-materializes durable buffers (``MarkDurable``) before it drains the stash.
     """
 
     @classmethod
@@ -55,6 +69,10 @@ class DeviceActor(Actor):
         self.routes: dict[str, ActorRef] = {}
         self.watchers: list[ActorRef] = []
         self.stopped_error: GpuRuntimeError | None = None
+        self.recovery: asyncio.Task[None] | None = None
+        self.restarting = False
+        if config.journal is not None and self.state.recorder is None:
+            self.state.recorder = DeviceRecorder.open(config.journal, self.state)
         self.state.status = Status.STARTING
         props = Props(ContextActor, config, self.state)
         self.context_ref = self.context.watch(self.context.spawn(props, "context"))
@@ -66,16 +84,25 @@ class DeviceActor(Actor):
         elif isinstance(message, ContextReady):
             if message.generation == self.state.generation:
                 self.routes = message.routes
-                self.state.status = Status.READY
-                for pending in self.state.unlaunched():  # queued in the old actors' mailboxes
-                    self.routes[pending.op.library].tell(Run(pending.op, pending))
-                self.context.unstash_all()
-                for watcher in self.watchers:
-                    watcher.tell(GenerationChanged(self.config.device_id, message.generation))
+                recorder = self.state.recorder
+                if recorder is not None and recorder.durable:  # durable buffers come back first
+                    self.state.status = Status.REBUILDING
+                    self.recovery = recorder.start_recovery(
+                        self.state, self.routes, message.generation, self.context.self_ref)
+                else:
+                    self._serve(message.generation)
+        elif isinstance(message, Recovered):
+            self._recovered(message)
+        elif isinstance(message, MarkDurable):
+            self._mark_durable(message)
         elif isinstance(message, ContextDown):
             if message.generation == self.state.generation:
+                self._cancel_recovery()
                 self.state.status = Status.REBUILDING
                 self.routes = {}
+                self._log_event(logging.WARNING, "context_down",
+                                "context generation %d went down",
+                                message.generation)
         elif isinstance(message, Terminated):
             if message.ref is self.context_ref:  # not a context of an earlier incarnation
                 self._stop_serving()
@@ -93,11 +120,67 @@ class DeviceActor(Actor):
             raise TypeError(f"a device does not handle {message!r}")
         return None
 
+    def _serve(self, generation: int) -> None:
+        """The context of ``generation`` is up (and durable buffers whole): run what waits."""
+        self.state.status = Status.READY
+        self._log_event(logging.INFO, "context_ready", "context generation %d is up", generation)
+        recorder = self.state.recorder
+        if recorder is not None:
+            recorder.serve(generation)
+        for pending in self.state.unlaunched():  # queued in old mailboxes, or held
+            if recorder is not None:
+                pending.op = recorder.refresh(pending.op)
+            self.routes[pending.op.library].tell(Run(pending.op, pending))
+        self.context.unstash_all()
+        for watcher in self.watchers:
+            watcher.tell(GenerationChanged(self.config.device_id, generation))
+
+    def _recovered(self, message: Recovered) -> None:
+        if self.recovery is None or message.generation != self.state.generation:
+            return  # the recovery of a context that has gone down since
+        self._cancel_recovery()
+        if message.error is not None:
+            if isinstance(message.error, ContextPoisoned | Unrecoverable):
+                return  # this context went down too: the next one recovers, or none will
+            assert self.state.recorder is not None
+            self.state.recorder.give_up(message.error)
+        self._serve(message.generation)
+
+    def _cancel_recovery(self) -> None:
+        if self.recovery is not None:
+            self.recovery.cancel()
+            self.recovery = None
+
+    def _mark_durable(self, message: MarkDurable) -> None:
+        reply = self.context.defer_reply()
+        recorder = self.state.recorder
+        try:
+            if self.stopped_error is not None:
+                raise self.stopped_error
+            if recorder is None:
+                raise InvalidArgument(
+                    "durable buffers need a journal: spawn the device with journal=...")
+            if self.state.status is Status.READY:
+                recorder.mark_durable(message, self.state)
+                reply.set_result(None)
+            else:
+                self._stash(reply)
+        except GpuRuntimeError as exc:
+            reply.set_exception(exc)
+
+    def _stash(self, reply: Reply) -> None:
+        try:
+            self.context.stash()
+        except StashOverflow:
+            reply.set_exception(QueueFull(self.config.device_id, self.config.stash_capacity))
+
     def _submit(self, op: Op) -> None:
         reply = self.context.defer_reply()
         if self.stopped_error is not None:
             reply.set_exception(self.stopped_error)
             return
+        if self.state.recorder is not None:
+            op = self.state.recorder.refresh(op)  # a durable buffer's ref from before a rebuild
         try:
             op.validate()
             if op.library != "memory" and op.library not in self.config.libraries:
@@ -114,14 +197,12 @@ class DeviceActor(Actor):
             reply.set_exception(error)
             return
         if self.state.status is not Status.READY:
-            try:
-                self.context.stash()
-            except StashOverflow:
-                reply.set_exception(QueueFull(self.config.device_id, self.config.stash_capacity))
+            self._stash(reply)
             return
         self.routes[op.library].tell(Run(op, self.state.track(op, reply)))
 
     def _stop_serving(self) -> None:
+        self._cancel_recovery()
         state = self.state
         state.status = Status.STOPPED
         self.routes = {}
@@ -133,21 +214,40 @@ class DeviceActor(Actor):
                 f"{state.restarts} times; budget {self.config.max_restarts} in "
                 f"{self.config.within:g} s)"
             )
+        self._log_event(logging.ERROR, "device_stopped", "stopped: %s", self.stopped_error)
         state.fail_all(self.stopped_error)
         self.context.unstash_all()  # each stashed request is now refused at once
 
     def stats(self) -> DeviceStats:
-        """A snapshot of this device."""
+        """A snapshot of this device (never waits: memory figures are the cached reading)."""
         state = self.state
+        memory_free, memory_total = state.memory
         return DeviceStats(
             device_id=self.config.device_id, backend=self.config.backend,
             isolation=self.config.isolation, status=state.status, generation=state.generation,
             restarts=state.restarts, in_flight=len(state.pending),
             queue_depth=self.context.stash_size, completed=state.completed,
             failed=state.failed, out_of_memory=state.out_of_memory, host_pid=state.host_pid,
+            bytes_allocated=state.bytes_allocated, memory_free=memory_free,
+            memory_total=memory_total,
         )
+
+    def _log_event(self, level: int, event: str, message: str, *args: Any) -> None:
+        """Log a lifecycle event on ``atomr_accel.device`` with structured fields."""
+        state = self.state
+        _log.log(level, "device %s: " + message, state.name, *args, extra={
+            "event": event, "device": state.name, "device_id": state.device_id,
+            "generation": state.generation, "restarts": state.restarts,
+            "status": state.status.value})
 
     async def pre_restart(self, exc: BaseException, message: Any) -> None:
         """Fail every request in flight with the error that restarts this device."""
+        self.restarting = True
         self.state.fail_all(exc)
         await super().pre_restart(exc, message)
+
+    async def post_stop(self) -> None:
+        """Stop a recovery in progress; close the journal unless this actor restarts."""
+        self._cancel_recovery()
+        if not self.restarting and self.state.recorder is not None:
+            await self.state.recorder.close_async()

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import enum
+import logging
 import secrets
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from atomr_accel.actor import Reply
+from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
 
-__all__ = ["DeviceState", "DeviceStats", "Pending", "Status"]
+if TYPE_CHECKING:
+    from atomr_accel.device._replay import DeviceRecorder
+
+__all__ = ["DeviceState", "DeviceStats", "OpObserver", "Pending", "Status"]
+
+_log = logging.getLogger("atomr_accel.device")
 
 
 class Status(enum.Enum):
@@ -22,6 +32,23 @@ class Status(enum.Enum):
     STOPPED = "stopped"
 
 
+class OpObserver(Protocol):
+    """Told about every request a device hands to its context (``DeviceState.add_observer``).
+
+    Both calls run on the system's event loop, inside the op path: keep them
+    short. An exception they raise is logged and otherwise ignored. Requests
+    refused before they reach a context (bad input, a full rebuild queue, a
+    stopped device) are not reported.
+    """
+
+    def op_started(self, device: str, op: Op) -> None:
+        """A request for ``op`` is on its way to the context of ``device``."""
+
+    def op_finished(self, device: str, op: Op, seconds: float,
+                    error: BaseException | None) -> None:
+        """It was answered after ``seconds``: with a result (``error`` None) or ``error``."""
+
+
 class Pending:
     """One request that has left the device actor and awaits its answer.
 
@@ -30,7 +57,7 @@ class Pending:
     next generation, so it is never lost and never runs twice.
     """
 
-    __slots__ = ("_state", "generation", "launched", "op", "reply")
+    __slots__ = ("_state", "generation", "launched", "observers", "op", "reply", "seq", "started")
 
     def __init__(self, state: DeviceState, op: Op, reply: Reply) -> None:
         self._state = state
@@ -38,26 +65,62 @@ class Pending:
         self.reply = reply
         self.generation = 0
         self.launched = False
+        self.observers: tuple[OpObserver, ...] = ()
+        """The observers told of its start, so exactly they are told of its end."""
+        self.started = 0.0
+        self.seq = 0
+        """Launch order on this device (set by ``claim``); a journal replays in this order."""
 
     def claim(self, generation: int) -> bool:
         """Mark as launched on ``generation``; False if already launched or answered."""
         if self.launched or self not in self._state.pending:
             return False
+        recorder = self._state.recorder
+        if (recorder is not None and recorder.durable and recorder.serving != generation
+                and self not in recorder.replaying):
+            return False  # held until the durable buffers are whole, then dispatched again
         self.launched = True
         self.generation = generation
+        self._state.launches += 1
+        self.seq = self._state.launches
         return True
 
     def succeed(self, result: Any) -> None:
         """Answer with ``result`` (ignored if already answered)."""
-        if self._state.pending.pop(self, None) is not None:
-            self._state.completed += 1
+        state = self._state
+        if state.pending.pop(self, None) is not None:
+            state.completed += 1
+            if self.op.library == "memory":
+                state.account(self.op, result)
+            if state.recorder is not None:
+                state.recorder.completed(self, result, None)
             self.reply.set_result(result)
+            if self.observers:
+                self._notify(None)
 
     def fail(self, error: BaseException) -> None:
         """Answer with ``error`` (ignored if already answered)."""
-        if self._state.pending.pop(self, None) is not None:
-            self._state.failed += 1
+        state = self._state
+        if state.pending.pop(self, None) is not None:
+            state.failed += 1
+            if state.recorder is not None:
+                state.recorder.completed(self, None, error)
             self.reply.set_exception(error)
+            if isinstance(error, OutOfMemory):
+                _log.warning("device %s: out of memory: %s", state.name, error, extra={
+                    "event": "out_of_memory", "device": state.name,
+                    "device_id": state.device_id, "requested": error.requested,
+                    "available": error.available})
+            if self.observers:
+                self._notify(error)
+
+    def _notify(self, error: BaseException | None) -> None:
+        seconds = time.perf_counter() - self.started
+        for observer in self.observers:
+            try:
+                observer.op_finished(self._state.name, self.op, seconds, error)
+            except Exception:
+                _log.exception("op observer %r raised", observer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +139,13 @@ class DeviceStats:
     failed: int
     out_of_memory: int
     host_pid: int | None
+    bytes_allocated: int
+    """Bytes held by the live buffers of the current context generation."""
+    memory_free: int | None
+    """Free device bytes: the last ``MemoryInfo`` reading less what was allocated since
+    (None before the first reading). Exact on the CPU backend."""
+    memory_total: int | None
+    """Total device bytes as of the last ``MemoryInfo`` reading (None before it)."""
 
 
 class DeviceState:
@@ -85,8 +155,10 @@ class DeviceState:
     request in flight is forgotten.
     """
 
-    def __init__(self, device_id: int) -> None:
+    def __init__(self, device_id: int, name: str | None = None) -> None:
         self.device_id = device_id
+        self.name = name or f"device-{device_id}"
+        """How logs and metrics name this device (unique within a system)."""
         self.owner = secrets.randbits(62) + 1
         """A token unique to this device instance, stamped into every ``GpuRef`` it makes."""
         self.generation = 0
@@ -100,12 +172,69 @@ class DeviceState:
         """Process the current context lives in (a worker's pid on the process host)."""
         self.start_error: BaseException | None = None
         """Why the last context failed to start, if it did."""
+        self.observers: tuple[OpObserver, ...] = ()
+        """Told of every request's start and end; see ``add_observer``."""
+        self._bytes = 0
+        self._bytes_generation = 0
+        self._memory: tuple[int, int, int] | None = None  # (free, total, bytes allocated then)
+        self.launches = 0
+        """Requests launched so far (the last ``Pending.seq``)."""
+        self.recorder: DeviceRecorder | None = None
+        """Journals completed ops and keeps durable buffers (a device with a journal)."""
+
+    def add_observer(self, observer: OpObserver) -> None:
+        """Tell ``observer`` of every request from now on (call on the system's loop)."""
+        if observer not in self.observers:
+            self.observers = (*self.observers, observer)
+
+    def remove_observer(self, observer: OpObserver) -> None:
+        """Stop telling ``observer`` of new requests (those it saw start still end)."""
+        self.observers = tuple(o for o in self.observers if o is not observer)
 
     def track(self, op: Op, reply: Reply) -> Pending:
         """Register a request on its way to a context."""
         pending = Pending(self, op, reply)
         self.pending[pending] = True
+        observers = self.observers
+        if observers:
+            pending.observers = observers
+            pending.started = time.perf_counter()
+            for observer in observers:
+                try:
+                    observer.op_started(self.name, op)
+                except Exception:
+                    _log.exception("op observer %r raised", observer)
         return pending
+
+    def account(self, op: Op, result: Any) -> None:
+        """Keep the memory figures current after a memory op succeeded with ``result``."""
+        if isinstance(op, Allocate):
+            generation = result.generation if isinstance(result, GpuRef) else self.generation
+            self._add_bytes(generation, op.length * op.dtype.itemsize)
+        elif isinstance(op, Free):
+            self._add_bytes(op.ref.generation, -op.ref.length * op.ref.dtype.itemsize)
+        elif isinstance(op, MemoryInfo):
+            free, total = result
+            self._memory = (int(free), int(total), self.bytes_allocated)
+
+    def _add_bytes(self, generation: int, delta: int) -> None:
+        if generation != self._bytes_generation:  # a new context starts with nothing
+            self._bytes_generation, self._bytes = generation, 0
+        self._bytes += delta
+
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes held by the live buffers of the current generation (a rebuild frees all)."""
+        return self._bytes if self._bytes_generation == self.generation else 0
+
+    @property
+    def memory(self) -> tuple[int | None, int | None]:
+        """``(free, total)`` bytes: the last ``MemoryInfo`` reading, free adjusted by the
+        allocations and frees since; ``(None, None)`` before the first reading."""
+        if self._memory is None:
+            return None, None
+        free, total, allocated_then = self._memory
+        return max(0, min(total, free - (self.bytes_allocated - allocated_then))), total
 
     def fail_launched(self, generation: int, error: BaseException) -> None:
         """Fail every request launched on ``generation`` (it died with that context)."""

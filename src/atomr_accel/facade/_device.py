@@ -2,25 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from typing import Any, TypeVar
 
 import numpy as np
 
 from atomr_accel.actor import ActorRef, ActorStopped, SystemClosed
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._errors import GpuRefStale, InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._memory import (
+    Advice,
+    Advise,
     Allocate,
     CopyBuffer,
     Download,
     Free,
+    Location,
     MemoryInfo,
+    Prefetch,
     Upload,
 )
-from atomr_accel.device import DeviceConfig, DeviceState, DeviceStats, GetStats
+from atomr_accel.device import (
+    DeviceConfig,
+    DeviceState,
+    DeviceStats,
+    GetStats,
+    Journal,
+    MarkDurable,
+)
 from atomr_accel.facade._buffers import (
     GpuBuffer,
     GpuBufferF32,
@@ -30,12 +42,15 @@ from atomr_accel.facade._buffers import (
     GpuBufferU32,
     buffer_for,
 )
+from atomr_accel.facade._graphs import GraphRecorder
+from atomr_accel.facade._kernels import Modules, Nvrtc
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
 from atomr_accel.facade._portal import Portal, blocking
 
 __all__ = ["Device", "host_array"]
 
 BufferLike = GpuBuffer | GpuRef
+E = TypeVar("E", bound=enum.Enum)
 
 
 def host_array(data: Any) -> np.ndarray[Any, Any]:
@@ -47,6 +62,16 @@ def host_array(data: Any) -> np.ndarray[Any, Any]:
     if hasattr(data, "__dlpack__") and not hasattr(data, "__array__"):
         return np.from_dlpack(data)
     return np.asarray(data)
+
+
+def _enum(kind: type[E], value: E | str) -> E:
+    """``value`` as a member of ``kind`` (``InvalidArgument`` naming the choices)."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in kind)
+        message = f"{value!r} is not a valid {kind.__name__}; choose from {choices}"
+        raise InvalidArgument(message) from None
 
 
 class Device:
@@ -85,6 +110,18 @@ class Device:
         """The current context generation (goes up on every rebuild)."""
         return self._state.generation
 
+    @property
+    def journal(self) -> Journal | None:
+        """The journal recording this device's ops (``spawn_device(journal=...)``), or None."""
+        recorder = self._state.recorder
+        return None if recorder is None else recorder.journal
+
+    @property
+    def journal_stream(self) -> str | None:
+        """This device's stream in its journal (``ReplayHarness(journal, stream)``), or None."""
+        recorder = self._state.recorder
+        return None if recorder is None else recorder.stream
+
     # ---------------------------------------------------------------- core
 
     async def run_async(self, op: Op) -> Any:
@@ -110,38 +147,88 @@ class Device:
 
     # -------------------------------------------------------------- memory
 
-    async def allocate_async(self, length: int, dtype: DType | str = DType.F32) -> GpuBuffer:
-        """Allocate a zero-filled buffer of ``length`` elements of ``dtype``."""
-        ref = await self.run_async(Allocate(DType.of(dtype), length))
-        return buffer_for(self, ref)
+    async def allocate_async(self, length: int, dtype: DType | str = DType.F32, *,
+                             managed: bool = False, durable: bool = False) -> GpuBuffer:
+        """Allocate a zero-filled buffer of ``length`` elements of ``dtype``.
+
+        ``managed=True`` gives CUDA managed memory (see ``prefetch`` and ``advise``).
+        ``durable=True`` keeps it across context rebuilds (see ``mark_durable``).
+        """
+        while True:
+            buffer = buffer_for(self, await self.run_async(
+                Allocate(DType.of(dtype), length, managed)))
+            if not durable:
+                return buffer
+            try:
+                await self.mark_durable_async(buffer)
+            except GpuRefStale:
+                continue  # a rebuild came between the two asks and took the buffer: again
+            return buffer
 
     allocate = blocking(allocate_async)
 
-    async def allocate_f32_async(self, length: int) -> GpuBufferF32:
-        """Allocate a zero-filled float32 buffer."""
-        return await self.allocate_async(length, DType.F32)  # type: ignore[return-value]
+    async def prefetch_async(self, buffer: BufferLike,
+                             location: Location | str = Location.DEVICE) -> None:
+        """Migrate a managed buffer to ``"device"`` or ``"host"`` ahead of use."""
+        await self.run_async(Prefetch(self.ref_of(buffer), _enum(Location, location)))
 
-    async def allocate_f64_async(self, length: int) -> GpuBufferF64:
-        """Allocate a zero-filled float64 buffer."""
-        return await self.allocate_async(length, DType.F64)  # type: ignore[return-value]
+    prefetch = blocking(prefetch_async)
 
-    async def allocate_i32_async(self, length: int) -> GpuBufferI32:
-        """Allocate a zero-filled int32 buffer."""
-        return await self.allocate_async(length, DType.I32)  # type: ignore[return-value]
+    async def advise_async(self, buffer: BufferLike, advice: Advice | str) -> None:
+        """Give the driver a usage hint for a managed buffer (``"read_mostly"``, ...)."""
+        await self.run_async(Advise(self.ref_of(buffer), _enum(Advice, advice)))
 
-    async def allocate_u32_async(self, length: int) -> GpuBufferU32:
-        """Allocate a zero-filled uint32 buffer."""
-        return await self.allocate_async(length, DType.U32)  # type: ignore[return-value]
+    advise = blocking(advise_async)
 
-    async def allocate_u8_async(self, length: int) -> GpuBufferU8:
-        """Allocate a zero-filled uint8 buffer."""
-        return await self.allocate_async(length, DType.U8)  # type: ignore[return-value]
+    async def allocate_f32_async(self, length: int, *, durable: bool = False) -> GpuBufferF32:
+        """Allocate a zero-filled float32 buffer (``durable``: see ``allocate``)."""
+        return await self.allocate_async(  # type: ignore[return-value]
+            length, DType.F32, durable=durable)
+
+    async def allocate_f64_async(self, length: int, *, durable: bool = False) -> GpuBufferF64:
+        """Allocate a zero-filled float64 buffer (``durable``: see ``allocate``)."""
+        return await self.allocate_async(  # type: ignore[return-value]
+            length, DType.F64, durable=durable)
+
+    async def allocate_i32_async(self, length: int, *, durable: bool = False) -> GpuBufferI32:
+        """Allocate a zero-filled int32 buffer (``durable``: see ``allocate``)."""
+        return await self.allocate_async(  # type: ignore[return-value]
+            length, DType.I32, durable=durable)
+
+    async def allocate_u32_async(self, length: int, *, durable: bool = False) -> GpuBufferU32:
+        """Allocate a zero-filled uint32 buffer (``durable``: see ``allocate``)."""
+        return await self.allocate_async(  # type: ignore[return-value]
+            length, DType.U32, durable=durable)
+
+    async def allocate_u8_async(self, length: int, *, durable: bool = False) -> GpuBufferU8:
+        """Allocate a zero-filled uint8 buffer (``durable``: see ``allocate``)."""
+        return await self.allocate_async(  # type: ignore[return-value]
+            length, DType.U8, durable=durable)
 
     allocate_f32 = blocking(allocate_f32_async)
     allocate_f64 = blocking(allocate_f64_async)
     allocate_i32 = blocking(allocate_i32_async)
     allocate_u32 = blocking(allocate_u32_async)
     allocate_u8 = blocking(allocate_u8_async)
+
+    async def mark_durable_async(self, buffer: BufferLike) -> None:
+        """Keep ``buffer`` across context rebuilds: its contents come back from the journal.
+
+        After a rebuild the device replays the journaled ops that produced the
+        buffer before it runs anything else, and the handle is moved to the new
+        context (``is_stale()`` stays False). Needs ``spawn_device(journal=...)``
+        (``InvalidArgument`` otherwise); a freed or foreign buffer is an
+        ``InvalidArgument``, one lost to an earlier rebuild a ``GpuRefStale``.
+        """
+        ref = self.ref_of(buffer)
+        holder = buffer if isinstance(buffer, GpuBuffer) else None
+        try:
+            await self._portal.acall(
+                self.ref.ask(MarkDurable(ref, holder), timeout=self._op_timeout))
+        except ActorStopped as exc:
+            raise SystemClosed(self.ref.path, "device call") from exc
+
+    mark_durable = blocking(mark_durable_async)
 
     async def free_async(self, buffer: BufferLike) -> None:
         """Release a buffer; using it afterwards is an ``InvalidArgument``."""
@@ -200,14 +287,21 @@ class Device:
     # ------------------------------------------------------------- observe
 
     async def stats_async(self) -> DeviceStats:
-        """A snapshot: status, generation, restarts, in-flight ops, queue depth, counters."""
+        """A snapshot: status, generation, restarts, in-flight ops, queue depth, counters,
+        bytes allocated and device memory.
+
+        Answered at once by the device actor, never queued behind ops: the memory
+        figures are the last ``memory_info()`` reading adjusted by the allocations
+        and frees since (exact on the CPU backend); call ``memory_info()`` first
+        for a fresh reading.
+        """
         stats: DeviceStats = await self._portal.acall(self.ref.ask(GetStats()))
         return stats
 
     stats = blocking(stats_async)
 
     async def memory_info_async(self) -> tuple[int, int]:
-        """``(free_bytes, total_bytes)`` of the device."""
+        """``(free_bytes, total_bytes)`` of the device, read now (``stats()`` caches it)."""
         info: tuple[int, int] = await self.run_async(MemoryInfo())
         return info
 
@@ -244,6 +338,18 @@ class Device:
     def tensor(self) -> Tensor:
         """Return the tensor handle (contract, einsum)."""
         return Tensor(self)
+
+    def nvrtc(self) -> Nvrtc:
+        """Return the NVRTC handle: compile CUDA C into ``NvrtcKernel``s (CUDA devices)."""
+        return Nvrtc(self)
+
+    def modules(self) -> Modules:
+        """Return the module handle: load PTX or cubin and get its kernels (CUDA devices)."""
+        return Modules(self)
+
+    def record_graph(self) -> GraphRecorder:
+        """Start recording library calls into a ``Graph`` (``recorder.capture()`` ends it)."""
+        return GraphRecorder(self)
 
     def __repr__(self) -> str:
         return (f"Device({self.device_id}, backend={self.backend!r}, "

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-from atomr_accel.actor import ActorSystem, SystemClosed
+from atomr_accel.actor import ActorSystem, Props, SystemClosed
 from atomr_accel.backends import cuda_device_count
 from atomr_accel.core._errors import DeviceUnavailable, InvalidArgument
-from atomr_accel.device import ALL_LIBRARIES, DeviceActor, DeviceConfig, DeviceState
+from atomr_accel.device import (
+    ALL_LIBRARIES,
+    DeviceActor,
+    DeviceConfig,
+    DeviceState,
+    Journal,
+    JournalConfig,
+    PlacementActor,
+    Policy,
+)
 from atomr_accel.device._config import Isolation
+from atomr_accel.facade import _peer as peer
+from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._device import Device
+from atomr_accel.facade._placement import Placement, policy_of
 from atomr_accel.facade._portal import LoopThread, Portal, blocking
+
+if TYPE_CHECKING:
+    from atomr_accel.telemetry import Telemetry
 
 __all__ = ["System", "resolve_backend"]
 
@@ -58,6 +74,9 @@ class System:
         self._op_timeout = op_timeout
         self._names = itertools.count(1)
         self.devices: list[Device] = []
+        self._placement: Placement | None = None
+        self.telemetry: Telemetry | None = None
+        """The system's ``Telemetry`` once ``enable_telemetry`` was called, else None."""
 
     @classmethod
     def open(cls, name: str = "atomr-accel", *, op_timeout: float | None = 300.0) -> System:
@@ -97,6 +116,7 @@ class System:
         stash_capacity: int = 1024,
         completion: str | None = None,
         backend_options: dict[str, Any] | None = None,
+        journal: JournalConfig | Journal | str | os.PathLike[str] | bool | None = None,
     ) -> Device:
         """Start a device and wait until its context is up.
 
@@ -109,6 +129,10 @@ class System:
         The context may be
         rebuilt ``max_restarts`` times within ``within`` seconds; past that the
         device stops and every request fails with ``Unrecoverable``.
+        ``journal`` records the device's completed ops (see docs/replay.md):
+        True for ``$ATOMR_ACCEL_JOURNAL`` or a temporary SQLite file, an SQLite
+        path, ``":memory:"``, a ``postgresql://`` URL, a shared ``Journal`` or a
+        ``JournalConfig``; it is what keeps durable buffers across rebuilds.
         """
         if self.closed:
             raise SystemClosed(self.actors.name, "spawn_device")
@@ -122,9 +146,10 @@ class System:
             stash_capacity=stash_capacity,
             completion=completion,
             backend_options=dict(backend_options or {}),
+            journal=JournalConfig.of(journal),
         )
-        state = DeviceState(device_id)
         name = f"device-{device_id}-{next(self._names)}"
+        state = DeviceState(device_id, name)
 
         async def start() -> Device:
             ref = self.actors.spawn(DeviceActor.props(config, state), name)
@@ -137,12 +162,127 @@ class System:
             await self._portal.acall(_stop(self.actors, device))
             raise
         self.devices.append(device)
+        if self._placement is not None:
+            self._placement.add(device)
+        if self.telemetry is not None:
+            self.telemetry.watch(device.ref, state)
         return device
 
     spawn_device = blocking(spawn_device_async)
 
+    async def placement_async(self, policy: Policy | str = "round_robin",
+                              devices: Iterable[Device] | None = None) -> Placement:
+        """Start a ``Placement`` over ``devices`` (default: every device spawned so far).
+
+        ``policy``: ``"round_robin"``, ``"least_loaded"`` (fewest requests in
+        flight plus queued) or ``"memory_fit"`` (most free device memory among
+        those with room); ``pick()`` may override it per call.
+        """
+        if self.closed:
+            raise SystemClosed(self.actors.name, "placement")
+        chosen = list(self.devices if devices is None else devices)
+        strange = [d for d in chosen if d not in self.devices]
+        if strange:
+            raise InvalidArgument(f"{strange[0]!r} is not a device of this system")
+        how = policy_of(policy)
+        name = f"placement-{next(self._names)}"
+
+        async def start() -> Placement:
+            ref = self.actors.spawn(Props(PlacementActor, [d.ref for d in chosen], how), name)
+            return Placement(ref, chosen, how, self._portal)
+
+        return await self._portal.acall(start())
+
+    placement = blocking(placement_async)
+
+    async def place_async(self, bytes_needed: int = 0,
+                          policy: Policy | str = "least_loaded") -> Device:
+        """Pick one of this system's devices for work needing ``bytes_needed`` bytes.
+
+        Uses one placement over every device the system spawns (see
+        ``placement``). Raises ``OutOfMemory`` when no device has
+        ``bytes_needed`` free, ``DeviceUnavailable`` when none is serving.
+        """
+        if self._placement is None:
+            self._placement = await self.placement_async(policy)
+        return await self._placement.pick_async(bytes_needed, policy)
+
+    place = blocking(place_async)
+
+    async def enable_telemetry_async(self, port: int | None = None, *, addr: str = "127.0.0.1",
+                                     interval: float | None = 1.0) -> Telemetry:
+        """Collect Prometheus metrics of every device (now and later); serve them on ``port``.
+
+        ``port=0`` picks a free port (``telemetry.port`` says which); None
+        serves nothing (``telemetry.render()`` still works). Device gauges are
+        sampled every ``interval`` seconds. Calling it again returns the same
+        ``Telemetry`` (serving it if it was not). Needs ``prometheus-client``.
+        """
+        if self.closed:
+            raise SystemClosed(self.actors.name, "enable_telemetry")
+        if self.telemetry is None:
+            from atomr_accel.telemetry import Telemetry
+
+            self.telemetry = await Telemetry.start(self.actors, self._portal, interval)
+            for device in self.devices:
+                self.telemetry.watch(device.ref, device._state)
+        if port is not None and self.telemetry.port is None:
+            self.telemetry.serve(port, addr)
+        return self.telemetry
+
+    enable_telemetry = blocking(enable_telemetry_async)
+
+    async def can_access_async(self, a: Device, b: Device) -> bool:
+        """True when device ``a`` can read and write ``b``'s memory directly (CUDA peer access).
+
+        A device reaches its own memory; CPU devices and mixed pairs never
+        reach each other's (their copies go through the host).
+        """
+        return await peer.can_access(self, a, b)
+
+    can_access = blocking(can_access_async)
+
+    async def peer_topology_async(self) -> peer.PeerTopology:
+        """Which of this system's CUDA devices reach each other's memory (``PeerTopology``)."""
+        return await peer.peer_topology(self)
+
+    peer_topology = blocking(peer_topology_async)
+
+    async def enable_peer_access_async(self) -> peer.PeerTopology:
+        """Enable peer access between every pair of this system's CUDA devices that can have it.
+
+        Each device enables it in its own context (its worker process on the
+        process host); calling it again is harmless. Returns the pairs now
+        enabled (empty without CUDA devices).
+        """
+        return await peer.enable_peer_access(self)
+
+    enable_peer_access = blocking(enable_peer_access_async)
+
+    async def copy_between_async(
+        self, src: GpuBuffer, dst: GpuBuffer, length: int | None = None,
+        src_offset: int = 0, dst_offset: int = 0,
+    ) -> peer.CopyPath:
+        """Copy ``length`` elements from ``src[src_offset:]`` into ``dst[dst_offset:]``.
+
+        ``src`` and ``dst`` are buffers of one dtype on two different devices of
+        this system; ``length`` defaults to as many as fit in both. The copy is
+        ordered after earlier writes to ``src`` and around other work on
+        ``dst``, and this returns once it has finished, with the ``CopyPath`` it
+        took: ``peer`` (both contexts in this process), ``ipc`` (CUDA IPC
+        between worker processes) or ``staged`` (through the host: CPU devices,
+        mixed backends, no peer access, a journaled destination). Raises
+        ``InvalidArgument`` (same device: use ``Device.copy``), ``GpuRefStale``
+        or ``SystemClosed``.
+        """
+        return await peer.copy_between(self, src, dst, length, src_offset, dst_offset)
+
+    copy_between = blocking(copy_between_async)
+
     async def close_async(self) -> None:
         """Stop every device and actor (children first); later calls raise ``SystemClosed``."""
+        if self.telemetry is not None:
+            self.telemetry.close()
         await self._portal.acall(self.actors.terminate())
 
     def close(self) -> None:

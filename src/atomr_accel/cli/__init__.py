@@ -1,0 +1,20 @@
+"""The ``atomr-accel`` command (also ``python -m atomr_accel``): ``probe``, ``demo``, ``bench``.
+
+``main(argv)`` runs it in-process and returns the exit status. See
+``docs/operations.md``.
+"""
+
+from atomr_accel.cli._bench import find_benchmarks, run_benchmarks
+from atomr_accel.cli._demo import DemoCheckFailed, run_demo
+from atomr_accel.cli._main import main
+from atomr_accel.cli._probe import print_probe, probe
+
+__all__ = [
+    "DemoCheckFailed",
+    "find_benchmarks",
+    "main",
+    "print_probe",
+    "probe",
+    "run_benchmarks",
+    "run_demo",
+]

@@ -1,0 +1,73 @@
+"""The ``atomr-accel`` command line: argument parsing and dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from atomr_accel.cli._bench import run_benchmarks
+from atomr_accel.cli._demo import DemoCheckFailed, run_demo
+from atomr_accel.cli._probe import print_probe, probe
+from atomr_accel.core._errors import GpuRuntimeError
+from atomr_accel.telemetry import configure_logging
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="atomr-accel", description="An actor-shaped face for GPU compute.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the package's structured log records (INFO) on stderr")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    probe_cmd = commands.add_parser(
+        "probe", help="backends, GPUs, compute capability, memory and optional libraries")
+    probe_cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+    demo_cmd = commands.add_parser(
+        "demo", help="the main job on the best backend, checked against NumPy")
+    demo_cmd.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto",
+                          help="auto: CUDA when a GPU is visible, else CPU")
+    bench_cmd = commands.add_parser(
+        "bench", help="run the scripts in benchmarks/ and print their tables")
+    bench_cmd.add_argument("names", nargs="*", help="run only scripts whose name contains one")
+    bench_cmd.add_argument("--quick", action="store_true",
+                           help="pass --quick to the scripts that accept it")
+    bench_cmd.add_argument("--path", help="the benchmarks folder (default: ./benchmarks, "
+                                          "then the one beside the source tree)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``atomr-accel`` with ``argv`` (default: the process's arguments); return the
+    exit status: 0 on success, 1 when a check or benchmark failed, 2 on a usage error."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    out = sys.stdout
+    if args.command is None:
+        parser.print_help(out)
+        return 2
+    logger = logging.getLogger("atomr_accel")
+    level = logger.level
+    handler = configure_logging(logging.INFO) if args.verbose else None
+    try:
+        if args.command == "probe":
+            report = probe()
+            if args.json:
+                print(json.dumps(report, indent=2), file=out)
+            else:
+                print_probe(report, out)
+            return 0
+        if args.command == "demo":
+            try:
+                return run_demo(out, args.backend)
+            except (DemoCheckFailed, GpuRuntimeError) as exc:
+                print(f"\ndemo failed: {exc!r}", file=out)
+                return 1
+        return run_benchmarks(out, args.names, quick=args.quick, path=args.path)
+    finally:
+        if handler is not None:
+            logger.removeHandler(handler)
+            logger.setLevel(level)

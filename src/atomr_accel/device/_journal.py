@@ -1,0 +1,473 @@
+"""The replay journal: completed ops of a device, stored off the op path.
+
+A ``Journal`` takes entries from the event loop without blocking it (a queue
+put), and a writer thread pickles and stores them in batches: one row per
+stream and batch (one pickle of all its entries), one transaction per batch.
+Where they are stored is a ``JournalStore``: SQLite by default
+(``SqliteJournalStore``, a file or ``":memory:"``), PostgreSQL optionally
+(``PostgresJournalStore``, psycopg 3 imported only when used).
+
+Entries are pickles: open only journals you trust.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import pickle
+import queue
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from atomr_accel.core._errors import InvalidArgument, LibraryError
+from atomr_accel.core._op import Op
+
+__all__ = [
+    "JOURNAL_ENV",
+    "Journal",
+    "JournalConfig",
+    "JournalEntry",
+    "JournalStore",
+    "PostgresJournalStore",
+    "SqliteJournalStore",
+]
+
+JOURNAL_ENV = "ATOMR_ACCEL_JOURNAL"
+"""Environment variable naming the default journal (an SQLite path or a PostgreSQL URL)."""
+
+Row = tuple[str, int, int, int, bytes]
+"""``(stream, first seq, last seq, entries, body)``: one batch of one stream, pickled."""
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One completed op of a device, in launch order (``seq``) within its ``stream``.
+
+    ``result`` is kept only when it is a handle the op made (the ``GpuRef`` of an
+    ``Allocate``, a kernel or graph handle); ``outcome`` is ``"ok"``, or
+    ``"error"`` for an op that ran and failed with a ``LibraryError`` (it may
+    have written part of its outputs, so a replay runs it too).
+    """
+
+    stream: str
+    seq: int
+    op: Op
+    result: Any = None
+    outcome: str = "ok"
+
+
+class JournalStore(Protocol):
+    """Where a journal's rows live. Every method runs on the journal's writer thread."""
+
+    def append(self, rows: Sequence[Row]) -> None:
+        """Store ``rows`` in one transaction."""
+        ...
+
+    def read(self, stream: str) -> list[bytes]:
+        """The bodies of ``stream``'s batches, oldest first."""
+        ...
+
+    def streams(self) -> list[str]:
+        """Every stream stored, sorted."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS atomr_journal_batches ("
+    " id {serial}, stream TEXT NOT NULL, first_seq BIGINT NOT NULL,"
+    " last_seq BIGINT NOT NULL, entries INTEGER NOT NULL, body {blob} NOT NULL)"
+)
+_INDEX = "CREATE INDEX IF NOT EXISTS atomr_journal_stream ON atomr_journal_batches (stream, id)"
+
+
+class SqliteJournalStore:
+    """A journal in an SQLite file (WAL, ``synchronous=NORMAL``), or ``":memory:"``.
+
+    The connection is opened lazily on the thread that first uses it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._db: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=30.0)
+            if self.path != ":memory:":
+                db.execute("PRAGMA page_size=65536")  # a new file only: payloads span few pages
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(_SCHEMA.format(serial="INTEGER PRIMARY KEY", blob="BLOB"))
+            db.execute(_INDEX)
+            db.commit()
+            self._db = db
+        return self._db
+
+    def append(self, rows: Sequence[Row]) -> None:
+        """Insert ``rows`` in one transaction."""
+        db = self._connect()
+        with db:
+            db.executemany(
+                "INSERT INTO atomr_journal_batches (stream, first_seq, last_seq, entries, body)"
+                " VALUES (?, ?, ?, ?, ?)", rows)
+
+    def read(self, stream: str) -> list[bytes]:
+        """The batches of ``stream``, oldest first."""
+        cursor = self._connect().execute(
+            "SELECT body FROM atomr_journal_batches WHERE stream = ? ORDER BY id", (stream,))
+        return [bytes(row[0]) for row in cursor]
+
+    def streams(self) -> list[str]:
+        """Every stream stored."""
+        cursor = self._connect().execute(
+            "SELECT DISTINCT stream FROM atomr_journal_batches ORDER BY stream")
+        return [str(row[0]) for row in cursor]
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+class PostgresJournalStore:
+    """A journal in a PostgreSQL table, through psycopg 3 (``pip install 'atomr-accel[postgres]'``).
+
+    ``dsn`` is a libpq connection string or URL; the connection opens lazily.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._db: Any = None
+
+    def _connect(self) -> Any:
+        if self._db is None:
+            try:
+                import psycopg
+            except ImportError as exc:
+                raise InvalidArgument(
+                    "a PostgreSQL journal needs psycopg: pip install 'atomr-accel[postgres]'"
+                ) from exc
+            db = psycopg.connect(self.dsn)
+            with db.transaction():
+                db.execute(_SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", blob="BYTEA"))
+                db.execute(_INDEX)
+            self._db = db
+        return self._db
+
+    def append(self, rows: Sequence[Row]) -> None:
+        """Insert ``rows`` in one transaction."""
+        db = self._connect()
+        with db.transaction(), db.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO atomr_journal_batches (stream, first_seq, last_seq, entries, body)"
+                " VALUES (%s, %s, %s, %s, %s)", list(rows))
+
+    def read(self, stream: str) -> list[bytes]:
+        """The batches of ``stream``, oldest first."""
+        db = self._connect()
+        with db.transaction():
+            rows = db.execute(
+                "SELECT body FROM atomr_journal_batches WHERE stream = %s ORDER BY id",
+                (stream,)).fetchall()
+        return [bytes(row[0]) for row in rows]
+
+    def streams(self) -> list[str]:
+        """Every stream stored."""
+        db = self._connect()
+        with db.transaction():
+            rows = db.execute(
+                "SELECT DISTINCT stream FROM atomr_journal_batches ORDER BY stream")
+            return [str(row[0]) for row in rows.fetchall()]
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def open_store(target: str | os.PathLike[str]) -> JournalStore:
+    """A store for ``target``: a ``postgresql://`` URL, or an SQLite path (``":memory:"`` too)."""
+    text = os.fspath(target)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresJournalStore(text)
+    return SqliteJournalStore(text.removeprefix("sqlite://"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Command:
+    run: Callable[[], Any]
+    future: concurrent.futures.Future[Any]
+
+
+_STOP = object()
+
+
+class Journal:
+    """Batched, asynchronous writes of ``JournalEntry`` rows to a ``JournalStore``.
+
+    ``record`` never blocks: it queues the entry for the writer thread, which
+    waits ``flush_interval`` seconds to gather a batch (at most ``batch_size``
+    entries), pickles it and stores it in one transaction. ``entries`` and
+    ``flush`` first wait until everything recorded before them is stored. A
+    store error is kept and raised (as ``LibraryError``) by the next
+    ``flush``/``entries``/``close``.
+    """
+
+    def __init__(self, store: JournalStore, *, batch_size: int = 512,
+                 flush_interval: float = 0.005, remove_on_close: str | None = None) -> None:
+        if batch_size < 1 or flush_interval < 0:
+            raise InvalidArgument("batch_size must be >= 1 and flush_interval >= 0")
+        self.store = store
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.recorded = 0
+        """Entries handed to ``record``."""
+        self.written = 0
+        """Entries stored so far."""
+        self.batches = 0
+        """Transactions committed so far."""
+        self._remove_on_close = remove_on_close
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._write_loop, name="atomr-journal",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def open(cls, target: str | os.PathLike[str] | None = None, **options: Any) -> Journal:
+        """Open the journal at ``target`` (an SQLite path, ``":memory:"`` or a PostgreSQL URL).
+
+        ``None`` means ``$ATOMR_ACCEL_JOURNAL`` when set, else a temporary SQLite
+        file that is removed when the journal closes. ``options`` go to ``Journal``.
+        """
+        remove = None
+        if target is None:
+            target = os.environ.get(JOURNAL_ENV)
+        if target is None:
+            fd, remove = tempfile.mkstemp(prefix="atomr-accel-journal-", suffix=".sqlite")
+            os.close(fd)
+            target = remove
+        return cls(open_store(target), remove_on_close=remove, **options)
+
+    # ------------------------------------------------------------ writing
+
+    def record(self, stream: str, seq: int, op: Op, result: Any = None,
+               outcome: str = "ok") -> None:
+        """Queue one entry (any thread; returns at once). ``op`` must not change afterwards."""
+        self.recorded += 1
+        self._queue.put((stream, seq, op, result, outcome))
+
+    def _write_loop(self) -> None:
+        pending: list[tuple[str, int, Op, Any, str]] = []
+        while True:
+            item = self._queue.get()
+            if item is not _STOP and not isinstance(item, _Command) and self.flush_interval:
+                time.sleep(self.flush_interval)  # let a batch gather (releases the GIL)
+            commands: list[Any] = []
+            while True:
+                if item is _STOP or isinstance(item, _Command):
+                    commands.append(item)
+                else:
+                    pending.append(item)
+                if len(pending) >= self.batch_size:
+                    self._store(pending)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._store(pending)
+            for command in commands:
+                if command is _STOP:
+                    self._finish()
+                    return
+                self._answer(command)
+
+    def _store(self, pending: list[tuple[str, int, Op, Any, str]]) -> None:
+        if not pending:
+            return
+        streams: dict[str, list[tuple[int, Op, Any, str]]] = {}
+        for stream, seq, op, result, outcome in pending:
+            streams.setdefault(stream, []).append((seq, op, result, outcome))
+        try:
+            rows = []
+            for stream, entries in streams.items():
+                seqs = [entry[0] for entry in entries]
+                rows.append((stream, min(seqs), max(seqs), len(entries), _encode(entries)))
+            self.store.append(rows)
+        except Exception as exc:
+            if self._error is None:
+                self._error = exc
+        else:
+            self.written += len(pending)
+            self.batches += 1
+        pending.clear()
+
+    def _answer(self, command: _Command) -> None:
+        if not command.future.set_running_or_notify_cancel():
+            return  # the asker went away
+        if self._error is not None:
+            command.future.set_exception(_store_error(self._error))
+            return
+        try:
+            command.future.set_result(command.run())
+        except Exception as exc:
+            command.future.set_exception(_store_error(exc))
+
+    def _finish(self) -> None:
+        with contextlib.suppress(Exception):
+            self.store.close()
+        if self._remove_on_close is not None:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._remove_on_close + suffix)
+
+    def _submit(self, run: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        if self._closed:
+            raise InvalidArgument("the journal is closed")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._queue.put(_Command(run, future))
+        return future
+
+    # ------------------------------------------------------------ reading
+
+    def flush(self) -> None:
+        """Block until every entry recorded so far is stored."""
+        self._submit(lambda: None).result()
+
+    async def flush_async(self) -> None:
+        """Wait (without blocking the loop) until every entry recorded so far is stored."""
+        await asyncio.wrap_future(self._submit(lambda: None))
+
+    def entries(self, stream: str) -> list[JournalEntry]:
+        """Every entry of ``stream`` by ``seq`` (after a flush)."""
+        entries: list[JournalEntry] = self._submit(lambda: self._read(stream)).result()
+        return entries
+
+    async def entries_async(self, stream: str) -> list[JournalEntry]:
+        """``entries`` without blocking the event loop."""
+        entries: list[JournalEntry] = await asyncio.wrap_future(
+            self._submit(lambda: self._read(stream)))
+        return entries
+
+    def _read(self, stream: str) -> list[JournalEntry]:
+        entries = [JournalEntry(stream, seq, op, result, outcome)
+                   for body in self.store.read(stream)
+                   for seq, op, result, outcome in _decode(body)]
+        entries.sort(key=lambda entry: entry.seq)
+        return entries
+
+    def streams(self) -> list[str]:
+        """Every stream in the store (after a flush)."""
+        streams: list[str] = self._submit(self.store.streams).result()
+        return streams
+
+    # ------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Store what is queued, then close the store; raises a store error kept so far."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+        if self._error is not None:
+            raise _store_error(self._error)
+
+    async def close_async(self) -> None:
+        """``close`` without blocking the event loop."""
+        await asyncio.to_thread(self.close)
+
+    def __repr__(self) -> str:
+        return (f"Journal({type(self.store).__name__}, recorded={self.recorded}, "
+                f"written={self.written}, batches={self.batches})")
+
+
+def _encode(entries: list[tuple[int, Op, Any, str]]) -> bytes:
+    """One pickle of ``entries`` with payload arrays out of band (copied once, not twice).
+
+    Layout: head size, sizes size (8 bytes each, little-endian), the pickle, the
+    pickled list of payload sizes, then the payloads.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(entries, protocol=5, buffer_callback=buffers.append)
+    raws = [buffer.raw() for buffer in buffers]
+    sizes = pickle.dumps([raw.nbytes for raw in raws], protocol=5)
+    return b"".join([len(head).to_bytes(8, "little"), len(sizes).to_bytes(8, "little"),
+                     head, sizes, *raws])
+
+
+def _decode(body: bytes) -> list[tuple[int, Op, Any, str]]:
+    """The entries ``_encode`` wrote (payload arrays are read-only views of ``body``)."""
+    view = memoryview(body)
+    head_size, sizes_size = int.from_bytes(view[:8], "little"), int.from_bytes(view[8:16], "little")
+    at = 16 + head_size
+    head, sizes = view[16:at], pickle.loads(view[at:at + sizes_size])
+    at += sizes_size
+    buffers = []
+    for size in sizes:
+        buffers.append(view[at:at + size])
+        at += size
+    entries: list[tuple[int, Op, Any, str]] = pickle.loads(head, buffers=buffers)
+    return entries
+
+
+def _store_error(exc: BaseException) -> LibraryError:
+    error = LibraryError("journal", type(exc).__name__, str(exc))
+    error.__cause__ = exc
+    return error
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    """Journal a device's completed ops, for replay and durable-buffer recovery.
+
+    ``target`` is a ``Journal`` to share (the device does not close it), or
+    where to open one: an SQLite path, ``":memory:"``, a ``postgresql://`` URL,
+    or None for ``$ATOMR_ACCEL_JOURNAL`` / a temporary SQLite file removed on
+    close. ``batch_size`` and ``flush_interval`` tune the writer thread.
+    """
+
+    target: Journal | str | os.PathLike[str] | None = None
+    batch_size: int = 512
+    flush_interval: float = 0.005
+
+    @classmethod
+    def of(cls, journal: JournalConfig | Journal | str | os.PathLike[str] | bool | None
+           ) -> JournalConfig | None:
+        """What ``spawn_device(journal=...)`` means: None/False none, True the default."""
+        if journal is None or journal is False:
+            return None
+        if journal is True:
+            return cls()
+        if isinstance(journal, JournalConfig):
+            return journal
+        if isinstance(journal, Journal | str | os.PathLike):
+            return cls(journal)
+        raise InvalidArgument(
+            f"journal must be True, a path, a PostgreSQL URL, a Journal or a JournalConfig; "
+            f"got {journal!r}")
+
+    def open(self) -> tuple[Journal, bool]:
+        """The journal and whether the caller owns it (and must close it)."""
+        if isinstance(self.target, Journal):
+            return self.target, False
+        journal = Journal.open(self.target, batch_size=self.batch_size,
+                               flush_interval=self.flush_interval)
+        return journal, True

@@ -1,0 +1,464 @@
+"""Replay: record a device's completed ops to a ``Journal``, replay them into another
+device, and re-materialize durable buffers after a context rebuild.
+
+What a device records (``DeviceRecorder``, on when the device has a journal):
+every op that completed and changed device state, in launch order: allocations
+(with the ``GpuRef`` they made), uploads (with a copy of their payload), every
+op that writes a buffer (RNG fills carry their seed and offset), ops that make
+or use kernel and graph handles, and frees. Reads (downloads, ``dot``,
+``memory_info``) and ops that failed are not recorded, except an op that ran
+and failed with a ``LibraryError`` (it may have written part of its outputs; a
+replay runs it again and expects that error). Ops in flight when a context dies
+fail with ``ContextPoisoned`` and are never recorded, so a replay never counts
+them as done.
+
+Buffers are journaled under their *canonical* ref: the ``GpuRef`` of their first
+allocation. A durable buffer keeps that name across rebuilds; the recorder maps
+it to the buffer's current ref.
+
+Recovery replays the minimal closure of the journal, not all of it
+(``recovery_plan``): walking back from the end, an entry is kept when it writes
+a buffer whose contents are needed or makes a handle that is needed; a kept
+entry needs every buffer and handle it touches (a written buffer may be read
+too: ``beta * C``, ``axpy``), except a buffer it overwrites whole without reading
+it (a full ``Upload`` or ``RngFill``), whose earlier history then stops
+mattering. Non-durable buffers the closure needs are rebuilt as temporaries
+and freed once the durable ones are whole again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from atomr_accel.actor import ActorRef, Reply
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    GpuRefStale,
+    GpuRuntimeError,
+    InvalidArgument,
+    LibraryError,
+)
+from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
+from atomr_accel.core.ops._memory import Allocate, Free, Upload
+from atomr_accel.core.ops._rng import RngFill
+from atomr_accel.device._journal import Journal, JournalConfig, JournalEntry
+from atomr_accel.device._messages import Run
+
+if TYPE_CHECKING:
+    from atomr_accel.device._state import DeviceState, Pending
+
+__all__ = [
+    "DeviceRecorder",
+    "MarkDurable",
+    "Recovered",
+    "ReplayHarness",
+    "ReplayResult",
+    "Replayer",
+    "recovery_plan",
+    "remap",
+]
+
+_log = logging.getLogger("atomr_accel.device")
+
+_HANDLES = (GpuRef, KernelRef, GraphRef)
+Handle = GpuRef | KernelRef | GraphRef
+
+
+def remap(value: Any, mapping: dict[Any, Any]) -> Any:
+    """``value`` with every handle found in ``mapping`` replaced; the same object if none is.
+
+    Walks ops, nested dataclasses (a ``CsrMatrix``, the ops of a graph) and
+    tuples; handles themselves (``GpuRef``, ``KernelRef``, ``GraphRef``) are
+    looked up whole, never opened.
+    """
+    if isinstance(value, _HANDLES):
+        return mapping.get(value, value)
+    if isinstance(value, tuple):
+        items = tuple(remap(item, mapping) for item in value)
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for field in dataclasses.fields(value):
+            old = getattr(value, field.name)
+            new = remap(old, mapping)
+            if new is not old:
+                changes[field.name] = new
+        return dataclasses.replace(value, **changes) if changes else value
+    return value
+
+
+def _overwrites(op: Op) -> tuple[GpuRef, ...]:
+    """Buffers ``op`` overwrites whole without reading them."""
+    if isinstance(op, Upload) and op.offset == 0 and getattr(op.data, "size", -1) == op.ref.length:
+        return (op.ref,)
+    if isinstance(op, RngFill) and op.count == op.out.length:
+        return (op.out,)
+    return ()
+
+
+def recovery_plan(entries: Sequence[JournalEntry], durable: Iterable[GpuRef]) -> list[JournalEntry]:
+    """The entries that rebuild the ``durable`` buffers (canonical refs), in journal order.
+
+    A backward slice of the journal (no I/O): see the module docstring.
+    """
+    exists: set[Any] = set(durable)  # buffers and handles the replay must make
+    contents: set[GpuRef] = set(exists)  # buffers whose contents it must rebuild
+    plan: list[JournalEntry] = []
+    for entry in reversed(entries):
+        op = entry.op
+        if isinstance(op, Free):
+            continue
+        makes = entry.result in exists if isinstance(entry.result, _HANDLES) else False
+        if not makes and contents.isdisjoint(op.writes()):
+            continue
+        plan.append(entry)
+        whole = _overwrites(op)
+        contents.difference_update(whole)
+        for ref in op.refs():
+            exists.add(ref)
+            if ref not in whole:
+                contents.add(ref)
+        exists.update(op.handles())
+    plan.reverse()
+    return plan
+
+
+class Replayer:
+    """Replays journal entries in order, mapping recorded handles to the ones it makes.
+
+    No I/O: a driver asks ``next_op()`` for the op to run (the recorded op with
+    its handles mapped), runs it, and reports with ``completed(result, error)``.
+    ``mapping`` maps each recorded handle to the replayed one.
+    """
+
+    def __init__(self, entries: Iterable[JournalEntry],
+                 mapping: dict[Any, Any] | None = None) -> None:
+        self.entries = list(entries)
+        self.mapping: dict[Any, Any] = dict(mapping or {})
+        self.index = 0
+
+    def next_op(self) -> Op | None:
+        """The next op to run, or None when every entry has been replayed."""
+        if self.index >= len(self.entries):
+            return None
+        op: Op = remap(self.entries[self.index].op, self.mapping)
+        return op
+
+    def completed(self, result: Any, error: GpuRuntimeError | None = None) -> None:
+        """Record how the op from ``next_op`` ended; re-raise an error the journal did not have."""
+        entry = self.entries[self.index]
+        self.index += 1
+        if error is not None:
+            if entry.outcome == "error" and isinstance(error, LibraryError):
+                return  # it failed the same way when it was recorded
+            error.add_note(f"while replaying journal entry {entry.seq} ({type(entry.op).__name__})")
+            raise error
+        if isinstance(entry.result, _HANDLES) and isinstance(result, _HANDLES):
+            self.mapping[entry.result] = result
+
+
+async def drive(replayer: Replayer, run: Callable[[Op], Awaitable[Any]]) -> dict[Any, Any]:
+    """Replay every entry through ``run`` (one op at a time, in order); return the mapping."""
+    while (op := replayer.next_op()) is not None:
+        try:
+            result = await run(op)
+        except GpuRuntimeError as exc:
+            replayer.completed(None, exc)
+        else:
+            replayer.completed(result)
+    return replayer.mapping
+
+
+@dataclass(frozen=True, slots=True)
+class MarkDurable:
+    """Ask a device to keep ``ref`` across context rebuilds (it needs a journal).
+
+    ``holder`` (e.g. the facade buffer) gets its ``ref`` attribute set to the
+    buffer's new ref after each rebuild. Answers None, or fails with
+    ``InvalidArgument`` (no journal, foreign or freed buffer) or ``GpuRefStale``.
+    """
+
+    ref: GpuRef
+    holder: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """Durable buffers of ``generation`` are whole again (``error``: they could not be)."""
+
+    generation: int
+    error: BaseException | None = None
+
+
+class DeviceRecorder:
+    """Journals one device's completed ops and re-materializes its durable buffers.
+
+    Lives in ``DeviceState.recorder``; every method runs on the system's event loop.
+    """
+
+    def __init__(self, journal: Journal, stream: str, owned: bool = False) -> None:
+        self.journal = journal
+        self.stream = stream
+        """The journal stream of this device: ``device-<id>-<owner token>``."""
+        self.owned = owned
+        self.live: set[GpuRef] = set()
+        """Canonical refs of the buffers not freed."""
+        self.durable: dict[GpuRef, list[Any]] = {}
+        """Canonical refs of durable buffers -> holders whose ``ref`` follows the buffer."""
+        self.canonical: dict[GpuRef, GpuRef] = {}
+        """Ref made by a recovery -> canonical ref."""
+        self.current: dict[GpuRef, GpuRef] = {}
+        """Canonical ref of a recovered buffer -> its ref in the current generation."""
+        self.recoveries = 0
+        """Context rebuilds after which durable buffers were re-materialized."""
+        self.serving = 0
+        """The generation whose durable buffers are whole; ops on a later one wait."""
+        self.replaying: set[Pending] = set()
+        """The recovery's own requests (not journaled, never held)."""
+
+    @classmethod
+    def open(cls, config: JournalConfig, state: DeviceState) -> DeviceRecorder:
+        """A recorder for ``state``'s device on the journal ``config`` names."""
+        journal, owned = config.open()
+        return cls(journal, f"device-{state.device_id}-{state.owner:x}", owned)
+
+    # ---------------------------------------------------------- recording
+
+    def completed(self, pending: Pending, result: Any, error: BaseException | None) -> None:
+        """Journal a request that has just been answered (called by ``Pending``)."""
+        if pending in self.replaying:
+            return
+        op = pending.op
+        outcome = "ok"
+        if error is not None:
+            if not isinstance(error, LibraryError) or not op.writes():
+                return
+            outcome = "error"
+        if isinstance(op, Allocate):
+            self.live.add(result)
+        elif isinstance(op, Free):
+            self._forget(self.canonical.get(op.ref, op.ref))
+        elif not (op.writes() or op.handles() or isinstance(result, _HANDLES)):
+            return  # a read: it changed nothing
+        if self.canonical:
+            op = remap(op, self.canonical)
+        if isinstance(op, Upload) and isinstance(op.data, np.ndarray):
+            op = dataclasses.replace(op, data=op.data.copy())  # the caller may reuse its array
+        self.journal.record(self.stream, pending.seq, op,
+                            result if isinstance(result, _HANDLES) else None, outcome)
+
+    def serve(self, generation: int) -> None:
+        """The context of ``generation`` serves: only the durable buffers outlived the last."""
+        if generation != self.serving:
+            self.live.intersection_update(self.durable)
+            self.serving = generation
+
+    def _forget(self, canonical: GpuRef) -> None:
+        self.live.discard(canonical)
+        self.durable.pop(canonical, None)
+        if self.current.pop(canonical, None) is not None:
+            for ref in [r for r, c in self.canonical.items() if c == canonical]:
+                del self.canonical[ref]
+
+    def refresh(self, op: Op) -> Op:
+        """``op`` with refs of recovered durable buffers from older generations made current."""
+        if not self.current:
+            return op
+        mapping = {}
+        for ref in op.refs():
+            now = self.current.get(self.canonical.get(ref, ref))
+            if now is not None and now != ref:
+                mapping[ref] = now
+        if not mapping:
+            return op
+        refreshed: Op = remap(op, mapping)
+        return refreshed
+
+    def mark_durable(self, message: MarkDurable, state: DeviceState) -> None:
+        """Make a live buffer of the current generation durable (see ``MarkDurable``)."""
+        ref = message.ref
+        if not isinstance(ref, GpuRef) or ref.owner != state.owner:
+            raise InvalidArgument(f"{ref!r} is not a buffer of device {state.device_id}")
+        canonical = self.canonical.get(ref, ref)
+        ref = self.current.get(canonical, ref)
+        if ref.generation != state.generation:
+            raise GpuRefStale(repr(ref), ref.generation, state.generation)
+        if canonical not in self.live:
+            raise InvalidArgument(f"{ref!r} was freed")
+        holders = self.durable.setdefault(canonical, [])
+        if message.holder is not None and all(h is not message.holder for h in holders):
+            holders.append(message.holder)
+
+    # ----------------------------------------------------------- recovery
+
+    def start_recovery(self, state: DeviceState, routes: dict[str, ActorRef],
+                       generation: int, device: ActorRef) -> asyncio.Task[None]:
+        """Re-materialize the durable buffers on the new context ``generation``.
+
+        Runs as a task; tells ``device`` ``Recovered(generation, error)`` when done
+        (not when cancelled: the device cancels it when that context goes down).
+        Until the device sets ``serving`` to it, requests launched on that
+        generation are held back (``Pending.claim``) and dispatched again later.
+        """
+        async def run() -> None:
+            error: BaseException | None = None
+            try:
+                await self._recover(state, routes)
+            except Exception as exc:  # whatever it is, the device must hear of it
+                error = exc
+            device.tell(Recovered(generation, error))
+
+        return asyncio.get_running_loop().create_task(
+            run(), name=f"atomr-recover-{self.stream}-{generation}")
+
+    async def _recover(self, state: DeviceState, routes: dict[str, ActorRef]) -> None:
+        async def run(op: Op) -> Any:
+            return await self._run(state, routes, op)
+
+        entries = await self.journal.entries_async(self.stream)
+        mapping = await drive(Replayer(recovery_plan(entries, self.durable)), run)
+        missing = [ref for ref in self.durable if ref not in mapping]
+        if missing:
+            raise InvalidArgument(f"the journal {self.stream} lacks the allocation of {missing}")
+        made = {ref: mapping[ref] for ref in self.durable}
+        kept = set(made.values())
+        for temporary in mapping.values():
+            if isinstance(temporary, GpuRef) and temporary not in kept:
+                await run(Free(temporary))
+        for canonical, ref in made.items():
+            self.canonical[ref] = canonical
+            self.current[canonical] = ref
+            for holder in self.durable[canonical]:
+                holder.ref = ref
+        self.recoveries += 1
+
+    async def _run(self, state: DeviceState, routes: dict[str, ActorRef], op: Op) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        pending = state.track(op, Reply(future, loop))
+        self.replaying.add(pending)
+        try:
+            route = routes.get(op.library)
+            if route is None:
+                raise InvalidArgument(f"library {op.library!r} is not enabled on this device")
+            route.tell(Run(op, pending))
+            return await future
+        finally:  # cancelled: the op must not run later on another context
+            pending.fail(ContextPoisoned("the recovery of durable buffers was cancelled"))
+            self.replaying.discard(pending)
+
+    def give_up(self, error: BaseException) -> None:
+        """Recovery failed for good: the durable buffers are lost (their refs stay stale)."""
+        _log.error("device stream %s: durable buffers %s could not be re-materialized: %r",
+                   self.stream, sorted(r.buffer_id for r in self.durable), error,
+                   exc_info=error)
+        for canonical in list(self.durable):
+            self.durable.pop(canonical)
+            self.current.pop(canonical, None)
+
+    async def close_async(self) -> None:
+        """Store what is queued; close the journal if this recorder opened it."""
+        if self.owned:
+            await self.journal.close_async()
+        else:
+            await self.journal.flush_async()
+
+
+# ------------------------------------------------------------------ the harness
+
+
+class ReplayTarget(Protocol):
+    """What a replay runs ops on: a facade ``Device``."""
+
+    async def run_async(self, op: Op) -> Any:
+        """Run ``op`` and return its result."""
+        ...
+
+    def run(self, op: Op) -> Any:
+        """Run ``op`` and return its result (blocking)."""
+        ...
+
+
+class Journaled(Protocol):
+    """A device that journals: a facade ``Device`` spawned with ``journal=``."""
+
+    @property
+    def journal(self) -> Journal | None:
+        """The device's journal."""
+        ...
+
+    @property
+    def journal_stream(self) -> str | None:
+        """The device's stream in it."""
+        ...
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a replay did: ``refs`` maps each recorded handle to the one the replay made."""
+
+    refs: dict[Any, Any]
+    ops: int
+
+    def ref(self, recorded: GpuRef | Any) -> GpuRef:
+        """The replayed ref of a recorded buffer (a ``GpuRef`` or anything with ``.ref``)."""
+        key = recorded if isinstance(recorded, GpuRef) else recorded.ref
+        try:
+            ref: GpuRef = self.refs[key]
+        except KeyError:
+            raise InvalidArgument(f"{key!r} was not made by the replayed journal") from None
+        return ref
+
+
+class ReplayHarness:
+    """Replay one device's journal stream into another device.
+
+    ``ReplayHarness.of(device)`` takes a journaling device's own journal and
+    stream; ``ReplayHarness(journal, stream)`` a stored one (open it with
+    ``Journal.open(path)``). ``replay(target)`` runs every recorded op on
+    ``target`` in launch order and answers a ``ReplayResult`` mapping recorded
+    refs to the target's. Ops still in flight on the recorded device are not in
+    the journal yet: let them finish first.
+    """
+
+    def __init__(self, journal: Journal, stream: str) -> None:
+        self.journal = journal
+        self.stream = stream
+
+    @classmethod
+    def of(cls, device: Journaled) -> ReplayHarness:
+        """The harness of a device spawned with a journal (``InvalidArgument`` without one)."""
+        if device.journal is None or device.journal_stream is None:
+            raise InvalidArgument("the device has no journal: spawn it with journal=...")
+        return cls(device.journal, device.journal_stream)
+
+    def entries(self) -> list[JournalEntry]:
+        """The recorded entries, in launch order (waits until what is queued is stored)."""
+        return self.journal.entries(self.stream)
+
+    async def replay_async(self, target: ReplayTarget, upto: int | None = None) -> ReplayResult:
+        """Run the recorded ops (those with ``seq <= upto`` when given) on ``target``."""
+        entries = await self.journal.entries_async(self.stream)
+        replayer = Replayer(e for e in entries if upto is None or e.seq <= upto)
+        refs = await drive(replayer, target.run_async)
+        return ReplayResult(refs, len(replayer.entries))
+
+    def replay(self, target: ReplayTarget, upto: int | None = None) -> ReplayResult:
+        """Blocking twin of ``replay_async``; do not call it inside a running event loop."""
+        replayer = Replayer(e for e in self.entries() if upto is None or e.seq <= upto)
+        while (op := replayer.next_op()) is not None:
+            try:
+                result = target.run(op)
+            except GpuRuntimeError as exc:
+                replayer.completed(None, exc)
+            else:
+                replayer.completed(result)
+        return ReplayResult(replayer.mapping, len(replayer.entries))

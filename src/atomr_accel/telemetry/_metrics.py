@@ -1,0 +1,139 @@
+"""Prometheus metrics of devices: op counters and latencies (live) and device gauges (sampled)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from atomr_accel.core._errors import OutOfMemory
+from atomr_accel.core._op import Op
+from atomr_accel.core.ops._memory import Allocate, Free
+from atomr_accel.device import DeviceStats, Status
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
+
+__all__ = ["LATENCY_BUCKETS", "DeviceCollector", "OpMetrics"]
+
+LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
+                   0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))
+"""Op latency histogram buckets, in seconds: 10 µs to 10 s."""
+
+
+class OpMetrics:
+    """An ``OpObserver`` that counts and times every op per device and library.
+
+    Metrics (labels ``device``, ``library``): ``atomr_ops_total`` (also
+    ``outcome``: ``ok`` or the error's class name), ``atomr_ops_in_flight``,
+    ``atomr_op_latency_seconds``; per ``device``: ``atomr_allocations_total``,
+    ``atomr_allocated_bytes_total``, ``atomr_frees_total``,
+    ``atomr_out_of_memory_total``. Runs on the event loop; label children are
+    cached so an op costs a few dictionary look-ups.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.ops = Counter("atomr_ops", "Ops answered, by outcome (ok or the error class).",
+                           ["device", "library", "outcome"], registry=registry)
+        self.in_flight = Gauge("atomr_ops_in_flight", "Ops sent to a context and not answered.",
+                               ["device", "library"], registry=registry)
+        self.latency = Histogram("atomr_op_latency_seconds",
+                                 "Time from sending an op to a context to its answer.",
+                                 ["device", "library"], registry=registry,
+                                 buckets=LATENCY_BUCKETS)
+        self.allocations = Counter("atomr_allocations", "Buffers allocated.", ["device"],
+                                   registry=registry)
+        self.allocated_bytes = Counter("atomr_allocated_bytes", "Bytes allocated.", ["device"],
+                                       registry=registry)
+        self.frees = Counter("atomr_frees", "Buffers freed.", ["device"], registry=registry)
+        self.out_of_memory = Counter("atomr_out_of_memory", "Ops failed with OutOfMemory.",
+                                     ["device"], registry=registry)
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._outcomes: dict[tuple[str, str, str], Any] = {}
+
+    def _pair(self, device: str, library: str) -> tuple[Any, Any]:
+        pair = self._children.get((device, library))
+        if pair is None:
+            pair = (self.in_flight.labels(device, library), self.latency.labels(device, library))
+            self._children[(device, library)] = pair
+        return pair
+
+    def op_started(self, device: str, op: Op) -> None:
+        """Count ``op`` in flight."""
+        self._pair(device, op.library)[0].inc()
+
+    def op_finished(self, device: str, op: Op, seconds: float,
+                    error: BaseException | None) -> None:
+        """Count ``op`` answered, observe its latency, and count allocations and OOMs."""
+        library = op.library
+        in_flight, latency = self._pair(device, library)
+        in_flight.dec()
+        latency.observe(seconds)
+        outcome = "ok" if error is None else type(error).__name__
+        key = (device, library, outcome)
+        counter = self._outcomes.get(key)
+        if counter is None:
+            counter = self._outcomes[key] = self.ops.labels(device, library, outcome)
+        counter.inc()
+        if error is None:
+            if isinstance(op, Allocate):
+                self.allocations.labels(device).inc()
+                self.allocated_bytes.labels(device).inc(op.length * op.dtype.itemsize)
+            elif isinstance(op, Free):
+                self.frees.labels(device).inc()
+        elif isinstance(error, OutOfMemory):
+            self.out_of_memory.labels(device).inc()
+
+
+class DeviceCollector:
+    """A Prometheus collector of the last ``DeviceStats`` sampled from each device.
+
+    Metrics (label ``device``): ``atomr_device_ready`` (1 when serving),
+    ``atomr_device_generation``, ``atomr_device_restarts_total``,
+    ``atomr_device_queue_depth``, ``atomr_device_in_flight``,
+    ``atomr_device_bytes_allocated``, ``atomr_device_memory_free_bytes``,
+    ``atomr_device_memory_total_bytes``. Collected on the scraping thread from
+    the last snapshot, never by asking a device.
+    """
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, DeviceStats] = {}
+
+    def update(self, device: str, stats: DeviceStats) -> None:
+        """Replace the snapshot of ``device``."""
+        self.snapshot = {**self.snapshot, device: stats}
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield one family per figure, one sample per device."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snapshot = self.snapshot
+        families: list[tuple[Any, Any]] = [
+            (GaugeMetricFamily("atomr_device_ready", "1 when the device is serving.",
+                               labels=["device"]),
+             lambda s: 1.0 if s.status is Status.READY else 0.0),
+            (GaugeMetricFamily("atomr_device_generation", "Context generation.",
+                               labels=["device"]), lambda s: s.generation),
+            (CounterMetricFamily("atomr_device_restarts", "Context rebuilds.",
+                                 labels=["device"]), lambda s: s.restarts),
+            (GaugeMetricFamily("atomr_device_queue_depth",
+                               "Requests queued while the context (re)builds.",
+                               labels=["device"]), lambda s: s.queue_depth),
+            (GaugeMetricFamily("atomr_device_in_flight", "Requests sent to the context.",
+                               labels=["device"]), lambda s: s.in_flight),
+            (GaugeMetricFamily("atomr_device_bytes_allocated",
+                               "Bytes held by live buffers.", labels=["device"]),
+             lambda s: s.bytes_allocated),
+            (GaugeMetricFamily("atomr_device_memory_free_bytes", "Free device memory.",
+                               labels=["device"]), lambda s: s.memory_free),
+            (GaugeMetricFamily("atomr_device_memory_total_bytes", "Total device memory.",
+                               labels=["device"]), lambda s: s.memory_total),
+        ]
+        for family, value in families:
+            for device, stats in snapshot.items():
+                figure = value(stats)
+                if figure is not None:
+                    family.add_metric([device], float(figure))
+            yield family

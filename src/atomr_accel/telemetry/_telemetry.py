@@ -1,0 +1,205 @@
+"""Telemetry: a system's Prometheus registry, fed by its devices and NVML, served over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from atomr_accel.actor import (
+    POISON_PILL,
+    Actor,
+    ActorRef,
+    ActorStopped,
+    ActorSystem,
+    Props,
+)
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.device import DeviceState, DeviceStats, GetStats
+from atomr_accel.facade._portal import Portal, blocking
+from atomr_accel.telemetry._metrics import DeviceCollector, OpMetrics
+from atomr_accel.telemetry._nvml import NvmlProbe, NvmlSample
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["Telemetry"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Watch:
+    name: str
+    device: ActorRef
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    pass
+
+
+class _Sampler(Actor):
+    """Asks every watched device for its stats, on a timer and on demand."""
+
+    def __init__(self, collector: DeviceCollector, interval: float | None) -> None:
+        self.collector = collector
+        self.devices: dict[str, ActorRef] = {}
+        if interval is not None:
+            self.context.schedule_repeatedly(interval, _Sample(), key="sample")
+
+    async def receive(self, message: Any) -> None:
+        if isinstance(message, _Watch):
+            self.devices[message.name] = message.device
+        elif isinstance(message, _Sample):
+            names = list(self.devices)
+            results = await asyncio.gather(
+                *(self.devices[n].ask(GetStats(), timeout=5.0) for n in names),
+                return_exceptions=True)
+            for name, result in zip(names, results, strict=True):
+                if isinstance(result, DeviceStats):
+                    self.collector.update(name, result)
+                elif isinstance(result, ActorStopped):
+                    del self.devices[name]  # the device is gone; keep its last figures
+        else:
+            raise TypeError(f"the telemetry sampler does not handle {message!r}")
+
+
+class Telemetry:
+    """Prometheus metrics of one system's devices, on a registry of its own.
+
+    Made by ``system.enable_telemetry(...)``. Op counters, in-flight gauges and
+    latency histograms per device and library are updated as ops finish (an
+    ``OpObserver`` on each device); device gauges (generation, restarts, queue
+    depth, bytes allocated, device memory) come from ``DeviceStats`` sampled
+    every ``interval`` seconds and by ``refresh``; GPU gauges from an
+    ``NvmlProbe`` started by ``start_nvml``. ``render()`` returns the text
+    exposition; ``serve(port)`` serves it at ``/metrics``. Needs
+    ``prometheus-client`` (the ``telemetry`` extra).
+    """
+
+    def __init__(self, actors: ActorSystem, portal: Portal, sampler: ActorRef,
+                 collector: DeviceCollector, ops: OpMetrics, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        """The ``prometheus_client.CollectorRegistry`` holding every metric of this system."""
+        self._ops = ops
+        self._actors = actors
+        self._portal = portal
+        self._sampler = sampler
+        self._collector = collector
+        self._states: list[DeviceState] = []
+        self._server: Any = None
+        self._lock = threading.Lock()
+        self._gpu: dict[str, Any] = {}
+
+    @classmethod
+    async def start(cls, actors: ActorSystem, portal: Portal, interval: float | None = 1.0
+                    ) -> Telemetry:
+        """Create the registry and spawn the stats sampler (on ``portal``'s loop)."""
+        try:
+            from prometheus_client import CollectorRegistry
+        except ImportError as exc:
+            raise ImportError("telemetry needs prometheus-client: "
+                              "pip install 'atomr-accel[telemetry]'") from exc
+        if interval is not None and interval <= 0:
+            raise InvalidArgument(f"interval must be > 0 (or None), got {interval!r}")
+        registry = CollectorRegistry()
+        ops = OpMetrics(registry)
+        collector = DeviceCollector()
+        registry.register(collector)
+
+        async def spawn() -> ActorRef:
+            return actors.spawn(Props(_Sampler, collector, interval), "telemetry")
+
+        sampler = await portal.acall(spawn())
+        return cls(actors, portal, sampler, collector, ops, registry)
+
+    def watch(self, device: ActorRef, state: DeviceState) -> None:
+        """Collect the metrics of the device at ``device`` whose state is ``state``."""
+        if state not in self._states:
+            self._states.append(state)
+            state.add_observer(self._ops)
+            self._sampler.tell(_Watch(state.name, device))
+
+    async def refresh_async(self) -> None:
+        """Sample every watched device's stats now and wait until the gauges hold them."""
+        await self._portal.acall(self._sampler.ask(_Sample()))
+
+    refresh = blocking(refresh_async)
+
+    def render(self) -> str:
+        """The metrics in Prometheus' text exposition format (as served at ``/metrics``)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+    def serve(self, port: int = 0, addr: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` over HTTP on ``addr:port`` (0: a free port); return the port.
+
+        Runs on a daemon thread until ``close``. Serving twice raises ``InvalidArgument``.
+        """
+        from prometheus_client import start_http_server
+
+        with self._lock:
+            if self._server is not None:
+                raise InvalidArgument(f"telemetry is already served on port {self.port}")
+            self._server, _ = start_http_server(port, addr, registry=self.registry)
+            return int(self._server.server_port)
+
+    @property
+    def port(self) -> int | None:
+        """The HTTP port ``/metrics`` is served on, or None."""
+        return None if self._server is None else int(self._server.server_port)
+
+    async def start_nvml_async(self, index: int = 0, interval: float | None = 5.0) -> ActorRef:
+        """Start an ``NvmlProbe`` for GPU ``index`` that feeds the ``atomr_gpu_*`` gauges.
+
+        Returns the probe; ask it ``GetSample()`` for a reading (it answers
+        ``DeviceUnavailable`` where NVML is missing).
+        """
+        async def spawn() -> ActorRef:
+            props = Props(NvmlProbe, index, interval, self._on_gpu_sample)
+            return self._actors.spawn(props, f"nvml-{index}")
+
+        return await self._portal.acall(spawn())
+
+    start_nvml = blocking(start_nvml_async)
+
+    def _on_gpu_sample(self, sample: NvmlSample) -> None:
+        from prometheus_client import Gauge
+
+        if not self._gpu:
+            labels = ["gpu", "name"]
+            self._gpu = {
+                "power_watts": Gauge("atomr_gpu_power_watts", "Board power draw.", labels,
+                                     registry=self.registry),
+                "temperature_c": Gauge("atomr_gpu_temperature_celsius", "GPU temperature.",
+                                       labels, registry=self.registry),
+                "sm_clock_mhz": Gauge("atomr_gpu_sm_clock_mhz", "SM clock.", labels,
+                                      registry=self.registry),
+                "ecc_errors": Gauge("atomr_gpu_ecc_uncorrected_errors",
+                                    "Uncorrected ECC errors since the driver loaded.", labels,
+                                    registry=self.registry),
+                "memory_used": Gauge("atomr_gpu_memory_used_bytes", "GPU memory in use.",
+                                     labels, registry=self.registry),
+                "memory_total": Gauge("atomr_gpu_memory_total_bytes", "GPU memory.", labels,
+                                      registry=self.registry),
+            }
+        for field, gauge in self._gpu.items():
+            value = getattr(sample, field)
+            if value is not None:
+                gauge.labels(str(sample.index), sample.name).set(value)
+
+    def close(self) -> None:
+        """Stop serving, stop sampling and stop observing the devices (from any thread)."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        for state in self._states:
+            state.remove_observer(self._ops)
+        self._states.clear()
+        self._sampler.tell(POISON_PILL)
+
+    def __repr__(self) -> str:
+        return f"Telemetry(devices={len(self._states)}, port={self.port})"
