@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["HANDLERS", "allocation_range", "can_access_peer", "enable_peer_access"]
 
 
+_PEER_ACCESS_ALREADY_ENABLED = 704  # cudaErrorPeerAccessAlreadyEnabled (CuPy names no constant)
+
+
 def can_access_peer(device: int, peer: int) -> bool:
     """True when ``device`` can read and write ``peer``'s memory directly."""
     return device == peer or bool(cp.cuda.runtime.deviceCanAccessPeer(device, peer))
@@ -61,7 +64,7 @@ def enable_peer_access(device: int, peer: int) -> bool:
             try:
                 cp.cuda.runtime.deviceEnablePeerAccess(peer)
             except cp.cuda.runtime.CUDARuntimeError as exc:
-                if exc.status != cp.cuda.runtime.errorPeerAccessAlreadyEnabled:
+                if exc.status != _PEER_ACCESS_ALREADY_ENABLED:
                     raise
     return True
 
