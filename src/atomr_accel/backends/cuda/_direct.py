@@ -71,14 +71,16 @@ def _location(device: int | None) -> _Location:
     return _Location(2, 0) if device is None else _Location(1, device)
 
 
-def _driver(name: str, argtypes: list[Any]) -> Any:
+@functools.cache
+def _driver(name: str, *argtypes: Any) -> Any:
+    """A CUDA driver entry point with its argument types."""
     function = getattr(loaded_library("libcuda"), name)
-    function.argtypes = argtypes
+    function.argtypes = list(argtypes)
     function.restype = _I
     return function
 
 
-def _check_driver(name: str, status: int) -> None:
+def _check_driver(status: int) -> None:
     if status != 0:
         from cupy_backends.cuda.api.driver import CUDADriverError
 
@@ -87,12 +89,11 @@ def _check_driver(name: str, status: int) -> None:
 
 def prefetch(pointer: int, nbytes: int, device: int | None, stream: int) -> None:
     """Migrate managed memory to ``device`` (None: the host), in ``stream`` order."""
-    function = _driver("cuMemPrefetchAsync_v2", [_P, _S, _Location, ctypes.c_uint, _P])
-    _check_driver("cuMemPrefetchAsync_v2",
-                  function(pointer, nbytes, _location(device), 0, stream))
+    function = _driver("cuMemPrefetchAsync_v2", _P, _S, _Location, ctypes.c_uint, _P)
+    _check_driver(function(pointer, nbytes, _location(device), 0, stream))
 
 
 def advise(pointer: int, nbytes: int, advice: int, device: int | None) -> None:
     """``cuMemAdvise_v2`` with a location: ``device`` (None: the host)."""
-    function = _driver("cuMemAdvise_v2", [_P, _S, _I, _Location])
-    _check_driver("cuMemAdvise_v2", function(pointer, nbytes, advice, _location(device)))
+    function = _driver("cuMemAdvise_v2", _P, _S, _I, _Location)
+    _check_driver(function(pointer, nbytes, advice, _location(device)))
