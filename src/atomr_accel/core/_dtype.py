@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import pickle_by_name
 
 __all__ = ["DType"]
 
@@ -22,7 +23,7 @@ def _bfloat16() -> np.dtype[Any]:
 
 
 class DType(enum.Enum):
-    """An element type; ``value`` is its short name (``"f32"``)."""
+    """An element type; ``value`` is its short name (``"f32"``). Pickles by name."""
 
     F16 = "f16"
     BF16 = "bf16"
@@ -39,6 +40,8 @@ class DType(enum.Enum):
     C64 = "c64"
     C128 = "c128"
 
+    __reduce_ex__ = pickle_by_name
+
     @property
     def itemsize(self) -> int:
         """Size of one element in bytes."""
@@ -49,29 +52,28 @@ class DType(enum.Enum):
         """The NumPy dtype (bf16 needs ``ml_dtypes``)."""
         if self is DType.BF16:
             return _bfloat16()
-        return np.dtype(_NUMPY_NAME[self])
+        return _NUMPY_DTYPE[self]
 
     @property
     def is_float(self) -> bool:
         """True for real floating-point types."""
-        return self in (DType.F16, DType.BF16, DType.F32, DType.F64)
+        return self in _FLOATS
 
     @property
     def is_complex(self) -> bool:
         """True for complex types."""
-        return self in (DType.C64, DType.C128)
+        return self in _COMPLEXES
 
     @property
     def real(self) -> DType:
         """The real type of the same precision (f32 for c64); itself when already real."""
-        return {DType.C64: DType.F32, DType.C128: DType.F64}.get(self, self)
+        return _REAL_OF.get(self, self)
 
     @property
     def complex(self) -> DType:
         """The complex type of the same precision (c64 for f32)."""
         try:
-            return {DType.F32: DType.C64, DType.F64: DType.C128, DType.C64: DType.C64,
-                    DType.C128: DType.C128}[self]
+            return _COMPLEX_OF[self]
         except KeyError:
             raise InvalidArgument(f"{self.value} has no complex counterpart") from None
 
@@ -100,6 +102,13 @@ _NUMPY_NAME = {
     DType.U8: "uint8", DType.U16: "uint16", DType.U32: "uint32", DType.U64: "uint64",
     DType.C64: "complex64", DType.C128: "complex128",
 }
-_ITEMSIZE = {d: np.dtype(n).itemsize for d, n in _NUMPY_NAME.items()} | {DType.BF16: 2}
+_NUMPY_DTYPE = {d: np.dtype(n) for d, n in _NUMPY_NAME.items()}
+_ITEMSIZE = {d: dt.itemsize for d, dt in _NUMPY_DTYPE.items()} | {DType.BF16: 2}
+_FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
+_COMPLEXES = frozenset({DType.C64, DType.C128})
+_REAL_OF = {DType.C64: DType.F32, DType.C128: DType.F64}
+_COMPLEX_OF = {
+    DType.F32: DType.C64, DType.F64: DType.C128, DType.C64: DType.C64, DType.C128: DType.C128,
+}
 _BY_NAME = {d.value: d for d in DType}
 _BY_NUMPY = {n: d for d, n in _NUMPY_NAME.items()}

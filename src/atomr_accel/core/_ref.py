@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from atomr_accel.core._dtype import DType
+from atomr_accel.core._fields import PickleByFields
 
 __all__ = ["GpuRef", "GraphRef", "KernelRef"]
 
 
 @dataclass(frozen=True, slots=True)
-class GpuRef:
+class GpuRef(PickleByFields):
     """A handle to one device buffer: plain data, picklable, hashable.
 
     ``generation`` is the generation of the context that allocated the buffer;
@@ -39,7 +40,7 @@ class GpuRef:
 
 
 @dataclass(frozen=True, slots=True)
-class KernelRef:
+class KernelRef(PickleByFields):
     """A handle to a compiled or loaded kernel of one context generation.
 
     ``library`` is the kernel actor that made it (``"nvrtc"`` or ``"module"``) and
@@ -62,7 +63,7 @@ class KernelRef:
 
 
 @dataclass(frozen=True, slots=True)
-class GraphRef:
+class GraphRef(PickleByFields):
     """A handle to a recorded sequence of ops (a CUDA graph on CUDA) of one generation.
 
     ``buffers`` are every buffer the graph touches and ``written`` those it

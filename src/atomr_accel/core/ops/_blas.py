@@ -26,13 +26,14 @@ from __future__ import annotations
 import abc
 import numbers
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
     Op,
+    is_int,
     matrix_extent,
-    require,
     require_dtype,
     require_len,
     require_nonneg,
@@ -65,12 +66,26 @@ FLOAT_DTYPES: tuple[DType, ...] = (DType.F32, DType.F64, DType.C64, DType.C128)
 """The dtypes every BLAS and solver op accepts."""
 
 
-@dataclass(frozen=True, slots=True)
-class Matrix:
+def _single_extent(name: str, rows: int, cols: int, ld: int) -> int:
+    """Elements one matrix spans; checks the leading dimension (``InvalidArgument``)."""
+    if type(ld) is not int or ld < 1:  # build the name only to refuse
+        require_positive(**{f"leading dimension of {name}": ld})
+    return matrix_extent(rows, cols, ld, name)
+
+
+def _batch_extent(one: int, batch: int, stride: int) -> int:
+    """Elements ``batch`` matrices ``stride`` apart span when one of them spans ``one``."""
+    if batch == 0 or one == 0:
+        return 0
+    return (batch - 1) * stride + one
+
+
+class Matrix(NamedTuple):
     """Describe a column-major operand: ``batch`` matrices of ``rows x cols``, ``stride`` apart.
 
     ``ld`` is the resolved leading dimension and ``stride`` the resolved
-    distance in elements between consecutive matrices of a batch.
+    distance in elements between consecutive matrices of a batch. A named
+    tuple, so that ops can describe their operands cheaply on every validate.
     """
 
     name: str
@@ -99,45 +114,45 @@ class Matrix:
         A ``None`` ``ld`` resolves to the stored row count (at least 1) and a
         ``None`` ``stride`` to tight packing, ``ld * stored_cols``.
         """
-        stored_rows, stored_cols = (cols, rows) if trans else (rows, cols)
-        resolved_ld = max(1, stored_rows) if ld is None else ld
-        resolved_stride = resolved_ld * stored_cols if stride is None else stride
-        return cls(name, ref, stored_rows, stored_cols, resolved_ld, batch, resolved_stride)
+        if trans:
+            rows, cols = cols, rows
+        if ld is None:
+            ld = rows if rows > 1 else 1  # max(1, rows) without a builtin call
+        if stride is None:
+            stride = ld * cols
+        # tuple.__new__ skips the named tuple's own __new__, a Python frame
+        return tuple.__new__(cls, (name, ref, rows, cols, ld, batch, stride))
 
     @property
     def single_extent(self) -> int:
         """Elements one matrix spans; checks the leading dimension (``InvalidArgument``)."""
-        require_positive(**{f"leading dimension of {self.name}": self.ld})
-        return matrix_extent(self.rows, self.cols, self.ld, self.name)
+        return _single_extent(self.name, self.rows, self.cols, self.ld)
 
     @property
     def extent(self) -> int:
         """Elements the whole batch spans from the start of the buffer."""
-        one = self.single_extent
-        if self.batch == 0 or one == 0:
-            return 0
-        return (self.batch - 1) * self.stride + one
+        return _batch_extent(self.single_extent, self.batch, self.stride)
 
     def check(self, written: bool) -> None:
         """Check sizes and buffer length; a written batch must not overlap itself."""
-        require_nonneg(**{
-            f"rows of {self.name}": self.rows,
-            f"cols of {self.name}": self.cols,
-            f"batch of {self.name}": self.batch,
-            f"stride of {self.name}": self.stride,
-        })
-        one = self.single_extent
-        if written and self.batch > 1:
-            require(
-                self.stride >= one,
-                f"stride of {self.name} is {self.stride}; the written matrices overlap "
-                f"unless it is >= {one}",
+        name, ref, rows, cols, ld, batch, stride = self
+        if not (type(rows) is type(cols) is type(batch) is type(stride) is int
+                and rows >= 0 and cols >= 0 and batch >= 0 and stride >= 0):
+            require_nonneg(**{  # not plainly fit: name every size to find the bad one
+                f"rows of {name}": rows,
+                f"cols of {name}": cols,
+                f"batch of {name}": batch,
+                f"stride of {name}": stride,
+            })
+        one = _single_extent(name, rows, cols, ld)
+        if written and batch > 1 and stride < one:
+            raise InvalidArgument(
+                f"stride of {name} is {stride}; the written matrices overlap unless it is >= {one}"
             )
-        require_len(self.ref, self.extent, self.name)
+        require_len(ref, _batch_extent(one, batch, stride), name)
 
 
-@dataclass(frozen=True, slots=True)
-class Vector:
+class Vector(NamedTuple):
     """Describe a strided vector operand: ``n`` elements ``inc`` apart (BLAS increments)."""
 
     name: str
@@ -153,27 +168,28 @@ class Vector:
     def check(self, written: bool) -> None:
         """Check the increment and the buffer length (``written`` needs no extra check)."""
         del written
-        require_nonneg(**{f"length of {self.name}": self.n})
-        require(
-            isinstance(self.inc, int) and not isinstance(self.inc, bool) and self.inc != 0,
-            f"increment of {self.name} must be a non-zero int, got {self.inc!r}",
-        )
-        require_len(self.ref, self.extent, self.name)
+        name, ref, n, inc = self
+        if type(n) is not int or n < 0:  # build the name only to refuse
+            require_nonneg(**{f"length of {name}": n})
+        if not is_int(inc) or inc == 0:
+            raise InvalidArgument(f"increment of {name} must be a non-zero int, got {inc!r}")
+        require_len(ref, self.extent, name)
 
 
 def require_scalar(name: str, value: object, dtype: DType) -> None:
     """Check that ``value`` is a number usable with ``dtype``: real for real dtypes."""
     kind = numbers.Complex if dtype.is_complex else numbers.Real
-    require(
-        isinstance(value, kind) and not isinstance(value, bool),
-        f"{name} must be a {'complex' if dtype.is_complex else 'real'} number for "
-        f"{dtype.value} operands, got {value!r}",
-    )
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidArgument(
+            f"{name} must be a {'complex' if dtype.is_complex else 'real'} number for "
+            f"{dtype.value} operands, got {value!r}"
+        )
 
 
 def require_trans(trans: bool, conj: bool, name: str) -> None:
     """Refuse ``conj`` without ``trans``: cuBLAS has ops N, T and C only."""
-    require(trans or not conj, f"{name} asks for a conjugate without a transpose")
+    if not trans and conj:
+        raise InvalidArgument(f"{name} asks for a conjugate without a transpose")
 
 
 class LinalgOp(Op, abc.ABC):
@@ -203,15 +219,24 @@ class LinalgOp(Op, abc.ABC):
 
     def validate(self) -> None:
         """Raise ``InvalidArgument`` unless sizes, dtypes, leading dims and buffer lengths fit."""
-        require_nonneg(**self.sizes())
+        sizes = self.sizes()
+        for size in sizes.values():
+            if type(size) is not int or size < 0:  # not plainly fit: check each in detail
+                require_nonneg(**sizes)
+                break
         operands = self.operands()
         first = operands[0]
         require_dtype(first.ref, FLOAT_DTYPES, first.name)
-        dtype = require_same_dtype(**{o.name: o.ref for o in operands})
+        dtype = first.ref.dtype
         for operand in operands:
-            operand.check(operand.name in self.outputs)
+            if operand.ref.dtype is not dtype:  # name the operands only to refuse
+                require_same_dtype(**{o.name: o.ref for o in operands})
+        outputs = self.outputs
+        for operand in operands:
+            operand.check(operand.name in outputs)
         for name, value in self.scalars().items():
-            require_scalar(name, value, dtype)
+            if type(value) is not float and type(value) is not int:  # those fit every dtype
+                require_scalar(name, value, dtype)
         self.check_extra(dtype)
 
 

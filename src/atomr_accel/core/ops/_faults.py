@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from atomr_accel.core._op import Op, require
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import pickle_by_name
+from atomr_accel.core._op import Op
 
 __all__ = ["FaultKind", "InjectFault"]
 
@@ -22,6 +24,8 @@ class FaultKind(enum.Enum):
     CRASH = "crash"
     """The context's process dies at once (SIGKILL); only meaningful on the process host."""
 
+    __reduce_ex__ = pickle_by_name
+
 
 @dataclass(frozen=True, slots=True)
 class InjectFault(Op):
@@ -31,5 +35,7 @@ class InjectFault(Op):
     delay: float = 0.0
 
     def validate(self) -> None:
-        require(isinstance(self.kind, FaultKind), f"kind must be a FaultKind, got {self.kind!r}")
-        require(self.delay >= 0, f"delay must be >= 0, got {self.delay}")
+        if not isinstance(self.kind, FaultKind):
+            raise InvalidArgument(f"kind must be a FaultKind, got {self.kind!r}")
+        if not self.delay >= 0:
+            raise InvalidArgument(f"delay must be >= 0, got {self.delay}")

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op, require, require_dtype, require_len, require_positive
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import pickle_by_name
+from atomr_accel.core._op import (
+    Op,
+    positive_ints,
+    require,
+    require_dtype,
+    require_len,
+    require_positive,
+)
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["Fft", "FftKind"]
@@ -28,6 +37,8 @@ class FftKind(enum.Enum):
     C2C = "c2c"
     R2C = "r2c"
     C2R = "c2r"
+
+    __reduce_ex__ = pickle_by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,22 +93,21 @@ class Fft(Op):
         return self.batch * math.prod(item)
 
     def validate(self) -> None:
-        require(isinstance(self.kind, FftKind), f"kind must be an FftKind, got {self.kind!r}")
-        require(
-            isinstance(self.shape, tuple) and 1 <= len(self.shape) <= 3,
-            f"shape must be a tuple of 1 to 3 sizes, got {self.shape!r}",
-        )
-        for axis, size in enumerate(self.shape):
-            require_positive(**{f"shape[{axis}]": size})
+        kind, shape = self.kind, self.shape
+        if not isinstance(kind, FftKind):
+            raise InvalidArgument(f"kind must be an FftKind, got {kind!r}")
+        if not (isinstance(shape, tuple) and 1 <= len(shape) <= 3):
+            raise InvalidArgument(f"shape must be a tuple of 1 to 3 sizes, got {shape!r}")
+        if not positive_ints(*shape):
+            for axis, size in enumerate(shape):
+                require_positive(**{f"shape[{axis}]": size})
         require_positive(batch=self.batch)
-        require(
-            self.inverse is None or isinstance(self.inverse, bool),
-            f"inverse must be a bool or None, got {self.inverse!r}",
-        )
-        if self.kind is FftKind.C2C:
+        if not (self.inverse is None or isinstance(self.inverse, bool)):
+            raise InvalidArgument(f"inverse must be a bool or None, got {self.inverse!r}")
+        if kind is FftKind.C2C:
             require_dtype(self.input, _COMPLEX, "input")
             require_dtype(self.output, _COMPLEX, "output")
-        elif self.kind is FftKind.R2C:
+        elif kind is FftKind.R2C:
             require(not self.is_inverse, "an R2C transform only runs forward")
             require_dtype(self.input, _REAL, "input")
             require_dtype(self.output, _COMPLEX, "output")
@@ -105,18 +115,18 @@ class Fft(Op):
             require(self.is_inverse, "a C2R transform only runs inverse")
             require_dtype(self.input, _COMPLEX, "input")
             require_dtype(self.output, _REAL, "output")
-        require(
-            self.input.dtype.real is self.output.dtype.real,
-            f"input ({self.input.dtype.value}) and output ({self.output.dtype.value}) "
-            "must share one precision",
-        )
+        if self.input.dtype.real is not self.output.dtype.real:
+            raise InvalidArgument(
+                f"input ({self.input.dtype.value}) and output ({self.output.dtype.value}) "
+                "must share one precision"
+            )
         in_place = (self.input.device_id, self.input.buffer_id) == (
             self.output.device_id,
             self.output.buffer_id,
         )
-        require(
-            not in_place or self.kind is FftKind.C2C,
-            f"{self.kind.name} transforms cannot run in place; use separate buffers",
-        )
+        if in_place and kind is not FftKind.C2C:
+            raise InvalidArgument(
+                f"{kind.name} transforms cannot run in place; use separate buffers"
+            )
         require_len(self.input, self.input_count, "input")
         require_len(self.output, self.output_count, "output")

@@ -38,6 +38,12 @@ def check_capturable(op: Op, index: int) -> None:
     op.validate()
 
 
+def _require_graph(graph: object) -> None:
+    """Require a ``GraphRef``."""
+    if not isinstance(graph, GraphRef):
+        raise InvalidArgument(f"graph must be a GraphRef, got {type(graph).__name__}")
+
+
 @dataclass(frozen=True, slots=True)
 class CaptureGraph(Op):
     """Record ``ops`` (in order, as one stream would run them) into a graph; answers a
@@ -74,8 +80,7 @@ class LaunchGraph(Op):
     graph: GraphRef
 
     def validate(self) -> None:
-        require(isinstance(self.graph, GraphRef),
-                f"graph must be a GraphRef, got {type(self.graph).__name__}")
+        _require_graph(self.graph)
 
     def refs(self) -> tuple[GpuRef, ...]:
         """The graph's buffers."""
@@ -98,8 +103,7 @@ class DestroyGraph(Op):
     graph: GraphRef
 
     def validate(self) -> None:
-        require(isinstance(self.graph, GraphRef),
-                f"graph must be a GraphRef, got {type(self.graph).__name__}")
+        _require_graph(self.graph)
 
     def handles(self) -> tuple[KernelRef | GraphRef, ...]:
         """The graph."""

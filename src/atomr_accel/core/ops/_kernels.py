@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, require, require_nonneg
+from atomr_accel.core._op import Op, positive_ints, require, require_nonneg
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = ["CompileKernel", "LaunchKernel", "LoadKernel", "dim3"]
@@ -18,6 +18,9 @@ _MAX_THREADS_PER_BLOCK = 1024
 
 def dim3(value: int | tuple[int, ...], name: str) -> tuple[int, int, int]:
     """Normalize a grid or block size (an int or 1-3 ints) to three positive ints."""
+    if type(value) is tuple and len(value) == 3 and positive_ints(*value):
+        x, y, z = value
+        return (x, y, z)
     items = (value,) if isinstance(value, int) else tuple(value)
     if not 1 <= len(items) <= 3 or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in items
@@ -55,9 +58,10 @@ class CompileKernel(Op):
         require(all(isinstance(k, str) and isinstance(v, str) and k.isidentifier()
                     for k, v in self.defines),
                 "defines must be (identifier, value) string pairs")
-        if self.arch is not None:
-            require(isinstance(self.arch, str) and self.arch.startswith(("sm_", "compute_")),
-                    f"arch must look like 'sm_90' or 'compute_90', got {self.arch!r}")
+        if self.arch is not None and not (
+            isinstance(self.arch, str) and self.arch.startswith(("sm_", "compute_"))
+        ):
+            raise InvalidArgument(f"arch must look like 'sm_90' or 'compute_90', got {self.arch!r}")
 
     def compiler_options(self, arch: str) -> tuple[str, ...]:
         """The NVRTC options for ``arch`` (the op's ``arch`` wins when set)."""
@@ -122,20 +126,24 @@ class LaunchKernel(Op):
         return self.kernel.library
 
     def validate(self) -> None:
-        require(isinstance(self.kernel, KernelRef),
-                f"kernel must be a KernelRef, got {type(self.kernel).__name__}")
+        if not isinstance(self.kernel, KernelRef):
+            raise InvalidArgument(
+                f"kernel must be a KernelRef, got {type(self.kernel).__name__}"
+            )
         dim3(self.grid, "grid")
         block = dim3(self.block, "block")
-        require(block[0] * block[1] * block[2] <= _MAX_THREADS_PER_BLOCK,
-                f"a block holds at most {_MAX_THREADS_PER_BLOCK} threads, got {block}")
+        if block[0] * block[1] * block[2] > _MAX_THREADS_PER_BLOCK:
+            raise InvalidArgument(
+                f"a block holds at most {_MAX_THREADS_PER_BLOCK} threads, got {block}"
+            )
         require_nonneg(shared_mem=self.shared_mem)
         for i, arg in enumerate(self.args):
             _check_arg(i, arg)
         if self.written is not None:
             for i in self.written:
-                require(isinstance(i, int) and 0 <= i < len(self.args)
-                        and isinstance(self.args[i], GpuRef),
-                        f"written index {i!r} is not a buffer argument")
+                if not (isinstance(i, int) and 0 <= i < len(self.args)
+                        and isinstance(self.args[i], GpuRef)):
+                    raise InvalidArgument(f"written index {i!r} is not a buffer argument")
 
     def refs(self) -> tuple[GpuRef, ...]:
         """The buffer arguments."""

@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op, require, require_len, require_nonneg, require_same_dtype
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import pickle_by_name
+from atomr_accel.core._op import Op, require_len, require_nonneg, require_same_dtype
 from atomr_accel.core._ref import GpuRef
 
 __all__ = [
@@ -39,9 +41,11 @@ class Allocate(Op):
     managed: bool = False
 
     def validate(self) -> None:
-        require(isinstance(self.dtype, DType), f"dtype must be a DType, got {self.dtype!r}")
+        if not isinstance(self.dtype, DType):
+            raise InvalidArgument(f"dtype must be a DType, got {self.dtype!r}")
         require_nonneg(length=self.length)
-        require(isinstance(self.managed, bool), f"managed must be a bool, got {self.managed!r}")
+        if not isinstance(self.managed, bool):
+            raise InvalidArgument(f"managed must be a bool, got {self.managed!r}")
 
 
 class Location(enum.Enum):
@@ -49,6 +53,8 @@ class Location(enum.Enum):
 
     DEVICE = "device"
     HOST = "host"
+
+    __reduce_ex__ = pickle_by_name
 
 
 class Advice(enum.Enum):
@@ -65,6 +71,8 @@ class Advice(enum.Enum):
     """Keep the pages mapped for the device wherever they live."""
     UNSET_ACCESSED_BY_DEVICE = "unset_accessed_by_device"
 
+    __reduce_ex__ = pickle_by_name
+
 
 @dataclass(frozen=True, slots=True)
 class Prefetch(Op):
@@ -74,8 +82,8 @@ class Prefetch(Op):
     location: Location = Location.DEVICE
 
     def validate(self) -> None:
-        require(isinstance(self.location, Location),
-                f"location must be a Location, got {self.location!r}")
+        if not isinstance(self.location, Location):
+            raise InvalidArgument(f"location must be a Location, got {self.location!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +94,8 @@ class Advise(Op):
     advice: Advice
 
     def validate(self) -> None:
-        require(isinstance(self.advice, Advice), f"advice must be an Advice, got {self.advice!r}")
+        if not isinstance(self.advice, Advice):
+            raise InvalidArgument(f"advice must be an Advice, got {self.advice!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +122,13 @@ class Upload(Op):
         require_nonneg(offset=self.offset)
         arr = self.data
         if isinstance(arr, np.ndarray):
-            require(arr.ndim == 1, f"upload data must be 1-D, got shape {arr.shape}")
-            require(
-                arr.dtype == self.ref.dtype.numpy,
-                f"upload data has dtype {arr.dtype} but the buffer holds {self.ref.dtype.value}",
-            )
+            if arr.ndim != 1:
+                raise InvalidArgument(f"upload data must be 1-D, got shape {arr.shape}")
+            if arr.dtype != self.ref.dtype.numpy:
+                raise InvalidArgument(
+                    f"upload data has dtype {arr.dtype} but the buffer holds "
+                    f"{self.ref.dtype.value}"
+                )
             require_len(self.ref, self.offset + arr.size, "destination buffer")
 
 

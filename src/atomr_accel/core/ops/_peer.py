@@ -16,14 +16,17 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op, require, require_len, require_nonneg
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import PickleByFields
+from atomr_accel.core._op import Op, require_len, require_nonneg
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["CanAccessPeer", "EnablePeerAccess", "ExportBuffer", "ImportCopy", "PeerSource"]
 
 
 def _require_peers(peers: tuple[int, ...]) -> None:
-    require(isinstance(peers, tuple), f"peers must be a tuple of device ids, got {peers!r}")
+    if not isinstance(peers, tuple):
+        raise InvalidArgument(f"peers must be a tuple of device ids, got {peers!r}")
     for peer in peers:
         require_nonneg(peer=peer)
 
@@ -59,7 +62,7 @@ class EnablePeerAccess(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class PeerSource:
+class PeerSource(PickleByFields):
     """Where a buffer of another device lies; what ``ExportBuffer`` answers. Picklable.
 
     ``pointer`` is the buffer's device address in process ``pid`` (usable as is
@@ -93,8 +96,10 @@ class ExportBuffer(Op):
     ipc: bool = False
 
     def validate(self) -> None:
-        require(isinstance(self.ref, GpuRef), f"ref must be a GpuRef, got {self.ref!r}")
-        require(isinstance(self.ipc, bool), f"ipc must be a bool, got {self.ipc!r}")
+        if not isinstance(self.ref, GpuRef):
+            raise InvalidArgument(f"ref must be a GpuRef, got {self.ref!r}")
+        if not isinstance(self.ipc, bool):
+            raise InvalidArgument(f"ipc must be a bool, got {self.ipc!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +119,22 @@ class ImportCopy(Op):
     dst_offset: int = 0
 
     def validate(self) -> None:
-        require(isinstance(self.source, PeerSource),
-                f"source must be a PeerSource, got {type(self.source).__name__}")
-        require(isinstance(self.dst, GpuRef), f"dst must be a GpuRef, got {self.dst!r}")
+        if not isinstance(self.source, PeerSource):
+            raise InvalidArgument(
+                f"source must be a PeerSource, got {type(self.source).__name__}"
+            )
+        if not isinstance(self.dst, GpuRef):
+            raise InvalidArgument(f"dst must be a GpuRef, got {self.dst!r}")
         require_nonneg(length=self.length, src_offset=self.src_offset,
                        dst_offset=self.dst_offset)
-        require(self.source.dtype is self.dst.dtype,
+        if self.source.dtype is not self.dst.dtype:
+            raise InvalidArgument(
                 f"dst has dtype {self.dst.dtype.value} but the source holds "
-                f"{self.source.dtype.value}")
-        require(self.src_offset + self.length <= self.source.length,
+                f"{self.source.dtype.value}"
+            )
+        if not self.src_offset + self.length <= self.source.length:
+            raise InvalidArgument(
                 f"source needs {self.src_offset + self.length} elements but its buffer holds "
-                f"{self.source.length}")
+                f"{self.source.length}"
+            )
         require_len(self.dst, self.dst_offset + self.length, "dst")

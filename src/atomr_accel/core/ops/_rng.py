@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op, require, require_dtype, require_len, require_nonneg
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import pickle_by_name
+from atomr_accel.core._op import Op, require_dtype, require_len, require_nonneg
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["Distribution", "RngFill"]
@@ -44,6 +46,8 @@ class Distribution(enum.Enum):
     POISSON = "poisson"
     EXPONENTIAL = "exponential"
     BITS = "bits"
+
+    __reduce_ex__ = pickle_by_name
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -116,36 +120,49 @@ class RngFill(Op):
 
     def validate(self) -> None:
         dist = self.distribution
-        require(
-            isinstance(dist, Distribution), f"distribution must be a Distribution, got {dist!r}"
-        )
+        if not isinstance(dist, Distribution):
+            raise InvalidArgument(f"distribution must be a Distribution, got {dist!r}")
         require_nonneg(seed=self.seed, offset=self.offset)
-        require(self.seed < _MAX_SEED, f"seed must be below 2**64, got {self.seed}")
-        require(self.offset < _MAX_SEED, f"offset must be below 2**64, got {self.offset}")
+        if not self.seed < _MAX_SEED:
+            raise InvalidArgument(f"seed must be below 2**64, got {self.seed}")
+        if not self.offset < _MAX_SEED:
+            raise InvalidArgument(f"offset must be below 2**64, got {self.offset}")
         if self.length is not None:
             require_nonneg(length=self.length)
-        require_dtype(self.out, dist.dtypes, f"out of a {dist.name} fill")
+        if self.out.dtype not in dist.dtypes:
+            require_dtype(self.out, dist.dtypes, f"out of a {dist.name} fill")
         require_len(self.out, self.count, "out")
-        require(isinstance(self.params, tuple), f"params must be a tuple, got {self.params!r}")
+        if not isinstance(self.params, tuple):
+            raise InvalidArgument(f"params must be a tuple, got {self.params!r}")
         params = self.resolved_params
         names = dist.param_names
-        require(
-            len(params) == len(names),
-            f"{dist.name} takes {len(names)} params {names}, got {len(params)}",
-        )
-        for name, value in zip(names, params, strict=True):
-            require(
-                isinstance(value, int | float) and not isinstance(value, bool)
-                and math.isfinite(value),
-                f"{name} must be a finite real number, got {value!r}",
+        if len(params) != len(names):
+            raise InvalidArgument(
+                f"{dist.name} takes {len(names)} params {names}, got {len(params)}"
             )
+        for name, value in zip(names, params, strict=True):
+            if not _is_finite_real(value):
+                raise InvalidArgument(f"{name} must be a finite real number, got {value!r}")
         if dist is Distribution.UNIFORM:
             low, high = params
-            require(high > low, f"high ({high}) must exceed low ({low})")
-            require(math.isfinite(high - low), f"high - low overflows: [{low}, {high})")
-        elif dist in (Distribution.NORMAL, Distribution.LOG_NORMAL):
-            require(params[1] > 0, f"stddev must be positive, got {params[1]}")
+            if not high > low:
+                raise InvalidArgument(f"high ({high}) must exceed low ({low})")
+            if not math.isfinite(high - low):
+                raise InvalidArgument(f"high - low overflows: [{low}, {high})")
+        elif dist is Distribution.NORMAL or dist is Distribution.LOG_NORMAL:
+            if not params[1] > 0:
+                raise InvalidArgument(f"stddev must be positive, got {params[1]}")
         elif dist is Distribution.POISSON:
-            require(0 < params[0] <= _MAX_LAMBDA, f"lam must be in (0, 2**30], got {params[0]}")
-        elif dist is Distribution.EXPONENTIAL:
-            require(params[0] > 0, f"scale must be positive, got {params[0]}")
+            if not 0 < params[0] <= _MAX_LAMBDA:
+                raise InvalidArgument(f"lam must be in (0, 2**30], got {params[0]}")
+        elif dist is Distribution.EXPONENTIAL and not params[0] > 0:
+            raise InvalidArgument(f"scale must be positive, got {params[0]}")
+
+
+def _is_finite_real(value: object) -> bool:
+    """Say whether ``value`` is a finite int or float (not a bool)."""
+    if type(value) is float or type(value) is int:
+        return math.isfinite(value)
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    )

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import require, require_dtype, require_len
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import require_dtype, require_len
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blas import LinalgOp, Matrix, Vector, require_trans
 
@@ -251,10 +252,10 @@ class Orgqr(LinalgOp):
 
     def check_extra(self, dtype: DType) -> None:
         """Require ``m >= n >= k``."""
-        require(
-            self.m >= self.n >= self.k,
-            f"orgqr needs m >= n >= k, got m={self.m}, n={self.n}, k={self.k}",
-        )
+        if not self.m >= self.n >= self.k:
+            raise InvalidArgument(
+                f"orgqr needs m >= n >= k, got m={self.m}, n={self.n}, k={self.k}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,9 +525,9 @@ class GesvdBatched(LinalgOp):
 
     def check_extra(self, dtype: DType) -> None:
         """Check the 32 x 32 limit and ``s``: real, ``batch * min(m, n)`` entries."""
-        require(
-            self.m <= GESVD_BATCHED_MAX and self.n <= GESVD_BATCHED_MAX,
-            f"gesvd batched takes m, n <= {GESVD_BATCHED_MAX}, got m={self.m}, n={self.n}",
-        )
+        if not (self.m <= GESVD_BATCHED_MAX and self.n <= GESVD_BATCHED_MAX):
+            raise InvalidArgument(
+                f"gesvd batched takes m, n <= {GESVD_BATCHED_MAX}, got m={self.m}, n={self.n}"
+            )
         _require_real(self.s, dtype, self.batch * min(self.m, self.n), "s")
 

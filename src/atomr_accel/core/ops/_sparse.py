@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import PickleByFields
 from atomr_accel.core._op import (
     Op,
     matrix_extent,
-    require,
     require_dtype,
     require_len,
     require_nonneg,
+    require_numbers,
     require_same_dtype,
 )
 from atomr_accel.core._ref import GpuRef
@@ -27,30 +29,16 @@ __all__ = ["CsrMatrix", "CsrSpMM", "CsrSpMV"]
 _VALUE_DTYPES = (DType.F32, DType.F64, DType.C64, DType.C128)
 
 
-def _require_scalars(dtype: DType, **values: complex) -> None:
-    """Require numbers for the scalars, with no imaginary part for real dtypes."""
-    for name, v in values.items():
-        require(
-            isinstance(v, int | float | complex) and not isinstance(v, bool),
-            f"{name} must be a number, got {v!r}",
-        )
-        require(
-            dtype.is_complex or complex(v).imag == 0,
-            f"{name} is complex ({v!r}) but the data are {dtype.value}",
-        )
-
-
 def _require_distinct(output: GpuRef, name: str, *inputs: GpuRef) -> None:
     """Require that ``output`` shares no buffer with any of ``inputs``."""
     key = (output.device_id, output.buffer_id)
-    require(
-        all((r.device_id, r.buffer_id) != key for r in inputs),
-        f"{name} must not share a buffer with an input",
-    )
+    for r in inputs:
+        if (r.device_id, r.buffer_id) == key:
+            raise InvalidArgument(f"{name} must not share a buffer with an input")
 
 
 @dataclass(frozen=True, slots=True)
-class CsrMatrix:
+class CsrMatrix(PickleByFields):
     """Name a ``rows`` x ``cols`` CSR matrix with ``nnz`` stored entries held in three buffers.
 
     ``indptr`` (i32, ``rows + 1`` entries) and ``indices`` (i32, ``nnz``
@@ -78,10 +66,10 @@ class CsrMatrix:
     def validate(self) -> None:
         """Raise ``InvalidArgument`` unless sizes, dtypes and buffer lengths fit."""
         require_nonneg(rows=self.rows, cols=self.cols, nnz=self.nnz)
-        require(
-            self.nnz <= self.rows * self.cols,
-            f"nnz ({self.nnz}) exceeds rows * cols ({self.rows * self.cols})",
-        )
+        if not self.nnz <= self.rows * self.cols:
+            raise InvalidArgument(
+                f"nnz ({self.nnz}) exceeds rows * cols ({self.rows * self.cols})"
+            )
         require_dtype(self.indptr, (DType.I32,), "indptr")
         require_dtype(self.indices, (DType.I32,), "indices")
         require_dtype(self.values, _VALUE_DTYPES, "values")
@@ -114,11 +102,13 @@ class CsrSpMV(Op):
         return (*self.a.refs(), self.x, self.y)
 
     def validate(self) -> None:
-        require(isinstance(self.a, CsrMatrix), f"a must be a CsrMatrix, got {self.a!r}")
+        if not isinstance(self.a, CsrMatrix):
+            raise InvalidArgument(f"a must be a CsrMatrix, got {self.a!r}")
         self.a.validate()
         dtype = require_same_dtype(values=self.a.values, x=self.x, y=self.y)
-        _require_scalars(dtype, alpha=self.alpha, beta=self.beta)
-        require(isinstance(self.trans, bool), f"trans must be a bool, got {self.trans!r}")
+        require_numbers(dtype, alpha=self.alpha, beta=self.beta)
+        if not isinstance(self.trans, bool):
+            raise InvalidArgument(f"trans must be a bool, got {self.trans!r}")
         n_x, n_y = (self.a.rows, self.a.cols) if self.trans else (self.a.cols, self.a.rows)
         require_len(self.x, n_x, "x")
         require_len(self.y, n_y, "y")
@@ -162,7 +152,8 @@ class CsrSpMM(Op):
         return (*self.a.refs(), self.b, self.c)
 
     def validate(self) -> None:
-        require(isinstance(self.a, CsrMatrix), f"a must be a CsrMatrix, got {self.a!r}")
+        if not isinstance(self.a, CsrMatrix):
+            raise InvalidArgument(f"a must be a CsrMatrix, got {self.a!r}")
         self.a.validate()
         require_nonneg(n=self.n)
         if self.ldb is not None:
@@ -170,7 +161,7 @@ class CsrSpMM(Op):
         if self.ldc is not None:
             require_nonneg(ldc=self.ldc)
         dtype = require_same_dtype(values=self.a.values, b=self.b, c=self.c)
-        _require_scalars(dtype, alpha=self.alpha, beta=self.beta)
+        require_numbers(dtype, alpha=self.alpha, beta=self.beta)
         require_len(self.b, matrix_extent(self.a.cols, self.n, self.ld_b, "B"), "b")
         require_len(self.c, matrix_extent(self.a.rows, self.n, self.ld_c, "C"), "c")
         _require_distinct(self.c, "c", *self.a.refs(), self.b)

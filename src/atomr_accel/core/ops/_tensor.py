@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op, require, require_dtype, require_len, require_same_dtype
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import (
+    Op,
+    is_int,
+    positive_ints,
+    require_dtype,
+    require_len,
+    require_numbers,
+    require_same_dtype,
+)
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["Contract"]
@@ -23,22 +32,20 @@ _LETTERS = frozenset(string.ascii_letters)
 
 def _check_operand(name: str, modes: str, shape: tuple[int, ...]) -> None:
     """Check that labels are distinct ASCII letters with one positive extent each in ``shape``."""
-    require(isinstance(modes, str), f"{name}_modes must be a str, got {modes!r}")
-    require(
-        all(m in _LETTERS for m in modes),
-        f"{name}_modes must be ASCII letters, got {modes!r}",
-    )
-    require(len(set(modes)) == len(modes), f"{name}_modes repeats a label: {modes!r}")
-    require(isinstance(shape, tuple), f"{name}_shape must be a tuple, got {shape!r}")
-    require(
-        len(shape) == len(modes),
-        f"{name}_shape {shape} has {len(shape)} extents for {len(modes)} modes {modes!r}",
-    )
-    for extent in shape:
-        require(
-            isinstance(extent, int) and not isinstance(extent, bool) and extent >= 1,
-            f"{name}_shape extents must be positive ints, got {shape!r}",
+    if not isinstance(modes, str):
+        raise InvalidArgument(f"{name}_modes must be a str, got {modes!r}")
+    if not _LETTERS.issuperset(modes):
+        raise InvalidArgument(f"{name}_modes must be ASCII letters, got {modes!r}")
+    if len(set(modes)) != len(modes):
+        raise InvalidArgument(f"{name}_modes repeats a label: {modes!r}")
+    if not isinstance(shape, tuple):
+        raise InvalidArgument(f"{name}_shape must be a tuple, got {shape!r}")
+    if len(shape) != len(modes):
+        raise InvalidArgument(
+            f"{name}_shape {shape} has {len(shape)} extents for {len(modes)} modes {modes!r}"
         )
+    if not positive_ints(*shape) and not all(is_int(e) and e >= 1 for e in shape):
+        raise InvalidArgument(f"{name}_shape extents must be positive ints, got {shape!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,28 +93,19 @@ class Contract(Op):
         ):
             for mode, extent in zip(modes, shape, strict=True):
                 seen = extents.setdefault(mode, extent)
-                require(
-                    seen == extent,
-                    f"mode {mode!r} has extent {extent} in {name} but {seen} elsewhere",
-                )
+                if seen != extent:
+                    raise InvalidArgument(
+                        f"mode {mode!r} has extent {extent} in {name} but {seen} elsewhere"
+                    )
         missing = set(self.c_modes) - set(self.a_modes) - set(self.b_modes)
-        require(not missing, f"output modes {sorted(missing)} appear in neither input")
+        if missing:
+            raise InvalidArgument(f"output modes {sorted(missing)} appear in neither input")
         require_dtype(self.a, _DTYPES, "a")
         dtype = require_same_dtype(a=self.a, b=self.b, c=self.c)
-        for name, v in (("alpha", self.alpha), ("beta", self.beta)):
-            require(
-                isinstance(v, int | float | complex) and not isinstance(v, bool),
-                f"{name} must be a number, got {v!r}",
-            )
-            require(
-                dtype.is_complex or complex(v).imag == 0,
-                f"{name} is complex ({v!r}) but the data are {dtype.value}",
-            )
+        require_numbers(dtype, alpha=self.alpha, beta=self.beta)
         require_len(self.a, math.prod(self.a_shape), "a")
         require_len(self.b, math.prod(self.b_shape), "b")
         require_len(self.c, math.prod(self.c_shape), "c")
         key = (self.c.device_id, self.c.buffer_id)
-        require(
-            key not in {(r.device_id, r.buffer_id) for r in (self.a, self.b)},
-            "c must not share a buffer with a or b",
-        )
+        if key in {(r.device_id, r.buffer_id) for r in (self.a, self.b)}:
+            raise InvalidArgument("c must not share a buffer with a or b")

@@ -1,0 +1,65 @@
+"""Read a dataclass's field values in field order, and pickle core values by them.
+
+Ops, refs and dtypes travel pickled to worker processes on every call, so
+they pickle to as little as rebuilds them: a dataclass as its class and its
+field values (unpickling calls the class, never ``validate``), an enum member
+as its name. The defaults cost about twice as much: a frozen slotted
+dataclass goes through ``copyreg``, ``__getstate__`` and ``__setstate__``
+(each looking its fields up again), an enum member through a call of its
+class. Pickles of the earlier format still load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any, SupportsIndex
+
+__all__ = ["PickleByFields", "field_values", "pickle_by_name"]
+
+_FieldReader = Callable[[object], tuple[object, ...]]
+_READERS: dict[type, _FieldReader] = {}
+
+
+def _reader(cls: type) -> _FieldReader:
+    """Return (and remember) a function that answers ``cls``'s field values in field order."""
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if len(names) == 1:  # attrgetter of one name answers the bare value
+        get = attrgetter(names[0])
+        read: _FieldReader = lambda obj: (get(obj),)  # noqa: E731
+    elif names:
+        read = attrgetter(*names)
+    else:
+        read = lambda obj: ()  # noqa: E731
+    _READERS[cls] = read
+    return read
+
+
+def field_values(obj: object) -> tuple[object, ...]:
+    """Return the values of dataclass instance ``obj``'s fields, in field order."""
+    cls = type(obj)
+    return (_READERS.get(cls) or _reader(cls))(obj)
+
+
+class PickleByFields:
+    """Pickle a dataclass as its class and its field values, in field order.
+
+    Unpickling calls the class with them (its ``__init__`` takes every field
+    positionally, as dataclass fields do); ``validate`` does not run.
+    """
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[type, tuple[object, ...]]:
+        return type(self), field_values(self)
+
+
+def pickle_by_name(member: enum.Enum, proto: object) -> Any:
+    """Pickle an enum member as the global ``Class.MEMBER`` (use as ``__reduce_ex__``).
+
+    Typed ``Any``: typeshed's ``Enum.__reduce_ex__`` answers a tuple, but
+    pickle takes a global's name as well.
+    """
+    return f"{type(member).__qualname__}.{member._name_}"
