@@ -349,18 +349,26 @@ def test_rng_concurrent_async_fills_never_overlap() -> None:
                                    for buf, size in zip(bufs, sizes, strict=True)))
             parts = [(await dev.copy_to_numpy_async(buf))[:size]
                      for buf, size in zip(bufs, sizes, strict=True)]
-            # A fill that fails while a later one is in flight leaves its range as a gap.
+            # A fill refused before the next one is made hands its range back: no gap.
             a, b, c = [await dev.allocate_async(100, DType.F64) for _ in range(3)]
             results = await asyncio.gather(
                 gen.normal_async(a), gen.normal_async(b, 0.0, -1.0), gen.normal_async(c),
                 return_exceptions=True)
             assert results[0] is None and results[2] is None
             assert isinstance(results[1], InvalidArgument)
-            after = [await dev.copy_to_numpy_async(a), await dev.copy_to_numpy_async(c)]
+            # One that fails on the device while a later one is in flight leaves a gap.
+            d, e, f = [await dev.allocate_async(100, DType.F64) for _ in range(3)]
+            await dev.free_async(e)
+            results = await asyncio.gather(
+                gen.normal_async(d), gen.normal_async(e), gen.normal_async(f),
+                return_exceptions=True)
+            assert results[0] is None and results[2] is None
+            assert isinstance(results[1], InvalidArgument)
+            after = [await dev.copy_to_numpy_async(buf) for buf in (a, c, d, f)]
             # The reference: the same stream drawn by one generator, fill after fill.
             fresh = dev.rng(11)
             head = await dev.allocate_async(sum(sizes), DType.F64)
-            tail = await dev.allocate_async(300, DType.F64)
+            tail = await dev.allocate_async(500, DType.F64)
             await fresh.uniform_async(head)
             await fresh.normal_async(tail)
             stream = np.concatenate([await dev.copy_to_numpy_async(head),
@@ -369,11 +377,13 @@ def test_rng_concurrent_async_fills_never_overlap() -> None:
 
     parts, after, stream, offset = asyncio.run(main())
     total = sum(sizes)
-    assert offset == total + 300
+    assert offset == total + 500
     # Ranges are reserved in call order, so the fills tile the stream exactly.
     np.testing.assert_array_equal(np.concatenate(parts), stream[:total])
     np.testing.assert_array_equal(after[0], stream[total:total + 100])
-    np.testing.assert_array_equal(after[1], stream[total + 200:])
+    np.testing.assert_array_equal(after[1], stream[total + 100:total + 200])
+    np.testing.assert_array_equal(after[2], stream[total + 200:total + 300])
+    np.testing.assert_array_equal(after[3], stream[total + 400:])
 
 
 def test_rng_rejects_a_bad_seed(dev: Device) -> None:

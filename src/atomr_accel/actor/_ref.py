@@ -148,11 +148,7 @@ class Reply:
         fut = self._future
         if fut is None:
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
+        if asyncio._get_running_loop() is self._loop:
             _settle(fut, value, exc)
         else:
             self._loop.call_soon_threadsafe(_settle, fut, value, exc)

@@ -164,6 +164,31 @@ class Backend(abc.ABC):
             return
         done(result, None)
 
+    def begin(self, op: Op, stream: int) -> Any:
+        """Start ``op`` on ``stream`` from any thread; return what ``finished`` and ``wait``
+        take. The host makes one backend call at a time.
+
+        The default runs the op to completion: what it returns is the result.
+        """
+        return self.execute(op, stream)
+
+    def finished(self, started: Any) -> bool:
+        """Whether the op ``begin`` started has finished; never blocks (raises its error)."""
+        return True
+
+    def wait(self, started: Any, deadline: float | None) -> Any:
+        """Wait until the op ``begin`` started has finished and return its result.
+
+        Raises the op's error, or ``TimeoutError`` once ``time.perf_counter()``
+        passes ``deadline``. Needs no host lock: other ops may start meanwhile.
+        """
+        return started
+
+    def queues_only(self, op: Op) -> bool:
+        """True when ``begin(op)`` only queues device work (no host work, no waiting), so an
+        event loop's thread may call it. False on the CPU, where ops run at once."""
+        return False
+
     def execute(self, op: Op, stream: int = 0) -> Any:
         """Run one op on ``stream`` and return its result (None for in-place ops)."""
         self.stream = stream

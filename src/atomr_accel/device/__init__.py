@@ -21,6 +21,7 @@ from atomr_accel.device._kernels import (
     SparseActor,
     TensorActor,
 )
+from atomr_accel.device._lane import MISS, Gate, Lane
 from atomr_accel.device._messages import GenerationChanged, GetStats, WatchGeneration
 from atomr_accel.device._pinned import PinnedBuffer, PinnedBufferPool
 from atomr_accel.device._placement import (
@@ -50,6 +51,7 @@ from atomr_accel.device._supervision import device_decider, ends_generation
 
 __all__ = [
     "ALL_LIBRARIES",
+    "MISS",
     "KERNEL_ACTORS",
     "AddDevice",
     "BlasActor",
@@ -60,6 +62,7 @@ __all__ = [
     "DeviceState",
     "DeviceStats",
     "FftActor",
+    "Gate",
     "GenerationChanged",
     "GetStats",
     "Journal",
@@ -67,6 +70,7 @@ __all__ = [
     "JournalEntry",
     "JournalStore",
     "KernelActor",
+    "Lane",
     "MarkDurable",
     "OpObserver",
     "PerActorStreams",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from atomr_accel.actor import Actor, Directive, OneForOneStrategy, Props
 from atomr_accel.core._errors import ContextPoisoned, GpuRuntimeError, Unrecoverable
-from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._memory import Allocate
 from atomr_accel.device._config import DeviceConfig
 from atomr_accel.device._kernels import KERNEL_ACTORS, launch
+from atomr_accel.device._lane import Gate
 from atomr_accel.device._messages import ContextDown, ContextReady, Fatal, Run
 from atomr_accel.device._state import DeviceState
 from atomr_accel.hosts._base import ContextHost
@@ -52,31 +52,30 @@ class ContextActor(Actor):
         self.host = host
         me = self.context.self_ref
         generation = self.generation
+
+        def died(fut: asyncio.Future[GpuRuntimeError]) -> None:
+            if not fut.cancelled():  # the data plane takes nothing more; supervision acts
+                state.lane.close(generation)
+                me.tell(Fatal(fut.result(), generation))
+
         assert host.died is not None
-        host.died.add_done_callback(
-            lambda fut: me.tell(Fatal(fut.result(), generation)) if not fut.cancelled() else None
-        )
+        host.died.add_done_callback(died)
         routes = {"memory": me}
+        streams = {"memory": 0}
         for library in self.config.libraries:
-            props = Props(KERNEL_ACTORS[library], host, generation, state, me,
-                          self.config.streams.stream_for(library))
+            stream = streams[library] = self.config.streams.stream_for(library)
+            props = Props(KERNEL_ACTORS[library], host, generation, state, me, stream)
             routes[library] = self.context.spawn(props, library)
         parent = self.context.parent
         assert parent is not None
-        parent.tell(ContextReady(generation, routes))
+        parent.tell(ContextReady(generation, routes, Gate(host, generation, streams, me)))
 
     async def receive(self, message: Any) -> None:
         """Run memory ops; turn the first fatal error of this generation into a failure."""
         if isinstance(message, Run):
             assert self.host is not None
-            op = message.op
-            convert = None
-            if isinstance(op, Allocate):
-                def convert(buffer_id: int, op: Allocate = op) -> GpuRef:
-                    return GpuRef(self.state.device_id, buffer_id, op.dtype, op.length,
-                                  self.generation, self.state.owner)
-            launch(op, message.pending, self.host, self.generation, self.state,
-                   self.context.self_ref, convert=convert)
+            launch(message.op, message.pending, self.host, self.generation, self.state,
+                   self.context.self_ref)
         elif isinstance(message, Fatal):
             if message.generation != self.generation or self.failure is not None:
                 return  # a later report of a failure already handled
@@ -106,6 +105,7 @@ class ContextActor(Actor):
         else:
             error = Unrecoverable(f"device {device} stopped" + (f": {failure}" if failure else ""))
         error.__cause__ = failure
+        self.state.lane.close(self.generation)
         self.state.fail_launched(self.generation, error)
         if self.host is not None:
             await self.host.close()

@@ -25,6 +25,7 @@ from atomr_accel.core._errors import (
 from atomr_accel.core._op import Op
 from atomr_accel.device._config import DeviceConfig
 from atomr_accel.device._context import ContextActor
+from atomr_accel.device._lane import Gate, prepare
 from atomr_accel.device._messages import (
     ContextDown,
     ContextReady,
@@ -71,6 +72,9 @@ class DeviceActor(Actor):
         self.stopped_error: GpuRuntimeError | None = None
         self.recovery: asyncio.Task[None] | None = None
         self.restarting = False
+        self.gate: Gate | None = None
+        """The data plane's way to the current context generation, opened once it serves."""
+        self.state.lane.path = self.context.self_ref.path
         if config.journal is not None and self.state.recorder is None:
             self.state.recorder = DeviceRecorder.open(config.journal, self.state)
         self.state.status = Status.STARTING
@@ -84,6 +88,7 @@ class DeviceActor(Actor):
         elif isinstance(message, ContextReady):
             if message.generation == self.state.generation:
                 self.routes = message.routes
+                self.gate = message.gate
                 recorder = self.state.recorder
                 if recorder is not None and recorder.durable:  # durable buffers come back first
                     self.state.status = Status.REBUILDING
@@ -98,8 +103,10 @@ class DeviceActor(Actor):
         elif isinstance(message, ContextDown):
             if message.generation == self.state.generation:
                 self._cancel_recovery()
+                self.state.lane.close(message.generation)
                 self.state.status = Status.REBUILDING
                 self.routes = {}
+                self.gate = None
                 self._log_event(logging.WARNING, "context_down",
                                 "context generation %d went down",
                                 message.generation)
@@ -132,6 +139,8 @@ class DeviceActor(Actor):
                 pending.op = recorder.refresh(pending.op)
             self.routes[pending.op.library].tell(Run(pending.op, pending))
         self.context.unstash_all()
+        if self.gate is not None and self.gate.generation == generation:
+            self.state.lane.open(self.gate)  # takes nothing while what was queued is in flight
         for watcher in self.watchers:
             watcher.tell(GenerationChanged(self.config.device_id, generation))
 
@@ -179,10 +188,8 @@ class DeviceActor(Actor):
         if self.stopped_error is not None:
             reply.set_exception(self.stopped_error)
             return
-        if self.state.recorder is not None:
-            op = self.state.recorder.refresh(op)  # a durable buffer's ref from before a rebuild
         try:
-            op.validate()
+            op = prepare(op, self.state)
             if op.library != "memory" and op.library not in self.config.libraries:
                 raise InvalidArgument(
                     f"library {op.library!r} is not enabled on device {self.config.device_id} "
@@ -190,11 +197,6 @@ class DeviceActor(Actor):
                 )
         except GpuRuntimeError as exc:
             reply.set_exception(exc)
-            return
-        except Exception as exc:  # a malformed op (wrong field types) is bad input too
-            error = InvalidArgument(f"invalid {type(op).__name__}: {exc}")
-            error.__cause__ = exc
-            reply.set_exception(error)
             return
         if self.state.status is not Status.READY:
             self._stash(reply)
@@ -204,6 +206,7 @@ class DeviceActor(Actor):
     def _stop_serving(self) -> None:
         self._cancel_recovery()
         state = self.state
+        state.lane.close()
         state.status = Status.STOPPED
         self.routes = {}
         if isinstance(state.start_error, GpuRuntimeError):
@@ -225,7 +228,7 @@ class DeviceActor(Actor):
         return DeviceStats(
             device_id=self.config.device_id, backend=self.config.backend,
             isolation=self.config.isolation, status=state.status, generation=state.generation,
-            restarts=state.restarts, in_flight=len(state.pending),
+            restarts=state.restarts, in_flight=state.in_flight,
             queue_depth=self.context.stash_size, completed=state.completed,
             failed=state.failed, out_of_memory=state.out_of_memory, host_pid=state.host_pid,
             bytes_allocated=state.bytes_allocated, memory_free=memory_free,
@@ -243,6 +246,7 @@ class DeviceActor(Actor):
     async def pre_restart(self, exc: BaseException, message: Any) -> None:
         """Fail every request in flight with the error that restarts this device."""
         self.restarting = True
+        self.state.lane.close()
         self.state.fail_all(exc)
         await super().pre_restart(exc, message)
 

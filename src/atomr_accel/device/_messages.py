@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from atomr_accel.actor import ActorRef
 from atomr_accel.core._errors import GpuRuntimeError
 from atomr_accel.core._op import Op
-from atomr_accel.device._state import Pending
+
+if TYPE_CHECKING:
+    from atomr_accel.device._lane import Gate
+    from atomr_accel.device._state import Pending
 
 __all__ = [
     "ContextDown",
@@ -30,10 +34,12 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class ContextReady:
-    """A context generation is up (context -> device); ``routes`` maps library -> actor."""
+    """A context generation is up (context -> device); ``routes`` maps library -> actor,
+    ``gate`` opens the data plane to it."""
 
     generation: int
     routes: dict[str, ActorRef]
+    gate: Gate
 
 
 @dataclass(frozen=True, slots=True)

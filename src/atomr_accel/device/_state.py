@@ -5,20 +5,21 @@ from __future__ import annotations
 import enum
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from atomr_accel.actor import Reply
 from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
+from atomr_accel.device._lane import Lane
 
 if TYPE_CHECKING:
     from atomr_accel.device._replay import DeviceRecorder
 
-__all__ = ["DeviceState", "DeviceStats", "OpObserver", "Pending", "Status"]
+__all__ = ["Answer", "DeviceState", "DeviceStats", "OpObserver", "Pending", "Status"]
 
 _log = logging.getLogger("atomr_accel.device")
 
@@ -32,13 +33,24 @@ class Status(enum.Enum):
     STOPPED = "stopped"
 
 
+class Answer(Protocol):
+    """Where a request's answer goes: an ask's ``Reply``, or a blocking caller's slot."""
+
+    def set_result(self, value: Any) -> None:
+        """Answer with ``value``."""
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Answer with ``exc``."""
+
+
 class OpObserver(Protocol):
     """Told about every request a device hands to its context (``DeviceState.add_observer``).
 
-    Both calls run on the system's event loop, inside the op path: keep them
-    short. An exception they raise is logged and otherwise ignored. Requests
-    refused before they reach a context (bad input, a full rebuild queue, a
-    stopped device) are not reported.
+    Both calls run inside the op path, on the thread that made or finished the
+    request (the system's event loop, a blocking caller's thread or a
+    completion thread): keep them short and thread-safe. An exception they
+    raise is logged and otherwise ignored. Requests refused before they reach a
+    context (bad input, a full rebuild queue, a stopped device) are not reported.
     """
 
     def op_started(self, device: str, op: Op) -> None:
@@ -59,7 +71,7 @@ class Pending:
 
     __slots__ = ("_state", "generation", "launched", "observers", "op", "reply", "seq", "started")
 
-    def __init__(self, state: DeviceState, op: Op, reply: Reply) -> None:
+    def __init__(self, state: DeviceState, op: Op, reply: Answer) -> None:
         self._state = state
         self.op = op
         self.reply = reply
@@ -71,48 +83,64 @@ class Pending:
         self.seq = 0
         """Launch order on this device (set by ``claim``); a journal replays in this order."""
 
+    @property
+    def state(self) -> DeviceState:
+        """The device state the request belongs to."""
+        return self._state
+
     def claim(self, generation: int) -> bool:
-        """Mark as launched on ``generation``; False if already launched or answered."""
-        if self.launched or self not in self._state.pending:
-            return False
-        recorder = self._state.recorder
-        if (recorder is not None and recorder.durable and recorder.serving != generation
-                and self not in recorder.replaying):
-            return False  # held until the durable buffers are whole, then dispatched again
-        self.launched = True
-        self.generation = generation
-        self._state.launches += 1
-        self.seq = self._state.launches
-        return True
+        """Mark as launched on ``generation``; False if already launched or answered.
+
+        Hosts call it at the moment they launch the op, so ``seq`` is launch order.
+        """
+        state = self._state
+        with state.lock:
+            if self.launched or self not in state.pending:
+                return False
+            recorder = state.recorder
+            if (recorder is not None and recorder.durable and recorder.serving != generation
+                    and self not in recorder.replaying):
+                return False  # held until the durable buffers are whole, then dispatched again
+            self.launched = True
+            self.generation = generation
+            state.launches += 1
+            self.seq = state.launches
+            return True
 
     def succeed(self, result: Any) -> None:
-        """Answer with ``result`` (ignored if already answered)."""
+        """Answer with ``result`` (ignored if already answered); any thread."""
         state = self._state
-        if state.pending.pop(self, None) is not None:
+        with state.lock:
+            if state.pending.pop(self, None) is None:
+                return
             state.completed += 1
             if self.op.library == "memory":
                 state.account(self.op, result)
             if state.recorder is not None:
                 state.recorder.completed(self, result, None)
-            self.reply.set_result(result)
-            if self.observers:
-                self._notify(None)
+        self.reply.set_result(result)
+        if self.observers:
+            self._notify(None)
 
     def fail(self, error: BaseException) -> None:
-        """Answer with ``error`` (ignored if already answered)."""
+        """Answer with ``error`` (ignored if already answered); any thread."""
         state = self._state
-        if state.pending.pop(self, None) is not None:
+        with state.lock:
+            if state.pending.pop(self, None) is None:
+                return
             state.failed += 1
+            if isinstance(error, OutOfMemory) and self.launched:
+                state.out_of_memory += 1
             if state.recorder is not None:
                 state.recorder.completed(self, None, error)
-            self.reply.set_exception(error)
-            if isinstance(error, OutOfMemory):
-                _log.warning("device %s: out of memory: %s", state.name, error, extra={
-                    "event": "out_of_memory", "device": state.name,
-                    "device_id": state.device_id, "requested": error.requested,
-                    "available": error.available})
-            if self.observers:
-                self._notify(error)
+        self.reply.set_exception(error)
+        if isinstance(error, OutOfMemory):
+            _log.warning("device %s: out of memory: %s", state.name, error, extra={
+                "event": "out_of_memory", "device": state.name,
+                "device_id": state.device_id, "requested": error.requested,
+                "available": error.available})
+        if self.observers:
+            self._notify(error)
 
     def _notify(self, error: BaseException | None) -> None:
         seconds = time.perf_counter() - self.started
@@ -152,10 +180,13 @@ class DeviceState:
     """Owned by the device actor, shared with its context and kernel actors (one loop).
 
     Survives restarts of those actors, so the generation only goes up and no
-    request in flight is forgotten.
+    request in flight is forgotten. The data plane reaches it from other
+    threads too: ``lock`` guards the requests in flight and the counters.
     """
 
     def __init__(self, device_id: int, name: str | None = None) -> None:
+        self.lock = threading.RLock()
+        """Guards ``pending``, the counters and the recorder's bookkeeping."""
         self.device_id = device_id
         self.name = name or f"device-{device_id}"
         """How logs and metrics name this device (unique within a system)."""
@@ -181,6 +212,8 @@ class DeviceState:
         """Requests launched so far (the last ``Pending.seq``)."""
         self.recorder: DeviceRecorder | None = None
         """Journals completed ops and keeps durable buffers (a device with a journal)."""
+        self.lane = Lane(self)
+        """The data plane: ops straight from their callers to the context's host."""
 
     def add_observer(self, observer: OpObserver) -> None:
         """Tell ``observer`` of every request from now on (call on the system's loop)."""
@@ -191,10 +224,11 @@ class DeviceState:
         """Stop telling ``observer`` of new requests (those it saw start still end)."""
         self.observers = tuple(o for o in self.observers if o is not observer)
 
-    def track(self, op: Op, reply: Reply) -> Pending:
-        """Register a request on its way to a context."""
+    def track(self, op: Op, reply: Answer) -> Pending:
+        """Register a request on its way to a context (any thread)."""
         pending = Pending(self, op, reply)
-        self.pending[pending] = True
+        with self.lock:
+            self.pending[pending] = True
         observers = self.observers
         if observers:
             pending.observers = observers
@@ -238,14 +272,24 @@ class DeviceState:
 
     def fail_launched(self, generation: int, error: BaseException) -> None:
         """Fail every request launched on ``generation`` (it died with that context)."""
-        for pending in [p for p in self.pending if p.launched and p.generation == generation]:
+        with self.lock:
+            doomed = [p for p in self.pending if p.launched and p.generation == generation]
+        for pending in doomed:
             pending.fail(error)
 
     def unlaunched(self) -> list[Pending]:
         """Requests dispatched but not yet launched, oldest first."""
-        return [p for p in self.pending if not p.launched]
+        with self.lock:
+            return [p for p in self.pending if not p.launched]
 
     def fail_all(self, error: BaseException) -> None:
         """Fail every request in flight."""
-        for pending in list(self.pending):
+        with self.lock:
+            doomed = list(self.pending)
+        for pending in doomed:
             pending.fail(error)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests on their way to a context or running there."""
+        return len(self.pending)

@@ -26,6 +26,7 @@ from atomr_accel.core.ops._memory import (
     Upload,
 )
 from atomr_accel.device import (
+    MISS,
     DeviceConfig,
     DeviceState,
     DeviceStats,
@@ -45,7 +46,7 @@ from atomr_accel.facade._buffers import (
 from atomr_accel.facade._graphs import GraphRecorder
 from atomr_accel.facade._kernels import Modules, Nvrtc
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
-from atomr_accel.facade._portal import Portal, blocking
+from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
 
 __all__ = ["Device", "host_array"]
 
@@ -125,13 +126,24 @@ class Device:
     # ---------------------------------------------------------------- core
 
     async def run_async(self, op: Op) -> Any:
-        """Run any op on this device and return its result."""
+        """Run any op on this device and return its result.
+
+        Takes the data plane while the device is ready (the op runs on this
+        thread, or is awaited on this task's loop, without an actor hop); the
+        actor path while its context is (re)built, where it waits in order.
+        """
         if not isinstance(op, Op):
             raise InvalidArgument(f"run() takes an op, got {op!r}")
-        try:
-            return await self._portal.acall(self.ref.ask(op, timeout=self._op_timeout))
-        except ActorStopped as exc:
-            raise SystemClosed(self.ref.path, "device call") from exc
+        lane = self._state.lane
+        timeout = self._op_timeout
+        result = lane.call(op, timeout) if in_blocking_call() else await lane.run(op, timeout)
+        if result is not MISS:
+            return result
+        with lane.detour():
+            try:
+                return await self._portal.acall(self.ref.ask(op, timeout=timeout))
+            except ActorStopped as exc:
+                raise SystemClosed(self.ref.path, "device call") from exc
 
     run = blocking(run_async)
 

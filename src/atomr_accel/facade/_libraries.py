@@ -8,7 +8,7 @@ fields of the op class of the same name (see ``atomr_accel.core.ops``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.core._dtype import DType
@@ -68,6 +68,8 @@ class Library:
     def __init__(self, device: Device) -> None:
         self.device = device
         self._portal = device._portal
+        self._run: Callable[[Op], Coroutine[Any, Any, Any]] = device.run_async
+        """Run an op on the device (awaited: the device's own coroutine, no extra frame)."""
 
     def _ref(self, buffer: BufferLike, name: str, dtypes: Iterable[DType] | None = None) -> GpuRef:
         ref = self.device.ref_of(buffer, name)
@@ -75,9 +77,6 @@ class Library:
             names = "/".join(d.value for d in allowed)
             raise InvalidArgument(f"{name} holds {ref.dtype.value}; this call needs {names}")
         return ref
-
-    async def _run(self, op: Op) -> Any:
-        return await self.device.run_async(op)
 
 
 _F32 = (DType.F32,)
@@ -90,6 +89,11 @@ class Blas(Library):
     ``matmul`` is a row-major convenience over ``gemm``.
     """
 
+    def _gemm(self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
+              dtypes: Iterable[DType] | None, options: dict[str, Any]) -> Gemm:
+        return Gemm(self._ref(a, "a", dtypes), self._ref(b, "b", dtypes),
+                    self._ref(c, "c", dtypes), m, n, k, **options)
+
     async def gemm_async(
         self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int, *,
         alpha: complex = 1.0, beta: complex = 0.0, trans_a: bool = False,
@@ -97,24 +101,23 @@ class Blas(Library):
         ldc: int | None = None, dtypes: Iterable[DType] | None = None, **options: Any,
     ) -> None:
         """C = alpha * op(A) @ op(B) + beta * C, column-major; op(A) is m x k, op(B) k x n."""
-        await self._run(Gemm(
-            self._ref(a, "a", dtypes), self._ref(b, "b", dtypes), self._ref(c, "c", dtypes),
-            m, n, k, alpha, beta, trans_a, trans_b, lda, ldb, ldc, **options,
-        ))
+        await self._run(self._gemm(a, b, c, m, n, k, dtypes, dict(
+            options, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, lda=lda,
+            ldb=ldb, ldc=ldc)))
 
     async def gemm_f32_async(
         self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
         **options: Any,
     ) -> None:
         """``gemm`` on float32 buffers (``InvalidArgument`` for any other dtype)."""
-        await self.gemm_async(a, b, c, m, n, k, dtypes=_F32, **options)
+        await self._run(self._gemm(a, b, c, m, n, k, _F32, options))
 
     async def gemm_f64_async(
         self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
         **options: Any,
     ) -> None:
         """``gemm`` on float64 buffers (``InvalidArgument`` for any other dtype)."""
-        await self.gemm_async(a, b, c, m, n, k, dtypes=_F64, **options)
+        await self._run(self._gemm(a, b, c, m, n, k, _F64, options))
 
     async def matmul_async(
         self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int, *,

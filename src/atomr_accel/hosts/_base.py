@@ -1,10 +1,27 @@
-"""The ContextHost seam: where a device context lives and how ops reach it."""
+"""The ContextHost seam: where a device context lives and how ops reach it.
+
+A host takes ops from any thread. Two ways in (DESIGN §2, "Two planes"):
+
+* ``launch(op, stream, claim, done)`` queues the op and returns at once;
+  ``done(result, error)`` is called once it has finished, on whichever thread
+  learns of it. The actor path and the asynchronous data path use it.
+* ``call(op, stream, claim, deadline)`` runs the op and blocks the calling
+  (plain) thread until it has finished. The blocking data path uses it.
+
+Both call ``claim()`` at the moment the op is launched, in launch order, and
+skip an op whose ``claim()`` answers False (its request was answered already).
+Every host runs the ops it is given in the order they reach it.
+"""
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import pickle
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -12,7 +29,32 @@ from atomr_accel.backends._base import Backend
 from atomr_accel.core._errors import DeviceUnavailable, GpuRuntimeError, LibraryError
 from atomr_accel.core._op import Op
 
-__all__ = ["BackendSpec", "ContextHost", "translate_error"]
+__all__ = [
+    "BackendSpec",
+    "Box",
+    "Claim",
+    "ContextHost",
+    "Done",
+    "Outcome",
+    "always",
+    "settle",
+    "settle_threadsafe",
+    "translate_error",
+]
+
+Claim = Callable[[], bool]
+"""Called by a host as it launches an op; False means: the op's request is answered, skip it."""
+
+Done = Callable[[Any, BaseException | None], None]
+"""``done(result, error)``: called once when a launched op has finished (any thread)."""
+
+Outcome = tuple[Any, BaseException | None]
+"""``(result, error)`` of an op that ran: ``error`` is None when it succeeded."""
+
+
+def always() -> bool:
+    """A claim for ops that belong to no request (tests, benchmarks): always launch."""
+    return True
 
 
 @dataclass(frozen=True)
@@ -60,11 +102,12 @@ def picklable(error: GpuRuntimeError) -> GpuRuntimeError:
 
 
 class ContextHost(abc.ABC):
-    """Runs ops against one device context and completes a future per op.
+    """Runs ops against one device context, in the order they reach it, from any thread.
 
-    All methods are called on the event loop that owns the host. ``died``
-    resolves (with the error) if the context is lost on its own, e.g. when a
-    worker process is killed; the owner then rebuilds.
+    ``start`` and ``close`` are called on the event loop that owns the host;
+    ``launch`` and ``call`` from any thread. ``died`` resolves (with the
+    error) if the context is lost on its own, e.g. when a worker process is
+    killed; the owner then rebuilds.
     """
 
     kind: ClassVar[str]
@@ -78,8 +121,31 @@ class ContextHost(abc.ABC):
         """Build the context; raises ``DeviceUnavailable`` when it cannot."""
 
     @abc.abstractmethod
+    def launch(self, op: Op, stream: int, claim: Claim, done: Done) -> None:
+        """Queue ``op`` on ``stream`` and return at once; ``done`` reports how it ended.
+
+        ``done`` is not called when ``claim()`` answers False. Never blocks.
+        """
+
+    @abc.abstractmethod
+    def call(self, op: Op, stream: int, claim: Claim, deadline: float | None) -> Outcome | None:
+        """Run ``op`` on ``stream`` and wait for it on this (plain) thread.
+
+        Returns its outcome, or None when ``claim()`` answered False. Raises
+        ``TimeoutError`` once ``time.perf_counter()`` passes ``deadline`` (the
+        op may still run). Never call it on an event loop's thread.
+        """
+
     def submit(self, op: Op, stream: int = 0) -> asyncio.Future[Any]:
-        """Queue ``op`` on ``stream``; the future completes with its result or a typed error."""
+        """Queue ``op`` for no request in particular; the future (of the running loop)
+        completes with its result or error."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            settle_threadsafe(fut, result, error)
+
+        self.launch(op, stream, always, done)
+        return fut
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -89,11 +155,6 @@ class ContextHost(abc.ABC):
     @abc.abstractmethod
     def pid(self) -> int | None:
         """The process the context lives in (None before start)."""
-
-    @property
-    @abc.abstractmethod
-    def in_flight(self) -> int:
-        """Ops submitted and not yet completed."""
 
     def _mark_died(self, error: GpuRuntimeError) -> None:
         if self.died is not None and not self.died.done():
@@ -108,3 +169,47 @@ def settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -
         fut.set_exception(error)
     else:
         fut.set_result(result)
+
+
+def settle_threadsafe(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """``settle`` from any thread: at once on ``fut``'s loop, else through that loop."""
+    loop = fut.get_loop()
+    if asyncio._get_running_loop() is loop:
+        settle(fut, result, error)
+        return
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+        loop.call_soon_threadsafe(settle, fut, result, error)
+
+
+class Box:
+    """One outcome handed from another thread to a waiting one (None: the op never ran)."""
+
+    __slots__ = ("_event", "_outcome")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._outcome: Outcome | None = None
+
+    def set(self, outcome: Outcome | None) -> None:
+        """Hand over ``outcome`` and wake the waiter."""
+        self._outcome = outcome
+        self._event.set()
+
+    def wait(self, deadline: float | None) -> Outcome | None:
+        """The outcome; ``TimeoutError`` once ``time.perf_counter()`` passes ``deadline``."""
+        timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        if not self._event.wait(timeout):
+            raise TimeoutError("the op did not finish before its deadline")
+        return self._outcome
+
+    def call(self, host: ContextHost, op: Op, stream: int, claim: Claim,
+             deadline: float | None) -> Outcome | None:
+        """``host.call`` made of ``host.launch``: launch, then wait here."""
+        def claimed() -> bool:
+            ok = claim()
+            if not ok:
+                self.set(None)
+            return ok
+
+        host.launch(op, stream, claimed, lambda result, error: self.set((result, error)))
+        return self.wait(deadline)

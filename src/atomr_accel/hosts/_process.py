@@ -1,75 +1,115 @@
 """The process host: the context lives in a child worker process.
 
 This is the only host that recovers a poisoned CUDA context for real: the
-worker is killed with its context and a fresh one starts. Ops travel as pickled
-frames over the worker's stdin/stdout; host payloads (uploads and downloads)
-travel through a shared-memory arena, never through pickles.
+worker is killed with its context and a fresh one starts. Ops travel in order
+through a shared-memory ring (``_channel.py``); a blocking caller waits for its
+reply in a slot of its own, other requests are answered by a frame on the
+worker's stdout, read on the event loop that owns the host. Host payloads
+(uploads and downloads) travel through a shared-memory arena, never through
+pickles; copies of 1 MiB and more made for an event loop run off its thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
 import os
 import pickle
 import sys
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 import atomr_accel
+from atomr_accel.backends._spin import wait_until
 from atomr_accel.core._errors import ContextPoisoned, DeviceUnavailable, GpuRuntimeError
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Download, Upload
-from atomr_accel.hosts._base import BackendSpec, ContextHost, settle
+from atomr_accel.hosts._base import BackendSpec, Box, Claim, ContextHost, Done, Outcome
+from atomr_accel.hosts._channel import (
+    DEAD,
+    DONE,
+    FREE,
+    NO_SLOT,
+    PENDING,
+    SKIPPED,
+    Channel,
+    Spilled,
+    loads,
+)
 from atomr_accel.hosts._shm import SharedArena, ShmSlice
 from atomr_accel.hosts._wire import HEADER, encode
 
 __all__ = ["ProcessHost"]
 
 _DEFAULT_ARENA = 64 << 20
+_OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
 _PACKAGE_ROOT = str(Path(atomr_accel.__file__).resolve().parents[1])  # the worker imports from it
 
 
-@dataclasses.dataclass(slots=True)
-class _InFlight:
-    fut: asyncio.Future[Any]
+@dataclasses.dataclass(slots=True, eq=False)
+class _Request:
+    """One op on its way to the worker, and where its answer goes."""
+
+    op: Op
+    stream: int
+    claim: Claim
+    done: Done | None  # None: a blocking caller waits on ``slot``
     staged: ShmSlice | None
     out: ShmSlice | None
+    slot: int = NO_SLOT
+    payload: bytes | None = None  # the pickled request, once its upload is staged
+    error: BaseException | None = None  # staging failed: answer this instead
+    id: int = 0  # set when it enters the ring
 
 
 class ProcessHost(ContextHost):
     """Runs the context in a worker process (``python -m atomr_accel.hosts._worker``).
 
-    ``arena_bytes`` sizes the shared staging arena; larger payloads get one-off
-    segments. When the worker dies, every op in flight fails with
-    ``ContextPoisoned`` and ``died`` resolves.
+    ``arena_bytes`` sizes the shared staging arena (larger payloads get one-off
+    segments); ``ring_bytes`` the request ring; ``slots`` how many blocking
+    callers wait in slots at once (more wait through the event loop). When the
+    worker dies, every op in flight fails with ``ContextPoisoned`` and
+    ``died`` resolves.
     """
 
     kind: ClassVar[str] = "process"
 
     def __init__(
-        self, spec: BackendSpec, arena_bytes: int = _DEFAULT_ARENA, start_timeout: float = 60.0
+        self, spec: BackendSpec, arena_bytes: int = _DEFAULT_ARENA, start_timeout: float = 60.0,
+        ring_bytes: int = 1 << 20, slots: int = 32,
     ) -> None:
         super().__init__(spec)
         self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
+        self.ring_bytes = ring_bytes
+        self.slots = slots
         self._pid: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._arena: SharedArena | None = None
-        self._inflight: dict[int, _InFlight] = {}
+        self._channel: Channel | None = None
+        self._lock = threading.Lock()
+        """Guards the ring's order: the backlog, the requests in flight and the free slots."""
+        self._backlog: collections.deque[_Request] = collections.deque()
+        self._inflight: dict[int, _Request] = {}
+        self._free_slots: list[int] = []
+        self._abandoned: set[int] = set()
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
         self._dead: GpuRuntimeError | None = None
 
     async def start(self) -> None:
-        """Start the worker, build its backend, share the arena with it."""
-        loop = asyncio.get_running_loop()
+        """Start the worker, build its backend, share the arena and the channel with it."""
+        loop = self._loop = asyncio.get_running_loop()
         self.died = loop.create_future()
         self._arena = SharedArena(self.arena_bytes)
+        self._channel = Channel.create(self.ring_bytes, self.slots)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p
@@ -80,89 +120,301 @@ class ProcessHost(ContextHost):
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             )
             assert self._proc.stdin is not None and self._proc.stdout is not None
-            self._proc.stdin.write(encode((self.spec, self._arena.path, self.arena_bytes)))
+            self._proc.stdin.write(encode((self.spec, self._arena.path, self.arena_bytes,
+                                           self._channel.path, self.ring_bytes, self.slots)))
             async with asyncio.timeout(self.start_timeout):
                 reply = await _read(self._proc.stdout)
         except BaseException:
             await self._abort()
             raise
         finally:
-            self._arena.unlink()  # the worker has it mapped now (or never will)
+            if self._arena is not None:  # the worker has them mapped now (or never will)
+                self._arena.unlink()
+            if self._channel is not None:
+                self._channel.unlink()
         if reply is None or reply[0] != "ready":
             await self._abort()
             if reply is not None and isinstance(reply[1], GpuRuntimeError):
                 raise reply[1]
             raise DeviceUnavailable(f"the context worker for {self.spec} failed to start")
         self._pid = reply[1]
+        self._free_slots = list(range(self.slots))
         self._reader = loop.create_task(self._read_replies(), name=f"atomr-host-{self._pid}")
 
-    def submit(self, op: Op, stream: int = 0) -> asyncio.Future[Any]:
-        """Send ``op`` to the worker; payloads go through shared memory."""
-        assert self._proc is not None and self._proc.stdin is not None and self._arena
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    # ------------------------------------------------------------ ways in
+
+    def launch(self, op: Op, stream: int, claim: Claim, done: Done) -> None:
+        """Send ``op`` through the ring; the reply comes back as a frame, to ``done``."""
         if self._dead is not None:
-            fut.set_exception(self._dead)
-            return fut
+            if claim():
+                done(None, self._dead)
+            return
+        self._enqueue(self._request(op, stream, claim, done, NO_SLOT))
+
+    def call(self, op: Op, stream: int, claim: Claim, deadline: float | None) -> Outcome | None:
+        """Send ``op`` through the ring and wait for its reply in a slot of this caller's."""
+        if self._dead is not None:
+            return (None, self._dead) if claim() else None
+        slot = self._take_slot()
+        if slot is None:  # more blocking callers than slots: wait for a frame instead
+            return Box().call(self, op, stream, claim, deadline)
+        channel = self._channel
+        assert channel is not None
+        channel.set_slot(slot, PENDING)
+        try:
+            request = self._request(op, stream, claim, None, slot)
+        except BaseException:
+            self._free(slot)
+            raise
+        self._enqueue(request)
+        try:
+            wait_until(lambda: channel.slot_state(slot) != PENDING, deadline,
+                       park=lambda seconds: channel.park_on_slot(slot, seconds))
+        except TimeoutError:
+            with self._lock:
+                self._abandoned.add(slot)  # freed once the worker has answered it
+            raise
+        return self._slot_outcome(request, slot)
+
+    def _take_slot(self) -> int | None:
+        channel = self._channel
+        assert channel is not None
+        with self._lock:
+            for slot in [s for s in self._abandoned if channel.slot_state(s) != PENDING]:
+                self._abandoned.discard(slot)
+                request = next((r for r in self._inflight.values() if r.slot == slot), None)
+                if request is not None:
+                    del self._inflight[request.id]
+                    self._release(request)
+                channel.set_slot(slot, FREE)
+                self._free_slots.append(slot)
+            return self._free_slots.pop() if self._free_slots else None
+
+    def _slot_outcome(self, request: _Request, slot: int) -> Outcome | None:
+        """Read the answer in ``slot``, free it and its request's shared memory."""
+        channel = self._channel
+        assert channel is not None
+        state = channel.slot_state(slot)
+        outcome: Outcome | None
+        try:
+            if state == DONE:
+                ok, payload = loads(channel.reply(slot))
+                if ok and request.out is not None and payload is None:
+                    payload = self._array(request.out).copy()
+                outcome = (payload, None) if ok else (None, payload)
+            elif state == SKIPPED:
+                outcome = None
+            else:
+                assert state == DEAD and self._dead is not None
+                outcome = (None, self._dead)
+        except (ValueError, GpuRuntimeError):  # the host closed under this caller
+            outcome = (None, ContextPoisoned("the context was closed before this op finished"))
+        with self._lock:
+            self._inflight.pop(request.id, None)
+            self._release(request)
+        self._free(slot)
+        return outcome
+
+    def _free(self, slot: int) -> None:
+        channel = self._channel
+        assert channel is not None
+        with self._lock:
+            channel.set_slot(slot, FREE)
+            self._free_slots.append(slot)
+
+    # --------------------------------------------------------- the ring
+
+    def _request(self, op: Op, stream: int, claim: Claim, done: Done | None,
+                 slot: int) -> _Request:
+        """Stage ``op``'s payloads in shared memory and pickle it (a copy an event loop
+        would wait for runs on an executor thread; the request waits in order)."""
+        arena = self._arena
+        assert arena is not None
         staged = out = None
+        data: np.ndarray[Any, Any] | None = None
         if isinstance(op, Upload) and isinstance(op.data, np.ndarray):
             data = op.data
-            staged = self._arena.take(data.nbytes, data.dtype.str)
-            self._arena.array(staged)[:] = data.reshape(-1)
+            staged = arena.take(data.nbytes, data.dtype.str)
             op = dataclasses.replace(op, data=staged)
         elif isinstance(op, Download):
             dtype = op.ref.dtype.numpy
-            out = self._arena.take(op.count * dtype.itemsize, dtype.str)
-        req_id = next(self._ids)
-        self._inflight[req_id] = _InFlight(fut, staged, out)
-        self._proc.stdin.write(encode((req_id, op, stream, out)))
-        return fut
+            out = arena.take(op.count * dtype.itemsize, dtype.str)
+        request = _Request(op, stream, claim, done, staged, out, slot)
+        if data is not None and staged is not None:
+            if data.nbytes >= _OFF_LOOP and _on_loop():
+                loop = asyncio.get_running_loop()
+                loop.run_in_executor(None, self._stage, request, data)
+                return request
+            self._array(staged)[:] = data.reshape(-1)
+        request.payload = self._encode(request)
+        return request
+
+    def _stage(self, request: _Request, data: np.ndarray[Any, Any]) -> None:
+        """Copy an upload into shared memory off the event loop, then let it into the ring."""
+        try:
+            assert request.staged is not None
+            self._array(request.staged)[:] = data.reshape(-1)
+            request.payload = self._encode(request)
+        except BaseException as exc:
+            request.error = exc
+        self._enqueue(None)
+
+    def _encode(self, request: _Request) -> bytes:
+        channel = self._channel
+        assert channel is not None
+        payload = pickle.dumps((request.op, request.stream, request.out),
+                               protocol=pickle.HIGHEST_PROTOCOL)
+        return Spilled.write(payload) if len(payload) > channel.largest else payload
+
+    def _enqueue(self, request: _Request | None) -> None:
+        """Queue ``request`` behind the backlog and push what fits (None: just push)."""
+        unsent: list[_Request] = []
+        with self._lock:
+            if request is not None:
+                self._backlog.append(request)
+            if self._dead is None:
+                unsent = self._drain()
+        for failed in unsent:
+            self._settle_unsent(failed, failed.error)
+        if self._dead is not None:
+            self._fail_all(self._dead)  # it may have died while this one was queued
+
+    def _drain(self) -> list[_Request]:
+        """Push the backlog's ready requests in order while they fit (under the lock);
+        return those claimed with a staging error, to answer outside the lock."""
+        channel = self._channel
+        assert channel is not None
+        failed: list[_Request] = []
+        backlog = self._backlog
+        while backlog:
+            request = backlog[0]
+            payload = request.payload
+            if payload is None and request.error is None:
+                break  # still staging: what comes after it waits
+            if payload is not None and not channel.fits(len(payload)):
+                channel.set_backlog(True)
+                return failed
+            backlog.popleft()
+            if not request.claim():
+                request.error = None
+                failed.append(request)
+            elif payload is None:
+                failed.append(request)
+            else:
+                request.id = next(self._ids)
+                self._inflight[request.id] = request
+                channel.push(payload, request.slot, request.id)
+        channel.set_backlog(False)
+        return failed
+
+    def _settle_unsent(self, request: _Request, error: BaseException | None) -> None:
+        """Answer a request that never entered the ring: with ``error``, or not at all when
+        it was not claimed (None). A blocking caller's waiter cleans up after it."""
+        if request.slot != NO_SLOT:
+            channel = self._channel
+            assert channel is not None
+            channel.set_slot(request.slot, SKIPPED if error is None else DEAD, wake=True)
+            return
+        with self._lock:
+            self._release(request)
+        if error is not None:
+            assert request.done is not None
+            request.done(None, error)
+
+    def _release(self, request: _Request) -> None:
+        arena = self._arena
+        if arena is None:
+            return
+        for piece in (request.staged, request.out):
+            if piece is not None:
+                arena.release(piece)
+        request.staged = request.out = None
+
+    def _array(self, piece: ShmSlice) -> np.ndarray[Any, Any]:
+        arena = self._arena
+        if arena is None:
+            raise ContextPoisoned("the context was closed before this op finished")
+        return arena.array(piece)
+
+    # ------------------------------------------------------------ replies
 
     async def _read_replies(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        while (reply := await _read(self._proc.stdout)) is not None:
-            req_id, ok, payload = reply
-            entry = self._inflight.pop(req_id)
-            if ok and entry.out is not None and payload is None:
-                payload = self._arena.array(entry.out).copy()  # type: ignore[union-attr]
-            self._release(entry)
-            settle(entry.fut, payload if ok else None, None if ok else payload)
+        while (frame := await _read(self._proc.stdout)) is not None:
+            request_id, reply = frame
+            if request_id == 0:  # the worker made room in the ring
+                self._enqueue(None)
+                continue
+            with self._lock:
+                request = self._inflight.pop(request_id, None)
+            if request is not None:
+                self._answer(request, *pickle.loads(reply))
         code = await self._proc.wait()
         self._fail_all(ContextPoisoned(
             f"context worker {self.pid} for {self.spec.name} device {self.spec.device_id} "
             f"died (exit code {code})"
         ))
 
-    def _release(self, entry: _InFlight) -> None:
-        for piece in (entry.staged, entry.out):
-            if piece is not None and self._arena is not None:
-                self._arena.release(piece)
+    def _answer(self, request: _Request, ok: bool, payload: Any) -> None:
+        """Answer a request from its reply frame (on the owner loop)."""
+        done = request.done
+        assert done is not None
+        out = request.out
+        if ok and out is not None and payload is None:
+            if out.nbytes >= _OFF_LOOP:
+                assert self._loop is not None
+                self._loop.run_in_executor(None, self._copy_out, request)
+                return
+            try:
+                payload = self._array(out).copy()
+            except GpuRuntimeError as exc:
+                ok, payload = False, exc
+        with self._lock:
+            self._release(request)
+        done(payload if ok else None, None if ok else payload)
+
+    def _copy_out(self, request: _Request) -> None:
+        """Copy a large download out of shared memory off the event loop, then answer it."""
+        assert request.out is not None and request.done is not None
+        try:
+            result: Any = self._array(request.out).copy()
+            error: BaseException | None = None
+        except GpuRuntimeError as exc:
+            result, error = None, exc
+        with self._lock:
+            self._release(request)
+        request.done(result, error)
 
     def _fail_all(self, error: GpuRuntimeError) -> None:
-        if self._dead is None:
-            self._dead = error
-        for entry in self._inflight.values():
-            self._release(entry)
-            settle(entry.fut, None, error)
-        self._inflight.clear()
+        """Answer every request not yet answered with ``error`` (the worker is gone)."""
+        with self._lock:
+            if self._dead is None:
+                self._dead = error
+            sent = list(self._inflight.values())
+            unsent = list(self._backlog)
+            self._inflight.clear()
+            self._backlog.clear()
+        for request in sent:
+            self._settle_unsent(request, self._dead)
+        for request in unsent:
+            self._settle_unsent(request, self._dead if request.claim() else None)
         self._mark_died(error)
+
+    # -------------------------------------------------------------- life
 
     @property
     def pid(self) -> int | None:
         """The worker process's id."""
         return self._pid
 
-    @property
-    def in_flight(self) -> int:
-        """Ops sent to the worker and not yet answered."""
-        return len(self._inflight)
-
     async def close(self) -> None:
         """Stop the worker (kill it if it does not exit), release shared memory."""
         proc = self._proc
         if proc is not None and proc.returncode is None:
             if self._dead is None:
-                assert proc.stdin is not None
-                proc.stdin.close()  # the worker exits at end of input
+                assert proc.stdin is not None and self._channel is not None
+                self._channel.close_worker()  # it exits once it has answered what it was sent
+                proc.stdin.close()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(5.0):
                         await proc.wait()
@@ -184,6 +436,11 @@ class ProcessHost(ContextHost):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+
+def _on_loop() -> bool:
+    """Whether this thread runs an event loop."""
+    return asyncio._get_running_loop() is not None
 
 
 async def _read(stream: asyncio.StreamReader) -> Any:

@@ -1,16 +1,25 @@
-"""The thread host: the context lives on one dedicated OS thread of this process."""
+"""The thread host: the context lives in this process, served by one dedicated thread.
+
+The context thread takes ops from a queue, in order. A caller may also run an
+op on its own thread (``call``: the blocking data path) or, for an op that
+only queues GPU work, on its event loop's thread (``launch``); either way under
+the context's lock and only while nothing waits in the queue, so every op still
+runs in the order it reached the host.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
+import itertools
 import os
 import queue
 import threading
+import time
+import weakref
 from typing import Any, ClassVar
 
 from atomr_accel.backends._base import Backend
+from atomr_accel.backends._spin import SPIN_SECONDS, hold
 from atomr_accel.core._errors import (
     ContextPoisoned,
     GpuRuntimeError,
@@ -19,15 +28,28 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
-from atomr_accel.hosts._base import BackendSpec, ContextHost, settle, translate_error
+from atomr_accel.hosts._base import (
+    BackendSpec,
+    Box,
+    Claim,
+    ContextHost,
+    Done,
+    Outcome,
+    settle,
+    translate_error,
+)
+from atomr_accel.hosts._loop_poller import LoopPoller, Started
 
 __all__ = ["ThreadHost"]
 
 _STOP = object()
+_LOOP_SPIN = 30e-6
+"""How long an event loop that launched a lone op waits for it in place: a short op then
+answers without any loop turn, and a long one costs the loop no more than a turn would."""
 
 
 class ThreadHost(ContextHost):
-    """Runs every backend call on one thread (CUDA handles and streams stay on it).
+    """Runs every op in this process, one backend call at a time.
 
     A sticky fault (``ContextPoisoned``) makes the host refuse every later op,
     as a real CUDA context does. Where the backend cannot be rebuilt inside the
@@ -40,13 +62,24 @@ class ThreadHost(ContextHost):
         super().__init__(spec)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: set[asyncio.Future[Any]] = set()
+        self._backend: Backend | None = None
+        self._lock = threading.Lock()
+        """Held for every backend call that starts an op (and while the backend closes)."""
+        self._put_lock = threading.Lock()
+        """Held to put on the queue: never held for long, so an event loop may take it."""
+        self._puts = itertools.count(1)
+        self._queued = 0  # items put so far (last value of _puts), under _put_lock
+        self._taken = 0  # items the context thread has taken and launched, under _lock
         self._broken: GpuRuntimeError | None = None
+        self._closed = False
+        self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPoller] = (
+            weakref.WeakKeyDictionary())
+        self._waits: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._waiter: threading.Thread | None = None
 
     async def start(self) -> None:
-        """Start the thread and build the backend on it."""
-        loop = self._loop = asyncio.get_running_loop()
+        """Start the context thread and build the backend on it."""
+        loop = asyncio.get_running_loop()
         self.died = loop.create_future()
         ready: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(
@@ -56,23 +89,25 @@ class ThreadHost(ContextHost):
         self._thread.start()
         await ready
 
+    # ------------------------------------------------------------ the thread
+
     def _serve(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
         try:
             backend = self.spec.create()
         except BaseException as exc:
             loop.call_soon_threadsafe(settle, ready, None, exc)
             return
+        self._backend = backend
         loop.call_soon_threadsafe(settle, ready, None, None)
         try:
             while (item := self._next(backend)) is not _STOP:
-                op, stream, fut = item
-                done = functools.partial(self._done, loop, backend, op, fut)
-                if self._broken is not None:  # a sticky fault: the context runs nothing more
-                    done(None, self._broken)
-                else:
-                    backend.launch(op, stream, done)
+                op, stream, claim, done = item
+                with self._lock:
+                    self._taken += 1
+                    self._launch(backend, op, stream, claim, done)
         finally:
-            backend.close()
+            with self._lock:
+                backend.close()
 
     def _next(self, backend: Backend) -> Any:
         """The next queued item; with none queued, flush deferred completions, then wait."""
@@ -82,13 +117,140 @@ class ThreadHost(ContextHost):
             backend.flush()
             return self._queue.get()
 
-    def _done(self, loop: asyncio.AbstractEventLoop, backend: Backend, op: Op,
-              fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-        """Report a finished op to the loop (called on the host or a completion thread)."""
-        if error is not None:
-            error = self._classify(backend, op, error)
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-            loop.call_soon_threadsafe(self._complete, fut, result, error)
+    def _launch(self, backend: Backend, op: Op, stream: int, claim: Claim, done: Done) -> None:
+        """Launch a queued op (under the lock); its completion is classified, then reported."""
+        refusal = self._refusal(op)
+        if not claim():
+            return
+        if refusal is not None:
+            done(None, refusal)
+            return
+
+        def report(result: Any, error: BaseException | None) -> None:
+            done(result, None if error is None else self._classify(backend, op, error))
+
+        backend.launch(op, stream, report)
+
+    # --------------------------------------------------------- ways in
+
+    def launch(self, op: Op, stream: int, claim: Claim, done: Done) -> None:
+        """Queue ``op`` for the context thread; an op that only queues GPU work is launched
+        at once on the caller's event loop when nothing waits before it, and polled there."""
+        backend = self._backend
+        if backend is not None and backend.queues_only(op) and self._launch_on_loop(
+                backend, op, stream, claim, done):
+            return
+        with self._put_lock:
+            if not self._closed:
+                self._queued = next(self._puts)
+                self._queue.put((op, stream, claim, done))
+                return
+        if claim():
+            done(None, self._refusal(op) or ContextPoisoned("the context is closed"))
+
+    def _launch_on_loop(self, backend: Backend, op: Op, stream: int, claim: Claim,
+                        done: Done) -> bool:
+        """Start ``op`` here if the caller runs an event loop and the context is free and
+        idle; the loop's poller reports it. False: queue it instead."""
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False  # the context is busy: never block an event loop on it
+        try:
+            if self._queued != self._taken or self._refusal(op) is not None:
+                return False
+            if not claim():
+                return True
+            try:
+                started = backend.begin(op, stream)
+            except BaseException as exc:
+                done(None, self._classify(backend, op, exc))
+                return True
+        finally:
+            self._lock.release()
+        entry = Started(op, started, done, time.perf_counter() + SPIN_SECONDS)
+        poller = self._pollers.get(loop)
+        if poller is None:
+            poller = self._pollers[loop] = LoopPoller(self, loop)
+        if not poller.streams and self._report_soon(entry):
+            return True  # a lone short op: answered before its caller awaits, no loop turn
+        poller.add(stream, entry)
+        return True
+
+    def _report_soon(self, entry: Started) -> bool:
+        """Report ``entry`` if it finishes within ``_LOOP_SPIN`` (a loop turn or two)."""
+        until = time.perf_counter() + _LOOP_SPIN
+        while not self.report(entry, waited=False):
+            if time.perf_counter() >= until:
+                return False
+        return True
+
+    def report(self, entry: Started, waited: bool) -> bool:
+        """Report ``entry`` if it has finished (``waited``: wait for it first); False if not."""
+        backend = self._backend
+        assert backend is not None
+        try:
+            if not (waited or backend.finished(entry.started)):
+                return False
+            result = backend.wait(entry.started, None)
+        except BaseException as exc:
+            entry.done(None, self._classify(backend, entry.op, exc))
+            return True
+        entry.done(result, None)
+        return True
+
+    def wait_off_loop(self, entry: Started) -> None:
+        """Hand ``entry`` to the host's waiter thread, which reports it once finished."""
+        with self._put_lock:
+            if self._waiter is None:
+                self._waiter = threading.Thread(
+                    target=self._wait_in_order, daemon=True,
+                    name=f"atomr-wait-{self.spec.name}-{self.spec.device_id}")
+                self._waiter.start()
+            self._waits.put(entry)
+
+    def _wait_in_order(self) -> None:
+        while (entry := self._waits.get()) is not _STOP:
+            self.report(entry, waited=True)
+
+    def call(self, op: Op, stream: int, claim: Claim, deadline: float | None) -> Outcome | None:
+        """Run ``op`` on the calling thread when nothing waits in the queue (else through the
+        context thread), then wait for it here."""
+        backend = self._backend
+        assert backend is not None, "start() the host first"
+        with hold(self._lock):
+            inline = self._queued == self._taken
+            if inline:
+                refusal = self._refusal(op)
+                if not claim():
+                    return None
+                if refusal is not None:
+                    return None, refusal
+                try:
+                    started = backend.begin(op, stream)
+                except BaseException as exc:
+                    return None, self._classify(backend, op, exc)
+        if not inline:
+            return Box().call(self, op, stream, claim, deadline)
+        try:
+            return backend.wait(started, deadline), None
+        except TimeoutError:
+            raise
+        except BaseException as exc:
+            return None, self._classify(backend, op, exc)
+
+    # -------------------------------------------------------------- faults
+
+    def _refusal(self, op: Op) -> GpuRuntimeError | None:
+        """Why the context will not run ``op`` (None: it will)."""
+        if self._broken is not None:
+            return self._broken
+        if self._closed:
+            return ContextPoisoned("the context was closed before this op ran")
+        if isinstance(op, InjectFault) and op.kind is FaultKind.CRASH:
+            return InvalidArgument("a CRASH fault needs the process host")
+        return None
 
     def _classify(self, backend: Backend, op: Op, exc: BaseException) -> BaseException:
         if self._broken is not None and exc is self._broken:
@@ -106,46 +268,31 @@ class ThreadHost(ContextHost):
             self._broken.__cause__ = error
         return self._broken
 
-    def _complete(self, fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-        self._pending.discard(fut)
-        settle(fut, result, error)
-
-    def submit(self, op: Op, stream: int = 0) -> asyncio.Future[Any]:
-        """Queue ``op`` for the context thread."""
-        assert self._loop is not None, "start() the host first"
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        if self._broken is not None:
-            fut.set_exception(self._broken)
-        elif isinstance(op, InjectFault) and op.kind is FaultKind.CRASH:
-            fut.set_exception(InvalidArgument("a CRASH fault needs the process host"))
-        else:
-            self._pending.add(fut)
-            self._queue.put((op, stream, fut))
-        return fut
+    # ---------------------------------------------------------------- life
 
     @property
     def pid(self) -> int | None:
         """This process: the context lives on one of its threads."""
         return os.getpid() if self._thread is not None else None
 
-    @property
-    def in_flight(self) -> int:
-        """Ops queued or running on the thread."""
-        return len(self._pending)
-
     async def close(self) -> None:
         """Fail queued ops, stop the thread after the op it is running, release the backend."""
         error = ContextPoisoned("the context was closed before this op ran")
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                self._complete(item[2], None, error)
-        self._queue.put(_STOP)
+        with self._put_lock:
+            self._closed = True
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                _op, _stream, claim, done = item
+                if claim():
+                    done(None, error)
+            self._queue.put(_STOP)
         thread = self._thread
         if thread is not None and thread.is_alive():
             await asyncio.to_thread(thread.join)
-        for fut in list(self._pending):
-            self._complete(fut, None, error)
+        if self._waiter is not None:
+            self._waits.put(_STOP)
+            await asyncio.to_thread(self._waiter.join)
+

@@ -1,8 +1,10 @@
 """The context worker process: ``python -m atomr_accel.hosts._worker``.
 
-Reads frames from stdin, runs each op on its backend, writes replies to stdout.
+Reads one start-up frame from stdin (the backend to build, the shared arena
+and the channel), then takes ops from the channel's ring in order, runs each
+on its backend and answers it in the caller's slot or as a frame on stdout.
 Host payloads arrive and leave through shared memory (``ShmSlice``). It exits
-when stdin closes. Anything printed goes to stderr, never into the frames.
+when the parent asks it to or goes away. Anything printed goes to stderr.
 """
 
 from __future__ import annotations
@@ -12,29 +14,39 @@ import dataclasses
 import functools
 import mmap
 import os
+import pickle
 import select
 import sys
 import threading
+import time
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from atomr_accel.backends._base import Backend
+from atomr_accel.backends._spin import SPIN_SECONDS, yield_now
 from atomr_accel.core._errors import ContextPoisoned, GpuRuntimeError
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Upload
-from atomr_accel.hosts._base import BackendSpec, picklable, translate_error
+from atomr_accel.hosts._base import picklable, translate_error
+from atomr_accel.hosts._channel import NO_SLOT, Channel, loads
 from atomr_accel.hosts._shm import ShmSlice, map_path
 from atomr_accel.hosts._wire import encode, read_frame
+
+_PARK = 0.05  # seconds between checks on the parent while parked
 
 
 class _Worker:
     """Launches each op on the backend and answers it when the backend reports completion."""
 
-    def __init__(self, backend: Backend, arena: mmap.mmap, out: BinaryIO) -> None:
+    def __init__(self, backend: Backend, arena: mmap.mmap, channel: Channel,
+                 inp: BinaryIO, out: BinaryIO) -> None:
         self.backend = backend
         self.arena = arena
+        self.channel = channel
+        self.inp = inp
         self.out = out
+        self.parent = os.getppid()
         self.poisoned: GpuRuntimeError | None = None  # sticky: once poisoned, run nothing more
         self._lock = threading.Lock()  # completions may answer from other threads
 
@@ -43,66 +55,109 @@ class _Worker:
         view = np.frombuffer(mm, dtype=piece.dtype, count=piece.count, offset=piece.offset)
         return view, (None if piece.path is None else mm)
 
-    def _answer(self, req_id: int, ok: bool, payload: Any) -> None:
+    def _answer(self, slot: int, request_id: int, ok: bool, payload: Any) -> None:
+        try:
+            reply = pickle.dumps((ok, payload), pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # answer the request; never lose the worker over it
+            failure = GpuRuntimeError(f"the result ({type(payload).__name__}) could not be "
+                                      f"sent back: {exc}")
+            reply = pickle.dumps((False, failure), pickle.HIGHEST_PROTOCOL)
+        if slot != NO_SLOT:
+            self.channel.answer(slot, reply)
+            return
         with self._lock:
-            self.out.write(encode((req_id, ok, payload)))
+            self.out.write(encode((request_id, reply)))
             self.out.flush()
 
-    def _finish(self, req_id: int, op: Op, out_slice: ShmSlice | None,
+    def _finish(self, slot: int, request_id: int, op: Op, out_slice: ShmSlice | None,
                 segment: mmap.mmap | None, result: Any, error: BaseException | None) -> None:
         if segment is not None:  # the upload has been copied: its one-off segment can go
             with contextlib.suppress(BufferError):
                 segment.close()
+        if error is None and out_slice is not None and isinstance(result, np.ndarray):
+            try:
+                view, out_segment = self._view(out_slice)
+                view[:] = result.reshape(-1)
+                del view
+                if out_segment is not None:
+                    out_segment.close()
+                result = None
+            except Exception as exc:  # answer the request; never lose the worker over it
+                error = exc
         if error is not None:
             failure = picklable(translate_error(error, op))
             if isinstance(failure, ContextPoisoned):
                 self.poisoned = failure
-            self._answer(req_id, False, failure)
+            self._answer(slot, request_id, False, failure)
             return
-        if out_slice is not None and isinstance(result, np.ndarray):
-            view, out_segment = self._view(out_slice)
-            view[:] = result.reshape(-1)
-            del view
-            if out_segment is not None:
-                out_segment.close()
-            result = None
-        self._answer(req_id, True, result)
+        self._answer(slot, request_id, True, result)
 
-    def serve(self, inp: BinaryIO) -> bool:
-        """Answer frames until stdin closes; return True if the context was poisoned."""
-        while (frame := read_frame(inp)) is not None:
-            req_id, op, stream, out_slice = frame
-            if self.poisoned is not None:
-                self._answer(req_id, False, self.poisoned)
+    def _run(self, slot: int, request_id: int, payload: bytes) -> None:
+        try:
+            op, stream, out_slice = loads(payload)
+        except Exception as exc:
+            self._answer(slot, request_id, False, picklable(translate_error(exc, Op())))
+            return
+        if self.poisoned is not None:
+            self._answer(slot, request_id, False, self.poisoned)
+            return
+        segment = None
+        if isinstance(op, Upload) and isinstance(op.data, ShmSlice):
+            data, segment = self._view(op.data)
+            op = dataclasses.replace(op, data=data)
+        done = functools.partial(self._finish, slot, request_id, op, out_slice, segment)
+        self.backend.launch(op, stream, done)
+
+    def serve(self) -> bool:
+        """Answer requests until the parent is done; return True if the context was poisoned."""
+        channel = self.channel
+        while True:
+            request = channel.take()
+            if request is None:
+                self.backend.flush()  # nothing more to launch: report what is deferred
+                if not self._idle():
+                    break
                 continue
-            segment = None
-            if isinstance(op, Upload) and isinstance(op.data, ShmSlice):
-                data, segment = self._view(op.data)
-                op = dataclasses.replace(op, data=data)
-            done = functools.partial(self._finish, req_id, op, out_slice, segment)
-            self.backend.launch(op, stream, done)
-            if not _readable(inp):  # nothing more to launch: report what is deferred
-                self.backend.flush()
+            if channel.take_backlog_note():
+                self._answer(NO_SLOT, 0, True, None)  # room in the ring again
+            self._run(*request)
+        self.backend.flush()
         return self.poisoned is not None
 
+    def _idle(self) -> bool:
+        """Wait for the next request: spin, then park. False once the parent is done."""
+        channel = self.channel
+        spin_end = time.perf_counter() + SPIN_SECONDS
+        while time.perf_counter() < spin_end:
+            if channel.has_requests:
+                return True
+            if channel.closing:
+                return False
+            yield_now()
+        while True:
+            channel.park(_PARK)
+            if channel.has_requests:
+                return True
+            if channel.closing or self._orphaned():
+                return False
 
-def _readable(inp: BinaryIO) -> bool:
-    """Whether the next frame has (begun to) arrive; False means flush now, never a hang."""
-    return bool(select.select([inp], [], [], 0)[0])
+    def _orphaned(self) -> bool:
+        """Whether the parent has gone (it never writes to stdin after the start-up frame)."""
+        return os.getppid() != self.parent or bool(select.select([self.inp], [], [], 0)[0])
 
 
 def main() -> None:
-    """Serve one context until stdin closes."""
+    """Serve one context until the parent is done with it."""
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr
     init = read_frame(inp)
     if init is None:
         return
-    spec, arena_path, arena_bytes = init
-    assert isinstance(spec, BackendSpec)
+    spec, arena_path, arena_bytes, channel_path, ring_bytes, slots = init
     try:
         backend = spec.create()
         arena = map_path(arena_path, arena_bytes)
+        channel = Channel.attach(channel_path, ring_bytes, slots)
     except BaseException as exc:
         error = translate_error(exc, Op())
         out.write(encode(("error", picklable(error))))
@@ -115,7 +170,7 @@ def main() -> None:
               file=sys.stderr)
     out.write(encode(("ready", os.getpid())))
     out.flush()
-    if _Worker(backend, arena, out).serve(inp):
+    if _Worker(backend, arena, channel, inp, out).serve():
         # A poisoned context cannot even free memory: leave without running destructors.
         sys.stderr.flush()
         os._exit(3)

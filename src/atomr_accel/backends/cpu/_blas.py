@@ -68,13 +68,16 @@ def matrix_views(backend: ArrayBackend, spec: Matrix) -> Array:
         min(spec.rows, spec.cols, spec.batch, spec.stride) >= 0 and extent <= buf.size,
         f"{spec.name} does not fit its buffer of {buf.size} elements; validate the op first",
     )
-    shape = (spec.batch, spec.rows, spec.cols)
+    batch, rows, cols, ld, stride = spec.batch, spec.rows, spec.cols, spec.ld, spec.stride
     xp = backend.xp
     if extent == 0:
-        return xp.empty(shape, buf.dtype)
+        return xp.empty((batch, rows, cols), buf.dtype)
+    span = ld * cols
+    if (batch == 1 or stride == span) and span * batch <= buf.size:  # packed: a reshape will do
+        return buf[: span * batch].reshape(batch, cols, ld)[:, :, :rows].transpose(0, 2, 1)
     size = buf.itemsize
     return xp.lib.stride_tricks.as_strided(
-        buf, shape=shape, strides=(spec.stride * size, size, spec.ld * size)
+        buf, shape=(batch, rows, cols), strides=(stride * size, size, ld * size)
     )
 
 
@@ -110,7 +113,10 @@ def _blend(
 ) -> None:
     """Write ``alpha * product() + beta * out`` into ``out``; a zero scalar skips its term."""
     kind = out.dtype.type
-    value = kind(alpha) * product() if alpha != 0 else xp.zeros(out.shape, out.dtype)
+    if alpha == 0:
+        value = xp.zeros(out.shape, out.dtype)
+    else:
+        value = product() if alpha == 1 else kind(alpha) * product()  # x * 1 is exact
     if beta != 0:
         value = value + kind(beta) * out
     out[...] = value

@@ -10,6 +10,7 @@ Completion is reported by a pluggable strategy (``completion=``; see
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -17,8 +18,10 @@ import signal
 from typing import Any, ClassVar
 
 import cupy as cp
+import numpy as np
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
+from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends.cpu import _blas as shared_blas
 from atomr_accel.backends.cpu import _fft as shared_fft
 from atomr_accel.backends.cpu import _sparse as shared_sparse
@@ -30,7 +33,7 @@ from atomr_accel.backends.cuda import _peer as cuda_peer
 from atomr_accel.backends.cuda import _rng as cuda_rng
 from atomr_accel.backends.cuda import _solver as cuda_solver
 from atomr_accel.backends.cuda import _tensor as cuda_tensor
-from atomr_accel.backends.cuda._completion import make_completion
+from atomr_accel.backends.cuda._completion import event_done, make_completion
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     ContextPoisoned,
@@ -42,9 +45,24 @@ from atomr_accel.core._errors import (
     Unrecoverable,
 )
 from atomr_accel.core._op import Op
-from atomr_accel.core.ops._blas import Nrm2, Trsm
+from atomr_accel.core.ops._blas import (
+    Axpy,
+    Geam,
+    Gemm,
+    GemmStridedBatched,
+    Gemv,
+    Ger,
+    Nrm2,
+    Scal,
+    Syrk,
+    Trsm,
+)
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
-from atomr_accel.core.ops._memory import Advice, Location
+from atomr_accel.core.ops._fft import Fft
+from atomr_accel.core.ops._graph import LaunchGraph
+from atomr_accel.core.ops._kernels import LaunchKernel
+from atomr_accel.core.ops._memory import Advice, CopyBuffer, Location, Upload
+from atomr_accel.core.ops._rng import RngFill
 
 __all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend"]
 
@@ -63,6 +81,27 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
     Advice.ACCESSED_BY_DEVICE: (5, False),
     Advice.UNSET_ACCESSED_BY_DEVICE: (6, False),
 }
+
+_QUEUES_ONLY: frozenset[type[Op]] = frozenset({
+    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, CopyBuffer, Fft, RngFill,
+    LaunchKernel, LaunchGraph,
+})
+"""Ops whose handlers only queue work on the stream: an event loop may launch them itself."""
+
+_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
+_HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
+
+
+def _is_pinned(data: Any) -> bool:
+    """Whether a host array lies in page-locked memory (so a copy from it is asynchronous)."""
+    if not isinstance(data, np.ndarray) or data.size == 0:
+        return False
+    try:
+        attributes = cp.cuda.runtime.pointerGetAttributes(data.ctypes.data)
+    except Exception:
+        return False
+    return bool(attributes.type == _MEMORY_TYPE_HOST)
+
 
 _POISON_SOURCE = r"""
 extern "C" __global__ void atomr_poison(int* p) { p[threadIdx.x] = 42; }
@@ -94,6 +133,7 @@ class CudaBackend(Backend):
         self.scipy_fft = cupyx_fft
         self.scipy_sparse = cupyx_sparse
         self._buffers: dict[int, Any] = {}
+        self._pointers: dict[int, int] = {}
         self._last_write: dict[int, tuple[int, Any]] = {}  # buffer id -> (stream id, event)
         self._reads: dict[int, dict[int, Any]] = {}  # buffer id -> stream id -> event
         self._streams: dict[int, Any] = {}
@@ -120,27 +160,29 @@ class CudaBackend(Backend):
     def _enqueue(self, op: Op, stream: int) -> tuple[Any, Any, Any]:
         """Queue ``op`` on ``stream`` behind the work it depends on; return (result, stream,
         event recorded after it). Host results (downloads, scalars) are already final."""
-        s = self.cuda_stream(stream)
+        s = self._streams.get(stream) or self.cuda_stream(stream)
         written = {ref.buffer_id for ref in op.writes()}
         touched = {ref.buffer_id for ref in op.refs()}
+        last_write, reads = self._last_write, self._reads
         for buffer_id in touched:  # read-after-write, and write-after-read for outputs
-            last = self._last_write.get(buffer_id)
+            last = last_write.get(buffer_id)
             if last is not None and last[0] != stream:
                 s.wait_event(last[1])
             if buffer_id in written:
-                for reader, event in self._reads.get(buffer_id, {}).items():
+                for reader, event in reads.get(buffer_id, {}).items():
                     if reader != stream:
                         s.wait_event(event)
         with s:
-            result = super().execute(op, stream)
+            self.stream = stream
+            result = self.run_handler(op)
         event = cp.cuda.Event(disable_timing=True)
         event.record(s)
         for buffer_id in touched:
             if buffer_id in written:
-                self._last_write[buffer_id] = (stream, event)
-                self._reads.pop(buffer_id, None)
+                last_write[buffer_id] = (stream, event)
+                reads.pop(buffer_id, None)
             else:
-                self._reads.setdefault(buffer_id, {})[stream] = event
+                reads.setdefault(buffer_id, {})[stream] = event
         return result, s, event
 
     def launch(self, op: Op, stream: int, done: Done) -> None:
@@ -158,12 +200,47 @@ class CudaBackend(Backend):
 
     def execute(self, op: Op, stream: int = 0) -> Any:
         """Run ``op`` and wait for it on this thread (direct use, tests)."""
+        return self.wait(self.begin(op, stream), None)
+
+    def begin(self, op: Op, stream: int) -> Any:
+        """Queue ``op`` from any thread (this device made current for the call); return
+        ``(op, result, event recorded after it)``."""
         try:
-            result, _, event = self._enqueue(op, stream)
-            event.synchronize()
+            if cp.cuda.runtime.getDevice() == self.device_id:
+                result, _, event = self._enqueue(op, stream)
+            else:
+                with self._device:
+                    result, _, event = self._enqueue(op, stream)
         except BaseException as exc:
             raise _classified(exc, op) from exc
-        return result
+        return op, result, event
+
+    def finished(self, started: Any) -> bool:
+        """Whether the event behind the op has completed (its CUDA error, classified)."""
+        op, _, event = started
+        try:
+            return event_done(event)
+        except BaseException as exc:
+            raise _classified(exc, op) from exc
+
+    def wait(self, started: Any, deadline: float | None) -> Any:
+        """Spin, then park, until the op's event has completed; return the op's result.
+
+        Polls the event rather than blocking in ``cudaEventSynchronize``, which
+        cannot time out.
+        """
+        wait_until(lambda: self.finished(started), deadline)
+        return started[1]
+
+    def queues_only(self, op: Op) -> bool:
+        """True for ops whose handlers only queue device work (no host sync, no compile);
+        an upload qualifies when its source is page-locked host memory."""
+        kind = type(op)
+        if kind in _QUEUES_ONLY:
+            return True
+        if kind is Upload:
+            return _is_pinned(op.data)  # type: ignore[attr-defined]
+        return False
 
     # ------------------------------------------------------------------ memory
 
@@ -171,6 +248,13 @@ class CudaBackend(Backend):
         """The live 1-D CuPy array behind a buffer id."""
         try:
             return self._buffers[buffer_id]
+        except KeyError:
+            raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
+
+    def pointer(self, buffer_id: int) -> int:
+        """The device address of a buffer (kept: CuPy builds a new pointer object per ask)."""
+        try:
+            return self._pointers[buffer_id]
         except KeyError:
             raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
 
@@ -192,20 +276,31 @@ class CudaBackend(Backend):
         buffer_id = self._next_id
         self._next_id += 1
         self._buffers[buffer_id] = arr
+        self._pointers[buffer_id] = int(arr.data.ptr)
         return buffer_id
 
     def free(self, buffer_id: int) -> None:
         self.array(buffer_id)
-        del self._buffers[buffer_id]
+        del self._buffers[buffer_id], self._pointers[buffer_id]
         self._last_write.pop(buffer_id, None)
         self._reads.pop(buffer_id, None)
 
     def write(self, buffer_id: int, data: Any, offset: int) -> None:
-        target = self.array(buffer_id)[offset : offset + data.size]
-        target.set(data, stream=cp.cuda.get_current_stream())
+        """Copy ``data`` (1-D, contiguous, validated) in with one ``cudaMemcpyAsync`` on the
+        current stream: asynchronous from page-locked memory, staged by the driver else."""
+        target = self.array(buffer_id)
+        if offset < 0 or offset + data.size > target.size:
+            raise InvalidArgument(f"{data.size} elements at {offset} do not fit buffer "
+                                  f"{buffer_id} of {target.size}")
+        if data.nbytes:
+            cp.cuda.runtime.memcpyAsync(
+                self.pointer(buffer_id) + offset * target.itemsize, data.ctypes.data,
+                data.nbytes, _HOST_TO_DEVICE, cp.cuda.get_current_stream().ptr)
 
     def read(self, buffer_id: int, offset: int, length: int) -> Any:
-        source = self.array(buffer_id)[offset : offset + length]
+        source = self.array(buffer_id)
+        if offset or length != source.size:
+            source = source[offset : offset + length]
         return source.get(stream=cp.cuda.get_current_stream())
 
     def copy(self, src: int, dst: int, length: int, src_offset: int, dst_offset: int) -> None:
@@ -243,11 +338,15 @@ class CudaBackend(Backend):
         self.completion.flush()
 
     def close(self) -> None:
+        """Wait for the work queued (by any thread), then release every buffer and handle."""
+        with contextlib.suppress(Exception):  # a poisoned context cannot synchronize
+            self._device.synchronize()
         self.completion.close()
         self._handles.clear()
         self.managed.clear()
         self.modules.clear()
         self._buffers.clear()
+        self._pointers.clear()
         self._last_write.clear()
         self._reads.clear()
         try:

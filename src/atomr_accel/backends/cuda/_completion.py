@@ -36,10 +36,12 @@ __all__ = [
     "InlineCompletion",
     "PolledCompletion",
     "SyncCompletion",
+    "event_done",
     "make_completion",
 ]
 
 _STOP = object()
+_NOT_READY = 600  # cudaErrorNotReady
 
 
 class Completion(Protocol):
@@ -182,15 +184,29 @@ def _get_nowait(q: queue.SimpleQueue[Any]) -> Any:
         return None
 
 
+def event_done(event: Any) -> bool:
+    """Whether ``event`` has completed; raises the CUDA error of work that failed before it.
+
+    (CuPy's ``Event.done`` answers False for a failed event, so a poller would
+    wait on it forever.)
+    """
+    status = cp.cuda.runtime.eventQuery(event.ptr)
+    if status == 0:  # cudaSuccess
+        return True
+    if status == _NOT_READY:
+        return False
+    raise cp.cuda.runtime.CUDARuntimeError(status)
+
+
 def _report_if_done(event: Any, result: Any, done: Done) -> bool:
     try:
-        finished = event.done
+        finished = event_done(event)
     except BaseException as exc:
         done(None, exc)
         return True
     if finished:
         done(result, None)
-    return bool(finished)
+    return finished
 
 
 class HostFnCompletion:

@@ -2,7 +2,9 @@
 
 Each backend keeps one cuRAND generator. A fill sets its seed, its absolute
 offset and the current stream, then generates straight into the output
-buffer. For Philox, ``curandSetGeneratorOffset(offset)`` makes a generation
+buffer; where the generator already stands at that seed and offset (the next
+piece of a fill, the next fill of a stream) it is not keyed again, which would
+cost a set-up pass. For Philox, ``curandSetGeneratorOffset(offset)`` makes a generation
 call start at element ``offset`` of that call's own output stream, counted in
 outputs whatever the distribution ("if offset = 100, the first random number
 generated will be the 100th in the sequence", cuRAND's guide; seen with
@@ -37,25 +39,36 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cupy as cp
 from cupy.cuda import curand
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import Handler
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._rng import Distribution, RngFill
+
+if TYPE_CHECKING:
+    from atomr_accel.backends.cuda._backend import CudaBackend
 
 __all__ = ["HANDLERS", "rng_fill"]
 
 _OFFSETS = 1 << 64  # cuRAND offsets are unsigned 64-bit
-_LARGEST = {4: 1 << 22, 8: 1 << 17}
+_LARGEST = {4: 1 << 24, 8: 1 << 17}
 """Longest single cuRAND call per element size. Past some size cuRAND lays a call's
 outputs out differently (seen on an H200 with CUDA 13: an f64 call of 2^18 elements
 differs from 2^16-element calls in the last two of them; f64 fills of 2^20 did not
-continue fills of 2^19), so longer fills are made of pieces of at most this length,
-each at its own stream offset. The GPU tests compare 2^22-element fills of every
-dtype with the same stream drawn in 2^16-element pieces."""
+continue fills of 2^19), so longer fills are made of pieces of at most this length.
+4-byte calls of up to 2^25 matched 2^16-element pieces on an H100 (CUDA 13). The GPU
+tests compare (2^24 + 6)-element fills of every dtype with the same stream drawn in
+2^16-element pieces."""
+
+_BLOCK = 4
+"""Philox draws 4 numbers per counter: only calls of whole blocks are chained."""
+_CHAINED = {4}
+"""Element sizes whose calls leave the generator exactly where the next piece starts (seen
+on an H100 with CUDA 13 for 4-byte draws of 7 to 2^22 per call; chained f64 calls of 2^17
+at an odd offset did not match, so f64 pieces are keyed one by one)."""
 
 _UNIFORM = cp.ElementwiseKernel(
     "T u, float64 low, float64 high",
@@ -84,11 +97,19 @@ _EXPONENTIAL = cp.ElementwiseKernel(
 
 
 class _Philox:
-    """One cuRAND Philox4_32_10 generator, destroyed when its owner goes."""
+    """One cuRAND Philox4_32_10 generator, destroyed when its owner goes.
+
+    Keying it (seed and offset) makes cuRAND set its state up again before the
+    next call, which costs about as much as generating millions of numbers; a
+    call that draws a whole number of Philox blocks leaves the generator at
+    exactly ``offset + count``, so the next piece or the next fill of the same
+    stream needs no keying (``at`` skips it).
+    """
 
     def __init__(self) -> None:
         self.handle: int = curand.createGenerator(curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
         self.stream = 0  # the stream the generator is bound to (0: the default stream)
+        self.next: tuple[int, int] | None = None  # (seed, offset) the generator stands at
         weakref.finalize(self, _destroy, self.handle)
 
     def bind(self, stream: int) -> None:
@@ -97,11 +118,15 @@ class _Philox:
             curand.setStream(self.handle, stream)
             self.stream = stream
 
-    def at(self, seed: int, offset: int) -> int:
-        """Key the generator by ``seed``, start it at ``offset`` on the current stream."""
-        curand.setPseudoRandomGeneratorSeed(self.handle, seed)
-        curand.setGeneratorOffset(self.handle, offset)
+    def at(self, seed: int, offset: int, count: int, chained: bool) -> int:
+        """The generator, keyed by ``seed`` and standing at ``offset`` on the current stream,
+        for a call that draws ``count``; ``chained``: such a call leaves it at the end."""
+        if self.next != (seed, offset):
+            curand.setPseudoRandomGeneratorSeed(self.handle, seed)
+            curand.setGeneratorOffset(self.handle, offset)
         self.bind(cp.cuda.get_current_stream().ptr)
+        self.next = (seed, (offset + count) % _OFFSETS) \
+            if chained and count % _BLOCK == 0 else None
         return self.handle
 
 
@@ -110,10 +135,10 @@ def _destroy(handle: int) -> None:
         curand.destroyGenerator(handle)
 
 
-_GENERATORS: weakref.WeakKeyDictionary[ArrayBackend, _Philox] = weakref.WeakKeyDictionary()
+_GENERATORS: weakref.WeakKeyDictionary[CudaBackend, _Philox] = weakref.WeakKeyDictionary()
 
 
-def _generator(backend: ArrayBackend) -> _Philox:
+def _generator(backend: CudaBackend) -> _Philox:
     """The backend's generator, created on its first fill."""
     gen = _GENERATORS.get(backend)
     if gen is None:
@@ -121,65 +146,73 @@ def _generator(backend: ArrayBackend) -> _Philox:
     return gen
 
 
-def _pieces(out: Any, offset: int, count: int) -> Any:
-    """``(pointer, count, stream offset)`` of each piece of ``out[:count]``, no piece longer
-    than ``_LARGEST`` for the dtype (cuRAND's element order changes past it)."""
-    step = _LARGEST[out.itemsize]
+def _pieces(base: int, itemsize: int, offset: int, count: int) -> Any:
+    """``(pointer, count, stream offset)`` of each piece of the ``count`` elements at ``base``,
+    no piece longer than ``_LARGEST`` for the dtype (cuRAND's element order changes past it)."""
+    step = _LARGEST[itemsize]
     for start in range(0, count, step):
-        yield (out.data.ptr + start * out.itemsize, min(step, count - start),
-               (offset + start) % _OFFSETS)
+        yield base + start * itemsize, min(step, count - start), (offset + start) % _OFFSETS
 
 
-def _generate(philox: _Philox, op: RngFill, out: Any, fill: Any, *extra: Any) -> None:
-    """Run a cuRAND generation into ``out`` piece by piece at ``op``'s stream position."""
-    for pointer, count, offset in _pieces(out, op.offset, out.size):
-        fill(philox.at(op.seed, offset), pointer, count, *extra)
+def _generate(philox: _Philox, op: RngFill, base: int, itemsize: int, count: int, fill: Any,
+              *extra: Any) -> None:
+    """Run a cuRAND generation into ``count`` elements at ``base``, piece by piece, at
+    ``op``'s stream position."""
+    chained = itemsize in _CHAINED
+    for pointer, n, offset in _pieces(base, itemsize, op.offset, count):
+        fill(philox.at(op.seed, offset, n, chained), pointer, n, *extra)
 
 
-def _uniform(philox: _Philox, op: RngFill, out: Any) -> None:
-    """Fill ``out`` (f32/f64, contiguous) with cuRAND uniforms in ``(0, 1]``."""
-    fill = curand.generateUniform if out.dtype == cp.float32 else curand.generateUniformDouble
-    _generate(philox, op, out, fill)
+def _standard_normal(philox: _Philox, op: RngFill, buf: Any, base: int, count: int) -> None:
+    """Fill ``buf[:count]`` (f32/f64) with the standard normals of ``op``'s stream."""
+    itemsize = buf.itemsize
+    fill = curand.generateNormal if itemsize == 4 else curand.generateNormalDouble
+    even = count - count % 2
+    _generate(philox, op, base, itemsize, even, fill, 0.0, 1.0)  # pieces stay even
+    if count % 2:  # cuRAND draws normals in pairs: draw the last one's pair into scratch
+        pair = cp.empty(2, dtype=buf.dtype)
+        fill(philox.at(op.seed, (op.offset + even) % _OFFSETS, 2, False), pair.data.ptr, 2,
+             0.0, 1.0)
+        buf[even:count] = pair[:1]
 
 
-def _standard_normal(philox: _Philox, op: RngFill, out: Any) -> None:
-    """Fill ``out`` (f32/f64, contiguous) with the standard normals of ``op``'s stream."""
-    fill = curand.generateNormal if out.dtype == cp.float32 else curand.generateNormalDouble
-    n = out.size
-    even = n - n % 2
-    for pointer, count, offset in _pieces(out, op.offset, even):  # pieces stay even
-        fill(philox.at(op.seed, offset), pointer, count, 0.0, 1.0)
-    if n % 2:  # cuRAND draws normals in pairs: draw the last one's pair into scratch
-        pair = cp.empty(2, dtype=out.dtype)
-        fill(philox.at(op.seed, (op.offset + even) % _OFFSETS), pair.data.ptr, 2, 0.0, 1.0)
-        out[even:] = pair[:1]
+def rng_fill(backend: CudaBackend, op: RngFill) -> None:
+    """Write ``op.count`` draws of the stream at ``(seed, offset)`` into ``out``.
 
-
-def rng_fill(backend: ArrayBackend, op: RngFill) -> None:
-    """Write ``op.count`` draws of the stream at ``(seed, offset)`` into ``out``."""
-    out = backend.array(op.out.buffer_id)[: op.count]
-    if out.size == 0:
+    cuRAND writes straight to the buffer's address; only a distribution that
+    maps the draws afterwards takes a view of the filled part.
+    """
+    count = op.count
+    if count == 0:
         return
+    buffer_id = op.out.buffer_id
+    buf = backend.array(buffer_id)
+    base = backend.pointer(buffer_id)
+    itemsize = buf.itemsize
     philox = _generator(backend)
     dist = op.distribution
     params = op.resolved_params
     if dist in (Distribution.NORMAL, Distribution.LOG_NORMAL):
-        _standard_normal(philox, op, out)
+        _standard_normal(philox, op, buf, base, count)
         kernel = _NORMAL if dist is Distribution.NORMAL else _LOG_NORMAL
+        out = buf[:count]
         kernel(out, float(params[0]), float(params[1]), out)
         return
     if dist is Distribution.BITS:
-        _generate(philox, op, out, curand.generate)
+        _generate(philox, op, base, itemsize, count, curand.generate)
     elif dist is Distribution.POISSON:
-        _generate(philox, op, out, curand.generatePoisson, float(params[0]))
-    elif dist is Distribution.UNIFORM:
-        _uniform(philox, op, out)
+        _generate(philox, op, base, itemsize, count, curand.generatePoisson, float(params[0]))
+    else:  # UNIFORM, and EXPONENTIAL made of uniforms
+        uniform = curand.generateUniform if itemsize == 4 else curand.generateUniformDouble
+        _generate(philox, op, base, itemsize, count, uniform)
+        if dist is Distribution.EXPONENTIAL:
+            out = buf[:count]
+            _EXPONENTIAL(out, float(params[0]), out)
+            return
         low, high = float(params[0]), float(params[1])
         if (low, high) != (0.0, 1.0):  # the identity map would only cost a pass over memory
+            out = buf[:count]
             _UNIFORM(out, low, high, out)
-    else:
-        _uniform(philox, op, out)
-        _EXPONENTIAL(out, float(params[0]), out)
 
 
 HANDLERS: dict[type[Op], Handler] = {RngFill: rng_fill}

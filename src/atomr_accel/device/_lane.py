@@ -1,0 +1,350 @@
+"""The data plane: ops from their callers straight to the context's host.
+
+Supervision, generations, (re)builds, the stash during a rebuild, placement and
+the journal are the control plane: actors. In the common case an op takes the
+data plane instead (DESIGN §2, "Two planes"): the caller validates it once,
+registers it with the device state, and hands it to the host of the open
+context generation (its ``Gate``); a plain thread then waits for it itself
+(``Lane.call``), an asyncio task awaits a future of its own loop
+(``Lane.run``). No actor hop, and no trip through the system's event loop.
+
+The lane is open only while the device is ready and no op of the facade is on
+the actor path (``detour``): so ops queued during a rebuild run before any op
+sent after them, and every op of one caller runs in the order it was made.
+``MISS`` tells the caller to take the actor path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import pickle
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from atomr_accel.actor import ActorRef, AskTimeout, Reply
+from atomr_accel.actor._deadlines import Deadlines
+from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument, OutOfMemory
+from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
+from atomr_accel.core.ops._graph import CaptureGraph
+from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
+from atomr_accel.core.ops._memory import Allocate
+from atomr_accel.device._messages import Fatal
+from atomr_accel.device._supervision import ends_generation
+from atomr_accel.hosts._base import ContextHost, translate_error
+
+if TYPE_CHECKING:
+    from atomr_accel.device._state import DeviceState, Pending
+
+__all__ = [
+    "MISS",
+    "Gate",
+    "Lane",
+    "answer_of",
+    "check_refs",
+    "fatal_to",
+    "finish",
+    "prepare",
+    "refused",
+]
+
+MISS: Final = object()
+"""What ``Lane.call`` and ``Lane.run`` answer when the op must take the actor path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """One open context generation: its host, the stream of each enabled library
+    (``"memory"`` included) and the context actor that hears of fatal errors."""
+
+    host: ContextHost
+    generation: int
+    streams: Mapping[str, int]
+    context: ActorRef
+
+
+def prepare(op: Op, state: DeviceState) -> Op:
+    """``op`` as the device runs it: durable buffers' refs made current, then validated.
+
+    Raises ``InvalidArgument`` for bad input (a malformed op included).
+    """
+    recorder = state.recorder
+    if recorder is not None:
+        op = recorder.refresh(op)  # a durable buffer's ref from before a rebuild
+    try:
+        op.validate()
+    except GpuRuntimeError:
+        raise
+    except Exception as exc:  # a malformed op (wrong field types) is bad input too
+        error = InvalidArgument(f"invalid {type(op).__name__}: {exc}")
+        raise error from exc
+    return op
+
+
+def refused(exc: Exception, op: Op) -> GpuRuntimeError:
+    """The typed error of a host that could not take ``op``: full shared memory is an
+    ``OutOfMemory``, an op that cannot travel (pickling) an ``InvalidArgument``."""
+    if isinstance(exc, GpuRuntimeError):
+        return exc
+    error: GpuRuntimeError
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError)
+                                        and exc.errno in (errno.ENOSPC, errno.ENOMEM)):
+        error = OutOfMemory(f"no host memory to stage {type(op).__name__}: {exc}")
+    elif isinstance(exc, pickle.PicklingError | TypeError | AttributeError):
+        error = InvalidArgument(f"{type(op).__name__} cannot be sent to its context: {exc}")
+    else:
+        error = translate_error(exc, op)
+    error.__cause__ = exc
+    return error
+
+
+def check_refs(op: Op, generation: int, state: DeviceState) -> None:
+    """Raise ``InvalidArgument`` for a foreign buffer or handle, ``GpuRefStale`` for a stale one."""
+    owner = state.owner
+    for refs in (op.refs(), op.handles()):
+        for ref in refs:
+            if ref.owner != owner:
+                raise InvalidArgument(
+                    f"{ref!r} was not allocated by this device (device {state.device_id})"
+                    if ref.device_id == state.device_id
+                    else f"{ref!r} belongs to device {ref.device_id}, not {state.device_id}"
+                )
+            if ref.generation != generation:
+                raise GpuRefStale(repr(ref), ref.generation, generation)
+
+
+def _buffer(op: Allocate, buffer_id: int, generation: int, state: DeviceState) -> GpuRef:
+    return GpuRef(state.device_id, buffer_id, op.dtype, op.length, generation, state.owner)
+
+
+def _compiled(op: CompileKernel, made: tuple[int, bool], generation: int,
+              state: DeviceState) -> KernelRef:
+    kernel_id, cache_hit = made
+    return KernelRef(state.device_id, kernel_id, op.name, generation, state.owner, "nvrtc",
+                     cache_hit)
+
+
+def _loaded(op: LoadKernel, kernel_id: int, generation: int, state: DeviceState) -> KernelRef:
+    return KernelRef(state.device_id, kernel_id, op.name, generation, state.owner, "module")
+
+
+def _captured(op: CaptureGraph, graph_id: int, generation: int, state: DeviceState) -> GraphRef:
+    return GraphRef(state.device_id, graph_id, generation, state.owner, op.refs(), op.written(),
+                    len(op.ops))
+
+
+_ANSWERS: dict[type[Op], Callable[[Any, Any, int, DeviceState], Any]] = {
+    Allocate: _buffer, CompileKernel: _compiled, LoadKernel: _loaded, CaptureGraph: _captured,
+}
+
+
+def answer_of(op: Op, result: Any, generation: int, state: DeviceState) -> Any:
+    """What a request for ``op`` answers, given the backend's ``result``: the ids of what an
+    op made become generation-stamped handles (``GpuRef``, ``KernelRef``, ``GraphRef``)."""
+    make = _ANSWERS.get(type(op))
+    return result if make is None else make(op, result, generation, state)
+
+
+def finish(pending: Pending, generation: int, result: Any, error: BaseException | None,
+           fatal: Callable[[GpuRuntimeError], None]) -> None:
+    """Answer ``pending`` with how its op ended on ``generation`` (any thread).
+
+    An error that ends the generation goes to ``fatal`` first, so the data
+    plane is closed before the caller hears of the error.
+    """
+    if error is None:
+        pending.succeed(answer_of(pending.op, result, generation, pending.state))
+        return
+    if isinstance(error, GpuRuntimeError) and ends_generation(error):
+        fatal(error)
+    pending.fail(error)
+
+
+def fatal_to(context: ActorRef, generation: int, lane: Lane) -> Callable[[GpuRuntimeError], None]:
+    """What ``finish`` calls on an error that ends ``generation``: the lane closes, and the
+    context actor hears of it (supervision acts on it)."""
+    def fatal(error: GpuRuntimeError) -> None:
+        lane.close(generation)
+        context.tell(Fatal(error, generation))
+
+    return fatal
+
+
+class _Slot:
+    """The answer of one blocking request: set once (any thread), read by its caller.
+
+    Usually answered before its caller asks; only then does the caller wait
+    (on an event it makes), so the common case takes no lock.
+    """
+
+    __slots__ = ("_done", "_error", "_value", "_wake")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._wake: threading.Event | None = None
+
+    def set_result(self, value: Any) -> None:
+        self._value = value
+        self._settle()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._error = exc
+        self._settle()
+
+    def _settle(self) -> None:
+        self._done = True
+        wake = self._wake
+        if wake is not None:
+            wake.set()
+
+    def outcome(self, deadline: float | None, path: str, timeout: float | None) -> Any:
+        """The answer (raised if an error), waiting for it until ``deadline`` if need be."""
+        if not self._done:
+            wake = self._wake = threading.Event()
+            if not self._done:  # answered before the event was there: nothing to wait for
+                wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                if not wake.wait(wait):
+                    raise AskTimeout(path, timeout or 0.0)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Lane:
+    """The data plane of one device (in ``DeviceState.lane``).
+
+    The device actor opens it with the ``Gate`` of each context generation once
+    the device is ready, and closes it when the context goes down; ``call`` and
+    ``run`` take ops while it is open and answer ``MISS`` otherwise.
+    """
+
+    def __init__(self, state: DeviceState) -> None:
+        self.state = state
+        self.gate: Gate | None = None
+        """The open generation, or None while the ops must take the actor path."""
+        self.path = f"/data-plane/{state.name}"
+        """Named in ``AskTimeout``; the device actor sets its own path here."""
+        self._gate_lock = threading.Lock()
+        self._detours = 0
+        self._detour_lock = threading.Lock()
+        self._deadlines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = (
+            weakref.WeakKeyDictionary())
+
+    # ------------------------------------------------------- control plane
+
+    def open(self, gate: Gate) -> None:
+        """Take ops for ``gate``'s generation from now on."""
+        with self._gate_lock:
+            self.gate = gate
+
+    def close(self, generation: int | None = None) -> None:
+        """Stop taking ops (for ``generation`` only, when given)."""
+        with self._gate_lock:
+            gate = self.gate
+            if gate is not None and (generation is None or gate.generation == generation):
+                self.gate = None
+
+    @contextlib.contextmanager
+    def detour(self) -> Iterator[None]:
+        """Mark an op on its way through the actor path: the lane takes none meanwhile."""
+        with self._detour_lock:
+            self._detours += 1
+        try:
+            yield
+        finally:
+            with self._detour_lock:
+                self._detours -= 1
+
+    # ---------------------------------------------------------- data plane
+
+    def _start(self, gate: Gate, op: Op, answer: Any) -> tuple[Op, Pending] | None:
+        """Validate ``op`` (raises), register its request and check its buffers; None when a
+        check failed and answered the request (counted like any failed op)."""
+        state = self.state
+        op = prepare(op, state)
+        pending = state.track(op, answer)
+        generation = gate.generation
+        try:
+            check_refs(op, generation, state)
+        except GpuRuntimeError as exc:
+            if pending.claim(generation):
+                pending.fail(exc)
+            return None
+        return op, pending
+
+    def call(self, op: Op, timeout: float | None) -> Any:
+        """Run ``op`` and wait for it on this plain thread; its result, or ``MISS``.
+
+        Raises the op's error, ``InvalidArgument`` / ``GpuRefStale`` before it
+        runs, or ``AskTimeout`` after ``timeout`` seconds (None: no limit).
+        """
+        gate = self.gate
+        if gate is None or self._detours:
+            return MISS
+        stream = gate.streams.get(op.library)
+        if stream is None:
+            return MISS
+        slot = _Slot()
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        started = self._start(gate, op, slot)
+        if started is not None:
+            op, pending = started
+            generation = gate.generation
+            try:
+                outcome = gate.host.call(op, stream, lambda: pending.claim(generation),
+                                         deadline)
+            except TimeoutError:
+                pending.fail(AskTimeout(self.path, timeout or 0.0))
+            except Exception as exc:  # the host could not take it (shared memory, pickling)
+                pending.fail(refused(exc, op))
+            else:
+                if outcome is not None:
+                    result, error = outcome
+                    if error is None:
+                        pending.succeed(answer_of(op, result, generation, self.state))
+                    else:
+                        finish(pending, generation, None, error,
+                               fatal_to(gate.context, generation, self))
+        return slot.outcome(deadline, self.path, timeout)
+
+    async def run(self, op: Op, timeout: float | None) -> Any:
+        """Run ``op`` and await it on the running loop; its result, or ``MISS``.
+
+        Raises as ``call`` does.
+        """
+        gate = self.gate
+        if gate is None or self._detours:
+            return MISS
+        stream = gate.streams.get(op.library)
+        if stream is None:
+            return MISS
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        started = self._start(gate, op, Reply(fut, loop))
+        if started is None:
+            return await fut
+        op, pending = started
+        if timeout is not None:
+            deadlines = self._deadlines.get(loop)
+            if deadlines is None:
+                deadlines = self._deadlines[loop] = Deadlines(loop)
+            deadlines.add(timeout, fut, self.path)
+        generation = gate.generation
+        fatal = fatal_to(gate.context, generation, self)
+
+        def done(result: Any, error: BaseException | None) -> None:
+            finish(pending, generation, result, error, fatal)
+
+        try:
+            gate.host.launch(op, stream, lambda: pending.claim(generation), done)
+        except Exception as exc:  # the host could not take it (shared memory, pickling)
+            pending.fail(refused(exc, op))
+        return await fut

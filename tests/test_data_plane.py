@@ -1,0 +1,428 @@
+"""The data plane: ops go straight from their callers to the context host, and fall back to
+the actor path while the context is (re)built; every invariant of the device holds on both."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr_accel import (
+    AskTimeout,
+    ContextPoisoned,
+    FaultKind,
+    GpuRefStale,
+    InvalidArgument,
+    OutOfMemory,
+    System,
+)
+from atomr_accel.backends._spin import wait_until
+from atomr_accel.backends.cpu import CpuBackend
+from atomr_accel.core import DType, GpuRef
+from atomr_accel.core.ops._blas import Axpy
+from atomr_accel.core.ops._graph import CaptureGraph
+from atomr_accel.core.ops._memory import Allocate, Download, Upload
+from atomr_accel.core.ops._peer import CanAccessPeer
+from atomr_accel.hosts import BackendSpec, ProcessHost, ThreadHost
+from atomr_accel.hosts._base import always
+
+pytestmark = pytest.mark.anyio
+
+HOSTS = ["thread", "process"]
+LOST = (ContextPoisoned, GpuRefStale)  # what an op caught by a rebuild may answer
+
+
+def run_threads(target: Callable[[int], None], count: int, limit: float = 60.0) -> None:
+    """Run ``target(i)`` on ``count`` threads; re-raise the first failure; never hang."""
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(limit)
+        assert not thread.is_alive(), "a caller hung"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+async def test_blocking_ops_do_not_wait_for_the_event_loop(isolation: str) -> None:
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(mock=True, isolation=isolation)
+        x = np.random.default_rng(1).standard_normal(64)
+        buf = await dev.allocate_f64_async(64)
+        await dev.copy_from_numpy_async(buf, x)
+        seen: list[float] = []
+
+        def caller() -> None:
+            for _ in range(20):
+                start = time.perf_counter()
+                np.testing.assert_array_equal(dev.copy_to_numpy(buf), x)
+                seen.append(time.perf_counter() - start)
+
+        thread = threading.Thread(target=caller)
+        thread.start()
+        thread.join(0.5)  # this event loop, the system's, is blocked all the while
+        thread.join(5.0)
+        assert len(seen) == 20 and max(seen) < 0.25
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+async def test_eight_threads_and_eight_tasks_at_once(isolation: str) -> None:
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(mock=True, isolation=isolation)
+        blas = dev.blas()
+        rounds = 25
+        before = await dev.stats_async()
+
+        def thread_work(i: int) -> None:
+            rng = np.random.default_rng(i)
+            x, y = rng.standard_normal(100), rng.standard_normal(100)
+            bx, by = dev.allocate_f64(100), dev.allocate_f64(100)
+            dev.copy_from_numpy(bx, x)
+            dev.copy_from_numpy(by, y)
+            for r in range(rounds):
+                blas.axpy(100, 0.5, bx, by)
+                y = y + 0.5 * x
+                if r % 5 == 0:
+                    np.testing.assert_allclose(dev.copy_to_numpy(by), y, rtol=1e-12)
+            assert blas.dot(100, bx, by) == pytest.approx(float(x @ y), rel=1e-12)
+
+        async def task_work(i: int) -> None:
+            rng = np.random.default_rng(100 + i)
+            x, y = rng.standard_normal(100), rng.standard_normal(100)
+            bx, by = await dev.allocate_f64_async(100), await dev.allocate_f64_async(100)
+            await asyncio.gather(dev.copy_from_numpy_async(bx, x),
+                                 dev.copy_from_numpy_async(by, y))
+            for r in range(rounds):
+                await blas.axpy_async(100, 0.5, bx, by)
+                y = y + 0.5 * x
+                if r % 5 == 0:
+                    np.testing.assert_allclose(await dev.copy_to_numpy_async(by), y,
+                                               rtol=1e-12)
+            assert await blas.dot_async(100, bx, by) == pytest.approx(float(x @ y), rel=1e-12)
+
+        await asyncio.gather(*(asyncio.to_thread(thread_work, i) for i in range(8)),
+                             *(task_work(i) for i in range(8)))
+        after = await dev.stats_async()
+        per_caller = 2 + 2 + rounds + rounds // 5 + 1  # allocs, uploads, axpys, reads, dot
+        assert after.completed - before.completed == 16 * per_caller
+        assert after.failed == before.failed and after.in_flight == 0
+        assert after.generation == 1 and after.restarts == 0
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+async def test_requests_during_a_rebuild_queue_in_order(isolation: str) -> None:
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(mock=True, isolation=isolation)
+        with pytest.raises(ContextPoisoned):
+            await dev.inject_fault_async(FaultKind.POISON)
+        blocking: list[Any] = []
+        thread = threading.Thread(target=lambda: blocking.append(dev.allocate_f32(4)))
+        thread.start()
+        made = await asyncio.gather(*(dev.allocate_f32_async(1) for _ in range(8)))
+        await asyncio.to_thread(thread.join, 10.0)  # it may need this loop (the actor path)
+        assert [b.generation for b in made] == [2] * 8
+        ids = [b.ref.buffer_id for b in made]
+        assert ids == sorted(ids) and len(set(ids)) == 8  # FIFO on the new context
+        assert blocking and blocking[0].generation == 2
+        x = np.arange(8.0)
+        buf = await dev.allocate_f64_async(8)
+        await asyncio.gather(*(dev.copy_from_numpy_async(buf, x + k) for k in range(10)))
+        np.testing.assert_array_equal(await dev.copy_to_numpy_async(buf), x + 9)
+        assert (await dev.stats_async()).in_flight == 0
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+async def test_stale_and_foreign_buffers_are_refused_before_anything_runs(isolation: str) -> None:
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(mock=True, isolation=isolation)
+        other = await system.spawn_device_async(mock=True)
+        old = await dev.allocate_f64_async(4)
+        with pytest.raises(ContextPoisoned):
+            await dev.inject_fault_async(FaultKind.POISON)
+        fresh = await dev.allocate_f64_async(4)
+        failed = (await dev.stats_async()).failed
+        with pytest.raises(GpuRefStale):
+            await dev.copy_to_numpy_async(old)
+        with pytest.raises(GpuRefStale):
+            await asyncio.to_thread(dev.copy_to_numpy, old)
+        foreign = await other.allocate_f64_async(4)
+        with pytest.raises(InvalidArgument, match="belongs to another device"):
+            await dev.copy_async(foreign, fresh)
+        with pytest.raises(InvalidArgument, match="not allocated by this device"):
+            await asyncio.to_thread(dev.blas().axpy, 4, 1.0, foreign.ref, fresh)
+        assert (await dev.stats_async()).failed == failed + 3  # counted like any failed op
+        await dev.copy_from_numpy_async(fresh, np.ones(4))
+        assert (await dev.blas().asum_async(4, fresh)) == 4.0
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+def test_a_poisoned_context_mid_flight_answers_every_call(isolation: str) -> None:
+    with System.open("t") as system:
+        dev = system.spawn_device(mock=True, isolation=isolation)
+        answered = [0] * 6
+        go = threading.Barrier(7)
+
+        def caller(i: int) -> None:
+            x = np.random.default_rng(i).standard_normal(256)
+            buf = dev.allocate_f64(256)
+            dev.copy_from_numpy(buf, x)
+            go.wait()
+            for _ in range(150):
+                try:
+                    np.testing.assert_array_equal(dev.copy_to_numpy(buf), x)
+                except LOST:
+                    buf = dev.allocate_f64(256)  # the rebuilt context has fresh buffers
+                    dev.copy_from_numpy(buf, x)
+                answered[i] += 1
+
+        def poisoner(i: int) -> None:
+            if i < 6:
+                caller(i)
+                return
+            go.wait()
+            time.sleep(0.01)
+            with pytest.raises(ContextPoisoned):
+                dev.inject_fault(FaultKind.POISON)
+
+        run_threads(poisoner, 7)
+        assert answered == [150] * 6
+        stats = dev.stats()
+        assert stats.generation == 2 and stats.restarts == 1 and stats.in_flight == 0
+
+
+def test_a_killed_worker_wakes_every_blocked_caller() -> None:
+    with System.open("t") as system:
+        dev = system.spawn_device(mock=True, isolation="process")
+        n = 200_000
+        x = np.random.default_rng(0).standard_normal(n)
+        src = dev.allocate_f64(n)
+        dev.copy_from_numpy(src, x)
+        pid = dev.stats().host_pid
+        assert pid is not None and pid != os.getpid()
+        outcomes: list[str] = []
+        started = threading.Barrier(5)
+
+        def caller(i: int) -> None:
+            if i == 4:
+                started.wait()
+                time.sleep(0.02)
+                os.kill(pid, 9)
+                return
+            started.wait()
+            for _ in range(200):
+                try:
+                    assert dev.blas().nrm2(n, src) == pytest.approx(np.linalg.norm(x))
+                    outcomes.append("ok")
+                except LOST:
+                    outcomes.append("lost")
+                    return
+
+        run_threads(caller, 5)
+        assert "lost" in outcomes  # each caller was answered: a result or a typed error
+        fresh = dev.allocate_f64(n)
+        dev.copy_from_numpy(fresh, x)
+        assert dev.blas().nrm2(n, fresh) == pytest.approx(np.linalg.norm(x))
+        assert dev.stats().host_pid not in (None, pid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("isolation", "timeout"), [("thread", 0.2), ("process", 2.0)])
+async def test_the_op_timeout_bounds_the_data_plane(isolation: str, timeout: float) -> None:
+    async with await System.open_async("t", op_timeout=timeout) as system:  # spawn waits too
+        dev = await system.spawn_device_async(mock=True, isolation=isolation)
+        delay = timeout + 0.8
+        start = time.perf_counter()
+        with pytest.raises(AskTimeout):
+            await dev.inject_fault_async(FaultKind.OOM, delay=delay)
+        assert time.perf_counter() - start < delay
+        if isolation == "process":  # a blocking caller waits in a slot, bounded too
+            with pytest.raises(AskTimeout):
+                await asyncio.to_thread(dev.inject_fault, FaultKind.OOM, delay)
+        await asyncio.sleep(1.0)  # the late OOMs arrive and are dropped; the device goes on
+        buf = await dev.allocate_f32_async(4)
+        await asyncio.to_thread(dev.copy_from_numpy, buf, np.ones(4, np.float32))
+        assert (await dev.blas().asum_async(4, buf)) == 4.0
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+def test_out_of_memory_on_the_data_plane_resumes(isolation: str) -> None:
+    with System.open("t") as system:
+        dev = system.spawn_device(mock=True, isolation=isolation,
+                                  backend_options={"capacity": 4096})
+        with pytest.raises(OutOfMemory):
+            dev.allocate_f64(10_000)
+        buf = dev.allocate_f64(8)
+        dev.copy_from_numpy(buf, np.ones(8))
+        stats = dev.stats()
+        assert stats.out_of_memory == 1 and stats.generation == 1
+
+
+async def test_a_tiny_op_stays_fast_while_another_device_uploads_256_mib() -> None:
+    async with await System.open_async("t") as system:
+        big = await system.spawn_device_async(0, mock=True, isolation="process")
+        small = await system.spawn_device_async(1, mock=True)
+        a, b = await big.allocate_f32_async(64 << 20), await small.allocate_f32_async(4)
+        data = np.ones(64 << 20, np.float32)
+        latencies: list[float] = []
+        stop = threading.Event()
+
+        def probe() -> None:
+            while not stop.is_set():
+                start = time.perf_counter()
+                small.copy_to_numpy(b)
+                latencies.append(time.perf_counter() - start)
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        for _ in range(2):
+            await big.copy_from_numpy_async(a, data)  # staged off this loop's thread
+        await asyncio.to_thread(big.copy_from_numpy, a, data)
+        stop.set()
+        thread.join(10.0)
+        assert latencies and max(latencies) < 0.25
+        assert (await big.blas().asum_async(64 << 20, a)) == float(64 << 20)
+
+
+# ------------------------------------------------------------------ the process host's ring
+
+
+def host(**options: Any) -> ProcessHost:
+    return ProcessHost(BackendSpec("cpu"), arena_bytes=1 << 20, **options)
+
+
+async def test_a_full_ring_keeps_the_order_of_requests() -> None:
+    proc = host(ring_bytes=4096)
+    await proc.start()
+    try:
+        buffer_id = await proc.submit(Allocate(DType.F64, 4))
+        ref = GpuRef(0, buffer_id, DType.F64, 4, 1)
+        uploads = [proc.submit(Upload(ref, np.full(4, float(k)))) for k in range(300)]
+        read = proc.submit(Download(ref))
+        await asyncio.gather(*uploads)
+        np.testing.assert_array_equal(await read, np.full(4, 299.0))
+    finally:
+        await proc.close()
+
+
+async def test_more_blocking_callers_than_slots_are_all_answered() -> None:
+    proc = host(slots=2)
+    await proc.start()
+    try:
+        buffer_id = await proc.submit(Allocate(DType.F64, 8))
+        ref = GpuRef(0, buffer_id, DType.F64, 8, 1)
+        await proc.submit(Upload(ref, np.zeros(8)))
+        ones = GpuRef(0, await proc.submit(Allocate(DType.F64, 8)), DType.F64, 8, 1)
+        await proc.submit(Upload(ones, np.ones(8)))
+
+        def caller(_: int) -> None:
+            for _ in range(50):
+                outcome = proc.call(Axpy(8, 1.0, ones, ref), 0, always, None)
+                assert outcome == (None, None)
+
+        await asyncio.to_thread(run_threads, caller, 6)
+        np.testing.assert_array_equal(await proc.submit(Download(ref)), np.full(8, 300.0))
+    finally:
+        await proc.close()
+
+
+async def test_requests_and_replies_too_large_for_the_ring_travel_in_segments() -> None:
+    proc = host(ring_bytes=4096)
+    await proc.start()
+    try:
+        peers = tuple(range(30_000))  # a 60 KiB request and a 30 KiB reply
+        assert await proc.submit(CanAccessPeer(peers)) == (False,) * len(peers)
+        outcome = await asyncio.to_thread(proc.call, CanAccessPeer(peers), 0, always, None)
+        assert outcome == ((False,) * len(peers), None)
+        buffer_id = await proc.submit(Allocate(DType.F64, 4))
+        ref = GpuRef(0, buffer_id, DType.F64, 4, 1)
+        ops = tuple(Axpy(4, 1.0, ref, ref) for _ in range(200))
+        graph = await proc.submit(CaptureGraph(ops))
+        assert isinstance(graph, int)
+    finally:
+        await proc.close()
+
+
+async def test_a_large_upload_from_an_event_loop_keeps_its_place() -> None:
+    proc = host()
+    await proc.start()
+    try:
+        n = 1 << 20  # 8 MiB: staged on an executor thread, not on this loop
+        ref = GpuRef(0, await proc.submit(Allocate(DType.F64, n)), DType.F64, n, 1)
+        x = np.random.default_rng(3).standard_normal(n)
+        first = proc.submit(Upload(ref, x))
+        second = proc.submit(Axpy(n, 1.0, ref, ref))  # sent after it: runs after it
+        read = proc.submit(Download(ref))
+        await asyncio.gather(first, second)
+        np.testing.assert_array_equal(await read, 2 * x)
+    finally:
+        await proc.close()
+
+
+# ------------------------------------------- an event loop launching device work itself
+
+
+class _DeviceLike(CpuBackend):
+    """A CPU backend whose axpys only queue work that "runs" for ``delay`` seconds, as a
+    GPU kernel does, so the thread host launches them on the caller's event loop."""
+
+    delay = 0.0
+
+    def queues_only(self, op: Any) -> bool:
+        return isinstance(op, Axpy)
+
+    def begin(self, op: Any, stream: int) -> Any:
+        return op, self.execute(op, stream), time.perf_counter() + self.delay
+
+    def finished(self, started: Any) -> bool:
+        return bool(time.perf_counter() >= started[2])
+
+    def wait(self, started: Any, deadline: float | None) -> Any:
+        wait_until(lambda: self.finished(started), deadline)
+        return started[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceLikeSpec(BackendSpec):
+    def create(self) -> Any:
+        return _DeviceLike(self.device_id)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.0002, 0.02])  # done at once, in the spin, after it
+async def test_work_an_event_loop_launches_itself_is_reported_in_order(delay: float) -> None:
+    _DeviceLike.delay = delay
+    host = ThreadHost(_DeviceLikeSpec("cpu"))
+    await host.start()
+    try:
+        ref = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
+        ones = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
+        await host.submit(Upload(ones, np.ones(4)))
+        order: list[int] = []
+        futures = []
+        for i in range(20):
+            fut = host.submit(Axpy(4, 1.0, ones, ref), stream=1 + i % 2)
+            fut.add_done_callback(lambda _, i=i: order.append(i))
+            futures.append(fut)
+        futures.append(host.submit(Upload(ones, np.full(4, 2.0))))  # not launched on the loop
+        futures.append(host.submit(Axpy(4, 1.0, ones, ref)))  # waits behind that upload
+        await asyncio.gather(*futures)
+        np.testing.assert_array_equal(await host.submit(Download(ref)), np.full(4, 22.0))
+        assert sorted(order) == list(range(20))
+        assert [i for i in order if i % 2 == 0] == list(range(0, 20, 2))  # in order per stream
+    finally:
+        await host.close()
