@@ -1,104 +1,184 @@
 """Device tier overhead on the CPU backend, side by side in one run.
 
-1. Tiny-op round trip (8x8x8 f32 gemm): NumPy called directly, the bare thread
-   and process hosts, and the full actor path (DeviceActor -> kernel actor ->
-   host) on each host.
-2. Host-to-device copy throughput, 1 KiB to 256 MiB, to a process-host worker:
+1. Tiny-op round trip (8x8x8 f32 gemm through ``Blas.gemm_f32``): NumPy called
+   directly; the bare baseline of handing that NumPy op to a worker thread and
+   waiting; the blocking facade and the async facade on each host; and the actor
+   path (an ask to the device actor: the route every op took before the data
+   plane). Goals: blocking facade <= 2x the worker-thread baseline on the thread
+   host, <= 3x on the process host.
+2. Throughput of tiny ops from 1 and 8 calling threads, blocking facade vs the
+   actor path (goal: 8 threads >= 4x what the actor path gave, about 4k ops/s).
+3. Host-to-device copy throughput, 1 KiB to 256 MiB, to a process-host worker:
    through the shared-memory arena (what the process host does) vs pickling
-   the array into the frame (the alternative it avoids).
+   the array into the request (the alternative it avoids).
 
-    python benchmarks/device_bench.py [--reps 2000] [--max-mib 256]
+    python benchmarks/device_bench.py [--reps 2000] [--max-mib 256] [--seconds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import gc
+import queue
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from _report import print_table, summarize_us, write_json
 
-from atomr_accel.actor import ActorSystem
+from atomr_accel import Device, System
 from atomr_accel.core import DType, GpuRef
 from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._memory import Allocate, Upload
-from atomr_accel.device import DeviceActor, DeviceConfig
-from atomr_accel.hosts import BackendSpec, ProcessHost, ThreadHost
-from atomr_accel.hosts._process import _InFlight
-from atomr_accel.hosts._wire import encode
+from atomr_accel.hosts import BackendSpec, ProcessHost
+from atomr_accel.hosts._base import Claim, Done
+from atomr_accel.hosts._process import _Request
 
 N = 8
+HOSTS = ("thread", "process")
 
 
-async def timed(fn: Callable[[], Awaitable[Any]], reps: int) -> list[int]:
+def timed(fn: Callable[[], Any], reps: int) -> list[int]:
+    """Nanoseconds of each of ``reps`` calls of ``fn`` (after a warm-up; GC off)."""
     for _ in range(min(200, reps)):
-        await fn()
+        fn()
     samples = []
     gc.disable()
     try:
         for _ in range(reps):
-            t0 = time.perf_counter_ns()
-            await fn()
-            samples.append(time.perf_counter_ns() - t0)
+            start = time.perf_counter_ns()
+            fn()
+            samples.append(time.perf_counter_ns() - start)
     finally:
         gc.enable()
     return samples
 
 
-async def gemm_refs(submit: Callable[[Any], Awaitable[Any]]) -> Gemm:
-    refs = []
-    for _ in range(3):
-        got = await submit(Allocate(DType.F32, N * N))
-        refs.append(got if isinstance(got, GpuRef) else GpuRef(0, got, DType.F32, N * N, 1))
+async def timed_async(fn: Callable[[], Any], reps: int) -> list[int]:
+    """``timed`` for a coroutine function."""
+    for _ in range(min(200, reps)):
+        await fn()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter_ns()
+        await fn()
+        samples.append(time.perf_counter_ns() - start)
+    return samples
+
+
+class WorkerThread:
+    """The bare baseline: hand a callable to one worker thread and wait for it."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, done = job
+            fn()
+            done.set()
+
+    def run(self, fn: Callable[[], Any]) -> None:
+        done = threading.Event()
+        self._jobs.put((fn, done))
+        done.wait()
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+def gemm_setup(dev: Device) -> tuple[Any, ...]:
+    bufs = [dev.allocate_f32(N * N) for _ in range(3)]
     data = np.random.default_rng(0).standard_normal(N * N).astype(np.float32)
-    for ref in refs:
-        await submit(Upload(ref, data))
-    return Gemm(refs[0], refs[1], refs[2], N, N, N)
+    for buf in bufs[:2]:
+        dev.copy_from_numpy(buf, data)
+    return (dev.blas(), *bufs)
 
 
-async def round_trips(reps: int) -> dict[str, Any]:
+def actor_call(system: System, dev: Device, op: Gemm) -> Callable[[], Any]:
+    """A blocking ask of the device actor: the route ops took before the data plane."""
+    portal = system._portal
+    return lambda: portal.call(dev.ref.ask(op))
+
+
+def round_trips(system: System, devices: dict[str, Device], reps: int) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     a = np.random.default_rng(0).standard_normal((N, N)).astype(np.float32)
     b = a.copy()
     out = np.empty_like(a)
+    rows["numpy direct"] = summarize_us(timed(lambda: np.matmul(a, b, out=out), reps))
+    worker = WorkerThread()
+    rows["numpy on a worker thread, waited for (baseline)"] = summarize_us(
+        timed(lambda: worker.run(lambda: np.matmul(a, b, out=out)), reps))
+    worker.stop()
+    for isolation, dev in devices.items():
+        blas, x, y, z = gemm_setup(dev)
+        rows[f"{isolation} host, blocking facade"] = summarize_us(
+            timed(lambda blas=blas, x=x, y=y, z=z: blas.gemm_f32(x, y, z, N, N, N), reps))
 
-    async def direct() -> None:
-        np.matmul(a, b, out=out)
+        async def awaited(blas: Any = blas, x: Any = x, y: Any = y, z: Any = z) -> list[int]:
+            return await timed_async(lambda: blas.gemm_f32_async(x, y, z, N, N, N), reps)
 
-    rows["numpy direct"] = summarize_us(await timed(direct, reps))
-    for host_cls in (ThreadHost, ProcessHost):
-        host = host_cls(BackendSpec("cpu"))
-        await host.start()
-        op = await gemm_refs(host.submit)
-        rows[f"{host_cls.kind} host (no actors)"] = summarize_us(
-            await timed(lambda op=op, host=host: host.submit(op), reps))
-        await host.close()
-    for isolation in ("thread", "process"):
-        async with ActorSystem("bench") as system:
-            dev = system.spawn(DeviceActor.props(DeviceConfig(isolation=isolation)))
-            op = await gemm_refs(dev.ask)
-            rows[f"device actor, {isolation} host"] = summarize_us(
-                await timed(lambda op=op, dev=dev: dev.ask(op), reps))
+        rows[f"{isolation} host, async facade from a user's loop"] = summarize_us(
+            asyncio.run(awaited()))
+        op = Gemm(x.ref, y.ref, z.ref, N, N, N)
+        rows[f"{isolation} host, actor path (ask)"] = summarize_us(
+            timed(actor_call(system, dev, op), reps))
     return rows
 
 
-class PickleHost(ProcessHost):
-    """The process host, but uploads pickle the array into the frame (the baseline)."""
+def throughput(system: System, devices: dict[str, Device], seconds: float) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for isolation, dev in devices.items():
+        blas, x, y, z = gemm_setup(dev)
+        paths: dict[str, Callable[[], Any]] = {
+            "blocking facade": lambda blas=blas, x=x, y=y, z=z: blas.gemm_f32(x, y, z, N, N, N),
+            "actor path (ask)": actor_call(system, dev, Gemm(x.ref, y.ref, z.ref, N, N, N)),
+        }
+        for path, fn in paths.items():
+            for threads in (1, 8):
+                rows[f"{isolation} host, {path}, {threads} threads"] = ops_per_second(
+                    fn, threads, seconds)
+    return rows
 
-    def submit(self, op: Any, stream: int = 0) -> asyncio.Future[Any]:
-        if not isinstance(op, Upload):
-            return super().submit(op, stream)
-        assert self._proc is not None and self._proc.stdin is not None
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        req_id = next(self._ids)
-        self._inflight[req_id] = _InFlight(fut, None, None)
-        self._proc.stdin.write(encode((req_id, op, stream, None)))
-        return fut
+
+def ops_per_second(fn: Callable[[], Any], threads: int, seconds: float) -> float:
+    counts = [0] * threads
+    start = threading.Barrier(threads + 1)
+    stop = threading.Event()
+
+    def run(i: int) -> None:
+        start.wait()
+        while not stop.is_set():
+            fn()
+            counts[i] += 1
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    began = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    return sum(counts) / (time.perf_counter() - began)
+
+
+class PickleHost(ProcessHost):
+    """The process host, but uploads pickle the array into the request (the baseline)."""
+
+    def _request(self, op: Any, stream: int, claim: Claim, done: Done | None,
+                 slot: int) -> _Request:
+        request = _Request(op, stream, claim, done, None, None, slot)
+        request.payload = self._encode(request)
+        return request
 
 
 async def copy_throughput(max_mib: int) -> list[dict[str, Any]]:
@@ -114,13 +194,11 @@ async def copy_throughput(max_mib: int) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"bytes": size}
         for name, host in hosts.items():
             buffer_id = await host.submit(Allocate(DType.U8, size))
-            ref = GpuRef(0, buffer_id, DType.U8, size, 1)
-            op = Upload(ref, data)
+            op = Upload(GpuRef(0, buffer_id, DType.U8, size, 1), data)
             reps = max(3, min(300, (256 << 20) // size // 4))
-            samples = await timed(lambda op=op, host=host: host.submit(op), reps)
+            samples = await timed_async(lambda op=op, host=host: host.submit(op), reps)
             median_s = sorted(samples)[len(samples) // 2] / 1e9
             row[name] = size / median_s / 1e9
-            await host.submit(dataclasses.replace(op, data=data[:0]))  # keep the worker warm
         results.append(row)
     for host in hosts.values():
         await host.close()
@@ -139,20 +217,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2000)
     parser.add_argument("--max-mib", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="how long each throughput row runs")
     parser.add_argument("--out", default="benchmarks/results/device_bench.json")
     args = parser.parse_args()
 
-    trips = asyncio.run(round_trips(args.reps))
-    base = trips["numpy direct"]["p50_us"]
-    print_table(f"tiny-op round trip ({N}x{N}x{N} f32 gemm), microseconds",
-                ["path", "p50", "p99", "p50 / numpy"],
+    with System.open("bench") as system:
+        devices = {isolation: system.spawn_device(mock=True, isolation=isolation)
+                   for isolation in HOSTS}
+        trips = round_trips(system, devices, args.reps)
+        rates = throughput(system, devices, args.seconds)
+    base = trips["numpy on a worker thread, waited for (baseline)"]["p50_us"]
+    print_table(f"1. tiny-op round trip ({N}x{N}x{N} f32 gemm), microseconds",
+                ["path", "p50", "p99", "p50 / baseline"],
                 [[k, v["p50_us"], v["p99_us"], v["p50_us"] / base] for k, v in trips.items()])
+    print_table("2. tiny ops per second from calling threads",
+                ["path", "ops/s", "vs actor path, same threads"],
+                [[k, v, v / rates[k.replace("blocking facade", "actor path (ask)")]]
+                 for k, v in rates.items()])
     copies = asyncio.run(copy_throughput(args.max_mib))
-    print_table("host -> process-host worker copy throughput, GB/s (median)",
+    print_table("3. host -> process-host worker copy throughput, GB/s (median)",
                 ["size", "shared memory", "pickle", "shm / pickle"],
                 [[human(r["bytes"]), r["shared memory"], r["pickle"],
                   r["shared memory"] / r["pickle"]] for r in copies])
-    write_json(args.out, {"benchmark": "device_bench", "round_trip": trips, "copies": copies})
+    write_json(args.out, {"benchmark": "device_bench", "round_trip": trips,
+                          "throughput": rates, "copies": copies})
 
 
 if __name__ == "__main__":
