@@ -25,7 +25,7 @@ from atomr_accel import (
 )
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends.cpu import CpuBackend
-from atomr_accel.core import DType, GpuRef
+from atomr_accel.core import DType, GpuRef, Op
 from atomr_accel.core.ops._blas import Axpy
 from atomr_accel.core.ops._graph import CaptureGraph
 from atomr_accel.core.ops._memory import Allocate, Download, Upload
@@ -426,3 +426,23 @@ async def test_work_an_event_loop_launches_itself_is_reported_in_order(delay: fl
         assert [i for i in order if i % 2 == 0] == list(range(0, 20, 2))  # in order per stream
     finally:
         await host.close()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unsendable(Op):
+    """An op with a field no pickle can carry to a worker."""
+
+    fn: Any
+
+
+async def test_an_op_that_cannot_reach_its_worker_is_a_typed_error() -> None:
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process")
+        with pytest.raises(InvalidArgument, match="cannot be sent"):
+            await dev.run_async(_Unsendable(lambda: 1))
+        with pytest.raises(InvalidArgument, match="cannot be sent"):
+            await asyncio.to_thread(dev.run, _Unsendable(lambda: 2))
+        stats = await dev.stats_async()
+        assert stats.in_flight == 0 and stats.failed == 2 and stats.generation == 1
+        buf = await dev.allocate_f32_async(4)
+        assert len(buf) == 4

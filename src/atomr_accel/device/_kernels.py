@@ -7,10 +7,10 @@ from typing import Any, ClassVar
 from atomr_accel.actor import Actor, ActorRef
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.core._op import Op
-from atomr_accel.device._lane import check_refs, fatal_to, finish, refused
+from atomr_accel.device._lane import check_refs, fatal_to, finish
 from atomr_accel.device._messages import Run
 from atomr_accel.device._state import DeviceState, Pending
-from atomr_accel.hosts._base import ContextHost
+from atomr_accel.hosts._base import ContextHost, refusal_of
 
 __all__ = [
     "KERNEL_ACTORS",
@@ -50,7 +50,7 @@ def launch(op: Op, pending: Pending, host: ContextHost, generation: int, state: 
     try:
         host.launch(op, stream, lambda: pending.claim(generation), done)
     except Exception as exc:  # the host could not take it (shared memory, pickling)
-        pending.fail(refused(exc, op))
+        pending.fail(refusal_of(exc, op))
 
 
 class KernelActor(Actor):

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import pickle
 import threading
 import time
 import weakref
@@ -29,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from atomr_accel.actor import ActorRef, AskTimeout, Reply
 from atomr_accel.actor._deadlines import Deadlines
-from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument, OutOfMemory
+from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._graph import CaptureGraph
@@ -37,7 +35,7 @@ from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
 from atomr_accel.core.ops._memory import Allocate
 from atomr_accel.device._messages import Fatal
 from atomr_accel.device._supervision import ends_generation
-from atomr_accel.hosts._base import ContextHost, translate_error
+from atomr_accel.hosts._base import ContextHost, refusal_of
 
 if TYPE_CHECKING:
     from atomr_accel.device._state import DeviceState, Pending
@@ -51,7 +49,6 @@ __all__ = [
     "fatal_to",
     "finish",
     "prepare",
-    "refused",
 ]
 
 MISS: Final = object()
@@ -85,23 +82,6 @@ def prepare(op: Op, state: DeviceState) -> Op:
         error = InvalidArgument(f"invalid {type(op).__name__}: {exc}")
         raise error from exc
     return op
-
-
-def refused(exc: Exception, op: Op) -> GpuRuntimeError:
-    """The typed error of a host that could not take ``op``: full shared memory is an
-    ``OutOfMemory``, an op that cannot travel (pickling) an ``InvalidArgument``."""
-    if isinstance(exc, GpuRuntimeError):
-        return exc
-    error: GpuRuntimeError
-    if isinstance(exc, MemoryError) or (isinstance(exc, OSError)
-                                        and exc.errno in (errno.ENOSPC, errno.ENOMEM)):
-        error = OutOfMemory(f"no host memory to stage {type(op).__name__}: {exc}")
-    elif isinstance(exc, pickle.PicklingError | TypeError | AttributeError):
-        error = InvalidArgument(f"{type(op).__name__} cannot be sent to its context: {exc}")
-    else:
-        error = translate_error(exc, op)
-    error.__cause__ = exc
-    return error
 
 
 def check_refs(op: Op, generation: int, state: DeviceState) -> None:
@@ -304,7 +284,7 @@ class Lane:
             except TimeoutError:
                 pending.fail(AskTimeout(self.path, timeout or 0.0))
             except Exception as exc:  # the host could not take it (shared memory, pickling)
-                pending.fail(refused(exc, op))
+                pending.fail(refusal_of(exc, op))
             else:
                 if outcome is not None:
                     result, error = outcome
@@ -346,5 +326,5 @@ class Lane:
         try:
             gate.host.launch(op, stream, lambda: pending.claim(generation), done)
         except Exception as exc:  # the host could not take it (shared memory, pickling)
-            pending.fail(refused(exc, op))
+            pending.fail(refusal_of(exc, op))
         return await fut

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import errno
 import pickle
 import threading
 import time
@@ -26,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from atomr_accel.backends._base import Backend
-from atomr_accel.core._errors import DeviceUnavailable, GpuRuntimeError, LibraryError
+from atomr_accel.core._errors import (
+    DeviceUnavailable,
+    GpuRuntimeError,
+    InvalidArgument,
+    LibraryError,
+    OutOfMemory,
+)
 from atomr_accel.core._op import Op
 
 __all__ = [
@@ -37,6 +44,7 @@ __all__ = [
     "Done",
     "Outcome",
     "always",
+    "refusal_of",
     "settle",
     "settle_threadsafe",
     "translate_error",
@@ -88,6 +96,23 @@ def translate_error(exc: BaseException, op: Op) -> GpuRuntimeError:
     if isinstance(exc, GpuRuntimeError):
         return exc
     error = LibraryError(op.library, type(exc).__name__, str(exc))
+    error.__cause__ = exc
+    return error
+
+
+def refusal_of(exc: BaseException, op: Op) -> GpuRuntimeError:
+    """The typed error of a host that could not take ``op``: full shared memory is an
+    ``OutOfMemory``, an op that cannot travel (pickling) an ``InvalidArgument``."""
+    if isinstance(exc, GpuRuntimeError):
+        return exc
+    error: GpuRuntimeError
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError)
+                                        and exc.errno in (errno.ENOSPC, errno.ENOMEM)):
+        error = OutOfMemory(f"no host memory to stage {type(op).__name__}: {exc}")
+    elif isinstance(exc, pickle.PicklingError | TypeError | AttributeError):
+        error = InvalidArgument(f"{type(op).__name__} cannot be sent to its context: {exc}")
+    else:
+        error = translate_error(exc, op)
     error.__cause__ = exc
     return error
 

@@ -30,7 +30,15 @@ from atomr_accel.backends._spin import wait_until
 from atomr_accel.core._errors import ContextPoisoned, DeviceUnavailable, GpuRuntimeError
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Download, Upload
-from atomr_accel.hosts._base import BackendSpec, Box, Claim, ContextHost, Done, Outcome
+from atomr_accel.hosts._base import (
+    BackendSpec,
+    Box,
+    Claim,
+    ContextHost,
+    Done,
+    Outcome,
+    refusal_of,
+)
 from atomr_accel.hosts._channel import (
     DEAD,
     DONE,
@@ -240,13 +248,18 @@ class ProcessHost(ContextHost):
             dtype = op.ref.dtype.numpy
             out = arena.take(op.count * dtype.itemsize, dtype.str)
         request = _Request(op, stream, claim, done, staged, out, slot)
-        if data is not None and staged is not None:
-            if data.nbytes >= _OFF_LOOP and _on_loop():
-                loop = asyncio.get_running_loop()
-                loop.run_in_executor(None, self._stage, request, data)
-                return request
-            self._array(staged)[:] = data.reshape(-1)
-        request.payload = self._encode(request)
+        try:
+            if data is not None and staged is not None:
+                if data.nbytes >= _OFF_LOOP and _on_loop():
+                    loop = asyncio.get_running_loop()
+                    loop.run_in_executor(None, self._stage, request, data)
+                    return request
+                self._array(staged)[:] = data.reshape(-1)
+            request.payload = self._encode(request)
+        except BaseException:
+            with self._lock:
+                self._release(request)
+            raise
         return request
 
     def _stage(self, request: _Request, data: np.ndarray[Any, Any]) -> None:
@@ -256,7 +269,7 @@ class ProcessHost(ContextHost):
             self._array(request.staged)[:] = data.reshape(-1)
             request.payload = self._encode(request)
         except BaseException as exc:
-            request.error = exc
+            request.error = refusal_of(exc, request.op)
         self._enqueue(None)
 
     def _encode(self, request: _Request) -> bytes:
