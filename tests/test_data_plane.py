@@ -32,6 +32,7 @@ from atomr_accel.core.ops._memory import Allocate, Download, Upload
 from atomr_accel.core.ops._peer import CanAccessPeer
 from atomr_accel.hosts import BackendSpec, ProcessHost, ThreadHost
 from atomr_accel.hosts._base import always
+from atomr_accel.hosts._shm import SEGMENT_PREFIX, shm_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -356,6 +357,8 @@ async def test_requests_and_replies_too_large_for_the_ring_travel_in_segments() 
         assert isinstance(graph, int)
     finally:
         await proc.close()
+    prefix = f"{SEGMENT_PREFIX}{os.getpid()}-"
+    assert [name for name in os.listdir(shm_dir()) if name.startswith(prefix)] == []
 
 
 async def test_a_large_upload_from_an_event_loop_keeps_its_place() -> None:

@@ -75,14 +75,23 @@ class Spilled:
     nbytes: int
 
     @staticmethod
-    def write(payload: bytes) -> bytes:
-        """Put ``payload`` in a new segment; return the pickled ``Spilled`` that names it."""
+    def write(payload: bytes) -> Spilled:
+        """Put ``payload`` in a new segment and name it."""
         path, mm = create_segment(len(payload))
         try:
             mm[: len(payload)] = payload
         finally:
             mm.close()
-        return pickle.dumps(Spilled(path, len(payload)), protocol=pickle.HIGHEST_PROTOCOL)
+        return Spilled(path, len(payload))
+
+    def pickled(self) -> bytes:
+        """What travels in the payload's place."""
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def discard(self) -> None:
+        """Remove the segment of a payload nobody will read."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
     def read(self) -> bytes:
         """The payload; the segment file is removed."""
@@ -91,8 +100,7 @@ class Spilled:
             return mm[: self.nbytes]
         finally:
             mm.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            self.discard()
 
 
 def loads(payload: bytes) -> Any:
@@ -291,7 +299,7 @@ class Channel:
     def answer(self, slot: int, payload: bytes) -> None:
         """Put a reply in ``slot``, mark it ``DONE`` and wake its waiter."""
         if len(payload) > SLOT_BYTES - _SLOT_HEADER:
-            payload = Spilled.write(payload)
+            payload = Spilled.write(payload).pickled()
         offset = _SLOTS + slot * SLOT_BYTES
         self.mm[offset + _SLOT_HEADER: offset + _SLOT_HEADER + len(payload)] = payload
         self._u32[offset // 4 + 1] = len(payload)

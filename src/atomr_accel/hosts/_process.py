@@ -72,6 +72,7 @@ class _Request:
     out: ShmSlice | None
     slot: int = NO_SLOT
     payload: bytes | None = None  # the pickled request, once its upload is staged
+    spilled: Spilled | None = None  # where a payload too large for the ring lies
     error: BaseException | None = None  # staging failed: answer this instead
     id: int = 0  # set when it enters the ring
 
@@ -277,7 +278,10 @@ class ProcessHost(ContextHost):
         assert channel is not None
         payload = pickle.dumps((request.op, request.stream, request.out),
                                protocol=pickle.HIGHEST_PROTOCOL)
-        return Spilled.write(payload) if len(payload) > channel.largest else payload
+        if len(payload) <= channel.largest:
+            return payload
+        request.spilled = Spilled.write(payload)
+        return request.spilled.pickled()
 
     def _enqueue(self, request: _Request | None) -> None:
         """Queue ``request`` behind the backlog and push what fits (None: just push)."""
@@ -335,6 +339,11 @@ class ProcessHost(ContextHost):
             request.done(None, error)
 
     def _release(self, request: _Request) -> None:
+        """Give back the shared memory a request holds once it is answered or given up (a
+        spilled payload the worker read is gone already)."""
+        if request.spilled is not None:
+            request.spilled.discard()
+            request.spilled = None
         arena = self._arena
         if arena is None:
             return
