@@ -34,7 +34,7 @@ from atomr_accel.core import DType, GpuRef
 from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._memory import Allocate
 from atomr_accel.hosts import BackendSpec, ThreadHost
-from atomr_accel.hosts._base import always
+from atomr_accel.hosts._base import FREE
 
 N = 64
 
@@ -88,7 +88,7 @@ def main(reps: int) -> tuple[dict[str, Any], str]:
             ids = [await host.submit(Allocate(DType.F32, N * N)) for _ in range(3)]
             hop = Gemm(*(GpuRef(0, i, DType.F32, N * N, 0) for i in ids), N, N, N)
             return await asyncio.to_thread(
-                samples, lambda: host.call(hop, 1, always, None), reps)
+                samples, lambda: host.call(hop, 1, FREE, None), reps)
         finally:
             await host.close()
 

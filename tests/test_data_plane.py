@@ -31,7 +31,7 @@ from atomr_accel.core.ops._graph import CaptureGraph
 from atomr_accel.core.ops._memory import Allocate, Download, Upload
 from atomr_accel.core.ops._peer import CanAccessPeer
 from atomr_accel.hosts import BackendSpec, ProcessHost, ThreadHost
-from atomr_accel.hosts._base import always
+from atomr_accel.hosts._base import FREE
 from atomr_accel.hosts._shm import SEGMENT_PREFIX, shm_dir
 
 pytestmark = pytest.mark.anyio
@@ -333,7 +333,7 @@ async def test_more_blocking_callers_than_slots_are_all_answered() -> None:
 
         def caller(_: int) -> None:
             for _ in range(50):
-                outcome = proc.call(Axpy(8, 1.0, ones, ref), 0, always, None)
+                outcome = proc.call(Axpy(8, 1.0, ones, ref), 0, FREE, None)
                 assert outcome == (None, None)
 
         await asyncio.to_thread(run_threads, caller, 6)
@@ -348,7 +348,7 @@ async def test_requests_and_replies_too_large_for_the_ring_travel_in_segments() 
     try:
         peers = tuple(range(30_000))  # a 60 KiB request and a 30 KiB reply
         assert await proc.submit(CanAccessPeer(peers)) == (False,) * len(peers)
-        outcome = await asyncio.to_thread(proc.call, CanAccessPeer(peers), 0, always, None)
+        outcome = await asyncio.to_thread(proc.call, CanAccessPeer(peers), 0, FREE, None)
         assert outcome == ((False,) * len(peers), None)
         buffer_id = await proc.submit(Allocate(DType.F64, 4))
         ref = GpuRef(0, buffer_id, DType.F64, 4, 1)
@@ -449,3 +449,18 @@ async def test_an_op_that_cannot_reach_its_worker_is_a_typed_error() -> None:
         assert stats.in_flight == 0 and stats.failed == 2 and stats.generation == 1
         buf = await dev.allocate_f32_async(4)
         assert len(buf) == 4
+
+
+def test_ops_a_killed_worker_never_took_run_on_the_next_context() -> None:
+    """Sent right after the kill, before the death is noticed: not lost, not failed."""
+    with System.open("t") as system:
+        dev = system.spawn_device(mock=True, isolation="process")
+        for round_ in range(3):
+            pid = dev.stats().host_pid
+            assert pid is not None
+            os.kill(pid, 9)
+            made = [dev.allocate_f32(4) for _ in range(3)]
+            assert [b.generation for b in made] == [round_ + 2] * 3
+            dev.copy_from_numpy(made[0], np.ones(4, np.float32))
+            assert dev.blas().asum(4, made[0]) == 4.0
+        assert dev.stats().in_flight == 0

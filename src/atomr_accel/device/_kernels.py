@@ -48,7 +48,7 @@ def launch(op: Op, pending: Pending, host: ContextHost, generation: int, state: 
         finish(pending, generation, result, error, fatal)
 
     try:
-        host.launch(op, stream, lambda: pending.claim(generation), done)
+        host.launch(op, stream, pending.ticket(generation), done)
     except Exception as exc:  # the host could not take it (shared memory, pickling)
         pending.fail(refusal_of(exc, op))
 

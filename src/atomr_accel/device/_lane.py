@@ -279,7 +279,7 @@ class Lane:
             op, pending = started
             generation = gate.generation
             try:
-                outcome = gate.host.call(op, stream, lambda: pending.claim(generation),
+                outcome = gate.host.call(op, stream, pending.ticket(generation),
                                          deadline)
             except TimeoutError:
                 pending.fail(AskTimeout(self.path, timeout or 0.0))
@@ -324,7 +324,7 @@ class Lane:
             finish(pending, generation, result, error, fatal)
 
         try:
-            gate.host.launch(op, stream, lambda: pending.claim(generation), done)
+            gate.host.launch(op, stream, pending.ticket(generation), done)
         except Exception as exc:  # the host could not take it (shared memory, pickling)
             pending.fail(refusal_of(exc, op))
         return await fut

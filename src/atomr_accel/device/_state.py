@@ -15,6 +15,7 @@ from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
 from atomr_accel.device._lane import Lane
+from atomr_accel.hosts._base import Ticket
 
 if TYPE_CHECKING:
     from atomr_accel.device._replay import DeviceRecorder
@@ -107,6 +108,18 @@ class Pending:
             self.seq = state.launches
             return True
 
+    def ticket(self, generation: int) -> Ticket:
+        """Its right to be launched on ``generation``, as a host takes it."""
+        return _Ticket(self, generation)
+
+    def unclaim(self, generation: int) -> None:
+        """Its op never ran on ``generation`` (the host went first): it is launched again on
+        the next context, as a request that never left the device is."""
+        state = self._state
+        with state.lock:
+            if self.launched and self.generation == generation and self in state.pending:
+                self.launched = False
+
     def succeed(self, result: Any) -> None:
         """Answer with ``result`` (ignored if already answered); any thread."""
         state = self._state
@@ -149,6 +162,22 @@ class Pending:
                 observer.op_finished(self._state.name, self.op, seconds, error)
             except Exception:
                 _log.exception("op observer %r raised", observer)
+
+
+class _Ticket:
+    """A request's right to be launched on one generation (see ``Pending.ticket``)."""
+
+    __slots__ = ("_generation", "_pending")
+
+    def __init__(self, pending: Pending, generation: int) -> None:
+        self._pending = pending
+        self._generation = generation
+
+    def claim(self) -> bool:
+        return self._pending.claim(self._generation)
+
+    def unclaim(self) -> None:
+        self._pending.unclaim(self._generation)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,15 +2,18 @@
 
 A host takes ops from any thread. Two ways in (DESIGN §2, "Two planes"):
 
-* ``launch(op, stream, claim, done)`` queues the op and returns at once;
+* ``launch(op, stream, ticket, done)`` queues the op and returns at once;
   ``done(result, error)`` is called once it has finished, on whichever thread
   learns of it. The actor path and the asynchronous data path use it.
-* ``call(op, stream, claim, deadline)`` runs the op and blocks the calling
+* ``call(op, stream, ticket, deadline)`` runs the op and blocks the calling
   (plain) thread until it has finished. The blocking data path uses it.
 
-Both call ``claim()`` at the moment the op is launched, in launch order, and
-skip an op whose ``claim()`` answers False (its request was answered already).
-Every host runs the ops it is given in the order they reach it.
+Both call ``ticket.claim()`` at the moment the op is launched, in launch order,
+and skip an op whose claim answers False (its request was answered already).
+An op that provably never ran (its host closed, or its worker died, before it
+took the op) is handed back with ``ticket.unclaim()`` and answered nothing:
+its request may run on the next context. Every host runs the ops it is given
+in the order they reach it.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from atomr_accel.backends._base import Backend
 from atomr_accel.core._errors import (
+    ContextPoisoned,
     DeviceUnavailable,
     GpuRuntimeError,
     InvalidArgument,
@@ -37,21 +41,30 @@ from atomr_accel.core._errors import (
 from atomr_accel.core._op import Op
 
 __all__ = [
+    "FREE",
     "BackendSpec",
     "Box",
-    "Claim",
     "ContextHost",
     "Done",
     "Outcome",
-    "always",
+    "Ticket",
     "refusal_of",
     "settle",
     "settle_threadsafe",
     "translate_error",
 ]
 
-Claim = Callable[[], bool]
-"""Called by a host as it launches an op; False means: the op's request is answered, skip it."""
+class Ticket(Protocol):
+    """An op's right to be launched: a device's request (``Pending``), or nothing at all."""
+
+    def claim(self) -> bool:
+        """Called as the host launches the op; False: its request is answered, skip it."""
+        ...
+
+    def unclaim(self) -> None:
+        """The op never ran on this host (it closed, or its worker died, first): it may run
+        elsewhere; the host answers nothing for it."""
+        ...
 
 Done = Callable[[Any, BaseException | None], None]
 """``done(result, error)``: called once when a launched op has finished (any thread)."""
@@ -60,9 +73,36 @@ Outcome = tuple[Any, BaseException | None]
 """``(result, error)`` of an op that ran: ``error`` is None when it succeeded."""
 
 
-def always() -> bool:
-    """A claim for ops that belong to no request (tests, benchmarks): always launch."""
-    return True
+class _Free:
+    """The ticket of an op that belongs to no request (tests, benchmarks)."""
+
+    __slots__ = ()
+
+    def claim(self) -> bool:
+        return True
+
+    def unclaim(self) -> None:
+        pass
+
+
+FREE: Ticket = _Free()
+"""Launch always; an op that never ran is dropped (``call`` answers None for it)."""
+
+
+class _Settles:
+    """The ticket of ``submit``: an op that never ran fails its future."""
+
+    __slots__ = ("_fut",)
+
+    def __init__(self, fut: asyncio.Future[Any]) -> None:
+        self._fut = fut
+
+    def claim(self) -> bool:
+        return True
+
+    def unclaim(self) -> None:
+        settle_threadsafe(self._fut, None, ContextPoisoned("the context went away before "
+                                                           "this op ran"))
 
 
 @dataclass(frozen=True)
@@ -146,17 +186,20 @@ class ContextHost(abc.ABC):
         """Build the context; raises ``DeviceUnavailable`` when it cannot."""
 
     @abc.abstractmethod
-    def launch(self, op: Op, stream: int, claim: Claim, done: Done) -> None:
+    def launch(self, op: Op, stream: int, ticket: Ticket, done: Done) -> None:
         """Queue ``op`` on ``stream`` and return at once; ``done`` reports how it ended.
 
-        ``done`` is not called when ``claim()`` answers False. Never blocks.
+        ``done`` is not called when ``ticket.claim()`` answers False, nor for an op
+        handed back with ``ticket.unclaim()``. Never blocks.
         """
 
     @abc.abstractmethod
-    def call(self, op: Op, stream: int, claim: Claim, deadline: float | None) -> Outcome | None:
+    def call(self, op: Op, stream: int, ticket: Ticket,
+             deadline: float | None) -> Outcome | None:
         """Run ``op`` on ``stream`` and wait for it on this (plain) thread.
 
-        Returns its outcome, or None when ``claim()`` answered False. Raises
+        Returns its outcome, or None when ``ticket.claim()`` answered False or the
+        op was handed back with ``ticket.unclaim()``. Raises
         ``TimeoutError`` once ``time.perf_counter()`` passes ``deadline`` (the
         op may still run). Never call it on an event loop's thread.
         """
@@ -169,7 +212,7 @@ class ContextHost(abc.ABC):
         def done(result: Any, error: BaseException | None) -> None:
             settle_threadsafe(fut, result, error)
 
-        self.launch(op, stream, always, done)
+        self.launch(op, stream, _Settles(fut), done)
         return fut
 
     @abc.abstractmethod
@@ -227,14 +270,29 @@ class Box:
             raise TimeoutError("the op did not finish before its deadline")
         return self._outcome
 
-    def call(self, host: ContextHost, op: Op, stream: int, claim: Claim,
+    def call(self, host: ContextHost, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
         """``host.call`` made of ``host.launch``: launch, then wait here."""
-        def claimed() -> bool:
-            ok = claim()
-            if not ok:
-                self.set(None)
-            return ok
-
-        host.launch(op, stream, claimed, lambda result, error: self.set((result, error)))
+        host.launch(op, stream, _Boxed(ticket, self),
+                    lambda result, error: self.set((result, error)))
         return self.wait(deadline)
+
+
+class _Boxed:
+    """A ticket that also tells a ``Box`` when its op will not be reported."""
+
+    __slots__ = ("_box", "_ticket")
+
+    def __init__(self, ticket: Ticket, box: Box) -> None:
+        self._ticket = ticket
+        self._box = box
+
+    def claim(self) -> bool:
+        ok = self._ticket.claim()
+        if not ok:
+            self._box.set(None)
+        return ok
+
+    def unclaim(self) -> None:
+        self._ticket.unclaim()
+        self._box.set(None)

@@ -199,8 +199,9 @@ class Channel:
         room = self.ring_bytes - self._head % self.ring_bytes
         return size + (room if size > room else 0)
 
-    def push(self, payload: bytes, slot: int, request_id: int) -> None:
-        """Append a record (``fits`` said it does) and wake the worker if it is parked."""
+    def push(self, payload: bytes, slot: int, request_id: int) -> int:
+        """Append a record (``fits`` said it does), wake the worker if it is parked, and
+        answer where the record ends (the worker has taken it once ``tail`` reaches it)."""
         head = self._head
         pos = head % self.ring_bytes
         size = (_RECORD.size + len(payload) + 7) & ~7
@@ -216,6 +217,12 @@ class Channel:
         if self._u32[_PARKED]:
             self._u32[_DOORBELL] = (self._u32[_DOORBELL] + 1) & 0xFFFFFFFF
             self._futex.wake(_DOORBELL * 4)
+        return self._head
+
+    @property
+    def tail(self) -> int:
+        """Ring bytes the worker has taken so far."""
+        return int(self._u64[_TAIL // 8])
 
     @property
     def largest(self) -> int:

@@ -33,10 +33,10 @@ from atomr_accel.core.ops._memory import Download, Upload
 from atomr_accel.hosts._base import (
     BackendSpec,
     Box,
-    Claim,
     ContextHost,
     Done,
     Outcome,
+    Ticket,
     refusal_of,
 )
 from atomr_accel.hosts._channel import (
@@ -66,7 +66,7 @@ class _Request:
 
     op: Op
     stream: int
-    claim: Claim
+    ticket: Ticket
     done: Done | None  # None: a blocking caller waits on ``slot``
     staged: ShmSlice | None
     out: ShmSlice | None
@@ -75,6 +75,7 @@ class _Request:
     spilled: Spilled | None = None  # where a payload too large for the ring lies
     error: BaseException | None = None  # staging failed: answer this instead
     id: int = 0  # set when it enters the ring
+    end: int = 0  # where its record ends in the ring: the worker took it once tail >= end
 
 
 class ProcessHost(ContextHost):
@@ -152,26 +153,28 @@ class ProcessHost(ContextHost):
 
     # ------------------------------------------------------------ ways in
 
-    def launch(self, op: Op, stream: int, claim: Claim, done: Done) -> None:
-        """Send ``op`` through the ring; the reply comes back as a frame, to ``done``."""
+    def launch(self, op: Op, stream: int, ticket: Ticket, done: Done) -> None:
+        """Send ``op`` through the ring; the reply comes back as a frame, to ``done``.
+        A dead worker hands the op back (``ticket.unclaim()``)."""
         if self._dead is not None:
-            if claim():
-                done(None, self._dead)
+            ticket.unclaim()
             return
-        self._enqueue(self._request(op, stream, claim, done, NO_SLOT))
+        self._enqueue(self._request(op, stream, ticket, done, NO_SLOT))
 
-    def call(self, op: Op, stream: int, claim: Claim, deadline: float | None) -> Outcome | None:
+    def call(self, op: Op, stream: int, ticket: Ticket,
+             deadline: float | None) -> Outcome | None:
         """Send ``op`` through the ring and wait for its reply in a slot of this caller's."""
         if self._dead is not None:
-            return (None, self._dead) if claim() else None
+            ticket.unclaim()
+            return None
         slot = self._take_slot()
         if slot is None:  # more blocking callers than slots: wait for a frame instead
-            return Box().call(self, op, stream, claim, deadline)
+            return Box().call(self, op, stream, ticket, deadline)
         channel = self._channel
         assert channel is not None
         channel.set_slot(slot, PENDING)
         try:
-            request = self._request(op, stream, claim, None, slot)
+            request = self._request(op, stream, ticket, None, slot)
         except BaseException:
             self._free(slot)
             raise
@@ -233,7 +236,7 @@ class ProcessHost(ContextHost):
 
     # --------------------------------------------------------- the ring
 
-    def _request(self, op: Op, stream: int, claim: Claim, done: Done | None,
+    def _request(self, op: Op, stream: int, ticket: Ticket, done: Done | None,
                  slot: int) -> _Request:
         """Stage ``op``'s payloads in shared memory and pickle it (a copy an event loop
         would wait for runs on an executor thread; the request waits in order)."""
@@ -248,7 +251,7 @@ class ProcessHost(ContextHost):
         elif isinstance(op, Download):
             dtype = op.ref.dtype.numpy
             out = arena.take(op.count * dtype.itemsize, dtype.str)
-        request = _Request(op, stream, claim, done, staged, out, slot)
+        request = _Request(op, stream, ticket, done, staged, out, slot)
         try:
             if data is not None and staged is not None:
                 if data.nbytes >= _OFF_LOOP and _on_loop():
@@ -312,7 +315,7 @@ class ProcessHost(ContextHost):
                 channel.set_backlog(True)
                 return failed
             backlog.popleft()
-            if not request.claim():
+            if not request.ticket.claim():
                 request.error = None
                 failed.append(request)
             elif payload is None:
@@ -320,13 +323,13 @@ class ProcessHost(ContextHost):
             else:
                 request.id = next(self._ids)
                 self._inflight[request.id] = request
-                channel.push(payload, request.slot, request.id)
+                request.end = channel.push(payload, request.slot, request.id)
         channel.set_backlog(False)
         return failed
 
     def _settle_unsent(self, request: _Request, error: BaseException | None) -> None:
-        """Answer a request that never entered the ring: with ``error``, or not at all when
-        it was not claimed (None). A blocking caller's waiter cleans up after it."""
+        """Answer a request the worker will not answer: with ``error``, or not at all (None:
+        it was not claimed, or handed back). A blocking caller's waiter cleans up after it."""
         if request.slot != NO_SLOT:
             channel = self._channel
             assert channel is not None
@@ -408,18 +411,22 @@ class ProcessHost(ContextHost):
         request.done(result, error)
 
     def _fail_all(self, error: GpuRuntimeError) -> None:
-        """Answer every request not yet answered with ``error`` (the worker is gone)."""
+        """The worker is gone: answer with ``error`` what it took, hand back the rest
+        (``ticket.unclaim()``: those never ran, they may run on the next context)."""
+        channel = self._channel
         with self._lock:
             if self._dead is None:
                 self._dead = error
-            sent = list(self._inflight.values())
-            unsent = list(self._backlog)
+            taken = channel.tail if channel is not None else 0
+            requests = [*self._inflight.values(), *self._backlog]
             self._inflight.clear()
             self._backlog.clear()
-        for request in sent:
-            self._settle_unsent(request, self._dead)
-        for request in unsent:
-            self._settle_unsent(request, self._dead if request.claim() else None)
+        for request in requests:
+            if request.id and request.end <= taken:
+                self._settle_unsent(request, self._dead)
+            else:
+                request.ticket.unclaim()
+                self._settle_unsent(request, None)
         self._mark_died(error)
 
     # -------------------------------------------------------------- life

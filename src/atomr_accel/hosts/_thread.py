@@ -31,10 +31,10 @@ from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.hosts._base import (
     BackendSpec,
     Box,
-    Claim,
     ContextHost,
     Done,
     Outcome,
+    Ticket,
     settle,
     translate_error,
 )
@@ -101,10 +101,10 @@ class ThreadHost(ContextHost):
         loop.call_soon_threadsafe(settle, ready, None, None)
         try:
             while (item := self._next(backend)) is not _STOP:
-                op, stream, claim, done = item
+                op, stream, ticket, done = item
                 with self._lock:
                     self._taken += 1
-                    self._launch(backend, op, stream, claim, done)
+                    self._launch(backend, op, stream, ticket, done)
         finally:
             with self._lock:
                 backend.close()
@@ -117,10 +117,14 @@ class ThreadHost(ContextHost):
             backend.flush()
             return self._queue.get()
 
-    def _launch(self, backend: Backend, op: Op, stream: int, claim: Claim, done: Done) -> None:
+    def _launch(self, backend: Backend, op: Op, stream: int, ticket: Ticket,
+                done: Done) -> None:
         """Launch a queued op (under the lock); its completion is classified, then reported."""
+        if self._closed:
+            ticket.unclaim()
+            return
         refusal = self._refusal(op)
-        if not claim():
+        if not ticket.claim():
             return
         if refusal is not None:
             done(None, refusal)
@@ -133,22 +137,22 @@ class ThreadHost(ContextHost):
 
     # --------------------------------------------------------- ways in
 
-    def launch(self, op: Op, stream: int, claim: Claim, done: Done) -> None:
+    def launch(self, op: Op, stream: int, ticket: Ticket, done: Done) -> None:
         """Queue ``op`` for the context thread; an op that only queues GPU work is launched
-        at once on the caller's event loop when nothing waits before it, and polled there."""
+        at once on the caller's event loop when nothing waits before it, and polled there.
+        A closed host hands the op back (``ticket.unclaim()``)."""
         backend = self._backend
         if backend is not None and backend.queues_only(op) and self._launch_on_loop(
-                backend, op, stream, claim, done):
+                backend, op, stream, ticket, done):
             return
         with self._put_lock:
             if not self._closed:
                 self._queued = next(self._puts)
-                self._queue.put((op, stream, claim, done))
+                self._queue.put((op, stream, ticket, done))
                 return
-        if claim():
-            done(None, self._refusal(op) or ContextPoisoned("the context is closed"))
+        ticket.unclaim()
 
-    def _launch_on_loop(self, backend: Backend, op: Op, stream: int, claim: Claim,
+    def _launch_on_loop(self, backend: Backend, op: Op, stream: int, ticket: Ticket,
                         done: Done) -> bool:
         """Start ``op`` here if the caller runs an event loop and the context is free and
         idle; the loop's poller reports it. False: queue it instead."""
@@ -158,9 +162,9 @@ class ThreadHost(ContextHost):
         if not self._lock.acquire(blocking=False):
             return False  # the context is busy: never block an event loop on it
         try:
-            if self._queued != self._taken or self._refusal(op) is not None:
+            if self._queued != self._taken or self._closed or self._refusal(op) is not None:
                 return False
-            if not claim():
+            if not ticket.claim():
                 return True
             try:
                 started = backend.begin(op, stream)
@@ -214,16 +218,20 @@ class ThreadHost(ContextHost):
         while (entry := self._waits.get()) is not _STOP:
             self.report(entry, waited=True)
 
-    def call(self, op: Op, stream: int, claim: Claim, deadline: float | None) -> Outcome | None:
+    def call(self, op: Op, stream: int, ticket: Ticket,
+             deadline: float | None) -> Outcome | None:
         """Run ``op`` on the calling thread when nothing waits in the queue (else through the
         context thread), then wait for it here."""
         backend = self._backend
         assert backend is not None, "start() the host first"
         with hold(self._lock):
+            if self._closed:
+                ticket.unclaim()  # it never ran here
+                return None
             inline = self._queued == self._taken
             if inline:
                 refusal = self._refusal(op)
-                if not claim():
+                if not ticket.claim():
                     return None
                 if refusal is not None:
                     return None, refusal
@@ -232,7 +240,7 @@ class ThreadHost(ContextHost):
                 except BaseException as exc:
                     return None, self._classify(backend, op, exc)
         if not inline:
-            return Box().call(self, op, stream, claim, deadline)
+            return Box().call(self, op, stream, ticket, deadline)
         try:
             return backend.wait(started, deadline), None
         except TimeoutError:
@@ -246,8 +254,6 @@ class ThreadHost(ContextHost):
         """Why the context will not run ``op`` (None: it will)."""
         if self._broken is not None:
             return self._broken
-        if self._closed:
-            return ContextPoisoned("the context was closed before this op ran")
         if isinstance(op, InjectFault) and op.kind is FaultKind.CRASH:
             return InvalidArgument("a CRASH fault needs the process host")
         return None
@@ -276,8 +282,8 @@ class ThreadHost(ContextHost):
         return os.getpid() if self._thread is not None else None
 
     async def close(self) -> None:
-        """Fail queued ops, stop the thread after the op it is running, release the backend."""
-        error = ContextPoisoned("the context was closed before this op ran")
+        """Hand back the ops still queued (they never ran), stop the thread after the op it is
+        running, release the backend."""
         with self._put_lock:
             self._closed = True
             while True:
@@ -285,9 +291,7 @@ class ThreadHost(ContextHost):
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                _op, _stream, claim, done = item
-                if claim():
-                    done(None, error)
+                item[2].unclaim()
             self._queue.put(_STOP)
         thread = self._thread
         if thread is not None and thread.is_alive():
