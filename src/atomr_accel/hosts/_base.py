@@ -66,6 +66,7 @@ class Ticket(Protocol):
         elsewhere; the host answers nothing for it."""
         ...
 
+
 Done = Callable[[Any, BaseException | None], None]
 """``done(result, error)``: called once when a launched op has finished (any thread)."""
 
