@@ -144,6 +144,10 @@ class Download(Op):
         require_nonneg(offset=self.offset)
         if self.length is not None:
             require_nonneg(length=self.length)
+        elif self.offset > self.ref.length:  # no length: from the offset to the end
+            raise InvalidArgument(
+                f"offset {self.offset} is past the end of the source buffer of "
+                f"{self.ref.length} elements")
         require_len(self.ref, self.offset + self.count, "source buffer")
 
     @property
