@@ -28,7 +28,7 @@ from atomr_accel.backends.cpu import CpuBackend
 from atomr_accel.core import DType, GpuRef, Op
 from atomr_accel.core.ops._blas import Axpy
 from atomr_accel.core.ops._graph import CaptureGraph
-from atomr_accel.core.ops._memory import Allocate, Download, Upload
+from atomr_accel.core.ops._memory import Allocate, Download, MemoryInfo, Upload
 from atomr_accel.core.ops._peer import CanAccessPeer
 from atomr_accel.hosts import BackendSpec, ProcessHost, ThreadHost
 from atomr_accel.hosts._base import FREE
@@ -463,4 +463,46 @@ def test_ops_a_killed_worker_never_took_run_on_the_next_context() -> None:
             assert [b.generation for b in made] == [round_ + 2] * 3
             dev.copy_from_numpy(made[0], np.ones(4, np.float32))
             assert dev.blas().asum(4, made[0]) == 4.0
+        assert dev.stats().in_flight == 0
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+def test_a_download_past_the_end_is_refused_and_the_device_is_untouched(isolation: str) -> None:
+    with System.open("t") as system:
+        dev = system.spawn_device(mock=True, isolation=isolation)
+        buf = dev.allocate_f64(4)
+        dev.copy_from_numpy(buf, np.arange(4.0))
+        for offset, length in ((17, None), (5, None), (3, 2), (-1, None)):
+            with pytest.raises(InvalidArgument):
+                dev.copy_to_numpy(buf, offset=offset, length=length)
+        assert dev.copy_to_numpy(buf, offset=4).size == 0  # the end itself: nothing to copy
+        np.testing.assert_array_equal(dev.copy_to_numpy(buf), np.arange(4.0))
+        assert dev.stats().generation == 1
+
+
+def test_a_request_handed_back_after_the_device_moved_on_runs_on_its_context() -> None:
+    """A host may hand a request back (it never ran) after the next context is up."""
+    with System.open("t") as system:
+        dev = system.spawn_device(mock=True)
+        with pytest.raises(ContextPoisoned):
+            dev.inject_fault(FaultKind.POISON)
+        dev.allocate_f32(1)  # generation 2 serves
+        answered = threading.Event()
+        answers: list[Any] = []
+
+        class Answer:
+            def set_result(self, value: Any) -> None:
+                answers.append(value)
+                answered.set()
+
+            def set_exception(self, exc: BaseException) -> None:
+                answers.append(exc)
+                answered.set()
+
+        ticket = dev._state.track(MemoryInfo(), Answer()).ticket(1)
+        assert ticket.claim()  # taken by generation 1's host, which then closed ...
+        ticket.unclaim()  # ... and handed it back: the device sends it on
+        assert answered.wait(5.0)
+        free, total = answers[0]
+        assert 0 <= free <= total
         assert dev.stats().in_flight == 0

@@ -31,6 +31,7 @@ from atomr_accel.device._messages import (
     ContextReady,
     GenerationChanged,
     GetStats,
+    Redispatch,
     Run,
     WatchGeneration,
 )
@@ -75,6 +76,7 @@ class DeviceActor(Actor):
         self.gate: Gate | None = None
         """The data plane's way to the current context generation, opened once it serves."""
         self.state.lane.path = self.context.self_ref.path
+        self.state.device = self.context.self_ref
         if config.journal is not None and self.state.recorder is None:
             self.state.recorder = DeviceRecorder.open(config.journal, self.state)
         self.state.status = Status.STARTING
@@ -123,6 +125,11 @@ class DeviceActor(Actor):
                         GenerationChanged(self.config.device_id, self.state.generation))
         elif isinstance(message, GetStats):
             return self.stats()
+        elif isinstance(message, Redispatch):
+            with self.state.lock:
+                self.state.redispatch_asked = False
+            if self.state.status is Status.READY:  # else the next context takes them
+                self._dispatch_unlaunched()
         else:
             raise TypeError(f"a device does not handle {message!r}")
         return None
@@ -134,15 +141,21 @@ class DeviceActor(Actor):
         recorder = self.state.recorder
         if recorder is not None:
             recorder.serve(generation)
-        for pending in self.state.unlaunched():  # queued in old mailboxes, or held
-            if recorder is not None:
-                pending.op = recorder.refresh(pending.op)
-            self.routes[pending.op.library].tell(Run(pending.op, pending))
+        self._dispatch_unlaunched()
         self.context.unstash_all()
         if self.gate is not None and self.gate.generation == generation:
             self.state.lane.open(self.gate)  # takes nothing while what was queued is in flight
         for watcher in self.watchers:
             watcher.tell(GenerationChanged(self.config.device_id, generation))
+
+    def _dispatch_unlaunched(self) -> None:
+        """Send the requests not launched yet (queued in old mailboxes, held during a
+        recovery, handed back by a host that never ran them) to the current context."""
+        recorder = self.state.recorder
+        for pending in self.state.unlaunched():
+            if recorder is not None:
+                pending.op = recorder.refresh(pending.op)
+            self.routes[pending.op.library].tell(Run(pending.op, pending))
 
     def _recovered(self, message: Recovered) -> None:
         if self.recovery is None or message.generation != self.state.generation:

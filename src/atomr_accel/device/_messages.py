@@ -19,6 +19,7 @@ __all__ = [
     "Fatal",
     "GenerationChanged",
     "GetStats",
+    "Redispatch",
     "Run",
     "WatchGeneration",
 ]
@@ -76,3 +77,8 @@ class GenerationChanged:
 @dataclass(frozen=True, slots=True)
 class GetStats:
     """Ask a device for its ``DeviceStats``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Redispatch:
+    """A host handed back requests it never ran: send them on if the device serves."""

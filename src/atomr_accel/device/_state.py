@@ -10,11 +10,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from atomr_accel.actor import ActorRef
 from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
 from atomr_accel.device._lane import Lane
+from atomr_accel.device._messages import Redispatch
 from atomr_accel.hosts._base import Ticket
 
 if TYPE_CHECKING:
@@ -117,8 +119,14 @@ class Pending:
         the next context, as a request that never left the device is."""
         state = self._state
         with state.lock:
-            if self.launched and self.generation == generation and self in state.pending:
-                self.launched = False
+            if not (self.launched and self.generation == generation and self in state.pending):
+                return
+            self.launched = False
+            ask = state.device is not None and not state.redispatch_asked
+            state.redispatch_asked = True
+        if ask:  # the device may serve a newer context already: one message for them all
+            assert state.device is not None
+            state.device.tell(Redispatch())
 
     def succeed(self, result: Any) -> None:
         """Answer with ``result`` (ignored if already answered); any thread."""
@@ -243,6 +251,10 @@ class DeviceState:
         """Journals completed ops and keeps durable buffers (a device with a journal)."""
         self.lane = Lane(self)
         """The data plane: ops straight from their callers to the context's host."""
+        self.device: ActorRef | None = None
+        """The device actor (set once it runs); told when requests come back unlaunched."""
+        self.redispatch_asked = False
+        """True while a ``Redispatch`` to the device actor is on its way."""
 
     def add_observer(self, observer: OpObserver) -> None:
         """Tell ``observer`` of every request from now on (call on the system's loop)."""
