@@ -34,7 +34,7 @@ from atomr_accel.core import DType, GpuRef
 from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._memory import Allocate, Upload
 from atomr_accel.hosts import BackendSpec, ProcessHost
-from atomr_accel.hosts._base import Claim, Done
+from atomr_accel.hosts._base import Done, Ticket
 from atomr_accel.hosts._process import _Request
 
 N = 8
@@ -174,9 +174,9 @@ def ops_per_second(fn: Callable[[], Any], threads: int, seconds: float) -> float
 class PickleHost(ProcessHost):
     """The process host, but uploads pickle the array into the request (the baseline)."""
 
-    def _request(self, op: Any, stream: int, claim: Claim, done: Done | None,
+    def _request(self, op: Any, stream: int, ticket: Ticket, done: Done | None,
                  slot: int) -> _Request:
-        request = _Request(op, stream, claim, done, None, None, slot)
+        request = _Request(op, stream, ticket, done, None, None, slot)
         request.payload = self._encode(request)
         return request
 
