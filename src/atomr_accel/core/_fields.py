@@ -13,27 +13,30 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, SupportsIndex
 
-__all__ = ["PickleByFields", "field_values", "pickle_by_name"]
+__all__ = ["PickleByFields", "field_values", "pickle_by_name", "reader_of"]
 
 _FieldReader = Callable[[object], tuple[object, ...]]
 _READERS: dict[type, _FieldReader] = {}
 
 
-def _reader(cls: type) -> _FieldReader:
-    """Return (and remember) a function that answers ``cls``'s field values in field order."""
-    names = tuple(f.name for f in dataclasses.fields(cls))
+def reader_of(names: Sequence[str]) -> _FieldReader:
+    """Return a function that answers an object's values of ``names``, as a tuple."""
     if len(names) == 1:  # attrgetter of one name answers the bare value
         get = attrgetter(names[0])
-        read: _FieldReader = lambda obj: (get(obj),)  # noqa: E731
-    elif names:
-        read = attrgetter(*names)
-    else:
-        read = lambda obj: ()  # noqa: E731
-    _READERS[cls] = read
+        return lambda obj: (get(obj),)
+    if names:
+        read: _FieldReader = attrgetter(*names)
+        return read
+    return lambda obj: ()
+
+
+def _reader(cls: type) -> _FieldReader:
+    """Return (and remember) a function that answers ``cls``'s field values in field order."""
+    read = _READERS[cls] = reader_of([f.name for f in dataclasses.fields(cls)])
     return read
 
 

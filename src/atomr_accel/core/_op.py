@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from operator import attrgetter
 from typing import ClassVar, TypeGuard
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._fields import PickleByFields
+from atomr_accel.core._fields import PickleByFields, reader_of
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = [
@@ -42,14 +41,7 @@ def _buffer_reader(cls: type) -> Callable[[object], tuple[object, ...]]:
     """Return (and remember) a function answering the values of ``cls``'s fields declared as
     buffers (``GpuRef``, optional or not), in field order."""
     names = [f.name for f in dataclasses.fields(cls) if "GpuRef" in str(f.type)]
-    if len(names) == 1:
-        get = attrgetter(names[0])
-        read: Callable[[object], tuple[object, ...]] = lambda op: (get(op),)  # noqa: E731
-    elif names:
-        read = attrgetter(*names)
-    else:
-        read = lambda op: ()  # noqa: E731
-    _BUFFER_READERS[cls] = read
+    read = _BUFFER_READERS[cls] = reader_of(names)
     return read
 
 

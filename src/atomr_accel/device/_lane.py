@@ -245,6 +245,15 @@ class Lane:
 
     # ---------------------------------------------------------- data plane
 
+    def _route(self, op: Op) -> tuple[Gate, int] | None:
+        """The open gate and ``op``'s stream on it; None while the op must take the actor
+        path (no gate, an op of the facade on that path, or a library not enabled)."""
+        gate = self.gate
+        if gate is None or self._detours:
+            return None
+        stream = gate.streams.get(op.library)
+        return None if stream is None else (gate, stream)
+
     def _start(self, gate: Gate, op: Op, answer: Any) -> tuple[Op, Pending] | None:
         """Validate ``op`` (raises), register its request and check its buffers; None when a
         check failed and answered the request (counted like any failed op)."""
@@ -266,12 +275,10 @@ class Lane:
         Raises the op's error, ``InvalidArgument`` / ``GpuRefStale`` before it
         runs, or ``AskTimeout`` after ``timeout`` seconds (None: no limit).
         """
-        gate = self.gate
-        if gate is None or self._detours:
+        route = self._route(op)
+        if route is None:
             return MISS
-        stream = gate.streams.get(op.library)
-        if stream is None:
-            return MISS
+        gate, stream = route
         slot = _Slot()
         deadline = None if timeout is None else time.perf_counter() + timeout
         started = self._start(gate, op, slot)
@@ -300,12 +307,10 @@ class Lane:
 
         Raises as ``call`` does.
         """
-        gate = self.gate
-        if gate is None or self._detours:
+        route = self._route(op)
+        if route is None:
             return MISS
-        stream = gate.streams.get(op.library)
-        if stream is None:
-            return MISS
+        gate, stream = route
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         started = self._start(gate, op, Reply(fut, loop))
