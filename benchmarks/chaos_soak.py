@@ -46,7 +46,7 @@ from atomr_accel import (
     Status,
     System,
 )
-from atomr_accel.hosts._shm import SEGMENT_PREFIX, shm_dir
+from atomr_accel.hosts._shm import live_segments
 
 T = TypeVar("T")
 
@@ -371,9 +371,8 @@ def children(zombies: bool = True) -> list[int]:
 
 
 def segments() -> list[str]:
-    """Shared-memory segments this process made and did not remove."""
-    prefix = f"{SEGMENT_PREFIX}{os.getpid()}-"
-    return [name for name in os.listdir(shm_dir()) if name.startswith(prefix)]
+    """Shared-memory segments this process holds by name (memfds, files in /dev/shm)."""
+    return live_segments()
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from atomr_accel.device import (
     WatchGeneration,
 )
 from atomr_accel.hosts import BackendSpec, ThreadHost
-from atomr_accel.hosts._shm import SEGMENT_PREFIX, shm_dir
+from atomr_accel.hosts._shm import live_segments
 
 pytestmark = pytest.mark.anyio
 
@@ -42,9 +42,8 @@ HOSTS = ["thread", "process"]
 
 
 def segments() -> list[str]:
-    """Shared-memory segments this process created and did not remove."""
-    prefix = f"{SEGMENT_PREFIX}{os.getpid()}-"
-    return [name for name in os.listdir(shm_dir()) if name.startswith(prefix)]
+    """Shared-memory segments this process holds by name (memfds, files in /dev/shm)."""
+    return live_segments()
 
 
 def process_gone(pid: int) -> bool:

@@ -148,7 +148,7 @@ def refusal_of(exc: BaseException, op: Op) -> GpuRuntimeError:
         return exc
     error: GpuRuntimeError
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError)
-                                        and exc.errno in (errno.ENOSPC, errno.ENOMEM)):
+                                        and exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG)):
         error = OutOfMemory(f"no host memory to stage {type(op).__name__}: {exc}")
     elif isinstance(exc, pickle.PicklingError | TypeError | AttributeError):
         error = InvalidArgument(f"{type(op).__name__} cannot be sent to its context: {exc}")

@@ -36,10 +36,9 @@ import platform
 import struct
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from atomr_accel.hosts._shm import create_segment, map_path
+from atomr_accel.hosts._shm import Segment, create_segment, map_path
 
 __all__ = [
     "DEAD",
@@ -67,40 +66,54 @@ _DOORBELL, _PARKED, _CLOSING, _BACKLOG = 32, 33, 34, 35  # u32 indices
 _SLOTS = 192
 
 
-@dataclass(frozen=True, slots=True)
 class Spilled:
-    """A payload too large for the ring or a slot: it lies in a segment file of its own."""
+    """A payload too large for the ring or a slot: it lies in a segment of its own.
 
-    path: str
-    nbytes: int
+    It pickles as its ``path`` and size; the side that wrote it holds the
+    segment until ``discard``.
+    """
+
+    __slots__ = ("_segment", "nbytes", "path")
+
+    def __init__(self, path: str, nbytes: int, segment: Segment | None = None) -> None:
+        self.path = path
+        self.nbytes = nbytes
+        self._segment = segment
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Spilled, (self.path, self.nbytes))
 
     @staticmethod
     def write(payload: bytes) -> Spilled:
         """Put ``payload`` in a new segment and name it."""
-        path, mm = create_segment(len(payload))
+        segment = create_segment(len(payload))
         try:
-            mm[: len(payload)] = payload
-        finally:
-            mm.close()
-        return Spilled(path, len(payload))
+            segment.mm[: len(payload)] = payload
+        except BaseException:
+            segment.close()
+            raise
+        return Spilled(segment.path, len(payload), segment)
 
     def pickled(self) -> bytes:
         """What travels in the payload's place."""
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
 
     def discard(self) -> None:
-        """Remove the segment of a payload nobody will read."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        """Drop the segment (the writer's side, once the reader is done or never will be)."""
+        segment, self._segment = self._segment, None
+        if segment is not None:
+            segment.close()
 
     def read(self) -> bytes:
-        """The payload; the segment file is removed."""
+        """The payload (the reader's side; a file segment is removed once read)."""
         mm = map_path(self.path, self.nbytes)
         try:
             return mm[: self.nbytes]
         finally:
             mm.close()
-            self.discard()
+            if not self.path.startswith("/proc/"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
 
 
 def loads(payload: bytes) -> Any:
@@ -132,6 +145,11 @@ class _Futex:
         except (OSError, AttributeError, TypeError):
             self.number = None
 
+    def detach(self) -> None:
+        """Let go of the mapping (no waiting or waking afterwards)."""
+        self._anchor = None
+        self.number = None
+
     def wait(self, offset: int, expected: int, timeout: float) -> None:
         """Sleep while the u32 at ``offset`` holds ``expected``, at most ``timeout`` s."""
         if self.number is None:
@@ -157,9 +175,12 @@ class Channel:
     the worker). The parent makes one ``push`` at a time (under its lock); the
     worker is the only reader of the ring."""
 
-    def __init__(self, path: str, mm: mmap.mmap, ring_bytes: int, slots: int) -> None:
+    def __init__(self, path: str, mm: mmap.mmap, ring_bytes: int, slots: int,
+                 segment: Segment | None = None) -> None:
         self.path = path
         self.mm = mm
+        self._segment = segment  # the parent's: it names the segment until ``unlink``
+        self._held: dict[int, Spilled] = {}  # the worker's: replies spilled per slot
         self.ring_bytes = ring_bytes
         self.slots = slots
         self._ring = _SLOTS + slots * SLOT_BYTES
@@ -179,8 +200,8 @@ class Channel:
         """A new, zeroed segment (parent side)."""
         if ring_bytes % 8 or ring_bytes < 4096:
             raise ValueError("ring_bytes must be a multiple of 8, at least 4096")
-        path, mm = create_segment(cls.size(ring_bytes, slots))
-        return cls(path, mm, ring_bytes, slots)
+        segment = create_segment(cls.size(ring_bytes, slots))
+        return cls(segment.path, segment.mm, ring_bytes, slots, segment)
 
     @classmethod
     def attach(cls, path: str, ring_bytes: int, slots: int) -> Channel:
@@ -305,8 +326,12 @@ class Channel:
 
     def answer(self, slot: int, payload: bytes) -> None:
         """Put a reply in ``slot``, mark it ``DONE`` and wake its waiter."""
+        held = self._held.pop(slot, None)
+        if held is not None:  # the parent read that slot's last reply before it reused the slot
+            held.discard()
         if len(payload) > SLOT_BYTES - _SLOT_HEADER:
-            payload = Spilled.write(payload).pickled()
+            spilled = self._held[slot] = Spilled.write(payload)
+            payload = spilled.pickled()
         offset = _SLOTS + slot * SLOT_BYTES
         self.mm[offset + _SLOT_HEADER: offset + _SLOT_HEADER + len(payload)] = payload
         self._u32[offset // 4 + 1] = len(payload)
@@ -316,6 +341,17 @@ class Channel:
     # --------------------------------------------------------------- both
 
     def unlink(self) -> None:
-        """Remove the segment's file name (both sides keep their mappings)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        """Make the segment unreachable by name (the parent's side; both keep their mappings)."""
+        if self._segment is not None:
+            self._segment.forget()
+
+    def close(self) -> None:
+        """Unmap the segment (the parent's side, once no thread uses the channel any more)."""
+        self.unlink()
+        self._u64.release()
+        self._u32.release()
+        self._futex.detach()
+        for held in self._held.values():
+            held.discard()
+        with contextlib.suppress(BufferError):
+            self.mm.close()

@@ -113,13 +113,19 @@ class ProcessHost(ContextHost):
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
         self._dead: GpuRuntimeError | None = None
+        self._callers = 0  # blocking callers using the channel now
+        self._unmap = False  # closed: the last caller out unmaps the channel
 
     async def start(self) -> None:
         """Start the worker, build its backend, share the arena and the channel with it."""
         loop = self._loop = asyncio.get_running_loop()
         self.died = loop.create_future()
-        self._arena = SharedArena(self.arena_bytes)
         self._channel = Channel.create(self.ring_bytes, self.slots)
+        try:
+            self._arena = SharedArena(self.arena_bytes)
+        except BaseException:
+            self._channel.unlink()
+            raise
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p
@@ -130,7 +136,7 @@ class ProcessHost(ContextHost):
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             )
             assert self._proc.stdin is not None and self._proc.stdout is not None
-            self._proc.stdin.write(encode((self.spec, self._arena.path, self.arena_bytes,
+            self._proc.stdin.write(encode((self.spec, self._arena.path, self._arena.nbytes,
                                            self._channel.path, self.ring_bytes, self.slots)))
             async with asyncio.timeout(self.start_timeout):
                 reply = await _read(self._proc.stdout)
@@ -164,9 +170,23 @@ class ProcessHost(ContextHost):
     def call(self, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
         """Send ``op`` through the ring and wait for its reply in a slot of this caller's."""
+        with self._lock:
+            if self._dead is None:
+                self._callers += 1
         if self._dead is not None:
             ticket.unclaim()
             return None
+        try:
+            return self._call(op, stream, ticket, deadline)
+        finally:
+            with self._lock:
+                self._callers -= 1
+                last = self._unmap and not self._callers
+            if last:
+                self._unmap_channel()
+
+    def _call(self, op: Op, stream: int, ticket: Ticket,
+              deadline: float | None) -> Outcome | None:
         slot = self._take_slot()
         if slot is None:  # more blocking callers than slots: wait for a frame instead
             return Box().call(self, op, stream, ticket, deadline)
@@ -219,8 +239,9 @@ class ProcessHost(ContextHost):
             else:
                 assert state == DEAD and self._dead is not None
                 outcome = (None, self._dead)
-        except (ValueError, GpuRuntimeError):  # the host closed under this caller
-            outcome = (None, ContextPoisoned("the context was closed before this op finished"))
+        except Exception as exc:  # e.g. no memory for the reply: answer this caller only
+            outcome = (None, refusal_of(exc, request.op) if self._arena is not None else
+                       ContextPoisoned("the context was closed before this op finished"))
         with self._lock:
             self._inflight.pop(request.id, None)
             self._release(request)
@@ -364,21 +385,38 @@ class ProcessHost(ContextHost):
     # ------------------------------------------------------------ replies
 
     async def _read_replies(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        while (frame := await _read(self._proc.stdout)) is not None:
-            request_id, reply = frame
-            if request_id == 0:  # the worker made room in the ring
-                self._enqueue(None)
-                continue
-            with self._lock:
-                request = self._inflight.pop(request_id, None)
-            if request is not None:
-                self._answer(request, *pickle.loads(reply))
-        code = await self._proc.wait()
+        """Answer the frames the worker writes until it exits; then fail what it left. If
+        reading itself fails, the worker is killed: its context is lost, supervision
+        rebuilds it."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        why = ""
+        try:
+            while (frame := await _read(proc.stdout)) is not None:
+                self._on_frame(*frame)
+        except Exception as exc:
+            why = f"; its replies could not be read: {exc!r}"
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        code = await proc.wait()
         self._fail_all(ContextPoisoned(
             f"context worker {self.pid} for {self.spec.name} device {self.spec.device_id} "
-            f"died (exit code {code})"
+            f"died (exit code {code}){why}"
         ))
+
+    def _on_frame(self, request_id: int, reply: bytes) -> None:
+        if request_id == 0:  # the worker made room in the ring
+            self._enqueue(None)
+            return
+        with self._lock:
+            request = self._inflight.pop(request_id, None)
+        if request is None:
+            return
+        try:
+            ok, payload = pickle.loads(reply)
+        except Exception as exc:  # e.g. no memory to unpickle it: answer this request only
+            ok, payload = False, refusal_of(exc, request.op)
+        self._answer(request, ok, payload)
 
     def _answer(self, request: _Request, ok: bool, payload: Any) -> None:
         """Answer a request from its reply frame (on the owner loop)."""
@@ -390,25 +428,25 @@ class ProcessHost(ContextHost):
                 assert self._loop is not None
                 self._loop.run_in_executor(None, self._copy_out, request)
                 return
-            try:
-                payload = self._array(out).copy()
-            except GpuRuntimeError as exc:
-                ok, payload = False, exc
+            ok, payload = self._take_out(request, out)
         with self._lock:
             self._release(request)
         done(payload if ok else None, None if ok else payload)
 
+    def _take_out(self, request: _Request, out: ShmSlice) -> tuple[bool, Any]:
+        """A download's result copied out of shared memory, or the typed error saying why not."""
+        try:
+            return True, self._array(out).copy()
+        except Exception as exc:
+            return False, refusal_of(exc, request.op)
+
     def _copy_out(self, request: _Request) -> None:
         """Copy a large download out of shared memory off the event loop, then answer it."""
         assert request.out is not None and request.done is not None
-        try:
-            result: Any = self._array(request.out).copy()
-            error: BaseException | None = None
-        except GpuRuntimeError as exc:
-            result, error = None, exc
+        ok, payload = self._take_out(request, request.out)
         with self._lock:
             self._release(request)
-        request.done(result, error)
+        request.done(payload if ok else None, None if ok else payload)
 
     def _fail_all(self, error: GpuRuntimeError) -> None:
         """The worker is gone: answer with ``error`` what it took, hand back the rest
@@ -454,14 +492,27 @@ class ProcessHost(ContextHost):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
         self._fail_all(ContextPoisoned("the context was closed before this op finished"))
+        with self._lock:
+            self._unmap = True
+            idle = not self._callers
+        if idle:
+            self._unmap_channel()
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+    def _unmap_channel(self) -> None:
+        with self._lock:
+            channel, self._unmap = self._channel, False
+        if channel is not None:
+            channel.close()
 
     async def _abort(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
             self._proc.kill()
             await self._proc.wait()
+        if self._channel is not None:
+            self._channel.close()
         if self._arena is not None:
             self._arena.close()
             self._arena = None

@@ -1,14 +1,22 @@
 """Shared memory for host payloads between this process and a context worker.
 
-Segments are files under ``/dev/shm`` created by the parent. The arena is
-unlinked as soon as the worker has mapped it, so nothing is left behind even if
-both processes die; one-off segments for large payloads are unlinked when their
-op completes.
+A segment is anonymous where Linux offers ``memfd_create``: it has no name in
+any file system, the other process opens it through ``/proc/<pid>/fd/<fd>``,
+and the kernel frees it once neither process maps it, whoever dies first. It
+is not bounded by the size of ``/dev/shm`` (Docker's default is 64 MiB).
+Elsewhere, or with ``ATOMR_ACCEL_SHM=file``, it is a file under ``/dev/shm``,
+removed as soon as it is no longer needed.
+
+Memory for a one-off segment is reserved when it is created
+(``posix_fallocate``), so a full ``/dev/shm`` is a typed ``OutOfMemory`` for
+that request, never a ``SIGBUS`` at the first write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import mmap
 import os
 import tempfile
@@ -19,30 +27,116 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SEGMENT_PREFIX", "SharedArena", "ShmSlice", "create_segment", "map_path", "shm_dir"]
+from atomr_accel.core._errors import LibraryError, OutOfMemory
+
+__all__ = [
+    "SEGMENT_PREFIX",
+    "SHM_ENV",
+    "Segment",
+    "SharedArena",
+    "ShmSlice",
+    "create_segment",
+    "live_segments",
+    "map_path",
+    "remove_segment_files",
+    "shm_dir",
+]
 
 SEGMENT_PREFIX = "atomr-accel-"
+SHM_ENV = "ATOMR_ACCEL_SHM"
+"""``file`` puts segments in files under ``/dev/shm`` even where ``memfd_create`` exists."""
+
 _ALIGN = 64
+_MIN_ARENA = 1 << 20
+_FULL = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG)
+_log = logging.getLogger(__name__)
 
 
 def shm_dir() -> str:
-    """Where segments live: ``/dev/shm`` when present, else the temp directory."""
+    """Where file segments live: ``/dev/shm`` when present, else the temp directory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def create_segment(nbytes: int) -> tuple[str, mmap.mmap]:
-    """Create and map a new segment file of ``nbytes`` (named after this process)."""
-    path = os.path.join(shm_dir(), f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+def _anonymous() -> bool:
+    return hasattr(os, "memfd_create") and os.environ.get(SHM_ENV, "memfd") != "file" \
+        and os.path.isdir(f"/proc/{os.getpid()}/fd")
+
+
+class Segment:
+    """One shared segment, mapped in this process; ``path`` opens it from the other one.
+
+    ``forget`` drops the name (the mapping stays valid); ``close`` also unmaps it.
+    """
+
+    def __init__(self, path: str, mm: mmap.mmap, nbytes: int, fd: int | None) -> None:
+        self.path = path
+        self.mm = mm
+        self.nbytes = nbytes
+        self._fd = fd
+
+    def forget(self) -> None:
+        """Make the segment unreachable by name: close the memfd, or remove the file."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        elif not self.path.startswith("/proc/"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def close(self) -> None:
+        """Forget the segment and unmap it (later, if a NumPy view still points into it)."""
+        self.forget()
+        with contextlib.suppress(BufferError):  # a view still points into it; GC unmaps it
+            self.mm.close()
+
+
+def create_segment(nbytes: int, reserve: bool = True) -> Segment:
+    """Create and map a new segment of ``nbytes``.
+
+    ``reserve`` backs every page now, so that running out of shared memory is
+    an ``OutOfMemory`` here and not a ``SIGBUS`` at the first write. Raises
+    ``OutOfMemory`` when the memory is not there, ``LibraryError`` for other
+    system failures (no file descriptor left, ...); nothing is left behind.
+    """
+    size = max(nbytes, 1)
+    path = fd = None
     try:
-        os.ftruncate(fd, max(nbytes, 1))
-        return path, mmap.mmap(fd, max(nbytes, 1))
-    finally:
+        if _anonymous():
+            fd = os.memfd_create(f"{SEGMENT_PREFIX}{os.getpid()}", os.MFD_CLOEXEC)
+            name = f"/proc/{os.getpid()}/fd/{fd}"
+        else:
+            path = os.path.join(shm_dir(), f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            name = path
+        os.ftruncate(fd, size)
+        if reserve and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        mm = mmap.mmap(fd, size)
+    except OSError as exc:
+        if fd is not None:
+            os.close(fd)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        raise _shm_error(exc, nbytes) from exc
+    if path is not None:  # a file keeps its name; its descriptor is not needed
         os.close(fd)
+        return Segment(name, mm, size, None)
+    return Segment(name, mm, size, fd)
+
+
+def _shm_error(exc: OSError, nbytes: int) -> OutOfMemory | LibraryError:
+    where = "anonymous shared memory" if _anonymous() else f"shared memory in {shm_dir()}"
+    if exc.errno in _FULL:
+        return OutOfMemory(f"could not reserve {nbytes} bytes of {where}: {exc.strerror}",
+                           requested=nbytes)
+    code = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    return LibraryError("shared memory", code, f"could not create a segment of {nbytes} bytes "
+                        f"of {where}: {exc.strerror or exc}")
 
 
 def map_path(path: str, nbytes: int) -> mmap.mmap:
-    """Map an existing segment (worker side)."""
+    """Map the other process's segment by its ``path``."""
     fd = os.open(path, os.O_RDWR)
     try:
         return mmap.mmap(fd, max(nbytes, 1))
@@ -50,14 +144,32 @@ def map_path(path: str, nbytes: int) -> mmap.mmap:
         os.close(fd)
 
 
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def live_segments(pid: int | None = None) -> list[str]:
+    """The segments process ``pid`` (default: this one) holds by name: its memfds and its
+    files in ``shm_dir()``. Empty when nothing leaked."""
+    pid = os.getpid() if pid is None else pid
+    found = [name for name in os.listdir(shm_dir()) if name.startswith(f"{SEGMENT_PREFIX}{pid}-")]
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(f"/memfd:{SEGMENT_PREFIX}"):
+                    found.append(f"fd {fd}: {target}")
+    return found
+
+
+def remove_segment_files(pid: int) -> None:
+    """Remove the segment files a dead process ``pid`` left in ``shm_dir()``."""
+    prefix = f"{SEGMENT_PREFIX}{pid}-"
+    for name in os.listdir(shm_dir()):
+        if name.startswith(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(shm_dir(), name))
 
 
 @dataclass(frozen=True, slots=True)
 class ShmSlice:
-    """Where a payload lies: in the arena (``path`` None) or a one-off segment file."""
+    """Where a payload lies: in the arena (``path`` None) or a one-off segment."""
 
     offset: int
     nbytes: int
@@ -74,15 +186,18 @@ class SharedArena:
     """One shared segment carved into aligned slots (first fit), plus one-off segments.
 
     Thread-safe. ``alloc`` returns None when no slot fits; the caller then
-    takes a one-off segment with ``alloc_segment``.
+    takes a one-off segment with ``alloc_segment``. Where shared memory is short
+    (a small ``/dev/shm``), the arena is made smaller, down to 1 MiB.
     """
 
     def __init__(self, nbytes: int) -> None:
-        self.path, self.mm = create_segment(nbytes)
-        self.nbytes = nbytes
+        self.segment = _arena_segment(nbytes)
+        self.path = self.segment.path
+        self.mm = self.segment.mm
+        self.nbytes = self.segment.nbytes
         self._lock = threading.Lock()
-        self._free: list[tuple[int, int]] = [(0, nbytes)]
-        self._segments: dict[str, mmap.mmap] = {}
+        self._free: list[tuple[int, int]] = [(0, self.nbytes)]
+        self._segments: dict[str, Segment] = {}
 
     def alloc(self, nbytes: int, dtype: str) -> ShmSlice | None:
         """Reserve ``nbytes`` in the arena, or None if no free slot is big enough."""
@@ -98,11 +213,11 @@ class SharedArena:
         return None
 
     def alloc_segment(self, nbytes: int, dtype: str) -> ShmSlice:
-        """Create a one-off segment file for a payload too large for the arena."""
-        path, mm = create_segment(nbytes)
+        """Create a one-off segment for a payload too large for the arena."""
+        segment = create_segment(nbytes)
         with self._lock:
-            self._segments[path] = mm
-        return ShmSlice(0, nbytes, dtype, path)
+            self._segments[segment.path] = segment
+        return ShmSlice(0, nbytes, dtype, segment.path)
 
     def take(self, nbytes: int, dtype: str) -> ShmSlice:
         """An arena slot if one fits, else a one-off segment."""
@@ -111,17 +226,16 @@ class SharedArena:
     def array(self, piece: ShmSlice) -> np.ndarray[Any, Any]:
         """A NumPy view of a slice (parent side)."""
         with self._lock:
-            mm = self.mm if piece.path is None else self._segments[piece.path]
+            mm = self.mm if piece.path is None else self._segments[piece.path].mm
         return np.frombuffer(mm, dtype=piece.dtype, count=piece.count, offset=piece.offset)
 
     def release(self, piece: ShmSlice) -> None:
         """Give a slot back, or delete a one-off segment."""
         if piece.path is not None:
             with self._lock:
-                mm = self._segments.pop(piece.path, None)
-            _unlink(piece.path)
-            if mm is not None:
-                _close_quietly(mm)
+                segment = self._segments.pop(piece.path, None)
+            if segment is not None:
+                segment.close()
             return
         need = max(_ALIGN, -(-piece.nbytes // _ALIGN) * _ALIGN)
         with self._lock:
@@ -136,19 +250,32 @@ class SharedArena:
             self._free = merged
 
     def unlink(self) -> None:
-        """Remove the arena's file name (the mappings stay valid)."""
-        _unlink(self.path)
+        """Make the arena unreachable by name (the mappings stay valid)."""
+        self.segment.forget()
 
     def close(self) -> None:
-        """Remove every file and unmap what is no longer referenced."""
-        self.unlink()
+        """Drop every segment and unmap what is no longer referenced."""
         with self._lock:
-            paths = list(self._segments)
-        for path in paths:
-            self.release(ShmSlice(0, 0, "u1", path))
-        _close_quietly(self.mm)
+            segments = list(self._segments.values())
+            self._segments.clear()
+        for segment in segments:
+            segment.close()
+        self.segment.close()
 
 
-def _close_quietly(mm: mmap.mmap) -> None:
-    with contextlib.suppress(BufferError):  # a NumPy view still points into it; GC unmaps it
-        mm.close()
+def _arena_segment(nbytes: int) -> Segment:
+    """The arena's segment: ``nbytes``, or half as much again and again while shared memory
+    is short (a file arena is reserved up front; an anonymous one fills as it is used)."""
+    size = nbytes
+    while True:
+        try:
+            segment = create_segment(size, reserve=not _anonymous())
+        except OutOfMemory:
+            if size // 2 < _MIN_ARENA:
+                raise
+            size //= 2
+            continue
+        if size != nbytes:
+            _log.warning("shared memory is short: the staging arena has %d bytes, not %d "
+                         "(larger payloads take one-off segments)", size, nbytes)
+        return segment

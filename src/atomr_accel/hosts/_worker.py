@@ -28,9 +28,9 @@ from atomr_accel.backends._spin import SPIN_SECONDS, yield_now
 from atomr_accel.core._errors import ContextPoisoned, GpuRuntimeError
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Upload
-from atomr_accel.hosts._base import picklable, translate_error
+from atomr_accel.hosts._base import picklable, refusal_of, translate_error
 from atomr_accel.hosts._channel import NO_SLOT, Channel, loads
-from atomr_accel.hosts._shm import ShmSlice, map_path
+from atomr_accel.hosts._shm import ShmSlice, map_path, remove_segment_files
 from atomr_accel.hosts._wire import encode, read_frame
 
 _PARK = 0.05  # seconds between checks on the parent while parked
@@ -63,7 +63,10 @@ class _Worker:
                                       f"sent back: {exc}")
             reply = pickle.dumps((False, failure), pickle.HIGHEST_PROTOCOL)
         if slot != NO_SLOT:
-            self.channel.answer(slot, reply)
+            try:
+                self.channel.answer(slot, reply)
+            except GpuRuntimeError as exc:  # no shared memory for a large reply: say so
+                self.channel.answer(slot, pickle.dumps((False, picklable(exc))))
             return
         with self._lock:
             self.out.write(encode((request_id, reply)))
@@ -93,18 +96,19 @@ class _Worker:
         self._answer(slot, request_id, True, result)
 
     def _run(self, slot: int, request_id: int, payload: bytes) -> None:
+        op = Op()
         try:
             op, stream, out_slice = loads(payload)
-        except Exception as exc:
-            self._answer(slot, request_id, False, picklable(translate_error(exc, Op())))
+            if self.poisoned is not None:
+                self._answer(slot, request_id, False, self.poisoned)
+                return
+            segment = None
+            if isinstance(op, Upload) and isinstance(op.data, ShmSlice):
+                data, segment = self._view(op.data)
+                op = dataclasses.replace(op, data=data)
+        except Exception as exc:  # answer the request; never lose the worker over it
+            self._answer(slot, request_id, False, picklable(refusal_of(exc, op)))
             return
-        if self.poisoned is not None:
-            self._answer(slot, request_id, False, self.poisoned)
-            return
-        segment = None
-        if isinstance(op, Upload) and isinstance(op.data, ShmSlice):
-            data, segment = self._view(op.data)
-            op = dataclasses.replace(op, data=data)
         done = functools.partial(self._finish, slot, request_id, op, out_slice, segment)
         self.backend.launch(op, stream, done)
 
@@ -142,8 +146,22 @@ class _Worker:
                 return False
 
     def _orphaned(self) -> bool:
-        """Whether the parent has gone (it never writes to stdin after the start-up frame)."""
-        return os.getppid() != self.parent or bool(select.select([self.inp], [], [], 0)[0])
+        """Whether the parent has gone (it never writes to stdin after the start-up frame).
+        Segment files it left (``ATOMR_ACCEL_SHM=file``) are removed then."""
+        if os.getppid() == self.parent and not select.select([self.inp], [], [], 0)[0]:
+            return False
+        if not _alive(self.parent):
+            remove_segment_files(self.parent)
+        return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (neither gone nor a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return os.getppid() == pid
 
 
 def main() -> None:
