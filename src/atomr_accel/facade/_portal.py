@@ -12,11 +12,14 @@ coroutine never suspends.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import threading
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
+
+from atomr_accel.actor import SystemClosed
 
 __all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call"]
 
@@ -32,10 +35,20 @@ def in_blocking_call() -> bool:
 
 
 class Portal:
-    """A door into one event loop."""
+    """A door into one event loop. Once ``close`` has run, every call waiting at the door
+    and every later one fails with ``SystemClosed``: none waits for a loop that stopped."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self._closed: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def close(self) -> None:
+        """Fail every call waiting for the loop, and every later one, with ``SystemClosed``."""
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def _closed_error(self) -> SystemClosed:
+        return SystemClosed("facade", "call")
 
     def _check_caller(self, coro: Coroutine[Any, Any, Any]) -> None:
         if asyncio._get_running_loop() is not None:
@@ -44,16 +57,27 @@ class Portal:
                 "a blocking atomr-accel call was made inside a running event loop; "
                 "await its *_async twin instead"
             )
-        if self.loop.is_closed():
+        if self._closed.done() or self.loop.is_closed():
             coro.close()
-            from atomr_accel.actor import SystemClosed
+            raise self._closed_error()
 
-            raise SystemClosed("facade", "call")
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop closed meanwhile
+            coro.close()
+            raise self._closed_error() from None
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and block this thread until it is done."""
         self._check_caller(coro)
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        future = self._submit(coro)
+        either: tuple[concurrent.futures.Future[Any], ...] = (future, self._closed)
+        concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
+        if not future.done():
+            future.cancel()
+            raise self._closed_error()
+        return future.result()
 
     def run_blocking(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a facade coroutine to its end on this plain thread, in blocking mode."""
@@ -76,7 +100,19 @@ class Portal:
             return self.call(coro)
         if asyncio.get_running_loop() is self.loop:
             return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        if self._closed.done():
+            coro.close()
+            raise self._closed_error()
+        future = asyncio.wrap_future(self._submit(coro))
+        closed = asyncio.wrap_future(self._closed)
+        try:
+            await asyncio.wait((future, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not future.done():
+            future.cancel()
+            raise self._closed_error()
+        return future.result()
 
 
 class LoopThread:

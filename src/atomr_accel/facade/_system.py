@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterable
@@ -280,10 +281,14 @@ class System:
     copy_between = blocking(copy_between_async)
 
     async def close_async(self) -> None:
-        """Stop every device and actor (children first); later calls raise ``SystemClosed``."""
+        """Stop every device and actor (children first); calls still waiting and later
+        calls raise ``SystemClosed``."""
         if self.telemetry is not None:
             self.telemetry.close()
-        await self._portal.acall(self.actors.terminate())
+        try:
+            await self._portal.acall(self.actors.terminate())
+        finally:
+            self._portal.close()
 
     def close(self) -> None:
         """Stop every device and actor, then the event-loop thread; safe to call twice."""
@@ -291,7 +296,9 @@ class System:
             self._portal.call(self.close_async())
             return
         if not self._portal.loop.is_closed():
-            self._portal.call(self.close_async())
+            with contextlib.suppress(SystemClosed):  # closed already (by close_async)
+                self._portal.call(self.close_async())
+            self._portal.close()
             self._loop_thread.stop()
 
     def __enter__(self) -> Self:
