@@ -102,14 +102,14 @@ async def test_each_system_has_its_own_registry_served_over_http() -> None:
         assert await one.enable_telemetry_async(port=0) is first  # enabled once
         dev = await one.spawn_device_async(mock=True)
         await two.spawn_device_async(mock=True)
-        for _ in range(3):
-            await dev.allocate_u8_async(8)
+        kept = [await dev.allocate_u8_async(8) for _ in range(3)]  # a collected one is freed
         await first.refresh_async()
         served = await asyncio.to_thread(fetch, f"http://127.0.0.1:{first.port}/metrics")
         other = await asyncio.to_thread(fetch, f"http://127.0.0.1:{second.port}/metrics")
         assert metric(served, "atomr_allocations_total", device=dev.ref.name) == 3
         assert metric(served, "atomr_device_bytes_allocated", device=dev.ref.name) == 24
         assert dev.ref.name not in other  # another system's registry
+        assert len(kept) == 3
         port = first.port
     with pytest.raises(urllib.error.URLError):  # closing the system stopped the server
         await asyncio.to_thread(fetch, f"http://127.0.0.1:{port}/metrics")
@@ -119,11 +119,12 @@ async def test_sampling_timer_keeps_device_gauges_current() -> None:
     async with await System.open_async("t") as system:
         dev = await system.spawn_device_async(mock=True)
         telemetry = await system.enable_telemetry_async(interval=0.01)
-        await dev.allocate_u8_async(4096)
+        kept = await dev.allocate_u8_async(4096)  # held: a collected buffer is freed
         # Nothing but the sampler's timer updates the gauge, so poll what it serves.
         while "atomr_device_bytes_allocated{" not in (text := telemetry.render()) or \
                 metric(text, "atomr_device_bytes_allocated") != 4096:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        assert len(kept) == 4096
 
 
 class Recorder:

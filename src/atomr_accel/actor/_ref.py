@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
@@ -135,6 +136,13 @@ class Reply:
     def done(self) -> bool:
         """True once answered (or abandoned by a timed-out asker)."""
         return self._future is None or self._future.done()
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the reply's loop) once the ask is answered, cancelled by its
+        asker or timed out; never for a told message. Call it on the reply's loop."""
+        fut = self._future
+        if fut is not None:
+            fut.add_done_callback(lambda _: callback())
 
     def set_result(self, value: Any) -> None:
         """Answer the ask with ``value``."""

@@ -10,7 +10,7 @@ from atomr_accel.core._fields import PickleByFields
 __all__ = ["GpuRef", "GraphRef", "KernelRef"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class GpuRef(PickleByFields):
     """A handle to one device buffer: plain data, picklable, hashable.
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import enum
 import logging
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from atomr_accel.actor import ActorRef
 from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, GraphRef
+from atomr_accel.core.ops._graph import DestroyGraph
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
 from atomr_accel.device._lane import Lane
 from atomr_accel.device._messages import Redispatch
@@ -64,6 +68,10 @@ class OpObserver(Protocol):
         """It was answered after ``seconds``: with a result (``error`` None) or ``error``."""
 
 
+class AbandonedRequest(Exception):
+    """What observers hear of a request dropped before it ran because its asker was gone."""
+
+
 class Pending:
     """One request that has left the device actor and awaits its answer.
 
@@ -72,7 +80,8 @@ class Pending:
     next generation, so it is never lost and never runs twice.
     """
 
-    __slots__ = ("_state", "generation", "launched", "observers", "op", "reply", "seq", "started")
+    __slots__ = ("_state", "abandoned", "generation", "launched", "observers", "op", "reply",
+                 "seq", "started")
 
     def __init__(self, state: DeviceState, op: Op, reply: Answer) -> None:
         self._state = state
@@ -85,6 +94,8 @@ class Pending:
         self.started = 0.0
         self.seq = 0
         """Launch order on this device (set by ``claim``); a journal replays in this order."""
+        self.abandoned = False
+        """Its asker is gone: what the op makes is released when it completes."""
 
     @property
     def state(self) -> DeviceState:
@@ -128,6 +139,21 @@ class Pending:
             assert state.device is not None
             state.device.tell(Redispatch())
 
+    def abandon(self) -> None:
+        """Its asker is gone (cancelled, or timed out): a request not launched yet is dropped,
+        and what a launched one makes (a buffer, a graph) is released once it completes.
+        Nothing happens to a request already answered; any thread."""
+        state = self._state
+        with state.lock:
+            if self not in state.pending:
+                return
+            if self.launched:
+                self.abandoned = True
+                return
+            del state.pending[self]
+        if self.observers:
+            self._notify(AbandonedRequest("its asker is gone"))
+
     def succeed(self, result: Any) -> None:
         """Answer with ``result`` (ignored if already answered); any thread."""
         state = self._state
@@ -139,6 +165,8 @@ class Pending:
                 state.account(self.op, result)
             if state.recorder is not None:
                 state.recorder.completed(self, result, None)
+        if self.abandoned:
+            state.release(result)
         self.reply.set_result(result)
         if self.observers:
             self._notify(None)
@@ -255,6 +283,34 @@ class DeviceState:
         """The device actor (set once it runs); told when requests come back unlaunched."""
         self.redispatch_asked = False
         """True while a ``Redispatch`` to the device actor is on its way."""
+        self._owned: dict[tuple[int, int], weakref.finalize[Any, Any]] = {}
+
+    def own(self, ref: GpuRef) -> None:
+        """Free ``ref``'s buffer once the ``ref`` object is collected (unless freed before):
+        the facade's buffers own their memory this way."""
+        finalizer = weakref.finalize(ref, self._collected, dataclasses.replace(ref))
+        finalizer.atexit = False
+        with self.lock:
+            self._owned[(ref.generation, ref.buffer_id)] = finalizer
+
+    def _collected(self, ref: GpuRef) -> None:
+        with self.lock:
+            self._owned.pop((ref.generation, ref.buffer_id), None)
+        self.release(ref)
+
+    def release(self, made: Any) -> None:
+        """Free what an op made for an asker who is gone (a buffer, a graph); any thread."""
+        op: Op
+        if isinstance(made, GpuRef):
+            op = Free(made)
+        elif isinstance(made, GraphRef):
+            op = DestroyGraph(made)
+        else:
+            return
+        device = self.device
+        if device is not None and made.generation == self.generation:
+            with contextlib.suppress(RuntimeError):  # the system's loop is closed: all is gone
+                device.tell(op)
 
     def add_observer(self, observer: OpObserver) -> None:
         """Tell ``observer`` of every request from now on (call on the system's loop)."""
@@ -270,6 +326,9 @@ class DeviceState:
         pending = Pending(self, op, reply)
         with self.lock:
             self.pending[pending] = True
+        when_done = getattr(reply, "when_done", None)
+        if when_done is not None:  # an ask: cancelled or timed out, it is abandoned
+            when_done(pending.abandon)
         observers = self.observers
         if observers:
             pending.observers = observers
@@ -288,6 +347,9 @@ class DeviceState:
             self._add_bytes(generation, op.length * op.dtype.itemsize)
         elif isinstance(op, Free):
             self._add_bytes(op.ref.generation, -op.ref.length * op.ref.dtype.itemsize)
+            owned = self._owned.pop((op.ref.generation, op.ref.buffer_id), None)
+            if owned is not None:
+                owned.detach()
         elif isinstance(op, MemoryInfo):
             free, total = result
             self._memory = (int(free), int(total), self.bytes_allocated)

@@ -35,7 +35,9 @@ class GpuBuffer:
 
     The handle is only valid for the context generation that allocated it:
     ``is_stale()`` turns True when the device's context is rebuilt, and any op
-    on it then raises ``GpuRefStale``. Free it with ``device.free(buf)``.
+    on it then raises ``GpuRefStale``. Free it with ``device.free(buf)``; once
+    nothing references the buffer or its ``ref`` any more, the memory is freed
+    when Python collects them.
     """
 
     __slots__ = ("_device", "ref")
@@ -173,5 +175,7 @@ _BY_DTYPE: dict[DType, type[GpuBuffer]] = {
 
 
 def buffer_for(device: Device, ref: GpuRef) -> GpuBuffer:
-    """Wrap ``ref`` in the buffer class of its dtype."""
+    """The buffer of a newly allocated ``ref``, in the class of its dtype: once ``ref`` is
+    collected, its memory is freed."""
+    device._state.own(ref)
     return _BY_DTYPE[ref.dtype](device, ref)
