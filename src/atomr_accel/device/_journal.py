@@ -253,11 +253,11 @@ class Journal:
     entries), pickles it and stores it in one transaction. ``entries`` and
     ``flush`` first wait until everything recorded before them is stored.
 
-    The queue is bounded: at most ``max_queued`` entries, holding at most
-    ``max_queued_bytes`` of upload payload, wait for the store (one entry
-    always fits). The first failure, a store error or an entry that finds the
-    queue full, makes the journal unhealthy for good (``error``): nothing
-    recorded later is stored, since a stream with a gap cannot be replayed, and
+    The queue is bounded: an entry is refused when ``max_queued`` entries, or
+    more than ``max_queued_bytes`` of upload payload, already wait for the
+    store (so one large upload always fits). The first failure, a store error
+    or a refused entry, makes the journal unhealthy for good (``error``): it
+    stores nothing more, since a stream with a gap cannot be replayed, and
     ``flush``, ``entries``, ``rewrite_async`` and ``close`` raise that error
     (a ``LibraryError`` of library ``"journal"``).
     """
@@ -266,8 +266,8 @@ class Journal:
                  flush_interval: float = 0.005, max_queued: int = 65536,
                  max_queued_bytes: int = 256 << 20, remove_on_close: str | None = None) -> None:
         if batch_size < 1 or flush_interval < 0 or max_queued < 1 or max_queued_bytes < 0:
-            raise InvalidArgument("batch_size and max_queued must be >= 1, flush_interval and "
-                                  "max_queued_bytes >= 0")
+            raise InvalidArgument("batch_size and max_queued must be >= 1, and flush_interval "
+                                  "and max_queued_bytes >= 0")
         self.store = store
         self.batch_size = batch_size
         self.flush_interval = flush_interval
@@ -350,8 +350,7 @@ class Journal:
             self.recorded += 1
             if self._error is not None:
                 return
-            if self._queued >= self.max_queued or (
-                    self._queued and self._queued_bytes + size > self.max_queued_bytes):
+            if self._queued >= self.max_queued or self._queued_bytes > self.max_queued_bytes:
                 self._error = LibraryError(
                     "journal", "QueueFull",
                     f"{self._queued} entries holding {self._queued_bytes} payload bytes wait "
