@@ -121,9 +121,43 @@ class StuckStore(SqliteJournalStore):
         super().append(rows)
 
 
-def test_a_full_queue_makes_the_journal_unhealthy_instead_of_growing() -> None:
+class CountingStore(SqliteJournalStore):
+    """An SQLite store that waits for ``go`` and keeps the size of each batch it stores."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.go = threading.Event()
+        self.sizes: list[int] = []
+
+    def append(self, rows: Any) -> None:
+        self.go.wait()
+        self.sizes.append(sum(row[3] for row in rows))
+        super().append(rows)
+
+
+def test_a_full_queue_holds_the_producer_back_until_the_store_catches_up() -> None:
+    store = CountingStore(":memory:")
+    journal = Journal(store, max_queued=2, flush_interval=0)
+    ref = GpuRef(0, 1, DType.F32, 4, 1, 3)
+
+    def produce() -> None:
+        for seq in range(1, 11):
+            journal.record("s", seq, Scal(4, float(seq), ref))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    store.go.set()
+    producer.join()
+    journal.flush()
+    assert journal.healthy and journal.written == 10
+    assert max(store.sizes) <= 2  # never more than the bound waited for the store
+    assert [e.op.alpha for e in journal.entries("s")] == [float(i) for i in range(1, 11)]
+    journal.close()
+
+
+def test_a_stuck_store_makes_the_journal_unhealthy_instead_of_growing() -> None:
     store = StuckStore(":memory:")
-    journal = Journal(store, max_queued=4, flush_interval=0)
+    journal = Journal(store, max_queued=4, flush_interval=0, queue_timeout=0.0)
     ref = GpuRef(0, 1, DType.F32, 4, 1, 3)
     try:
         for seq in range(1, 5):
@@ -144,7 +178,7 @@ def test_a_full_queue_makes_the_journal_unhealthy_instead_of_growing() -> None:
 
 def test_the_queue_bound_counts_payload_bytes_and_always_takes_one_entry() -> None:
     store = StuckStore(":memory:")
-    journal = Journal(store, max_queued_bytes=1000, flush_interval=0)
+    journal = Journal(store, max_queued_bytes=1000, flush_interval=0, queue_timeout=0.0)
     ref = GpuRef(0, 1, DType.U8, 4096, 1, 3)
     try:
         journal.record("s", 1, Upload(ref, np.zeros(4096, np.uint8)))  # alone, it fits
@@ -161,7 +195,7 @@ def test_the_queue_bound_counts_payload_bytes_and_always_takes_one_entry() -> No
 async def test_a_device_whose_journal_falls_behind_keeps_serving_and_says_so(
         isolation: str) -> None:
     store = StuckStore(":memory:")
-    journal = Journal(store, max_queued=4)
+    journal = Journal(store, max_queued=4, queue_timeout=0.0)
     async with await System.open_async("t") as system:
         try:
             dev = await system.spawn_device_async(

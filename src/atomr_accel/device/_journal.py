@@ -253,26 +253,31 @@ class Journal:
     entries), pickles it and stores it in one transaction. ``entries`` and
     ``flush`` first wait until everything recorded before them is stored.
 
-    The queue is bounded: an entry is refused when ``max_queued`` entries, or
-    more than ``max_queued_bytes`` of upload payload, already wait for the
-    store (so one large upload always fits). The first failure, a store error
-    or a refused entry, makes the journal unhealthy for good (``error``): it
-    stores nothing more, since a stream with a gap cannot be replayed, and
-    ``flush``, ``entries``, ``rewrite_async`` and ``close`` raise that error
-    (a ``LibraryError`` of library ``"journal"``).
+    The queue is bounded, with back-pressure: while ``max_queued`` entries, or
+    more than ``max_queued_bytes`` of upload payload, wait for the store (so
+    one large upload always fits), ``record`` blocks its caller until the
+    writer catches up, at most ``queue_timeout`` seconds; an entry still
+    refused then (a store that is stuck, not merely slower) is dropped. The
+    first failure, a store error or a dropped entry, makes the journal
+    unhealthy for good (``error``): it stores nothing more, since a stream with
+    a gap cannot be replayed, and ``flush``, ``entries``, ``rewrite_async`` and
+    ``close`` raise that error (a ``LibraryError`` of library ``"journal"``).
     """
 
     def __init__(self, store: JournalStore, *, batch_size: int = 512,
                  flush_interval: float = 0.005, max_queued: int = 65536,
-                 max_queued_bytes: int = 256 << 20, remove_on_close: str | None = None) -> None:
-        if batch_size < 1 or flush_interval < 0 or max_queued < 1 or max_queued_bytes < 0:
-            raise InvalidArgument("batch_size and max_queued must be >= 1, and flush_interval "
-                                  "and max_queued_bytes >= 0")
+                 max_queued_bytes: int = 256 << 20, queue_timeout: float = 30.0,
+                 remove_on_close: str | None = None) -> None:
+        if (batch_size < 1 or max_queued < 1 or min(flush_interval, max_queued_bytes,
+                                                    queue_timeout) < 0):
+            raise InvalidArgument("batch_size and max_queued must be >= 1, and flush_interval, "
+                                  "max_queued_bytes and queue_timeout >= 0")
         self.store = store
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes
+        self.queue_timeout = queue_timeout
         self.recorded = 0
         """Entries handed to ``record``."""
         self.written = 0
@@ -281,8 +286,8 @@ class Journal:
         """Transactions committed so far."""
         self._remove_on_close = remove_on_close
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        """Guards the counters below and ``_error``."""
+        self._lock = threading.Condition()
+        """Guards the counters below and ``_error``; notified when the writer takes entries."""
         self._queued = 0
         self._queued_bytes = 0
         self._error: LibraryError | None = None
@@ -329,6 +334,7 @@ class Journal:
         with self._lock:
             if self._error is None:
                 self._error = error
+            self._lock.notify_all()  # whoever waits for room: drop, do not wait
 
     async def check_async(self) -> None:
         """Open the store and read it (on the writer thread); ``LibraryError`` if it cannot
@@ -339,28 +345,34 @@ class Journal:
 
     def record(self, stream: str, seq: int, op: Op, result: Any = None,
                outcome: str = "ok") -> None:
-        """Queue one entry (any thread; never blocks). ``op`` must not change afterwards.
+        """Queue one entry (any thread). ``op`` must not change afterwards.
 
-        An unhealthy journal drops it; one past the queue's bounds makes the
-        journal unhealthy (``error``) and is dropped.
+        Returns at once while the queue has room; else blocks (the event loop
+        too, when called there) until the writer makes room, at most
+        ``queue_timeout`` seconds, then drops the entry and makes the journal
+        unhealthy (``error``). An unhealthy journal drops it at once.
         """
         data = getattr(op, "data", None)
         size = data.nbytes if isinstance(data, np.ndarray) else 0
         with self._lock:
             self.recorded += 1
-            if self._error is not None:
-                return
-            if self._queued >= self.max_queued or self._queued_bytes > self.max_queued_bytes:
+            if not self._lock.wait_for(self._room, self.queue_timeout):
                 self._error = LibraryError(
                     "journal", "QueueFull",
-                    f"{self._queued} entries holding {self._queued_bytes} payload bytes wait "
-                    f"for the store (bounds: {self.max_queued} entries, "
-                    f"{self.max_queued_bytes} bytes); it cannot keep up, so nothing recorded "
-                    "from now on is stored")
+                    f"{self._queued} entries holding {self._queued_bytes} payload bytes still "
+                    f"wait for the store after {self.queue_timeout:g} s (bounds: "
+                    f"{self.max_queued} entries, {self.max_queued_bytes} bytes); it is stuck, "
+                    "so nothing recorded from now on is stored")
+            if self._error is not None:
                 return
             self._queued += 1
             self._queued_bytes += size
         self._queue.put((stream, seq, op, result, outcome, size))
+
+    def _room(self) -> bool:
+        """True when an entry may be queued, or need not wait (unhealthy, closed)."""
+        return (self._error is not None or self._closed or (
+            self._queued < self.max_queued and self._queued_bytes <= self.max_queued_bytes))
 
     def _write_loop(self) -> None:
         pending: list[tuple[str, int, Op, Any, str, int]] = []
@@ -405,6 +417,7 @@ class Journal:
         with self._lock:
             self._queued -= len(pending)
             self._queued_bytes -= size
+            self._lock.notify_all()
         pending.clear()
 
     def _answer(self, command: _Command) -> None:
@@ -558,8 +571,9 @@ class JournalConfig:
     ``target`` is a ``Journal`` to share (the device does not close it), or
     where to open one: an SQLite path, ``":memory:"``, a ``postgresql://`` URL,
     or None for ``$ATOMR_ACCEL_JOURNAL`` / a temporary SQLite file removed on
-    close. ``batch_size``, ``flush_interval``, ``max_queued`` and
-    ``max_queued_bytes`` tune the writer thread (see ``Journal``).
+    close. ``batch_size``, ``flush_interval``, ``max_queued``,
+    ``max_queued_bytes`` and ``queue_timeout`` tune the writer thread and its
+    back-pressure (see ``Journal``).
     ``compact_after``: once a durable buffer has been written by that many
     journaled ops since its last whole overwrite, the device stores a snapshot
     of it and compacts its stream (None: never; see docs/replay.md).
@@ -570,6 +584,7 @@ class JournalConfig:
     flush_interval: float = 0.005
     max_queued: int = 65536
     max_queued_bytes: int = 256 << 20
+    queue_timeout: float = 30.0
     compact_after: int | None = 1024
 
     def __post_init__(self) -> None:
@@ -598,5 +613,6 @@ class JournalConfig:
             return self.target, False
         journal = Journal.open(self.target, batch_size=self.batch_size,
                                flush_interval=self.flush_interval, max_queued=self.max_queued,
-                               max_queued_bytes=self.max_queued_bytes)
+                               max_queued_bytes=self.max_queued_bytes,
+                               queue_timeout=self.queue_timeout)
         return journal, True
