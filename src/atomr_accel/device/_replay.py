@@ -486,8 +486,9 @@ class DeviceRecorder:
     async def _compact(self, state: DeviceState, routes: dict[str, ActorRef]) -> None:
         bound = self.compact_after
         assert bound is not None
-        for canonical in [ref for ref, count in self.writes.items() if count >= bound]:
-            counted = self.writes[canonical]
+        with state.lock:  # completions on other threads count writes
+            due = {ref: count for ref, count in self.writes.items() if count >= bound}
+        for canonical, counted in due.items():
             data, seq = await self._run(
                 state, routes, Download(self.current.get(canonical, canonical)))
             snapshot = Upload(canonical, np.array(data, dtype=canonical.dtype.numpy))
