@@ -5,7 +5,9 @@ For each host (thread, process) and op (an 8x8x8 f64 gemm, a 1 KiB and a
 one op at a time and the throughput (ops/s) with 16 ops in flight, with no
 journal and with the default SQLite journal (a file; batched, written by a
 background thread). Configurations alternate over ``--rounds`` rounds and the
-median round is reported, so background load hits both alike.
+median round is reported, so background load hits both alike. The journal's
+queue is bounded with back-pressure, so the throughput with it on is at most
+what the store can write (64 KiB uploads: the SQLite file's bandwidth).
 
     python benchmarks/journal_bench.py [--reps 2000] [--rounds 3]
 """

@@ -336,11 +336,10 @@ async def test_a_failing_journal_loses_the_durable_buffers_not_the_device() -> N
     journal = Journal(FailingStore(":memory:"))
     async with await System.open_async("t") as system:
         dev = await system.spawn_device_async(mock=True, journal=journal)
-        kept = await dev.allocate_f64_async(4, durable=True)
+        with pytest.raises(LibraryError, match="disk full"):  # durability is not promised
+            await dev.allocate_f64_async(4, durable=True)
         with pytest.raises(ContextPoisoned):
             await dev.inject_fault_async("poison")
-        with pytest.raises(GpuRefStale):  # recovery could not read the journal: it gave up
-            await dev.copy_to_numpy_async(kept)
         fresh = await dev.allocate_f64_async(4)
         await dev.copy_from_numpy_async(fresh, np.ones(4))
         assert (await dev.copy_to_numpy_async(fresh)).sum() == 4

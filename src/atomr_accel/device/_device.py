@@ -35,7 +35,7 @@ from atomr_accel.device._messages import (
     Run,
     WatchGeneration,
 )
-from atomr_accel.device._replay import DeviceRecorder, MarkDurable, Recovered
+from atomr_accel.device._replay import Compact, DeviceRecorder, MarkDurable, Recovered
 from atomr_accel.device._state import DeviceState, DeviceStats, Status
 from atomr_accel.device._supervision import device_decider
 
@@ -54,7 +54,9 @@ class DeviceActor(Actor):
     decider and the restart budget; once the context stops for good every
     queued and later request fails at once with ``Unrecoverable``. With a
     journal (``config.journal``) it records completed ops and, after a rebuild,
-    re-materializes durable buffers (``MarkDurable``) before it drains the stash.
+    re-materializes durable buffers (``MarkDurable``) before it drains the stash;
+    a journal that cannot be used stops it at once (``InvalidArgument``, the
+    answer to every request).
     """
 
     @classmethod
@@ -72,15 +74,28 @@ class DeviceActor(Actor):
         self.watchers: list[ActorRef] = []
         self.stopped_error: GpuRuntimeError | None = None
         self.recovery: asyncio.Task[None] | None = None
+        self.compaction: asyncio.Task[None] | None = None
+        self.confirming: set[asyncio.Task[None]] = set()
+        """``MarkDurable`` answers waiting for the journal to store the buffer's history."""
         self.restarting = False
         self.gate: Gate | None = None
         """The data plane's way to the current context generation, opened once it serves."""
         self.state.lane.path = self.context.self_ref.path
         self.state.device = self.context.self_ref
-        if config.journal is not None and self.state.recorder is None:
-            self.state.recorder = DeviceRecorder.open(config.journal, self.state)
         self.state.status = Status.STARTING
-        props = Props(ContextActor, config, self.state)
+        self.context_ref: ActorRef | None = None
+
+    async def pre_start(self) -> None:
+        """Open the journal (if the config names one), then start the context."""
+        journal = self.config.journal
+        if journal is not None and self.state.recorder is None:
+            try:
+                self.state.recorder = await DeviceRecorder.open_async(journal, self.state)
+            except GpuRuntimeError as exc:
+                self.state.start_error = exc
+                self._stop_serving()
+                return
+        props = Props(ContextActor, self.config, self.state)
         self.context_ref = self.context.watch(self.context.spawn(props, "context"))
 
     async def receive(self, message: Any) -> Any:
@@ -102,9 +117,12 @@ class DeviceActor(Actor):
             self._recovered(message)
         elif isinstance(message, MarkDurable):
             self._mark_durable(message)
+        elif isinstance(message, Compact):
+            self._compact()
         elif isinstance(message, ContextDown):
             if message.generation == self.state.generation:
                 self._cancel_recovery()
+                self._cancel_compaction()
                 self.state.lane.close(message.generation)
                 self.state.status = Status.REBUILDING
                 self.routes = {}
@@ -173,6 +191,28 @@ class DeviceActor(Actor):
             self.recovery.cancel()
             self.recovery = None
 
+    def _compact(self) -> None:
+        recorder = self.state.recorder
+        assert recorder is not None
+        if self.compaction is not None:
+            return
+        if self.state.status is not Status.READY:
+            recorder.compaction_asked = False  # the next write past the bound asks again
+            return
+        self.compaction = recorder.start_compaction(self.state, self.routes)
+        self.compaction.add_done_callback(self._compaction_done)
+
+    def _compaction_done(self, task: asyncio.Task[None]) -> None:
+        if self.compaction is task:
+            self.compaction = None
+
+    def _cancel_compaction(self) -> None:
+        if self.compaction is not None:
+            self.compaction.cancel()
+            self.compaction = None
+            if self.state.recorder is not None:
+                self.state.recorder.compaction_asked = False
+
     def _mark_durable(self, message: MarkDurable) -> None:
         reply = self.context.defer_reply()
         recorder = self.state.recorder
@@ -184,11 +224,25 @@ class DeviceActor(Actor):
                     "durable buffers need a journal: spawn the device with journal=...")
             if self.state.status is Status.READY:
                 recorder.mark_durable(message, self.state)
-                reply.set_result(None)
+                task = asyncio.get_running_loop().create_task(self._confirm(reply))
+                self.confirming.add(task)
+                task.add_done_callback(self.confirming.discard)
             else:
                 self._stash(reply)
         except GpuRuntimeError as exc:
             reply.set_exception(exc)
+
+    async def _confirm(self, reply: Reply) -> None:
+        """Answer a ``MarkDurable`` once the journal has stored the buffer's history so far:
+        a journal that cannot store it fails the mark (``LibraryError``)."""
+        recorder = self.state.recorder
+        assert recorder is not None
+        try:
+            await recorder.journal.flush_async()
+        except GpuRuntimeError as exc:
+            reply.set_exception(exc)
+        else:
+            reply.set_result(None)
 
     def _stash(self, reply: Reply) -> None:
         try:
@@ -238,6 +292,8 @@ class DeviceActor(Actor):
         """A snapshot of this device (never waits: memory figures are the cached reading)."""
         state = self.state
         memory_free, memory_total = state.memory
+        journal = None if state.recorder is None else state.recorder.journal
+        error = None if journal is None else journal.error
         return DeviceStats(
             device_id=self.config.device_id, backend=self.config.backend,
             isolation=self.config.isolation, status=state.status, generation=state.generation,
@@ -246,6 +302,8 @@ class DeviceActor(Actor):
             failed=state.failed, out_of_memory=state.out_of_memory, host_pid=state.host_pid,
             bytes_allocated=state.bytes_allocated, memory_free=memory_free,
             memory_total=memory_total,
+            journal_healthy=None if journal is None else error is None,
+            journal_error=None if error is None else str(error),
         )
 
     def _log_event(self, level: int, event: str, message: str, *args: Any) -> None:
@@ -264,7 +322,9 @@ class DeviceActor(Actor):
         await super().pre_restart(exc, message)
 
     async def post_stop(self) -> None:
-        """Stop a recovery in progress; close the journal unless this actor restarts."""
+        """Stop a recovery or compaction in progress; close the journal unless this actor
+        restarts."""
         self._cancel_recovery()
+        self._cancel_compaction()
         if not self.restarting and self.state.recorder is not None:
             await self.state.recorder.close_async()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import os
 import pickle
 import queue
@@ -26,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument, LibraryError
 from atomr_accel.core._op import Op
@@ -75,6 +78,11 @@ class JournalStore(Protocol):
         """The bodies of ``stream``'s batches, oldest first."""
         ...
 
+    def replace(self, stream: str, rows: Sequence[Row]) -> None:
+        """Replace every row of ``stream`` with ``rows`` (rows of that stream), in one
+        transaction: a compaction."""
+        ...
+
     def streams(self) -> list[str]:
         """Every stream stored, sorted."""
         ...
@@ -90,6 +98,8 @@ _SCHEMA = (
     " last_seq BIGINT NOT NULL, entries INTEGER NOT NULL, body {blob} NOT NULL)"
 )
 _INDEX = "CREATE INDEX IF NOT EXISTS atomr_journal_stream ON atomr_journal_batches (stream, id)"
+_INSERT = ("INSERT INTO atomr_journal_batches (stream, first_seq, last_seq, entries, body)"
+           " VALUES ({p}, {p}, {p}, {p}, {p})")
 
 
 class SqliteJournalStore:
@@ -107,13 +117,20 @@ class SqliteJournalStore:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, timeout=30.0)
-            if self.path != ":memory:":
-                db.execute("PRAGMA page_size=65536")  # a new file only: payloads span few pages
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(_SCHEMA.format(serial="INTEGER PRIMARY KEY", blob="BLOB"))
-            db.execute(_INDEX)
-            db.commit()
+            try:
+                if self.path != ":memory:":
+                    db.execute("PRAGMA page_size=65536")  # a new file only: few pages a payload
+                    db.execute("PRAGMA journal_mode=WAL")
+                    db.execute("PRAGMA synchronous=NORMAL")
+                db.execute(_SCHEMA.format(serial="INTEGER PRIMARY KEY", blob="BLOB"))
+                db.execute(_INDEX)
+                db.commit()
+                # a journal that opens read-only, or a table of another shape, fails here
+                db.execute(_INSERT.format(p="?"), ("", 0, 0, 0, b""))
+                db.rollback()
+            except BaseException:
+                db.close()
+                raise
             self._db = db
         return self._db
 
@@ -121,15 +138,20 @@ class SqliteJournalStore:
         """Insert ``rows`` in one transaction."""
         db = self._connect()
         with db:
-            db.executemany(
-                "INSERT INTO atomr_journal_batches (stream, first_seq, last_seq, entries, body)"
-                " VALUES (?, ?, ?, ?, ?)", rows)
+            db.executemany(_INSERT.format(p="?"), rows)
 
     def read(self, stream: str) -> list[bytes]:
         """The batches of ``stream``, oldest first."""
         cursor = self._connect().execute(
             "SELECT body FROM atomr_journal_batches WHERE stream = ? ORDER BY id", (stream,))
         return [bytes(row[0]) for row in cursor]
+
+    def replace(self, stream: str, rows: Sequence[Row]) -> None:
+        """Delete the rows of ``stream`` and insert ``rows``, in one transaction."""
+        db = self._connect()
+        with db:
+            db.execute("DELETE FROM atomr_journal_batches WHERE stream = ?", (stream,))
+            db.executemany(_INSERT.format(p="?"), rows)
 
     def streams(self) -> list[str]:
         """Every stream stored."""
@@ -173,9 +195,7 @@ class PostgresJournalStore:
         """Insert ``rows`` in one transaction."""
         db = self._connect()
         with db.transaction(), db.cursor() as cursor:
-            cursor.executemany(
-                "INSERT INTO atomr_journal_batches (stream, first_seq, last_seq, entries, body)"
-                " VALUES (%s, %s, %s, %s, %s)", list(rows))
+            cursor.executemany(_INSERT.format(p="%s"), list(rows))
 
     def read(self, stream: str) -> list[bytes]:
         """The batches of ``stream``, oldest first."""
@@ -185,6 +205,13 @@ class PostgresJournalStore:
                 "SELECT body FROM atomr_journal_batches WHERE stream = %s ORDER BY id",
                 (stream,)).fetchall()
         return [bytes(row[0]) for row in rows]
+
+    def replace(self, stream: str, rows: Sequence[Row]) -> None:
+        """Delete the rows of ``stream`` and insert ``rows``, in one transaction."""
+        db = self._connect()
+        with db.transaction(), db.cursor() as cursor:
+            cursor.execute("DELETE FROM atomr_journal_batches WHERE stream = %s", (stream,))
+            cursor.executemany(_INSERT.format(p="%s"), list(rows))
 
     def streams(self) -> list[str]:
         """Every stream stored."""
@@ -224,18 +251,33 @@ class Journal:
     ``record`` never blocks: it queues the entry for the writer thread, which
     waits ``flush_interval`` seconds to gather a batch (at most ``batch_size``
     entries), pickles it and stores it in one transaction. ``entries`` and
-    ``flush`` first wait until everything recorded before them is stored. A
-    store error is kept and raised (as ``LibraryError``) by the next
-    ``flush``/``entries``/``close``.
+    ``flush`` first wait until everything recorded before them is stored.
+
+    The queue is bounded, with back-pressure: while ``max_queued`` entries, or
+    more than ``max_queued_bytes`` of upload payload, wait for the store (so
+    one large upload always fits), ``record`` blocks its caller until the
+    writer catches up, at most ``queue_timeout`` seconds; an entry still
+    refused then (a store that is stuck, not merely slower) is dropped. The
+    first failure, a store error or a dropped entry, makes the journal
+    unhealthy for good (``error``): it stores nothing more, since a stream with
+    a gap cannot be replayed, and ``flush``, ``entries``, ``rewrite_async`` and
+    ``close`` raise that error (a ``LibraryError`` of library ``"journal"``).
     """
 
     def __init__(self, store: JournalStore, *, batch_size: int = 512,
-                 flush_interval: float = 0.005, remove_on_close: str | None = None) -> None:
-        if batch_size < 1 or flush_interval < 0:
-            raise InvalidArgument("batch_size must be >= 1 and flush_interval >= 0")
+                 flush_interval: float = 0.005, max_queued: int = 65536,
+                 max_queued_bytes: int = 256 << 20, queue_timeout: float = 30.0,
+                 remove_on_close: str | None = None) -> None:
+        if (batch_size < 1 or max_queued < 1 or min(flush_interval, max_queued_bytes,
+                                                    queue_timeout) < 0):
+            raise InvalidArgument("batch_size and max_queued must be >= 1, and flush_interval, "
+                                  "max_queued_bytes and queue_timeout >= 0")
         self.store = store
         self.batch_size = batch_size
         self.flush_interval = flush_interval
+        self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.queue_timeout = queue_timeout
         self.recorded = 0
         """Entries handed to ``record``."""
         self.written = 0
@@ -244,7 +286,11 @@ class Journal:
         """Transactions committed so far."""
         self._remove_on_close = remove_on_close
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._error: BaseException | None = None
+        self._lock = threading.Condition()
+        """Guards the counters below and ``_error``; notified when the writer takes entries."""
+        self._queued = 0
+        self._queued_bytes = 0
+        self._error: LibraryError | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._write_loop, name="atomr-journal",
                                         daemon=True)
@@ -256,6 +302,7 @@ class Journal:
 
         ``None`` means ``$ATOMR_ACCEL_JOURNAL`` when set, else a temporary SQLite
         file that is removed when the journal closes. ``options`` go to ``Journal``.
+        The store is opened by the writer thread when first used (``check_async``).
         """
         remove = None
         if target is None:
@@ -266,16 +313,69 @@ class Journal:
             target = remove
         return cls(open_store(target), remove_on_close=remove, **options)
 
+    # ------------------------------------------------------------ health
+
+    @property
+    def healthy(self) -> bool:
+        """False once a write failed or an entry found the queue full (see ``error``)."""
+        return self._error is None
+
+    @property
+    def error(self) -> LibraryError | None:
+        """Why the journal is unhealthy (a fresh ``LibraryError`` each call), or None."""
+        error = self._error
+        if error is None:
+            return None
+        again = copy.copy(error)
+        again.__cause__ = error.__cause__
+        return again
+
+    def _fail(self, error: LibraryError) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = error
+            self._lock.notify_all()  # whoever waits for room: drop, do not wait
+
+    async def check_async(self) -> None:
+        """Open the store and read it (on the writer thread); ``LibraryError`` if it cannot
+        be used (not a journal, not writable, unreachable) or the journal is unhealthy."""
+        await asyncio.wrap_future(self._submit(self.store.streams))
+
     # ------------------------------------------------------------ writing
 
     def record(self, stream: str, seq: int, op: Op, result: Any = None,
                outcome: str = "ok") -> None:
-        """Queue one entry (any thread; returns at once). ``op`` must not change afterwards."""
-        self.recorded += 1
-        self._queue.put((stream, seq, op, result, outcome))
+        """Queue one entry (any thread). ``op`` must not change afterwards.
+
+        Returns at once while the queue has room; else blocks (the event loop
+        too, when called there) until the writer makes room, at most
+        ``queue_timeout`` seconds, then drops the entry and makes the journal
+        unhealthy (``error``). An unhealthy journal drops it at once.
+        """
+        data = getattr(op, "data", None)
+        size = data.nbytes if isinstance(data, np.ndarray) else 0
+        with self._lock:
+            self.recorded += 1
+            if not self._lock.wait_for(self._room, self.queue_timeout):
+                self._error = LibraryError(
+                    "journal", "QueueFull",
+                    f"{self._queued} entries holding {self._queued_bytes} payload bytes still "
+                    f"wait for the store after {self.queue_timeout:g} s (bounds: "
+                    f"{self.max_queued} entries, {self.max_queued_bytes} bytes); it is stuck, "
+                    "so nothing recorded from now on is stored")
+            if self._error is not None:
+                return
+            self._queued += 1
+            self._queued_bytes += size
+        self._queue.put((stream, seq, op, result, outcome, size))
+
+    def _room(self) -> bool:
+        """True when an entry may be queued, or need not wait (unhealthy, closed)."""
+        return (self._error is not None or self._closed or (
+            self._queued < self.max_queued and self._queued_bytes <= self.max_queued_bytes))
 
     def _write_loop(self) -> None:
-        pending: list[tuple[str, int, Op, Any, str]] = []
+        pending: list[tuple[str, int, Op, Any, str, int]] = []
         while True:
             item = self._queue.get()
             if item is not _STOP and not isinstance(item, _Command) and self.flush_interval:
@@ -299,31 +399,33 @@ class Journal:
                     return
                 self._answer(command)
 
-    def _store(self, pending: list[tuple[str, int, Op, Any, str]]) -> None:
+    def _store(self, pending: list[tuple[str, int, Op, Any, str, int]]) -> None:
         if not pending:
             return
-        streams: dict[str, list[tuple[int, Op, Any, str]]] = {}
-        for stream, seq, op, result, outcome in pending:
-            streams.setdefault(stream, []).append((seq, op, result, outcome))
-        try:
-            rows = []
-            for stream, entries in streams.items():
-                seqs = [entry[0] for entry in entries]
-                rows.append((stream, min(seqs), max(seqs), len(entries), _encode(entries)))
-            self.store.append(rows)
-        except Exception as exc:
-            if self._error is None:
-                self._error = exc
-        else:
-            self.written += len(pending)
-            self.batches += 1
+        if self._error is None:
+            streams: dict[str, list[tuple[int, Op, Any, str]]] = {}
+            for stream, seq, op, result, outcome, _ in pending:
+                streams.setdefault(stream, []).append((seq, op, result, outcome))
+            try:
+                self.store.append([_row(stream, items) for stream, items in streams.items()])
+            except Exception as exc:
+                self._fail(_store_error(exc))
+            else:
+                self.written += len(pending)
+                self.batches += 1
+        size = sum(item[5] for item in pending)
+        with self._lock:
+            self._queued -= len(pending)
+            self._queued_bytes -= size
+            self._lock.notify_all()
         pending.clear()
 
     def _answer(self, command: _Command) -> None:
         if not command.future.set_running_or_notify_cancel():
             return  # the asker went away
-        if self._error is not None:
-            command.future.set_exception(_store_error(self._error))
+        error = self.error
+        if error is not None:
+            command.future.set_exception(error)
             return
         try:
             command.future.set_result(command.run())
@@ -373,6 +475,26 @@ class Journal:
         entries.sort(key=lambda entry: entry.seq)
         return entries
 
+    async def rewrite_async(self, stream: str,
+                            select: Callable[[list[JournalEntry]], list[JournalEntry]]) -> int:
+        """Replace ``stream``'s entries with ``select(entries)`` in one transaction.
+
+        A compaction: ``select`` runs on the writer thread, after every entry
+        recorded before this call is stored, and must keep ``seq`` order.
+        Returns how many entries were dropped.
+        """
+        dropped: int = await asyncio.wrap_future(
+            self._submit(lambda: self._rewrite(stream, select)))
+        return dropped
+
+    def _rewrite(self, stream: str,
+                 select: Callable[[list[JournalEntry]], list[JournalEntry]]) -> int:
+        entries = self._read(stream)
+        kept = [(e.seq, e.op, e.result, e.outcome) for e in select(entries)]
+        self.store.replace(stream, [_row(stream, kept[at:at + self.batch_size])
+                                    for at in range(0, len(kept), self.batch_size)])
+        return len(entries) - len(kept)
+
     def streams(self) -> list[str]:
         """Every stream in the store (after a flush)."""
         streams: list[str] = self._submit(self.store.streams).result()
@@ -381,14 +503,16 @@ class Journal:
     # ------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Store what is queued, then close the store; raises a store error kept so far."""
+        """Store what is queued, then close the store; raises the error that made the
+        journal unhealthy, if one did."""
         if self._closed:
             return
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join()
-        if self._error is not None:
-            raise _store_error(self._error)
+        error = self.error
+        if error is not None:
+            raise error
 
     async def close_async(self) -> None:
         """``close`` without blocking the event loop."""
@@ -397,6 +521,12 @@ class Journal:
     def __repr__(self) -> str:
         return (f"Journal({type(self.store).__name__}, recorded={self.recorded}, "
                 f"written={self.written}, batches={self.batches})")
+
+
+def _row(stream: str, items: list[tuple[int, Op, Any, str]]) -> Row:
+    """One row of ``stream`` holding ``items`` (``(seq, op, result, outcome)``)."""
+    seqs = [item[0] for item in items]
+    return (stream, min(seqs), max(seqs), len(items), _encode(items))
 
 
 def _encode(entries: list[tuple[int, Op, Any, str]]) -> bytes:
@@ -441,12 +571,25 @@ class JournalConfig:
     ``target`` is a ``Journal`` to share (the device does not close it), or
     where to open one: an SQLite path, ``":memory:"``, a ``postgresql://`` URL,
     or None for ``$ATOMR_ACCEL_JOURNAL`` / a temporary SQLite file removed on
-    close. ``batch_size`` and ``flush_interval`` tune the writer thread.
+    close. ``batch_size``, ``flush_interval``, ``max_queued``,
+    ``max_queued_bytes`` and ``queue_timeout`` tune the writer thread and its
+    back-pressure (see ``Journal``).
+    ``compact_after``: once a durable buffer has been written by that many
+    journaled ops since its last whole overwrite, the device stores a snapshot
+    of it and compacts its stream (None: never; see docs/replay.md).
     """
 
     target: Journal | str | os.PathLike[str] | None = None
     batch_size: int = 512
     flush_interval: float = 0.005
+    max_queued: int = 65536
+    max_queued_bytes: int = 256 << 20
+    queue_timeout: float = 30.0
+    compact_after: int | None = 1024
+
+    def __post_init__(self) -> None:
+        if self.compact_after is not None and self.compact_after < 1:
+            raise InvalidArgument(f"compact_after must be >= 1 or None, got {self.compact_after}")
 
     @classmethod
     def of(cls, journal: JournalConfig | Journal | str | os.PathLike[str] | bool | None
@@ -469,5 +612,7 @@ class JournalConfig:
         if isinstance(self.target, Journal):
             return self.target, False
         journal = Journal.open(self.target, batch_size=self.batch_size,
-                               flush_interval=self.flush_interval)
+                               flush_interval=self.flush_interval, max_queued=self.max_queued,
+                               max_queued_bytes=self.max_queued_bytes,
+                               queue_timeout=self.queue_timeout)
         return journal, True

@@ -23,12 +23,21 @@ entry needs every buffer and handle it touches (a written buffer may be read
 too: ``beta * C``, ``axpy``), except a buffer it overwrites whole without reading
 it (a full ``Upload`` or ``RngFill``), whose earlier history then stops
 mattering. Non-durable buffers the closure needs are rebuilt as temporaries
-and freed once the durable ones are whole again.
+and freed once the durable ones are whole again; graphs the replay captured are
+destroyed; if the replay fails, everything it made is released.
+
+Compaction bounds that replay (``compacted``): once a durable buffer has been
+written by ``compact_after`` journaled ops since its last whole overwrite, the
+device downloads it as an op of its own (so its contents are exactly those of
+its launch point ``seq``) and journals an ``Upload`` of those bytes under that
+``seq``: a snapshot. It then rewrites its stream, dropping the entries before
+the oldest op still in flight that nothing live needs any more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -44,10 +53,12 @@ from atomr_accel.core._errors import (
     GpuRuntimeError,
     InvalidArgument,
     LibraryError,
+    Unrecoverable,
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
-from atomr_accel.core.ops._memory import Allocate, Free, Upload
+from atomr_accel.core.ops._graph import DestroyGraph
+from atomr_accel.core.ops._memory import Allocate, Download, Free, Upload
 from atomr_accel.core.ops._rng import RngFill
 from atomr_accel.device._journal import Journal, JournalConfig, JournalEntry
 from atomr_accel.device._messages import Run
@@ -56,12 +67,14 @@ if TYPE_CHECKING:
     from atomr_accel.device._state import DeviceState, Pending
 
 __all__ = [
+    "Compact",
     "DeviceRecorder",
     "MarkDurable",
     "Recovered",
     "ReplayHarness",
     "ReplayResult",
     "Replayer",
+    "compacted",
     "recovery_plan",
     "remap",
 ]
@@ -131,6 +144,28 @@ def recovery_plan(entries: Sequence[JournalEntry], durable: Iterable[GpuRef]) ->
     return plan
 
 
+def compacted(entries: Sequence[JournalEntry], horizon: int,
+              live: Iterable[GpuRef]) -> list[JournalEntry]:
+    """``entries`` less those before ``horizon`` that nothing live needs (no I/O).
+
+    Every op with ``seq < horizon`` has been answered and journaled (or never
+    will be), so that prefix is final: of it, keep the closure that rebuilds
+    the ``live`` buffers (canonical refs) and every buffer or handle a later
+    entry uses, and every handle it made (a caller may still launch it). The
+    entries from ``horizon`` on are kept as they are.
+    """
+    prefix = [e for e in entries if e.seq < horizon]
+    suffix = [e for e in entries if e.seq >= horizon]
+    needed: set[Any] = set(live)
+    for entry in suffix:
+        needed.update(entry.op.refs())
+        needed.update(entry.op.handles())
+    destroyed = {e.op.graph for e in prefix if isinstance(e.op, DestroyGraph)}
+    needed.update(e.result for e in prefix
+                  if isinstance(e.result, KernelRef | GraphRef) and e.result not in destroyed)
+    return recovery_plan(prefix, needed) + suffix
+
+
 class Replayer:
     """Replays journal entries in order, mapping recorded handles to the ones it makes.
 
@@ -191,6 +226,11 @@ class MarkDurable:
 
 
 @dataclass(frozen=True, slots=True)
+class Compact:
+    """Told to a device by its recorder: a durable buffer's history passed ``compact_after``."""
+
+
+@dataclass(frozen=True, slots=True)
 class Recovered:
     """Durable buffers of ``generation`` are whole again (``error``: they could not be)."""
 
@@ -199,36 +239,63 @@ class Recovered:
 
 
 class DeviceRecorder:
-    """Journals one device's completed ops and re-materializes its durable buffers.
+    """Journals one device's completed ops, re-materializes its durable buffers and
+    compacts its stream.
 
-    Lives in ``DeviceState.recorder``; every method runs on the system's event loop.
+    Lives in ``DeviceState.recorder``. ``completed`` runs wherever a request is
+    answered, under the state's lock; every other method on the system's event loop.
     """
 
-    def __init__(self, journal: Journal, stream: str, owned: bool = False) -> None:
+    def __init__(self, journal: Journal, stream: str, owned: bool = False,
+                 compact_after: int | None = None) -> None:
         self.journal = journal
         self.stream = stream
         """The journal stream of this device: ``device-<id>-<owner token>``."""
         self.owned = owned
+        self.compact_after = compact_after
+        """Journaled writes to a durable buffer after which it is snapshotted (None: never)."""
         self.live: set[GpuRef] = set()
         """Canonical refs of the buffers not freed."""
         self.durable: dict[GpuRef, list[Any]] = {}
         """Canonical refs of durable buffers -> holders whose ``ref`` follows the buffer."""
+        self.writes: dict[GpuRef, int] = {}
+        """Canonical refs of durable buffers -> journaled ops that wrote them since they
+        were last overwritten whole (or snapshotted)."""
         self.canonical: dict[GpuRef, GpuRef] = {}
         """Ref made by a recovery -> canonical ref."""
         self.current: dict[GpuRef, GpuRef] = {}
         """Canonical ref of a recovered buffer -> its ref in the current generation."""
         self.recoveries = 0
         """Context rebuilds after which durable buffers were re-materialized."""
+        self.compactions = 0
+        """Compactions of this device's stream so far."""
+        self.compaction_asked = False
+        """True from the ``Compact`` told to the device until that compaction ends."""
         self.serving = 0
         """The generation whose durable buffers are whole; ops on a later one wait."""
         self.replaying: set[Pending] = set()
-        """The recovery's own requests (not journaled, never held)."""
+        """The recovery's and compaction's own requests (not journaled, never held)."""
 
     @classmethod
-    def open(cls, config: JournalConfig, state: DeviceState) -> DeviceRecorder:
-        """A recorder for ``state``'s device on the journal ``config`` names."""
+    async def open_async(cls, config: JournalConfig, state: DeviceState) -> DeviceRecorder:
+        """A recorder for ``state``'s device on the journal ``config`` names, once its store
+        is known to work.
+
+        Raises ``InvalidArgument`` when it cannot be used: a path that cannot be
+        created or written, a directory, a file that is not an SQLite journal, an
+        unreachable server, a shared journal that is unhealthy or closed.
+        """
         journal, owned = config.open()
-        return cls(journal, f"device-{state.device_id}-{state.owner:x}", owned)
+        try:
+            await journal.check_async()
+        except GpuRuntimeError as exc:
+            if owned:
+                with contextlib.suppress(GpuRuntimeError):
+                    await journal.close_async()
+            where = getattr(journal.store, "path", type(journal.store).__name__)
+            raise InvalidArgument(f"the journal {where!r} cannot be used: {exc}") from exc
+        return cls(journal, f"device-{state.device_id}-{state.owner:x}", owned,
+                   config.compact_after)
 
     # ---------------------------------------------------------- recording
 
@@ -254,6 +321,18 @@ class DeviceRecorder:
             op = dataclasses.replace(op, data=op.data.copy())  # the caller may reuse its array
         self.journal.record(self.stream, pending.seq, op,
                             result if isinstance(result, _HANDLES) else None, outcome)
+        if self.writes and self.compact_after is not None:
+            self._count(op, pending.state, self.compact_after)
+
+    def _count(self, op: Op, state: DeviceState, bound: int) -> None:
+        """Count ``op``'s writes to durable buffers; ask for a compaction past ``bound``."""
+        whole = _overwrites(op)
+        for ref in op.writes():
+            if ref in self.writes:
+                count = self.writes[ref] = 0 if ref in whole else self.writes[ref] + 1
+                if count >= bound and not self.compaction_asked and state.device is not None:
+                    self.compaction_asked = True
+                    state.device.tell(Compact())
 
     def serve(self, generation: int) -> None:
         """The context of ``generation`` serves: only the durable buffers outlived the last."""
@@ -264,6 +343,7 @@ class DeviceRecorder:
     def _forget(self, canonical: GpuRef) -> None:
         self.live.discard(canonical)
         self.durable.pop(canonical, None)
+        self.writes.pop(canonical, None)
         if self.current.pop(canonical, None) is not None:
             for ref in [r for r, c in self.canonical.items() if c == canonical]:
                 del self.canonical[ref]
@@ -283,7 +363,14 @@ class DeviceRecorder:
         return refreshed
 
     def mark_durable(self, message: MarkDurable, state: DeviceState) -> None:
-        """Make a live buffer of the current generation durable (see ``MarkDurable``)."""
+        """Make a live buffer of the current generation durable (see ``MarkDurable``).
+
+        Raises the journal's ``LibraryError`` once it is unhealthy: it could not
+        bring the buffer back.
+        """
+        error = self.journal.error
+        if error is not None:
+            raise error
         ref = message.ref
         if not isinstance(ref, GpuRef) or ref.owner != state.owner:
             raise InvalidArgument(f"{ref!r} is not a buffer of device {state.device_id}")
@@ -291,9 +378,11 @@ class DeviceRecorder:
         ref = self.current.get(canonical, ref)
         if ref.generation != state.generation:
             raise GpuRefStale(repr(ref), ref.generation, state.generation)
-        if canonical not in self.live:
-            raise InvalidArgument(f"{ref!r} was freed")
-        holders = self.durable.setdefault(canonical, [])
+        with state.lock:
+            if canonical not in self.live:
+                raise InvalidArgument(f"{ref!r} was freed")
+            holders = self.durable.setdefault(canonical, [])
+            self.writes.setdefault(canonical, 0)
         if message.holder is not None and all(h is not message.holder for h in holders):
             holders.append(message.holder)
 
@@ -321,18 +410,23 @@ class DeviceRecorder:
 
     async def _recover(self, state: DeviceState, routes: dict[str, ActorRef]) -> None:
         async def run(op: Op) -> Any:
-            return await self._run(state, routes, op)
+            result, _ = await self._run(state, routes, op)
+            return result
 
         entries = await self.journal.entries_async(self.stream)
-        mapping = await drive(Replayer(recovery_plan(entries, self.durable)), run)
-        missing = [ref for ref in self.durable if ref not in mapping]
-        if missing:
-            raise InvalidArgument(f"the journal {self.stream} lacks the allocation of {missing}")
+        replayer = Replayer(recovery_plan(entries, self.durable))
+        try:
+            mapping = await drive(replayer, run)
+            missing = [ref for ref in self.durable if ref not in mapping]
+            if missing:
+                raise InvalidArgument(
+                    f"the journal {self.stream} lacks the allocation of {missing}")
+        except Exception:
+            await _release(replayer.mapping.values(), run)  # the new context keeps nothing
+            raise
         made = {ref: mapping[ref] for ref in self.durable}
         kept = set(made.values())
-        for temporary in mapping.values():
-            if isinstance(temporary, GpuRef) and temporary not in kept:
-                await run(Free(temporary))
+        await _release([handle for handle in mapping.values() if handle not in kept], run)
         for canonical, ref in made.items():
             self.canonical[ref] = canonical
             self.current[canonical] = ref
@@ -340,7 +434,9 @@ class DeviceRecorder:
                 holder.ref = ref
         self.recoveries += 1
 
-    async def _run(self, state: DeviceState, routes: dict[str, ActorRef], op: Op) -> Any:
+    async def _run(self, state: DeviceState, routes: dict[str, ActorRef],
+                   op: Op) -> tuple[Any, int]:
+        """Run ``op`` as the recorder's own request: its result and launch ``seq``."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         pending = state.track(op, Reply(future, loop))
@@ -350,9 +446,9 @@ class DeviceRecorder:
             if route is None:
                 raise InvalidArgument(f"library {op.library!r} is not enabled on this device")
             route.tell(Run(op, pending))
-            return await future
+            return await future, pending.seq
         finally:  # cancelled: the op must not run later on another context
-            pending.fail(ContextPoisoned("the recovery of durable buffers was cancelled"))
+            pending.fail(ContextPoisoned("the recorder's own request was cancelled"))
             self.replaying.discard(pending)
 
     def give_up(self, error: BaseException) -> None:
@@ -362,7 +458,51 @@ class DeviceRecorder:
                    exc_info=error)
         for canonical in list(self.durable):
             self.durable.pop(canonical)
+            self.writes.pop(canonical, None)
             self.current.pop(canonical, None)
+
+    # --------------------------------------------------------- compaction
+
+    def start_compaction(self, state: DeviceState,
+                         routes: dict[str, ActorRef]) -> asyncio.Task[None]:
+        """Snapshot the durable buffers written ``compact_after`` times, then compact the
+        stream (``compacted``), as a task.
+
+        The device starts it while it serves and cancels it when the context
+        goes down. A failure is logged; the stream stays whole either way (a
+        rewrite is one transaction).
+        """
+        async def run() -> None:
+            try:
+                await self._compact(state, routes)
+            except Exception as exc:
+                _log.warning("device stream %s: compaction failed: %r", self.stream, exc)
+            finally:
+                self.compaction_asked = False
+
+        return asyncio.get_running_loop().create_task(
+            run(), name=f"atomr-compact-{self.stream}")
+
+    async def _compact(self, state: DeviceState, routes: dict[str, ActorRef]) -> None:
+        bound = self.compact_after
+        assert bound is not None
+        with state.lock:  # completions on other threads count writes
+            due = {ref: count for ref, count in self.writes.items() if count >= bound}
+        for canonical, counted in due.items():
+            data, seq = await self._run(
+                state, routes, Download(self.current.get(canonical, canonical)))
+            snapshot = Upload(canonical, np.array(data, dtype=canonical.dtype.numpy))
+            with state.lock:  # its contents at its launch point: the ops before it, no later
+                self.journal.record(self.stream, seq, snapshot)
+                if canonical in self.writes:
+                    self.writes[canonical] = max(0, self.writes[canonical] - counted)
+        with state.lock:  # every op launched before the oldest in flight is journaled
+            horizon = min((p.seq for p in state.pending if p.launched),
+                          default=state.launches + 1)
+            live = set(self.live)
+        await self.journal.rewrite_async(
+            self.stream, lambda entries: compacted(entries, horizon, live))
+        self.compactions += 1
 
     async def close_async(self) -> None:
         """Store what is queued; close the journal if this recorder opened it."""
@@ -370,6 +510,28 @@ class DeviceRecorder:
             await self.journal.close_async()
         else:
             await self.journal.flush_async()
+
+
+async def _release(handles: Iterable[Any], run: Callable[[Op], Awaitable[Any]]) -> None:
+    """Destroy the graphs and free the buffers among ``handles`` (a replay made them).
+
+    Kernels have no op that releases them: their module stays loaded, as a
+    compile cache. Stops quietly when the context has gone down (and they with it).
+    """
+    ordered = sorted(handles, key=lambda handle: not isinstance(handle, GraphRef))
+    for handle in ordered:
+        if isinstance(handle, GraphRef):
+            op: Op = DestroyGraph(handle)
+        elif isinstance(handle, GpuRef):
+            op = Free(handle)
+        else:
+            continue
+        try:
+            await run(op)
+        except (ContextPoisoned, Unrecoverable):
+            return
+        except GpuRuntimeError as exc:
+            _log.warning("could not release %r after a replay: %r", handle, exc)
 
 
 # ------------------------------------------------------------------ the harness

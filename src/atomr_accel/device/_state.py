@@ -239,6 +239,11 @@ class DeviceStats:
     (None before the first reading). Exact on the CPU backend."""
     memory_total: int | None
     """Total device bytes as of the last ``MemoryInfo`` reading (None before it)."""
+    journal_healthy: bool | None = None
+    """None without a journal; False once a journal write failed or its queue overflowed:
+    durable buffers are then lost at the next rebuild and ``mark_durable`` fails."""
+    journal_error: str | None = None
+    """Why the journal is unhealthy (None while it is healthy or absent)."""
 
 
 class DeviceState:
