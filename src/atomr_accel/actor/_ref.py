@@ -122,11 +122,12 @@ class Reply:
     from any thread. For a message that was told (not asked) both are no-ops.
     """
 
-    __slots__ = ("_future", "_loop")
+    __slots__ = ("_answered", "_future", "_loop")
 
     def __init__(self, future: asyncio.Future[Any] | None, loop: asyncio.AbstractEventLoop) -> None:
         self._future = future
         self._loop = loop
+        self._answered = False
 
     @property
     def expects_reply(self) -> bool:
@@ -137,12 +138,12 @@ class Reply:
         """True once answered (or abandoned by a timed-out asker)."""
         return self._future is None or self._future.done()
 
-    def when_done(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (on the reply's loop) once the ask is answered, cancelled by its
-        asker or timed out; never for a told message. Call it on the reply's loop."""
+    def when_abandoned(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the reply's loop) if the ask ends without this reply's
+        answer: its asker cancelled it or timed out. Call it on the reply's loop."""
         fut = self._future
         if fut is not None:
-            fut.add_done_callback(lambda _: callback())
+            fut.add_done_callback(lambda _: None if self._answered else callback())
 
     def set_result(self, value: Any) -> None:
         """Answer the ask with ``value``."""
@@ -153,19 +154,19 @@ class Reply:
         self._complete(None, exc)
 
     def _complete(self, value: Any, exc: BaseException | None) -> None:
-        fut = self._future
-        if fut is None:
+        if self._future is None:
             return
         if asyncio._get_running_loop() is self._loop:
-            _settle(fut, value, exc)
+            self._settle(value, exc)
         else:
-            self._loop.call_soon_threadsafe(_settle, fut, value, exc)
+            self._loop.call_soon_threadsafe(self._settle, value, exc)
 
-
-def _settle(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
+    def _settle(self, value: Any, exc: BaseException | None) -> None:
+        fut = self._future
+        if fut is None or fut.done():
+            return
+        self._answered = True
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)

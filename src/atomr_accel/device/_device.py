@@ -13,6 +13,7 @@ from atomr_accel.actor import (
     Props,
     Reply,
     StashOverflow,
+    SystemClosed,
     Terminated,
 )
 from atomr_accel.core._errors import (
@@ -326,5 +327,8 @@ class DeviceActor(Actor):
         restarts."""
         self._cancel_recovery()
         self._cancel_compaction()
+        if not self.restarting:
+            self.state.shut(self.stopped_error or SystemClosed(
+                self.context.self_ref.path, "device call"))
         if not self.restarting and self.state.recorder is not None:
             await self.state.recorder.close_async()

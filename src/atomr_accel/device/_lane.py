@@ -300,6 +300,11 @@ class Lane:
                     else:
                         finish(pending, generation, None, error,
                                fatal_to(gate.context, generation, self))
+            try:
+                return slot.outcome(deadline, self.path, timeout)
+            except AskTimeout:
+                pending.abandon()  # what it makes once it finishes is released
+                raise
         return slot.outcome(deadline, self.path, timeout)
 
     async def run(self, op: Op, timeout: float | None) -> Any:
@@ -332,4 +337,8 @@ class Lane:
             gate.host.launch(op, stream, pending.ticket(generation), done)
         except Exception as exc:  # the host could not take it (shared memory, pickling)
             pending.fail(refusal_of(exc, op))
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:  # perhaps after its answer came: release what it made
+            pending.abandon()
+            raise

@@ -80,8 +80,8 @@ class Pending:
     next generation, so it is never lost and never runs twice.
     """
 
-    __slots__ = ("_state", "abandoned", "generation", "launched", "observers", "op", "reply",
-                 "seq", "started")
+    __slots__ = ("_state", "abandoned", "generation", "launched", "made", "observers", "op",
+                 "reply", "seq", "started")
 
     def __init__(self, state: DeviceState, op: Op, reply: Answer) -> None:
         self._state = state
@@ -96,6 +96,8 @@ class Pending:
         """Launch order on this device (set by ``claim``); a journal replays in this order."""
         self.abandoned = False
         """Its asker is gone: what the op makes is released when it completes."""
+        self.made: Any = None
+        """What it made (a buffer, a graph), kept until its asker has it."""
 
     @property
     def state(self) -> DeviceState:
@@ -133,25 +135,33 @@ class Pending:
             if not (self.launched and self.generation == generation and self in state.pending):
                 return
             self.launched = False
-            ask = state.device is not None and not state.redispatch_asked
-            state.redispatch_asked = True
-        if ask:  # the device may serve a newer context already: one message for them all
+            shut = state.shut_error
+            ask = shut is None and state.device is not None and not state.redispatch_asked
+            state.redispatch_asked = state.redispatch_asked or ask
+        if shut is not None:  # no device actor will dispatch it again
+            self.fail(shut)
+        elif ask:  # the device may serve a newer context already: one message for them all
             assert state.device is not None
             state.device.tell(Redispatch())
 
     def abandon(self) -> None:
         """Its asker is gone (cancelled, or timed out): a request not launched yet is dropped,
-        and what a launched one makes (a buffer, a graph) is released once it completes.
-        Nothing happens to a request already answered; any thread."""
+        and what a launched one made (a buffer, a graph) is released, now if it has finished
+        already, else once it completes; any thread."""
         state = self._state
         with state.lock:
+            made, self.made = self.made, None
             if self not in state.pending:
-                return
-            if self.launched:
+                dropped = False
+            elif self.launched:
                 self.abandoned = True
                 return
-            del state.pending[self]
-        if self.observers:
+            else:
+                del state.pending[self]
+                dropped = True
+        if made is not None:
+            state.release(made)
+        if dropped and self.observers:
             self._notify(AbandonedRequest("its asker is gone"))
 
     def succeed(self, result: Any) -> None:
@@ -165,6 +175,8 @@ class Pending:
                 state.account(self.op, result)
             if state.recorder is not None:
                 state.recorder.completed(self, result, None)
+            if not self.abandoned and isinstance(result, GpuRef | GraphRef):
+                self.made = result  # released if the answer never reaches its asker
         if self.abandoned:
             state.release(result)
         self.reply.set_result(result)
@@ -289,6 +301,8 @@ class DeviceState:
         self.redispatch_asked = False
         """True while a ``Redispatch`` to the device actor is on its way."""
         self._owned: dict[tuple[int, int], weakref.finalize[Any, Any]] = {}
+        self.shut_error: BaseException | None = None
+        """Set once the device actor has stopped for good (``shut``)."""
 
     def own(self, ref: GpuRef) -> None:
         """Free ``ref``'s buffer once the ``ref`` object is collected (unless freed before):
@@ -331,9 +345,9 @@ class DeviceState:
         pending = Pending(self, op, reply)
         with self.lock:
             self.pending[pending] = True
-        when_done = getattr(reply, "when_done", None)
-        if when_done is not None:  # an ask: cancelled or timed out, it is abandoned
-            when_done(pending.abandon)
+        when_abandoned = getattr(reply, "when_abandoned", None)
+        if when_abandoned is not None:  # an ask: cancelled or timed out, it is abandoned
+            when_abandoned(pending.abandon)
         observers = self.observers
         if observers:
             pending.observers = observers
@@ -389,6 +403,14 @@ class DeviceState:
         """Requests dispatched but not yet launched, oldest first."""
         with self.lock:
             return [p for p in self.pending if not p.launched]
+
+    def shut(self, error: BaseException) -> None:
+        """The device actor has stopped for good: fail every request in flight, and every
+        one a host hands back later, with ``error``."""
+        with self.lock:
+            self.shut_error = error
+        self.lane.close()
+        self.fail_all(error)
 
     def fail_all(self, error: BaseException) -> None:
         """Fail every request in flight."""
