@@ -140,6 +140,24 @@ def test_ipc_copies_a_buffer_that_lies_inside_a_larger_allocation() -> None:
         np.testing.assert_array_equal(b.copy_to_numpy(dst), x)
 
 
+def test_a_managed_source_between_worker_processes_goes_through_the_host() -> None:
+    """CUDA gives no IPC handle for managed memory: such a copy stages; a managed
+    destination still takes IPC."""
+    with System.open("gpu-peer-managed") as local:
+        a = local.spawn_device(0, mock=False, isolation="process")
+        b = local.spawn_device(0, mock=False, isolation="process")
+        x = np.random.default_rng(5).standard_normal(1 << 16)
+        src = a.allocate(1 << 16, DType.F64, managed=True)
+        a.copy_from_numpy(src, x)
+        dst = b.allocate(1 << 16, DType.F64, managed=True)
+        assert local.copy_between(src, dst) is CopyPath.STAGED
+        np.testing.assert_array_equal(b.copy_to_numpy(dst), x)
+        plain = a.allocate_f64(1 << 16)
+        assert local.copy_between(dst, plain) is CopyPath.STAGED
+        assert local.copy_between(plain, dst, 0) is CopyPath.IPC
+        np.testing.assert_array_equal(a.copy_to_numpy(plain), x)
+
+
 def test_cpu_and_cuda_devices_copy_through_the_host() -> None:
     with System.open("gpu-peer-mixed") as local:
         cpu, gpu = local.spawn_device(0, mock=True), local.spawn_device(0, mock=False)

@@ -26,6 +26,8 @@ class GpuRef(PickleByFields):
     length: int
     generation: int
     owner: int = 0
+    managed: bool = field(default=False, compare=False)
+    """CUDA managed memory (``allocate(managed=True)``)."""
 
     @property
     def nbytes(self) -> int:

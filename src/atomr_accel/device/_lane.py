@@ -100,7 +100,8 @@ def check_refs(op: Op, generation: int, state: DeviceState) -> None:
 
 
 def _buffer(op: Allocate, buffer_id: int, generation: int, state: DeviceState) -> GpuRef:
-    return GpuRef(state.device_id, buffer_id, op.dtype, op.length, generation, state.owner)
+    return GpuRef(state.device_id, buffer_id, op.dtype, op.length, generation, state.owner,
+                  op.managed)
 
 
 def _compiled(op: CompileKernel, made: tuple[int, bool], generation: int,

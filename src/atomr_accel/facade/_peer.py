@@ -153,7 +153,8 @@ async def enable_peer_access(system: System) -> PeerTopology:
     return PeerTopology(ids, frozenset(enabled))
 
 
-async def _path(a: Device, b: Device) -> CopyPath:
+async def _path(src: GpuBuffer, b: Device) -> CopyPath:
+    a = src.device
     if a.backend != "cuda" or b.backend != "cuda":
         return CopyPath.STAGED
     if b.journal is not None:  # journal an Upload with its data: a replay cannot re-read a peer
@@ -161,6 +162,8 @@ async def _path(a: Device, b: Device) -> CopyPath:
     pid = a._state.host_pid
     if pid is not None and pid == b._state.host_pid:
         return CopyPath.PEER
+    if src.ref.managed:  # CUDA gives no IPC handle for managed memory
+        return CopyPath.STAGED
     return CopyPath.IPC if await _can_access(b, a) else CopyPath.STAGED
 
 
@@ -194,7 +197,7 @@ async def copy_between(
     count = max(0, min(len(src) - src_offset, len(dst) - dst_offset)) if length is None \
         else length
     CopyBuffer(src.ref, dst.ref, count, src_offset, dst_offset).validate()
-    path = await _path(a, b)
+    path = await _path(src, b)
     if count == 0:
         return path
     if path is CopyPath.STAGED:
