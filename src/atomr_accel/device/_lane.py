@@ -293,6 +293,9 @@ class Lane:
                 pending.fail(AskTimeout(self.path, timeout or 0.0))
             except Exception as exc:  # the host could not take it (shared memory, pickling)
                 pending.fail(refusal_of(exc, op))
+            except BaseException as exc:  # this thread was interrupted: it goes, the op ends
+                pending.fail(exc)
+                raise
             else:
                 if outcome is not None:
                     result, error = outcome

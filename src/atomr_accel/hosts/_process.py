@@ -202,7 +202,7 @@ class ProcessHost(ContextHost):
         try:
             wait_until(lambda: channel.slot_state(slot) != PENDING, deadline,
                        park=lambda seconds: channel.park_on_slot(slot, seconds))
-        except TimeoutError:
+        except BaseException:  # timed out, or interrupted (KeyboardInterrupt)
             with self._lock:
                 self._abandoned.add(slot)  # freed once the worker has answered it
             raise

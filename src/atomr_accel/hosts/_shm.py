@@ -53,8 +53,11 @@ _log = logging.getLogger(__name__)
 
 
 def shm_dir() -> str:
-    """Where file segments live: ``/dev/shm`` when present, else the temp directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    """Where file segments live: ``/dev/shm`` when it is there and writable, else the temp
+    directory."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
 
 
 def _anonymous() -> bool:

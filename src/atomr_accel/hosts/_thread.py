@@ -237,7 +237,7 @@ class ThreadHost(ContextHost):
                     return None, refusal
                 try:
                     started = backend.begin(op, stream)
-                except BaseException as exc:
+                except Exception as exc:  # an interrupt (KeyboardInterrupt) is the caller's
                     return None, self._classify(backend, op, exc)
         if not inline:
             return Box().call(self, op, stream, ticket, deadline)
@@ -245,7 +245,7 @@ class ThreadHost(ContextHost):
             return backend.wait(started, deadline), None
         except TimeoutError:
             raise
-        except BaseException as exc:
+        except Exception as exc:
             return None, self._classify(backend, op, exc)
 
     # -------------------------------------------------------------- faults
