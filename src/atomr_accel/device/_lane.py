@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from atomr_accel.actor import ActorRef, AskTimeout, Reply
+from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.actor._deadlines import Deadlines
-from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import AskTimeout, GpuRefStale, GpuRuntimeError, InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._graph import CaptureGraph
