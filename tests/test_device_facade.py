@@ -155,7 +155,7 @@ def test_use_after_close_is_a_typed_error() -> None:
     a = dev.allocate_f32(4)
     system.close()
     system.close()  # twice is fine
-    with pytest.raises(SystemClosed):
+    with pytest.raises(SystemClosed):  # refused before they start
         dev.copy_to_numpy(a)
     with pytest.raises(SystemClosed):
         system.spawn_device(mock=True)

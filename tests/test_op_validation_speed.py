@@ -130,7 +130,7 @@ def _outcome(fn: Callable[[], object]) -> str:
 @pytest.mark.parametrize("value", [0, 1, 7, _Int(3), -1, True, False, 2.0, None, np.int64(2)])
 def test_int_shortcuts_defer_to_the_detailed_checks(value: Any) -> None:
     assert positive_ints(value) == (type(value) is int and value >= 1)
-    fits = isinstance(value, int) and not isinstance(value, bool)
+    fits = isinstance(value, int | np.integer) and not isinstance(value, bool)
     if fits and value >= 0:
         require_nonneg(size=value)
     else:

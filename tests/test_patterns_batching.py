@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr_accel import ActorStopped, AskTimeout, InvalidArgument, System
-from atomr_accel.actor import ActorSystem
+from atomr_accel import ActorStopped, InvalidArgument, System
+from atomr_accel.actor import ActorSystem, AskTimeout
 from atomr_accel.patterns import (
     BatchQueue,
     BatchResultMismatch,

@@ -5,7 +5,7 @@ supervised device with buffers, copies and library handles. ``mock=True`` runs
 the CPU backend (NumPy/SciPy). See README.md and docs/.
 """
 
-from atomr_accel.actor import ActorStopped, SystemClosed
+from atomr_accel.actor import ActorStopped
 from atomr_accel.core import (
     AskTimeout,
     ContextPoisoned,
@@ -19,6 +19,7 @@ from atomr_accel.core import (
     LibraryError,
     OutOfMemory,
     QueueFull,
+    SystemClosed,
     Unrecoverable,
 )
 from atomr_accel.core.ops._faults import FaultKind

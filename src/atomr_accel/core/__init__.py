@@ -12,6 +12,7 @@ from atomr_accel.core._errors import (
     LibraryError,
     OutOfMemory,
     QueueFull,
+    SystemClosed,
     Unrecoverable,
 )
 from atomr_accel.core._op import Op
@@ -33,5 +34,6 @@ __all__ = [
     "Op",
     "OutOfMemory",
     "QueueFull",
+    "SystemClosed",
     "Unrecoverable",
 ]

@@ -1,5 +1,7 @@
 """The device error taxonomy.
 
+Every error a device, buffer or handle call raises is a ``GpuRuntimeError``.
+
 Hierarchy::
 
     GpuRuntimeError (Exception)
@@ -11,18 +13,24 @@ Hierarchy::
     │   └── KernelCompileError  NVRTC rejected a kernel; ``log`` holds the compiler's log
     ├── DeviceUnavailable   no such device or backend on this machine
     ├── QueueFull           the device's rebuild queue is full
-    └── InvalidArgument     bad dtype, length, shape or option (also ValueError)
+    ├── InvalidArgument     bad dtype, length, shape or option (also ValueError)
+    ├── SystemClosed        the system is closed (or closing); also actor.SystemClosed
+    └── AskTimeout          no answer within the time-out; also actor.AskTimeout
+                            and TimeoutError
+
+``SystemClosed`` and ``AskTimeout`` subclass the actor runtime's errors of the
+same names too, so ``except atomr_accel.actor.SystemClosed`` still catches
+them; the facade turns the actor runtime's errors into these at its boundary
+(``gpu_error_of``), so the actor runtime itself knows nothing about devices.
 
 Every error pickles with its fields, so it crosses from a worker process intact.
-
-``AskTimeout`` comes from the actor runtime and is re-exported here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from atomr_accel.actor._errors import AskTimeout
+from atomr_accel.actor import _errors as actor
 
 __all__ = [
     "AskTimeout",
@@ -35,7 +43,9 @@ __all__ = [
     "LibraryError",
     "OutOfMemory",
     "QueueFull",
+    "SystemClosed",
     "Unrecoverable",
+    "gpu_error_of",
 ]
 
 
@@ -125,3 +135,36 @@ class DeviceUnavailable(GpuRuntimeError):
 
 class InvalidArgument(GpuRuntimeError, ValueError):
     """An argument is wrong: dtype, length, shape, option or a closed object."""
+
+
+class SystemClosed(GpuRuntimeError, actor.SystemClosed):
+    """The system is closed or closing: the call (or the op in flight) is refused.
+
+    Takes ``(name, what)`` as the actor runtime's ``SystemClosed``: the system's
+    name and what was refused.
+    """
+
+
+class AskTimeout(GpuRuntimeError, actor.AskTimeout):
+    """No answer within the time-out (``op_timeout``); the op may still run.
+
+    Takes ``(path, timeout)`` as the actor runtime's ``AskTimeout``; also a
+    ``TimeoutError``.
+    """
+
+
+def gpu_error_of(exc: actor.ActorError, system: str, what: str) -> GpuRuntimeError:
+    """The device error a user sees for the actor runtime's error ``exc``.
+
+    ``ActorStopped`` and the runtime's ``SystemClosed`` become ``SystemClosed``
+    (an actor that answers for a device only stops when its system closes), the
+    runtime's ``AskTimeout`` becomes ``AskTimeout``, anything else
+    ``Unrecoverable``. ``system`` names the system and ``what`` the refused
+    call. Call it for errors that are not ``GpuRuntimeError``s yet, and chain
+    ``exc`` when raising the answer.
+    """
+    if isinstance(exc, actor.ActorStopped | actor.SystemClosed):
+        return SystemClosed(system, what)
+    if isinstance(exc, actor.AskTimeout):
+        return AskTimeout(exc.path, exc.timeout)
+    return Unrecoverable(f"{what} failed: {exc}")

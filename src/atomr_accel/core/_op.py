@@ -6,13 +6,23 @@ sent to a worker process, executed by a backend and written to a replay journal.
 
 Ops are validated on every call, so the checks keep their success path cheap:
 they test plain values first and build names and messages only on failure.
+
+``checked`` is how the device takes an op: it checks every field against the
+type its class declares, once for all ops (a ``bool`` option must be a bool,
+an enum option one of its choices, a ``str`` a str), makes integer-likes such
+as NumPy integers plain ``int`` (sizes, offsets, lengths and counts accept
+anything with ``__index__`` but bools), then runs the op's own ``validate``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import operator
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import ClassVar, TypeGuard
+from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -21,6 +31,7 @@ from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = [
     "Op",
+    "checked",
     "is_int",
     "positive_ints",
     "require",
@@ -85,15 +96,24 @@ def require(condition: bool, message: str) -> None:
 
 
 def is_int(value: object) -> TypeGuard[int]:
-    """Say whether ``value`` is an int and not a bool (an int subclass counts)."""
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+    """Say whether ``value`` is an integer: an int, or anything with ``__index__`` (NumPy
+    integers), but not a bool."""
+    if type(value) is int:
+        return True
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
 
 
 def positive_ints(*values: object) -> bool:
     """Say whether every value is a plain ``int`` >= 1: a quick test before a detailed check.
 
-    False is no refusal: an int subclass fails this test yet passes
-    ``require_positive``, so run the detailed check when this answers False.
+    False is no refusal: an int subclass or a NumPy integer fails this test yet
+    passes ``require_positive``, so run the detailed check when this answers False.
     """
     for v in values:  # noqa: SIM110 - a loop costs half of all() over a generator
         if type(v) is not int or v < 1:
@@ -102,7 +122,7 @@ def positive_ints(*values: object) -> bool:
 
 
 def _require_ints(values: Mapping[str, object], least: int, what: str) -> None:
-    """Raise for the first value that is not an int (bools excluded) >= ``least``."""
+    """Raise for the first value that is not an integer (``is_int``) >= ``least``."""
     for name, v in values.items():
         if not is_int(v) or v < least:
             raise InvalidArgument(f"{name} must be {what}, got {v!r}")
@@ -171,3 +191,136 @@ def matrix_extent(rows: int, cols: int, ld: int, name: str) -> int:
     if ld < (rows if rows > 1 else 1):  # max(1, rows), without a builtin call's cost
         raise InvalidArgument(f"leading dimension of {name} is {ld}; it must be >= {max(1, rows)}")
     return 0 if rows == 0 or cols == 0 else ld * (cols - 1) + rows
+
+
+# ------------------------------------------------------- declared field types
+
+T = TypeVar("T")
+_Fix = Callable[[str, Any], Any]
+"""Check one field's value against its declared type: the value, or a fixed one (raises)."""
+
+
+def _as_int(name: str, value: Any) -> Any:
+    """An integer-like as a plain int; anything else as it is (``validate`` judges it)."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def _as_ints(name: str, value: Any) -> Any:
+    if not isinstance(value, tuple):
+        return value
+    return tuple([_as_int(name, v) for v in value])
+
+
+def _as_bool(name: str, value: Any) -> Any:
+    if type(value).__name__ == "bool" and type(value).__module__ == "numpy":  # np.bool_
+        return bool(value)
+    raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+
+
+def _as_str(name: str, value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    raise InvalidArgument(f"{name} must be a str, got {value!r}")
+
+
+def _as_member(kind: type[enum.Enum]) -> _Fix:
+    def fix(name: str, value: Any) -> Any:
+        try:
+            return kind(value)  # the member, or the member of that value ("c2c")
+        except (ValueError, TypeError):
+            choices = ", ".join(repr(m.value) for m in kind)
+            raise InvalidArgument(
+                f"{name} must be one of {choices} (a {kind.__name__}), got {value!r}") from None
+    return fix
+
+
+def _nested(name: str, value: Any) -> Any:
+    return _fixed(value) if dataclasses.is_dataclass(value) and hasattr(value, "validate") \
+        else value
+
+
+def _nested_all(name: str, value: Any) -> Any:
+    if not isinstance(value, tuple):
+        return value
+    return tuple([_nested(name, v) for v in value])
+
+
+def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
+    """``(exact types that need no look, fix)`` for a declared field type, or None."""
+    plain: tuple[type, ...] = ()
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        rest = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(rest) != 1:
+            return None
+        plain, hint = (type(None),), rest[0]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return (*plain, bool), _as_bool
+    if hint is int:
+        return (*plain, int), _as_int
+    if hint is str:
+        return (*plain, str), _as_str
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return (*plain, hint), _as_member(hint)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and hasattr(hint, "validate"):
+        return plain, _nested  # a part the op validates (a CsrMatrix); not a device-made ref
+    if origin is tuple and args and all(a is int or a is Ellipsis for a in args):
+        return plain, _as_ints
+    if origin is tuple and args and isinstance(args[0], type) and issubclass(args[0], Op):
+        return plain, _nested_all
+    return None
+
+
+class _Fields:
+    """The declared-type checks of one dataclass: its checked fields and their rules."""
+
+    __slots__ = ("fixes", "names", "plain", "read")
+
+    def __init__(self, cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        rules = [(f.name, rule) for f in dataclasses.fields(cls)
+                 if (rule := _rule(hints[f.name])) is not None]
+        self.names = tuple(name for name, _ in rules)
+        self.plain = tuple(rule[0] for _, rule in rules)
+        self.fixes = tuple(rule[1] for _, rule in rules)
+        self.read = reader_of(self.names)
+
+
+_FIELDS: dict[type, _Fields] = {}
+_holds = tuple.__contains__
+
+
+def _fixed(obj: T) -> T:
+    """``obj`` with each checked field as its declared type says (the same object when
+    every field already is); raises ``InvalidArgument`` for a wrong option."""
+    cls = type(obj)
+    declared = _FIELDS.get(cls)
+    if declared is None:
+        declared = _FIELDS[cls] = _Fields(cls)
+    values = declared.read(obj)
+    if all(map(_holds, declared.plain, map(type, values))):
+        return obj  # every value is of a type that needs no look: the common case
+    changes = {}
+    for name, value, plain, fix in zip(declared.names, values, declared.plain, declared.fixes,
+                                       strict=True):
+        if type(value) not in plain and (new := fix(name, value)) is not value:
+            changes[name] = new
+    return dataclasses.replace(obj, **changes) if changes else obj  # type: ignore[type-var]
+
+
+def checked(op: T) -> T:
+    """Return ``op`` (an op, or another dataclass with a ``validate``) checked and validated.
+
+    Every field is checked against its declared type first (see the module
+    docstring): a wrong bool, enum or str option is an ``InvalidArgument``
+    naming the choices, and integer-likes become ints, in a copy of the op when
+    any field changes. Then ``validate`` runs. Raises ``InvalidArgument``.
+    """
+    op = _fixed(op)
+    op.validate()  # type: ignore[attr-defined]
+    return op

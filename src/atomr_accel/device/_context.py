@@ -6,7 +6,12 @@ import asyncio
 from typing import Any
 
 from atomr_accel.actor import Actor, Directive, OneForOneStrategy, Props
-from atomr_accel.core._errors import ContextPoisoned, GpuRuntimeError, Unrecoverable
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    GpuRuntimeError,
+    SystemClosed,
+    Unrecoverable,
+)
 from atomr_accel.device._config import DeviceConfig
 from atomr_accel.device._kernels import KERNEL_ACTORS, launch
 from atomr_accel.device._lane import Gate
@@ -56,6 +61,7 @@ class ContextActor(Actor):
         def died(fut: asyncio.Future[GpuRuntimeError]) -> None:
             if not fut.cancelled():  # the data plane takes nothing more; supervision acts
                 state.lane.close(generation)
+                _forget_pid(state, generation)
                 me.tell(Fatal(fut.result(), generation))
 
         assert host.died is not None
@@ -96,17 +102,28 @@ class ContextActor(Actor):
     async def post_stop(self) -> None:
         """Fail what this generation still owes, then close its host."""
         failure, device = self.failure, self.state.device_id
+        system = self.context.system
         error: GpuRuntimeError
         if self.restarting or isinstance(failure, ContextPoisoned):
             error = ContextPoisoned(
                 f"context generation {self.generation} of device {device} went down "
                 "before this op finished"
             )
+        elif failure is None and system.is_terminated:
+            error = SystemClosed(system.name, "the op in flight")
         else:
             error = Unrecoverable(f"device {device} stopped" + (f": {failure}" if failure else ""))
         error.__cause__ = failure
         self.state.lane.close(self.generation)
         self.state.fail_launched(self.generation, error)
         if self.host is not None:
+            _forget_pid(self.state, self.generation)
             await self.host.close()
             self.host = None
+
+
+def _forget_pid(state: DeviceState, generation: int) -> None:
+    """The host of ``generation`` died or is closing: unless a later generation is up,
+    name no process until the next host names its own."""
+    if state.generation == generation:
+        state.host_pid = None

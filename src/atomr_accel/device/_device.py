@@ -8,12 +8,13 @@ from typing import Any
 
 from atomr_accel.actor import (
     Actor,
+    ActorInitializationError,
     ActorRef,
+    Directive,
     OneForOneStrategy,
     Props,
     Reply,
     StashOverflow,
-    SystemClosed,
     Terminated,
 )
 from atomr_accel.core._errors import (
@@ -21,6 +22,7 @@ from atomr_accel.core._errors import (
     GpuRuntimeError,
     InvalidArgument,
     QueueFull,
+    SystemClosed,
     Unrecoverable,
 )
 from atomr_accel.core._op import Op
@@ -69,8 +71,10 @@ class DeviceActor(Actor):
         self.config = config
         self.state = state or DeviceState(config.device_id)
         self.supervisor_strategy = OneForOneStrategy(
-            max_restarts=config.max_restarts, within=config.within, decider=device_decider
+            max_restarts=config.max_restarts, within=config.within, decider=self._decide
         )
+        self.failure: BaseException | None = None
+        """The context's last failure (what a stop reports as its cause)."""
         self.routes: dict[str, ActorRef] = {}
         self.watchers: list[ActorRef] = []
         self.stopped_error: GpuRuntimeError | None = None
@@ -271,23 +275,44 @@ class DeviceActor(Actor):
             return
         self.routes[op.library].tell(Run(op, self.state.track(op, reply)))
 
+    def _decide(self, exc: BaseException) -> Directive:
+        """The device decider, remembering the failure (the cause a stop reports)."""
+        self.failure = exc.cause if isinstance(exc, ActorInitializationError) else exc
+        return device_decider(exc)
+
     def _stop_serving(self) -> None:
         self._cancel_recovery()
         state = self.state
         state.lane.close()
         state.status = Status.STOPPED
         self.routes = {}
-        if isinstance(state.start_error, GpuRuntimeError):
-            self.stopped_error = state.start_error  # e.g. DeviceUnavailable: say why
-        else:
-            self.stopped_error = Unrecoverable(
-                f"device {self.config.device_id} has stopped (context restarted "
-                f"{state.restarts} times; budget {self.config.max_restarts} in "
-                f"{self.config.within:g} s)"
-            )
+        self.stopped_error = self._stopped_error()
         self._log_event(logging.ERROR, "device_stopped", "stopped: %s", self.stopped_error)
         state.fail_all(self.stopped_error)
         self.context.unstash_all()  # each stashed request is now refused at once
+
+    def _stopped_error(self) -> GpuRuntimeError:
+        """What every request gets once the context has stopped for good, saying why."""
+        system, start_error, failure = self.context.system, self.state.start_error, self.failure
+        if system.is_terminated:
+            return SystemClosed(system.name, "device call")
+        if isinstance(start_error, GpuRuntimeError):
+            return start_error  # e.g. DeviceUnavailable: say why
+        config, restarts = self.config, self.state.restarts
+        if start_error is not None:
+            failure = start_error
+            why = f"its context could not start: {start_error!r}"
+        elif failure is None:
+            why = "its context stopped"
+        elif device_decider(failure) is Directive.RESTART:  # a restart past the budget
+            why = (f"its context failed after {restarts} restart{'s' * (restarts != 1)}, and "
+                   f"the restart budget {config.max_restarts} in {config.within:g} s is "
+                   f"spent: {failure}")
+        else:
+            why = str(failure)
+        error = Unrecoverable(f"device {config.device_id} has stopped: {why}")
+        error.__cause__ = failure
+        return error
 
     def stats(self) -> DeviceStats:
         """A snapshot of this device (never waits: memory figures are the cached reading)."""
@@ -323,12 +348,12 @@ class DeviceActor(Actor):
         await super().pre_restart(exc, message)
 
     async def post_stop(self) -> None:
-        """Stop a recovery or compaction in progress; close the journal unless this actor
-        restarts."""
+        """Stop a recovery or compaction in progress, fail what is still in flight and every
+        request a host hands back later (``SystemClosed`` when the system closes); close the
+        journal unless this actor restarts."""
         self._cancel_recovery()
         self._cancel_compaction()
         if not self.restarting:
-            self.state.shut(self.stopped_error or SystemClosed(
-                self.context.self_ref.path, "device call"))
+            self.state.shut(self.stopped_error or self._stopped_error())
         if not self.restarting and self.state.recorder is not None:
             await self.state.recorder.close_async()

@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from atomr_accel.actor import ActorRef, AskTimeout, Reply
+from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.actor._deadlines import Deadlines
-from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument
-from atomr_accel.core._op import Op
+from atomr_accel.core._errors import AskTimeout, GpuRefStale, GpuRuntimeError, InvalidArgument
+from atomr_accel.core._op import Op, checked
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._graph import CaptureGraph
 from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
@@ -67,7 +67,8 @@ class Gate:
 
 
 def prepare(op: Op, state: DeviceState) -> Op:
-    """``op`` as the device runs it: durable buffers' refs made current, then validated.
+    """``op`` as the device runs it: durable buffers' refs made current, then checked and
+    validated (``checked``: its fields as declared, integer-likes made ints).
 
     Raises ``InvalidArgument`` for bad input (a malformed op included).
     """
@@ -75,7 +76,7 @@ def prepare(op: Op, state: DeviceState) -> Op:
     if recorder is not None:
         op = recorder.refresh(op)  # a durable buffer's ref from before a rebuild
     try:
-        op.validate()
+        op = checked(op)
     except GpuRuntimeError:
         raise
     except Exception as exc:  # a malformed op (wrong field types) is bad input too

@@ -15,6 +15,7 @@ from atomr_accel.core._errors import (
     InvalidArgument,
     OutOfMemory,
 )
+from atomr_accel.core._op import is_int
 from atomr_accel.core.ops._memory import MemoryInfo
 from atomr_accel.device._messages import GetStats
 from atomr_accel.device._state import DeviceStats, Status
@@ -135,9 +136,9 @@ class PlacementActor(Actor):
 
     async def _place(self, message: Place) -> Placed:
         bytes_needed, policy = message.bytes_needed, message.policy or self.policy
-        if not isinstance(bytes_needed, int) or isinstance(bytes_needed, bool) \
-                or bytes_needed < 0:
+        if not is_int(bytes_needed) or bytes_needed < 0:
             raise InvalidArgument(f"bytes_needed must be an int >= 0, got {bytes_needed!r}")
+        bytes_needed = int(bytes_needed)
         if not isinstance(policy, Policy):
             raise InvalidArgument(f"policy must be a Policy, got {policy!r}")
         devices = list(self.devices)

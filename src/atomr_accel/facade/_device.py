@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from atomr_accel.actor import ActorRef, ActorStopped, SystemClosed
+from atomr_accel.actor import ActorError, ActorRef
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import GpuRefStale, InvalidArgument
+from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument, gpu_error_of
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
@@ -79,17 +79,28 @@ class Device:
     """One device of a ``System``: its buffers, copies, ops and library handles.
 
     Every method has an awaitable ``*_async`` twin; the plain method blocks the
-    calling thread (never call it inside a running event loop). Errors are the
-    typed ones of ``atomr_accel`` (``InvalidArgument``, ``GpuRefStale``, ...).
+    calling thread (never call it inside a running event loop). Every error is a
+    ``GpuRuntimeError`` of ``atomr_accel`` (``InvalidArgument``, ``GpuRefStale``,
+    ``SystemClosed`` once its system is closed, ``AskTimeout``, ...).
     """
 
     def __init__(self, ref: ActorRef, config: DeviceConfig, state: DeviceState,
-                 portal: Portal, op_timeout: float | None) -> None:
+                 portal: Portal, op_timeout: float | None, system: str) -> None:
         self.ref = ref
         self.config = config
         self._state = state
         self._portal = portal
         self._op_timeout = op_timeout
+        self._system = system
+
+    async def _ask(self, message: Any, timeout: float | None, what: str) -> Any:
+        """Ask the device actor; the actor runtime's errors become device errors."""
+        try:
+            return await self._portal.acall(self.ref.ask(message, timeout=timeout))
+        except GpuRuntimeError:
+            raise
+        except ActorError as exc:
+            raise gpu_error_of(exc, self._system, what) from exc
 
     @property
     def device_id(self) -> int:
@@ -136,14 +147,16 @@ class Device:
             raise InvalidArgument(f"run() takes an op, got {op!r}")
         lane = self._state.lane
         timeout = self._op_timeout
-        result = lane.call(op, timeout) if in_blocking_call() else await lane.run(op, timeout)
+        try:
+            result = lane.call(op, timeout) if in_blocking_call() else await lane.run(op, timeout)
+        except GpuRuntimeError:
+            raise
+        except ActorError as exc:  # the runtime's time-out of an op awaited on the data plane
+            raise gpu_error_of(exc, self._system, "device call") from exc
         if result is not MISS:
             return result
         with lane.detour():
-            try:
-                return await self._portal.acall(self.ref.ask(op, timeout=timeout))
-            except ActorStopped as exc:
-                raise SystemClosed(self.ref.path, "device call") from exc
+            return await self._ask(op, timeout, "device call")
 
     run = blocking(run_async)
 
@@ -234,11 +247,7 @@ class Device:
         """
         ref = self.ref_of(buffer)
         holder = buffer if isinstance(buffer, GpuBuffer) else None
-        try:
-            await self._portal.acall(
-                self.ref.ask(MarkDurable(ref, holder), timeout=self._op_timeout))
-        except ActorStopped as exc:
-            raise SystemClosed(self.ref.path, "device call") from exc
+        await self._ask(MarkDurable(ref, holder), self._op_timeout, "mark_durable")
 
     mark_durable = blocking(mark_durable_async)
 
@@ -277,10 +286,19 @@ class Device:
         self, buffer: BufferLike, offset: int = 0, length: int | None = None,
         shape: tuple[int, ...] | None = None,
     ) -> np.ndarray[Any, Any]:
-        """Copy ``length`` elements (all by default) from ``offset`` into a new host array."""
+        """Copy ``length`` elements (all by default) from ``offset`` into a new host array.
+
+        ``shape`` reshapes it (C order); a shape of another size is an ``InvalidArgument``.
+        """
         result: np.ndarray[Any, Any] = await self.run_async(
             Download(self.ref_of(buffer), offset, length))
-        return result if shape is None else result.reshape(shape)
+        if shape is None:
+            return result
+        try:
+            return result.reshape(shape)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(
+                f"cannot shape the {result.size} elements copied as {shape!r}") from exc
 
     copy_to_numpy = blocking(copy_to_numpy_async)
 
@@ -307,7 +325,7 @@ class Device:
         and frees since (exact on the CPU backend); call ``memory_info()`` first
         for a fresh reading.
         """
-        stats: DeviceStats = await self._portal.acall(self.ref.ask(GetStats()))
+        stats: DeviceStats = await self._ask(GetStats(), self._op_timeout, "stats")
         return stats
 
     stats = blocking(stats_async)
@@ -321,7 +339,7 @@ class Device:
 
     async def inject_fault_async(self, kind: FaultKind | str, delay: float = 0.0) -> None:
         """Make the context fail on purpose (tests and demos); raises the fault's error."""
-        await self.run_async(InjectFault(FaultKind(kind), delay))
+        await self.run_async(InjectFault(_enum(FaultKind, kind), delay))
 
     inject_fault = blocking(inject_fault_async)
 

@@ -85,8 +85,7 @@ class GraphRecorder:
 
     async def run_async(self, op: Op) -> None:
         """Record ``op`` (``InvalidArgument`` if a graph cannot hold it)."""
-        check_capturable(op, len(self.ops))
-        self.ops.append(op)
+        self.ops.append(check_capturable(op, len(self.ops)))
 
     def _as_device(self) -> Device:
         return cast("Device", self)  # handles need only ref_of, run_async and _portal

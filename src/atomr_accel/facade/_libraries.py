@@ -7,13 +7,14 @@ fields of the op class of the same name (see ``atomr_accel.core.ops``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
-from atomr_accel.core._op import Op
+from atomr_accel.core._op import Op, checked, is_int
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blas import (
     Asum,
@@ -60,6 +61,21 @@ if TYPE_CHECKING:
 __all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor"]
 
 BufferLike = GpuBuffer | GpuRef
+OpT = TypeVar("OpT", bound=Op)
+
+
+def _make(op_class: type[OpT], *args: Any, **options: Any) -> OpT:
+    """Build ``op_class(*args, **options)``; an option it does not take is an
+    ``InvalidArgument`` naming the options it does take."""
+    try:
+        return op_class(*args, **options)
+    except TypeError as exc:
+        fields = [f.name for f in dataclasses.fields(op_class)]  # type: ignore[arg-type]
+        unknown = [name for name in options if name not in fields] or list(options)
+        choices = ", ".join(fields[len(args):])
+        raise InvalidArgument(
+            f"{op_class.__name__} takes no option {unknown[0]!r}; its options are {choices}"
+        ) from exc
 
 
 class Library:
@@ -91,7 +107,7 @@ class Blas(Library):
 
     def _gemm(self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
               dtypes: Iterable[DType] | None, options: dict[str, Any]) -> Gemm:
-        return Gemm(self._ref(a, "a", dtypes), self._ref(b, "b", dtypes),
+        return _make(Gemm, self._ref(a, "a", dtypes), self._ref(b, "b", dtypes),
                     self._ref(c, "c", dtypes), m, n, k, **options)
 
     async def gemm_async(
@@ -132,64 +148,64 @@ class Blas(Library):
         batch: int, **options: Any,
     ) -> None:
         """``batch`` gemms over matrices ``stride_*`` elements apart (tight by default)."""
-        await self._run(GemmStridedBatched(
+        await self._run(_make(GemmStridedBatched,
             self._ref(a, "a"), self._ref(b, "b"), self._ref(c, "c"), m, n, k, batch, **options))
 
     async def axpy_async(self, n: int, alpha: complex, x: BufferLike, y: BufferLike,
                          **options: Any) -> None:
         """y = alpha * x + y over ``n`` elements (``incx``/``incy`` options)."""
-        await self._run(Axpy(n, alpha, self._ref(x, "x"), self._ref(y, "y"), **options))
+        await self._run(_make(Axpy, n, alpha, self._ref(x, "x"), self._ref(y, "y"), **options))
 
     async def dot_async(self, n: int, x: BufferLike, y: BufferLike, **options: Any) -> Any:
         """Return x . y (``conjugate=True`` for dotc)."""
-        return await self._run(Dot(n, self._ref(x, "x"), self._ref(y, "y"), **options))
+        return await self._run(_make(Dot, n, self._ref(x, "x"), self._ref(y, "y"), **options))
 
     async def nrm2_async(self, n: int, x: BufferLike, **options: Any) -> float:
         """Return the Euclidean norm of x."""
-        result: float = await self._run(Nrm2(n, self._ref(x, "x"), **options))
+        result: float = await self._run(_make(Nrm2, n, self._ref(x, "x"), **options))
         return result
 
     async def scal_async(self, n: int, alpha: complex, x: BufferLike, **options: Any) -> None:
         """x = alpha * x."""
-        await self._run(Scal(n, alpha, self._ref(x, "x"), **options))
+        await self._run(_make(Scal, n, alpha, self._ref(x, "x"), **options))
 
     async def asum_async(self, n: int, x: BufferLike, **options: Any) -> float:
         """Return sum |x_i| (|re| + |im| for complex, as BLAS)."""
-        result: float = await self._run(Asum(n, self._ref(x, "x"), **options))
+        result: float = await self._run(_make(Asum, n, self._ref(x, "x"), **options))
         return result
 
     async def iamax_async(self, n: int, x: BufferLike, **options: Any) -> int:
         """Return the 1-based index of the largest |x_i| (0 when n is 0)."""
-        result: int = await self._run(Iamax(n, self._ref(x, "x"), **options))
+        result: int = await self._run(_make(Iamax, n, self._ref(x, "x"), **options))
         return result
 
     async def gemv_async(self, m: int, n: int, a: BufferLike, x: BufferLike, y: BufferLike,
                          **options: Any) -> None:
         """y = alpha * op(A) x + beta * y with A m x n column-major."""
-        await self._run(Gemv(m, n, self._ref(a, "a"), self._ref(x, "x"), self._ref(y, "y"),
+        await self._run(_make(Gemv, m, n, self._ref(a, "a"), self._ref(x, "x"), self._ref(y, "y"),
                              **options))
 
     async def ger_async(self, m: int, n: int, x: BufferLike, y: BufferLike, a: BufferLike,
                         **options: Any) -> None:
         """A = alpha * x y^T + A (``conjugate=True`` for gerc)."""
-        await self._run(Ger(m, n, self._ref(x, "x"), self._ref(y, "y"), self._ref(a, "a"),
+        await self._run(_make(Ger, m, n, self._ref(x, "x"), self._ref(y, "y"), self._ref(a, "a"),
                             **options))
 
     async def geam_async(self, m: int, n: int, a: BufferLike, b: BufferLike, c: BufferLike,
                          **options: Any) -> None:
         """C = alpha * op(A) + beta * op(B), m x n column-major."""
-        await self._run(Geam(m, n, self._ref(a, "a"), self._ref(b, "b"), self._ref(c, "c"),
+        await self._run(_make(Geam, m, n, self._ref(a, "a"), self._ref(b, "b"), self._ref(c, "c"),
                              **options))
 
     async def syrk_async(self, n: int, k: int, a: BufferLike, c: BufferLike,
                          **options: Any) -> None:
         """C = alpha * A A^T + beta * C on one triangle of C (``upper``, ``trans`` options)."""
-        await self._run(Syrk(n, k, self._ref(a, "a"), self._ref(c, "c"), **options))
+        await self._run(_make(Syrk, n, k, self._ref(a, "a"), self._ref(c, "c"), **options))
 
     async def trsm_async(self, m: int, n: int, a: BufferLike, b: BufferLike,
                          **options: Any) -> None:
         """Solve op(A) X = alpha B (or X op(A) = alpha B) in place into B."""
-        await self._run(Trsm(m, n, self._ref(a, "a"), self._ref(b, "b"), **options))
+        await self._run(_make(Trsm, m, n, self._ref(a, "a"), self._ref(b, "b"), **options))
 
     gemm = blocking(gemm_async)
     gemm_f32 = blocking(gemm_f32_async)
@@ -210,8 +226,12 @@ class Blas(Library):
 
 
 def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    """Return ``shape`` as a tuple; an int is a 1-D shape."""
-    return (shape,) if isinstance(shape, int) else tuple(shape)
+    """Return ``shape`` as a tuple; an integer is a 1-D shape (``InvalidArgument`` for neither)."""
+    if is_int(shape):
+        return (shape,)
+    if isinstance(shape, Iterable):
+        return tuple(shape)
+    raise InvalidArgument(f"shape must be a size or a sequence of sizes, got {shape!r}")
 
 
 class Fft(Library):
@@ -275,9 +295,9 @@ class RngGenerator(Library):
 
     def __init__(self, device: Device, seed: int) -> None:
         super().__init__(device)
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
+        if not is_int(seed) or not 0 <= seed < 1 << 64:
             raise InvalidArgument(f"seed must be an int in [0, 2**64), got {seed!r}")
-        self.seed = seed
+        self.seed = int(seed)
         self.offset = 0
         self._lock = threading.Lock()
 
@@ -285,10 +305,9 @@ class RngGenerator(Library):
                     params: tuple[float, ...], length: int | None) -> None:
         """Reserve ``length`` elements of the stream, fill them, and hand them back on failure."""
         ref = self._ref(out, "out")
-        if length is not None and (not isinstance(length, int) or isinstance(length, bool)
-                                   or length < 0):
+        if length is not None and (not is_int(length) or length < 0):
             raise InvalidArgument(f"length must be a non-negative int, got {length!r}")
-        count = ref.length if length is None else length
+        count = ref.length if length is None else int(length)
         with self._lock:
             start = self.offset
             self.offset = start + count
@@ -353,78 +372,78 @@ class Solver(Library):
     async def getrf_async(self, a: BufferLike, ipiv: BufferLike, m: int, n: int,
                           **options: Any) -> None:
         """Factor the m x n A = P L U in place; ``ipiv`` (i32, ``min(m, n)``) gets the pivots."""
-        await self._run(Getrf(self._ref(a, "a"), self._ref(ipiv, "ipiv"), m, n, **options))
+        await self._run(_make(Getrf, self._ref(a, "a"), self._ref(ipiv, "ipiv"), m, n, **options))
 
     async def getrs_async(self, a: BufferLike, ipiv: BufferLike, b: BufferLike, n: int,
                           nrhs: int, **options: Any) -> None:
         """Solve op(A) X = B in place into B (n x nrhs) from ``getrf``'s factors and pivots."""
-        await self._run(Getrs(self._ref(a, "a"), self._ref(ipiv, "ipiv"), self._ref(b, "b"),
+        await self._run(_make(Getrs, self._ref(a, "a"), self._ref(ipiv, "ipiv"), self._ref(b, "b"),
                               n, nrhs, **options))
 
     async def potrf_async(self, a: BufferLike, n: int, **options: Any) -> None:
         """Factor the Hermitian positive definite n x n A in place (Cholesky, lower by default)."""
-        await self._run(Potrf(self._ref(a, "a"), n, **options))
+        await self._run(_make(Potrf, self._ref(a, "a"), n, **options))
 
     async def potrs_async(self, a: BufferLike, b: BufferLike, n: int, nrhs: int,
                           **options: Any) -> None:
         """Solve A X = B in place into B (n x nrhs) from ``potrf``'s factor."""
-        await self._run(Potrs(self._ref(a, "a"), self._ref(b, "b"), n, nrhs, **options))
+        await self._run(_make(Potrs, self._ref(a, "a"), self._ref(b, "b"), n, nrhs, **options))
 
     async def geqrf_async(self, a: BufferLike, tau: BufferLike, m: int, n: int,
                           **options: Any) -> None:
         """Factor the m x n A = Q R in place, Householder scalars into ``tau``."""
-        await self._run(Geqrf(self._ref(a, "a"), self._ref(tau, "tau"), m, n, **options))
+        await self._run(_make(Geqrf, self._ref(a, "a"), self._ref(tau, "tau"), m, n, **options))
 
     async def orgqr_async(self, a: BufferLike, tau: BufferLike, m: int, n: int, k: int,
                           **options: Any) -> None:
         """Form the first n columns of Q in place from ``geqrf``'s k reflectors."""
-        await self._run(Orgqr(self._ref(a, "a"), self._ref(tau, "tau"), m, n, k, **options))
+        await self._run(_make(Orgqr, self._ref(a, "a"), self._ref(tau, "tau"), m, n, k, **options))
 
     async def gesvd_async(self, a: BufferLike, s: BufferLike, u: BufferLike | None,
                           vt: BufferLike | None, m: int, n: int, **options: Any) -> None:
         """Decompose the m x n A = U diag(s) VT (full U and VT; pass None to skip either)."""
-        await self._run(Gesvd(
+        await self._run(_make(Gesvd,
             self._ref(a, "a"), self._ref(s, "s"), None if u is None else self._ref(u, "u"),
             None if vt is None else self._ref(vt, "vt"), m, n, **options))
 
     async def syevd_async(self, a: BufferLike, w: BufferLike, n: int, **options: Any) -> None:
         """Put the eigenvalues of Hermitian A in ``w`` (ascending), eigenvectors into A."""
-        await self._run(Syevd(self._ref(a, "a"), self._ref(w, "w"), n, **options))
+        await self._run(_make(Syevd, self._ref(a, "a"), self._ref(w, "w"), n, **options))
 
     async def getrf_batched_async(self, a: BufferLike, ipiv: BufferLike, n: int, batch: int,
                                   **options: Any) -> None:
         """Factor ``batch`` n x n matrices in place as ``getrf``; n pivots per matrix."""
-        await self._run(GetrfBatched(self._ref(a, "a"), self._ref(ipiv, "ipiv"), n, batch,
+        await self._run(_make(GetrfBatched, self._ref(a, "a"), self._ref(ipiv, "ipiv"), n, batch,
                                      **options))
 
     async def getrs_batched_async(self, a: BufferLike, ipiv: BufferLike, b: BufferLike, n: int,
                                   nrhs: int, batch: int, **options: Any) -> None:
         """Solve ``batch`` systems in place as ``getrs`` from ``getrf_batched``'s output."""
-        await self._run(GetrsBatched(self._ref(a, "a"), self._ref(ipiv, "ipiv"),
+        await self._run(_make(GetrsBatched, self._ref(a, "a"), self._ref(ipiv, "ipiv"),
                                      self._ref(b, "b"), n, nrhs, batch, **options))
 
     async def potrf_batched_async(self, a: BufferLike, n: int, batch: int,
                                   **options: Any) -> None:
         """Factor ``batch`` Hermitian positive definite matrices in place as ``potrf``."""
-        await self._run(PotrfBatched(self._ref(a, "a"), n, batch, **options))
+        await self._run(_make(PotrfBatched, self._ref(a, "a"), n, batch, **options))
 
     async def potrs_batched_async(self, a: BufferLike, b: BufferLike, n: int, nrhs: int,
                                   batch: int, **options: Any) -> None:
         """Solve ``batch`` systems in place as ``potrs`` from ``potrf_batched``'s factors."""
-        await self._run(PotrsBatched(self._ref(a, "a"), self._ref(b, "b"), n, nrhs, batch,
+        await self._run(_make(PotrsBatched, self._ref(a, "a"), self._ref(b, "b"), n, nrhs, batch,
                                      **options))
 
     async def syevd_batched_async(self, a: BufferLike, w: BufferLike, n: int, batch: int,
                                   **options: Any) -> None:
         """Find the eigenpairs of ``batch`` Hermitian matrices as ``syevd``; n values each."""
-        await self._run(SyevdBatched(self._ref(a, "a"), self._ref(w, "w"), n, batch,
+        await self._run(_make(SyevdBatched, self._ref(a, "a"), self._ref(w, "w"), n, batch,
                                      **options))
 
     async def gesvd_batched_async(self, a: BufferLike, s: BufferLike, u: BufferLike | None,
                                   vt: BufferLike | None, m: int, n: int, batch: int,
                                   **options: Any) -> None:
         """Decompose ``batch`` matrices of at most 32 x 32 as ``gesvd``."""
-        await self._run(GesvdBatched(
+        await self._run(_make(GesvdBatched,
             self._ref(a, "a"), self._ref(s, "s"), None if u is None else self._ref(u, "u"),
             None if vt is None else self._ref(vt, "vt"), m, n, batch, **options))
 
@@ -457,20 +476,18 @@ class Sparse(Library):
                         rows: int, cols: int, nnz: int | None = None) -> CsrMatrix:
         """Return the ``rows`` x ``cols`` CSR matrix of three buffers (nnz: ``len(values)``)."""
         values_ref = self._ref(values, "values")
-        matrix = CsrMatrix(self._ref(indptr, "indptr"), self._ref(indices, "indices"),
-                           values_ref, rows, cols, values_ref.length if nnz is None else nnz)
-        matrix.validate()
-        return matrix
+        return checked(CsrMatrix(self._ref(indptr, "indptr"), self._ref(indices, "indices"),
+                                 values_ref, rows, cols, values_ref.length if nnz is None else nnz))
 
     async def spmv_async(self, a: CsrMatrix, x: BufferLike, y: BufferLike,
                          **options: Any) -> None:
         """y = alpha * op(A) x + beta * y for a CSR A (``trans=True`` for A^T)."""
-        await self._run(CsrSpMV(a, self._ref(x, "x"), self._ref(y, "y"), **options))
+        await self._run(_make(CsrSpMV, a, self._ref(x, "x"), self._ref(y, "y"), **options))
 
     async def spmm_async(self, a: CsrMatrix, b: BufferLike, c: BufferLike, n: int,
                          **options: Any) -> None:
         """C = alpha * A B + beta * C for a CSR A, with B (cols x n) and C column-major."""
-        await self._run(CsrSpMM(a, self._ref(b, "b"), self._ref(c, "c"), n, **options))
+        await self._run(_make(CsrSpMM, a, self._ref(b, "b"), self._ref(c, "c"), n, **options))
 
     csr = blocking(csr_async)
     spmv = blocking(spmv_async)
@@ -502,7 +519,7 @@ class Tensor(Library):
         c: BufferLike, c_modes: str, c_shape: Sequence[int], **options: Any,
     ) -> str:
         """Contract A and B into C over their mode labels; return the implementation's name."""
-        result: str = await self._run(Contract(
+        result: str = await self._run(_make(Contract,
             self._ref(a, "a"), a_modes, tuple(a_shape), self._ref(b, "b"), b_modes,
             tuple(b_shape), self._ref(c, "c"), c_modes, tuple(c_shape), **options))
         return result

@@ -21,8 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from atomr_accel.actor import SystemClosed
-from atomr_accel.core._errors import GpuRefStale, InvalidArgument
+from atomr_accel.core._errors import GpuRefStale, InvalidArgument, SystemClosed
 from atomr_accel.core._op import require_nonneg
 from atomr_accel.core.ops._memory import CopyBuffer, Download, Upload
 from atomr_accel.core.ops._peer import CanAccessPeer, EnablePeerAccess, ExportBuffer, ImportCopy

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from atomr_accel.actor import ActorRef, ActorStopped, SystemClosed
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.actor import ActorError, ActorRef
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, gpu_error_of
 from atomr_accel.device import AddDevice, Place, Placed, Policy
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._portal import Portal, blocking
@@ -33,11 +33,12 @@ class Placement:
     """
 
     def __init__(self, ref: ActorRef, devices: Sequence[Device], policy: Policy,
-                 portal: Portal) -> None:
+                 portal: Portal, system: str) -> None:
         self.ref = ref
         self.policy = policy
         self._devices = {device.ref: device for device in devices}
         self._portal = portal
+        self._system = system
 
     @property
     def devices(self) -> list[Device]:
@@ -59,8 +60,10 @@ class Placement:
         message = Place(bytes_needed, None if policy is None else policy_of(policy))
         try:
             placed: Placed = await self._portal.acall(self.ref.ask(message))
-        except ActorStopped as exc:
-            raise SystemClosed(self.ref.path, "pick") from exc
+        except GpuRuntimeError:
+            raise
+        except ActorError as exc:
+            raise gpu_error_of(exc, self._system, "pick") from exc
         return self._devices[placed.device]
 
     pick = blocking(pick_async)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
-from atomr_accel.actor import SystemClosed
+from atomr_accel.core._errors import SystemClosed
 
 __all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call"]
 

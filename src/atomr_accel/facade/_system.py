@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from atomr_accel.actor import ActorSystem, Props, SystemClosed
+from atomr_accel.actor import ActorError, ActorSystem, Props
 from atomr_accel.backends import cuda_device_count
-from atomr_accel.core._errors import DeviceUnavailable, InvalidArgument
+from atomr_accel.backends._base import Backend
+from atomr_accel.core._errors import (
+    DeviceUnavailable,
+    InvalidArgument,
+    SystemClosed,
+    gpu_error_of,
+)
 from atomr_accel.device import (
     ALL_LIBRARIES,
     DeviceActor,
@@ -32,7 +39,7 @@ from atomr_accel.facade._portal import LoopThread, Portal, blocking
 if TYPE_CHECKING:
     from atomr_accel.telemetry import Telemetry
 
-__all__ = ["System", "resolve_backend"]
+__all__ = ["System", "check_backend_options", "resolve_backend"]
 
 
 def resolve_backend(mock: bool | None, backend: str) -> str:
@@ -56,6 +63,28 @@ def resolve_backend(mock: bool | None, backend: str) -> str:
             "or use mock=True for the CPU backend)"
         )
     return backend
+
+
+def check_backend_options(backend: str, options: Mapping[str, Any]) -> None:
+    """Refuse ``options`` the backend's constructor does not take (``InvalidArgument``).
+
+    The constructor's keyword parameters are the options (``capacity`` for
+    ``cpu``; ``completion`` and ``kernel_cache_dir`` for ``cuda``).
+    """
+    backend_class: type[Backend]
+    if backend == "cuda":
+        from atomr_accel.backends.cuda import CudaBackend
+
+        backend_class = CudaBackend
+    else:
+        from atomr_accel.backends.cpu import CpuBackend
+
+        backend_class = CpuBackend
+    known = [name for name in inspect.signature(backend_class).parameters if name != "device_id"]
+    unknown = sorted(set(options) - set(known), key=str)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown {backend} backend option {unknown[0]!r}; choose from {', '.join(known)}")
 
 
 class System:
@@ -137,16 +166,19 @@ class System:
         """
         if self.closed:
             raise SystemClosed(self.actors.name, "spawn_device")
+        chosen = resolve_backend(mock, backend)
+        options = dict(backend_options or {})
+        check_backend_options(chosen, options)
         config = DeviceConfig(
             device_id=device_id,
-            backend=resolve_backend(mock, backend),
+            backend=chosen,
             isolation=isolation,
             libraries=ALL_LIBRARIES if libraries is None else tuple(libraries),
             max_restarts=max_restarts,
             within=within,
             stash_capacity=stash_capacity,
             completion=completion,
-            backend_options=dict(backend_options or {}),
+            backend_options=options,
             journal=JournalConfig.of(journal),
         )
         name = f"device-{device_id}-{next(self._names)}"
@@ -154,9 +186,12 @@ class System:
 
         async def start() -> Device:
             ref = self.actors.spawn(DeviceActor.props(config, state), name)
-            return Device(ref, config, state, self._portal, self._op_timeout)
+            return Device(ref, config, state, self._portal, self._op_timeout, self.actors.name)
 
-        device = await self._portal.acall(start())
+        try:
+            device = await self._portal.acall(start())
+        except ActorError as exc:  # the system closed meanwhile
+            raise gpu_error_of(exc, self.actors.name, "spawn_device") from exc
         try:
             await device.memory_info_async()  # waits until the context is up
         except BaseException:
@@ -190,9 +225,12 @@ class System:
 
         async def start() -> Placement:
             ref = self.actors.spawn(Props(PlacementActor, [d.ref for d in chosen], how), name)
-            return Placement(ref, chosen, how, self._portal)
+            return Placement(ref, chosen, how, self._portal, self.actors.name)
 
-        return await self._portal.acall(start())
+        try:
+            return await self._portal.acall(start())
+        except ActorError as exc:  # the system closed meanwhile
+            raise gpu_error_of(exc, self.actors.name, "placement") from exc
 
     placement = blocking(placement_async)
 

@@ -21,20 +21,24 @@ from atomr_accel.backends.cpu import (
     _sparse,
     _tensor,
 )
+from atomr_accel.backends.cpu._memory import host_memory
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
-from atomr_accel.core._op import Op
+from atomr_accel.core._op import Op, is_int
 
 __all__ = ["CpuBackend"]
 
-_DEFAULT_CAPACITY = 1 << 40  # a notional 1 TiB "device"; real limit is the host's
-
 
 class CpuBackend(Backend):
-    """A context whose buffers are 1-D NumPy arrays.
+    """A context whose buffers are 1-D NumPy arrays in host memory.
 
-    ``capacity`` bounds the bytes it may hold (``OutOfMemory`` past it), so tests
-    and the memory-fit placement see a finite device.
+    Its memory is the host's: ``memory_info`` answers the host's available and
+    total memory (bounded by a memory cgroup limit; see ``host_memory``), read
+    at each call, and an allocation larger than what is available now is an
+    ``OutOfMemory``. ``capacity`` (bytes; the ``spawn_device`` backend option)
+    makes it a device of that fixed size instead: its buffers may hold at most
+    ``capacity`` bytes in all, and ``memory_info`` answers ``(capacity - held,
+    capacity)``.
     """
 
     name: ClassVar[str] = "cpu"
@@ -54,9 +58,11 @@ class CpuBackend(Backend):
         | _peer.HANDLERS
     )
 
-    def __init__(self, device_id: int = 0, capacity: int = _DEFAULT_CAPACITY) -> None:
+    def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:
         super().__init__(device_id)
-        self.capacity = capacity
+        if capacity is not None and (not is_int(capacity) or capacity < 0):
+            raise InvalidArgument(f"capacity must be an int >= 0 (bytes) or None, got {capacity!r}")
+        self.capacity = None if capacity is None else int(capacity)
         self._buffers: dict[int, np.ndarray[Any, Any]] = {}
         self._ids = itertools.count(1)
         self._used = 0
@@ -70,11 +76,13 @@ class CpuBackend(Backend):
 
     def allocate(self, dtype: DType, length: int, managed: bool = False) -> int:
         nbytes = length * dtype.itemsize
-        if self._used + nbytes > self.capacity:
+        available, _ = self.memory_info()
+        if nbytes > available:
             raise OutOfMemory(
-                f"cannot allocate {nbytes} bytes on cpu device {self.device_id}",
+                f"cannot allocate {nbytes} bytes on cpu device {self.device_id}: "
+                f"{available} bytes are available",
                 requested=nbytes,
-                available=self.capacity - self._used,
+                available=available,
             )
         try:
             arr = np.zeros(length, dtype=dtype.numpy)
@@ -103,6 +111,9 @@ class CpuBackend(Backend):
         self.array(dst)[dst_offset : dst_offset + length] = source
 
     def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes: the host's now, or what is left of ``capacity``."""
+        if self.capacity is None:
+            return host_memory()
         return self.capacity - self._used, self.capacity
 
     @property

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, require
+from atomr_accel.core._op import Op, checked, require
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._blas import Asum, Dot, Iamax, Nrm2
 from atomr_accel.core.ops._kernels import LaunchKernel
@@ -18,8 +18,9 @@ _DEVICE_ONLY_LIBRARIES = frozenset({"blas", "fft", "rng", "sparse", "tensor"})
 _HOST_RESULTS = (Asum, Dot, Iamax, Nrm2)
 
 
-def check_capturable(op: Op, index: int) -> None:
-    """Raise ``InvalidArgument`` unless ``op`` is pure device work a graph can record.
+def check_capturable(op: Op, index: int) -> Op:
+    """Return ``op`` checked (``checked``), or raise ``InvalidArgument`` unless it is pure
+    device work a graph can record.
 
     Allowed: BLAS (but the reductions that answer a host value), FFT, RNG,
     sparse, tensor ops, device-to-device copies and kernel launches. Host
@@ -35,7 +36,7 @@ def check_capturable(op: Op, index: int) -> None:
             "device work without a host result can (BLAS but dot/nrm2/asum/iamax, FFT, RNG, "
             "sparse, tensor, CopyBuffer, LaunchKernel)"
         )
-    op.validate()
+    return checked(op)
 
 
 def _require_graph(graph: object) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, positive_ints, require, require_nonneg
+from atomr_accel.core._op import Op, is_int, positive_ints, require, require_nonneg
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = ["CompileKernel", "LaunchKernel", "LoadKernel", "dim3"]
@@ -21,12 +23,14 @@ def dim3(value: int | tuple[int, ...], name: str) -> tuple[int, int, int]:
     if type(value) is tuple and len(value) == 3 and positive_ints(*value):
         x, y, z = value
         return (x, y, z)
-    items = (value,) if isinstance(value, int) else tuple(value)
-    if not 1 <= len(items) <= 3 or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in items
-    ):
+    items: tuple[object, ...] = ()
+    if is_int(value):
+        items = (value,)
+    elif isinstance(value, Iterable):
+        items = tuple(value)
+    if not 1 <= len(items) <= 3 or not all(is_int(v) and v >= 1 for v in items):
         raise InvalidArgument(f"{name} must be 1 to 3 positive ints, got {value!r}")
-    x, y, z = (*items, 1, 1)[:3]
+    x, y, z = (*[operator.index(v) for v in items], 1, 1)[:3]  # type: ignore[arg-type]
     return (x, y, z)
 
 
@@ -141,7 +145,7 @@ class LaunchKernel(Op):
             _check_arg(i, arg)
         if self.written is not None:
             for i in self.written:
-                if not (isinstance(i, int) and 0 <= i < len(self.args)
+                if not (is_int(i) and 0 <= i < len(self.args)
                         and isinstance(self.args[i], GpuRef)):
                     raise InvalidArgument(f"written index {i!r} is not a buffer argument")
 

@@ -1,0 +1,363 @@
+"""Hostile input and hostile conditions thrown at the public API, on both hosts.
+
+Every bad call must raise a typed ``GpuRuntimeError`` subclass (the one named),
+lose nothing (a sentinel buffer keeps its contents, the context is not
+rebuilt), never hang (pytest-timeout, and bounded joins), and leave no worker
+process, thread or shared-memory segment behind. Conditions that need a
+subprocess (a full or read-only ``/dev/shm``, no file descriptor left, a killed
+parent) are in ``test_transport_faults.py``; cancellation and closing under
+callers in ``test_request_lifecycle.py``; an unusable journal in
+``test_journal_health.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr_accel import (
+    AskTimeout,
+    DeviceUnavailable,
+    GpuRefStale,
+    GpuRuntimeError,
+    InvalidArgument,
+    OutOfMemory,
+    System,
+    SystemClosed,
+)
+from atomr_accel.core import DType, GpuRef
+from atomr_accel.facade import Device
+from atomr_accel.hosts._shm import live_segments
+
+HOSTS = ["thread", "process"]
+SENTINEL = np.arange(64, dtype=np.float64) * 1.5
+
+
+@dataclass
+class Env:
+    """What a hostile call may use: a system, a device, another device, buffers."""
+
+    system: System
+    dev: Device
+    other: Device
+    f64: Any  # 64 float64, holding SENTINEL
+    s: Any  # 64 float64 of scratch, for operands
+    f32: Any  # 16 float32
+    foreign: Any  # a buffer of ``other``
+
+
+def _workers() -> list[int]:
+    """This process's context worker processes (alive, or zombies not yet reaped)."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmd:
+                command = cmd.read()
+        except OSError:
+            continue
+        if int(fields[1]) == me and b"atomr_accel.hosts._worker" in command:
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="module", params=HOSTS)
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
+    threads = threading.active_count()
+    system = System.open("hostile", op_timeout=60)
+    dev = system.spawn_device(0, mock=True, isolation=request.param)
+    other = system.spawn_device(1, mock=True)
+    f64, s, f32 = dev.allocate_f64(64), dev.allocate_f64(64), dev.allocate_f32(16)
+    foreign = other.allocate_f64(64)
+    dev.copy_from_numpy(f64, SENTINEL)
+    yield Env(system, dev, other, f64, s, f32, foreign)
+    system.close()
+    assert _workers() == []
+    assert live_segments() == []
+    assert threading.active_count() <= threads  # no thread left behind
+
+
+# ---------------------------------------------------------------- bad input: the table
+
+
+def _use_freed(e: Env) -> object:
+    buf = e.dev.allocate_f64(4)
+    e.dev.free(buf)
+    return e.dev.copy_to_numpy(buf)
+
+
+def _free_twice(e: Env) -> object:
+    buf = e.dev.allocate_f64(4)
+    e.dev.free(buf)
+    e.dev.free(buf)
+    return None
+
+
+def _cuda_missing(e: Env) -> object:
+    from atomr_accel.backends import cuda_device_count
+
+    if cuda_device_count() > 0:
+        raise DeviceUnavailable("(a GPU is present: the case does not apply)")
+    return e.system.spawn_device(mock=False)
+
+
+
+Case = Callable[[Env], object]
+CASES: dict[str, tuple[type[GpuRuntimeError], Case]] = {
+    # sizes
+    "negative length": (InvalidArgument, lambda e: e.dev.allocate_f32(-1)),
+    "float length": (InvalidArgument, lambda e: e.dev.allocate_f32(1.5)),  # type: ignore[arg-type]
+    "NaN length": (InvalidArgument, lambda e: e.dev.allocate_f32(math.nan)),  # type: ignore[arg-type]
+    "string length": (InvalidArgument, lambda e: e.dev.allocate_f32("8")),  # type: ignore[arg-type]
+    "bool length": (InvalidArgument, lambda e: e.dev.allocate_f32(True)),
+    "huge length": (OutOfMemory, lambda e: e.dev.allocate_f64(1 << 60)),
+    "length past int64": (OutOfMemory, lambda e: e.dev.allocate_f64(1 << 70)),
+    "unknown dtype": (InvalidArgument, lambda e: e.dev.allocate(8, "f128")),
+    "dtype None": (InvalidArgument, lambda e: e.dev.allocate(8, None)),  # type: ignore[arg-type]
+    # copies
+    "upload of another dtype": (InvalidArgument, lambda e: e.dev.copy_from_numpy(
+        e.f64, np.ones(64, np.float32))),
+    "upload of another size": (InvalidArgument, lambda e: e.dev.copy_from_numpy(
+        e.f64, np.ones(63))),
+    "upload at a negative offset": (InvalidArgument, lambda e: e.dev.copy_from_numpy(
+        e.f64, np.ones(4), offset=-1)),
+    "upload past the end": (InvalidArgument, lambda e: e.dev.copy_from_numpy(
+        e.f64, np.ones(4), offset=61)),
+    "upload of a string": (InvalidArgument, lambda e: e.dev.copy_from_numpy(e.f64, "abc")),
+    "upload of objects": (InvalidArgument, lambda e: e.dev.copy_from_numpy(
+        e.f64, np.array([object()] * 64))),
+    "download past the end": (InvalidArgument, lambda e: e.dev.copy_to_numpy(e.f64, offset=65)),
+    "download of a negative length": (InvalidArgument, lambda e: e.dev.copy_to_numpy(
+        e.f64, length=-2)),
+    "download into a wrong shape": (InvalidArgument, lambda e: e.dev.copy_to_numpy(
+        e.f64, shape=(3, 3))),
+    "download with a float offset": (InvalidArgument, lambda e: e.dev.copy_to_numpy(
+        e.f64, offset=1.0)),  # type: ignore[arg-type]
+    # buffers that are not this device's
+    "a foreign buffer": (InvalidArgument, lambda e: e.dev.copy_to_numpy(e.foreign)),
+    "a forged ref": (InvalidArgument, lambda e: e.dev.copy_to_numpy(
+        GpuRef(e.dev.device_id, 10**9, DType.F64, 64, e.dev.generation, 12345))),
+    "a forged id of this device": (InvalidArgument, lambda e: e.dev.copy_to_numpy(
+        GpuRef(e.dev.device_id, 10**9, DType.F64, 64, e.dev.generation,
+               e.f64.ref.owner))),
+    "None as a buffer": (InvalidArgument, lambda e: e.dev.copy_to_numpy(None)),  # type: ignore[arg-type]
+    "an array as a buffer": (InvalidArgument, lambda e: e.dev.blas().asum(
+        4, np.ones(4))),  # type: ignore[arg-type]
+    "a freed buffer": (InvalidArgument, _use_freed),
+    "a double free": (InvalidArgument, _free_twice),
+    # options and operands of library calls
+    "gemv trans='Z'": (InvalidArgument, lambda e: e.dev.blas().gemv(
+        4, 4, e.s, e.s, e.s, trans="Z")),
+    "syrk upper='Z'": (InvalidArgument, lambda e: e.dev.blas().syrk(
+        4, 4, e.s, e.s, upper="Z")),
+    "an unknown keyword option": (InvalidArgument, lambda e: e.dev.blas().asum(
+        4, e.s, bogus=1)),
+    "axpy over more than the buffer": (InvalidArgument, lambda e: e.dev.blas().axpy(
+        65, 1.0, e.s, e.s)),
+    "axpy with n = -1": (InvalidArgument, lambda e: e.dev.blas().axpy(-1, 1.0, e.s, e.s)),
+    "axpy with a string alpha": (InvalidArgument, lambda e: e.dev.blas().axpy(
+        4, "x", e.s, e.s)),  # type: ignore[arg-type]
+    "gemm larger than its buffers": (InvalidArgument, lambda e: e.dev.blas().gemm(
+        e.s, e.s, e.s, 9, 9, 9)),
+    "gemm mixing dtypes": (InvalidArgument, lambda e: e.dev.blas().gemm(
+        e.s, e.f32, e.s, 2, 2, 2)),
+    "an FFT of length 0": (InvalidArgument, lambda e: e.dev.fft().c2c(e.s, e.s, 0)),
+    "a negative seed": (InvalidArgument, lambda e: e.dev.rng(-1)),
+    "a seed past 2**64": (InvalidArgument, lambda e: e.dev.rng(1 << 64)),
+    "potrf larger than its buffer": (InvalidArgument, lambda e: e.dev.solver().potrf(
+        e.s, 9)),
+    # the device and the system
+    "inject_fault('bogus')": (InvalidArgument, lambda e: e.dev.inject_fault("bogus")),
+    "run() of a non-op": (InvalidArgument, lambda e: e.dev.run("gemm")),  # type: ignore[arg-type]
+    "mark_durable without a journal": (InvalidArgument, lambda e: e.dev.mark_durable(e.f64)),
+    "copy_between on one device": (InvalidArgument, lambda e: e.system.copy_between(
+        e.f64, e.f64)),
+    "place() a negative size": (InvalidArgument, lambda e: e.system.place(-1)),
+    "place() more than any device has": (OutOfMemory, lambda e: e.system.place(
+        1 << 62, "memory_fit")),
+    "an unknown placement policy": (InvalidArgument, lambda e: e.system.placement("bogus")),
+    "spawn with isolation='bogus'": (InvalidArgument, lambda e: e.system.spawn_device(
+        mock=True, isolation="bogus")),  # type: ignore[arg-type]
+    "spawn with backend='bogus'": (InvalidArgument, lambda e: e.system.spawn_device(
+        backend="bogus")),
+    "spawn with an unknown backend option": (InvalidArgument, lambda e: e.system.spawn_device(
+        mock=True, backend_options={"bogus": 1})),
+    "spawn of a negative device id": (InvalidArgument, lambda e: e.system.spawn_device(
+        -1, mock=True)),
+    "spawn of a library that does not exist": (InvalidArgument, lambda e: e.system.spawn_device(
+        mock=True, libraries=["bogus"])),
+    "CUDA on a machine without it": (DeviceUnavailable, _cuda_missing),
+}
+
+
+def _intact(e: Env, generation: int) -> None:
+    """Nothing lost: the sentinel buffer holds what it held, on the same context."""
+    np.testing.assert_array_equal(e.dev.copy_to_numpy(e.f64), SENTINEL)
+    assert e.dev.generation == generation
+    assert e.dev.stats().in_flight == 0
+
+
+def test_the_table_is_large() -> None:
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_a_typed_error_and_loses_nothing(env: Env, case: str) -> None:
+    expected, call = CASES[case]
+    generation = env.dev.generation
+    with pytest.raises(GpuRuntimeError) as info:
+        call(env)
+    assert isinstance(info.value, expected), repr(info.value)
+    _intact(env, generation)
+
+
+# ---------------------------------------------------------------- input that is fine
+
+
+def test_numpy_integers_and_nan_are_accepted(env: Env) -> None:
+    generation = env.dev.generation
+    buf = env.dev.allocate_f64(np.int64(8))
+    assert len(buf) == 8
+    data = np.full(8, np.nan)
+    data[::2] = np.inf
+    env.dev.copy_from_numpy(buf, data, offset=np.int32(0))
+    got = env.dev.copy_to_numpy(buf, offset=np.uint8(0), length=np.int16(8))
+    np.testing.assert_array_equal(got, data)  # NaN and inf are data
+    assert math.isnan(env.dev.blas().asum(np.int64(8), buf))
+    _intact(env, generation)
+
+
+# ---------------------------------------------------------------- hostile conditions
+
+
+def test_a_stale_buffer_after_a_rebuild_is_refused(env: Env) -> None:
+    dev = env.dev
+    old = dev.allocate_f64(4)
+    with pytest.raises(GpuRuntimeError):
+        dev.inject_fault("poison")
+    with pytest.raises(GpuRefStale):
+        dev.copy_to_numpy(old)
+    with pytest.raises(GpuRefStale):
+        dev.blas().asum(4, old)
+    env.f64, env.s, env.f32 = dev.allocate_f64(64), dev.allocate_f64(64), dev.allocate_f32(16)
+    dev.copy_from_numpy(env.f64, SENTINEL)  # the old context took the sentinel with it
+    _intact(env, dev.generation)
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+def test_an_op_past_the_op_timeout_is_ask_timeout_and_the_device_goes_on(
+        isolation: str) -> None:
+    with System.open("timeout", op_timeout=3.0) as system:
+        dev = system.spawn_device(mock=True, isolation=isolation)
+        buf = dev.allocate_f64(4)
+        dev.copy_from_numpy(buf, np.arange(4.0))
+        with pytest.raises(AskTimeout) as info:
+            dev.inject_fault("oom", delay=4.0)  # four seconds of work before it fails
+        assert isinstance(info.value, GpuRuntimeError)
+        np.testing.assert_array_equal(dev.copy_to_numpy(buf), np.arange(4.0))
+        assert dev.generation == 1
+
+
+def test_a_blocking_call_interrupted_by_a_signal_loses_nothing(env: Env) -> None:
+    """KeyboardInterrupt lands in a blocking call's wait: the caller hears it; the device
+    keeps every buffer and answers the next call."""
+    dev = env.dev
+    big = dev.allocate_f64(1 << 22)
+    dev.copy_from_numpy(big, np.ones(1 << 22))
+    interrupted = 0
+    for _ in range(20):
+        timer = threading.Timer(0.001, lambda: signal.raise_signal(signal.SIGINT))
+        timer.start()
+        try:
+            for _ in range(50):
+                dev.blas().nrm2(1 << 22, big)
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            timer.join()
+    assert interrupted > 0
+    assert dev.blas().nrm2(1 << 22, big) == pytest.approx(math.sqrt(1 << 22))
+    _intact(env, dev.generation)
+
+
+def test_calls_after_close_are_system_closed() -> None:
+    system = System.open("closed")
+    dev = system.spawn_device(mock=True)
+    buf = dev.allocate_f32(4)
+    system.close()
+    for call in (lambda: dev.allocate_f32(4), lambda: dev.copy_to_numpy(buf), dev.stats,
+                 lambda: dev.blas().asum(4, buf), lambda: system.spawn_device(mock=True),
+                 lambda: system.place(0)):
+        with pytest.raises(SystemClosed) as info:
+            call()
+        assert isinstance(info.value, GpuRuntimeError)
+
+
+def test_a_read_only_dev_shm_is_not_needed() -> None:
+    """Anonymous segments do not need ``/dev/shm``; file segments move to the temp
+    directory when it is read-only."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "true"], check=False, capture_output=True).returncode:
+        pytest.skip("needs unshare and mount (a private read-only /dev/shm)")
+    code = (
+        "import logging, json; logging.disable(logging.CRITICAL)\n"
+        "from atomr_accel import System, GpuRuntimeError\n"
+        "out = {}\n"
+        "with System.open('ro') as s:\n"
+        "    try:\n"
+        "        d = s.spawn_device(mock=True, isolation='process'); d.allocate_f32(4)\n"
+        "        out['spawn'] = 'ok'\n"
+        "    except GpuRuntimeError as exc:\n"
+        "        out['spawn'] = type(exc).__name__\n"
+        "print(json.dumps(out))\n")
+    ends = {}
+    for mode in ("memfd", "file"):
+        proc = subprocess.run(
+            ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o ro tmpfs /dev/shm && exec "$@"',
+             "sh", sys.executable, "-c", code], check=False, capture_output=True, text=True,
+            env=dict(os.environ, ATOMR_ACCEL_SHM=mode), timeout=90)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        ends[mode] = proc.stdout.strip().splitlines()[-1]
+    assert ends == {"memfd": '{"spawn": "ok"}', "file": '{"spawn": "ok"}'}
+
+
+def test_many_threads_of_bad_calls_at_once_lose_nothing(env: Env) -> None:
+    generation = env.dev.generation
+    failures: list[BaseException] = []
+    names = list(CASES)[:30]
+
+    def hammer(i: int) -> None:
+        for name in names[i::6]:
+            expected, call = CASES[name]
+            try:
+                call(env)
+            except expected:
+                continue
+            except BaseException as exc:
+                failures.append(exc)
+                return
+            failures.append(AssertionError(f"{name} did not fail"))
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60.0)
+    assert not any(t.is_alive() for t in threads) and failures == []
+    _intact(env, generation)
+

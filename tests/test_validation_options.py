@@ -1,0 +1,96 @@
+"""Options are checked against the types their ops declare, and sizes take any integer.
+
+A bool option must be a bool and an enum option one of its choices
+(``InvalidArgument`` naming them), for every op; an unknown keyword option is
+an ``InvalidArgument``; NumPy integers are accepted as sizes, lengths,
+offsets and counts (bools and floats are not) and reach the backend as ints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import typing
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from test_op_validation_speed import EXAMPLES
+
+from atomr_accel import Device, InvalidArgument, System
+from atomr_accel.core._op import checked
+
+HOSTS = ["thread", "process"]
+
+
+@pytest.fixture(scope="module", params=HOSTS)
+def dev(request: pytest.FixtureRequest) -> Iterator[Device]:
+    with System.open("options") as system:
+        yield system.spawn_device(mock=True, isolation=request.param)
+
+
+def test_a_string_for_a_bool_option_is_refused(dev: Device) -> None:
+    blas = dev.blas()
+    a, x, y = dev.allocate_f32(4), dev.allocate_f32(2), dev.allocate_f32(2)
+    with pytest.raises(InvalidArgument, match=r"^trans must be True or False, got 'Z'$"):
+        blas.gemv(2, 2, a, x, y, trans="Z")
+    c = dev.allocate_f32(4)
+    with pytest.raises(InvalidArgument, match=r"^upper must be True or False, got 'Z'$"):
+        blas.syrk(2, 2, a, c, upper="Z")
+    blas.syrk(2, 2, a, c, upper=np.True_)  # a NumPy bool is a bool
+
+
+def test_an_unknown_option_is_refused(dev: Device) -> None:
+    a, x, y = dev.allocate_f32(4), dev.allocate_f32(2), dev.allocate_f32(2)
+    with pytest.raises(InvalidArgument, match=r"Gemv takes no option 'transpose'.*trans"):
+        dev.blas().gemv(2, 2, a, x, y, transpose=True)
+    with pytest.raises(InvalidArgument, match=r"^Potrf takes no option 'lower'"):
+        dev.solver().potrf(a, 2, lower=True)
+
+
+def test_an_unknown_fault_kind_names_the_choices(dev: Device) -> None:
+    with pytest.raises(InvalidArgument, match=r"'bogus'.*'poison', 'oom'"):
+        dev.inject_fault("bogus")
+
+
+def test_numpy_integers_are_sizes_and_reach_the_backend_as_ints(dev: Device) -> None:
+    n = np.int64(3)
+    a = dev.allocate(np.int32(9), "f64")
+    assert len(a) == 9 and type(len(a)) is int
+    data = np.arange(9.0)
+    dev.copy_from_numpy(a, data[:3], offset=np.int64(6))
+    got = dev.copy_to_numpy(a, offset=np.uint8(6), length=n)
+    np.testing.assert_array_equal(got, data[:3])
+    b, c = dev.allocate_f64(9), dev.allocate_f64(9)
+    dev.copy_from_numpy(b, np.eye(3).reshape(-1))
+    dev.blas().gemm(a, b, c, n, n, n, lda=np.int16(3))
+    np.testing.assert_array_equal(dev.copy_to_numpy(c), dev.copy_to_numpy(a))
+    dev.copy(a, c, length=np.int64(2), src_offset=np.int64(1))
+    dev.rng(np.uint64(7)).uniform(b, length=np.int64(4))
+
+
+@pytest.mark.parametrize("size", [True, 2.0, np.float64(2.0), "2"])
+def test_bools_and_floats_are_not_sizes(dev: Device, size: object) -> None:
+    with pytest.raises(InvalidArgument):
+        dev.allocate(size, "f32")  # type: ignore[arg-type]
+
+
+def _declared(op: object, name: str) -> object:
+    return typing.get_type_hints(type(op))[name]
+
+
+@pytest.mark.parametrize("op", EXAMPLES, ids=lambda op: type(op).__name__)
+def test_every_bool_and_enum_option_of_every_op_is_checked(op: object) -> None:
+    """A wrong value in each bool or enum field is refused before the op's own checks."""
+    checked(op)
+    for field in dataclasses.fields(op):  # type: ignore[arg-type]
+        hint = _declared(op, field.name)
+        if hint in (bool, bool | None):
+            wrong: object = "Z"
+            message = rf"^{field.name} must be True or False, got 'Z'$"
+        elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+            wrong, message = "bogus", rf"^{field.name} must be one of .*got 'bogus'$"
+        else:
+            continue
+        with pytest.raises(InvalidArgument, match=message):
+            checked(dataclasses.replace(op, **{field.name: wrong}))  # type: ignore[type-var]
