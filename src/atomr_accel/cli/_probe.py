@@ -128,7 +128,7 @@ def print_probe(report: dict[str, Any], out: IO[str]) -> None:
              for d in cuda["devices"]]), file=out)
     else:
         print("  no GPU: devices run on the CPU backend (spawn_device(mock=True)); "
-              "memory is the backend's capacity option", file=out)
+              "memory is the host's (or backend_options={'capacity': n})", file=out)
     print("\nlibraries", file=out)
     print(format_table(["library", "found", "version"], [
         [lib["name"], "yes" if lib["found"] else "no", lib["version"] or "-"]
