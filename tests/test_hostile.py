@@ -12,6 +12,7 @@ callers in ``test_request_lifecycle.py``; an unusable journal in
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import shutil
@@ -259,40 +260,38 @@ def test_a_stale_buffer_after_a_rebuild_is_refused(env: Env) -> None:
     _intact(env, dev.generation)
 
 
-@pytest.mark.parametrize("isolation", HOSTS)
+@pytest.mark.parametrize(("isolation", "timeout"), [("thread", 0.5), ("process", 3.0)])
 def test_an_op_past_the_op_timeout_is_ask_timeout_and_the_device_goes_on(
-        isolation: str) -> None:
-    with System.open("timeout", op_timeout=3.0) as system:
+        isolation: str, timeout: float) -> None:
+    """(A blocking call on the thread host runs its op on the caller's own thread, which
+    the timeout does not cut short: this asks from an event loop.)"""
+    with System.open("timeout", op_timeout=timeout) as system:
         dev = system.spawn_device(mock=True, isolation=isolation)
         buf = dev.allocate_f64(4)
         dev.copy_from_numpy(buf, np.arange(4.0))
-        with pytest.raises(AskTimeout) as info:
-            dev.inject_fault("oom", delay=4.0)  # four seconds of work before it fails
+        with pytest.raises(AskTimeout) as info:  # the op works longer than the timeout
+            asyncio.run(dev.inject_fault_async("oom", delay=timeout + 1.0))
         assert isinstance(info.value, GpuRuntimeError)
         np.testing.assert_array_equal(dev.copy_to_numpy(buf), np.arange(4.0))
         assert dev.generation == 1
 
 
 def test_a_blocking_call_interrupted_by_a_signal_loses_nothing(env: Env) -> None:
-    """KeyboardInterrupt lands in a blocking call's wait: the caller hears it; the device
-    keeps every buffer and answers the next call."""
+    """KeyboardInterrupt lands while a blocking call waits for its op (a second of work):
+    the caller hears it; the op is settled, the device keeps every buffer and goes on."""
     dev = env.dev
-    big = dev.allocate_f64(1 << 22)
-    dev.copy_from_numpy(big, np.ones(1 << 22))
-    interrupted = 0
-    for _ in range(20):
-        timer = threading.Timer(0.001, lambda: signal.raise_signal(signal.SIGINT))
-        timer.start()
-        try:
-            for _ in range(50):
-                dev.blas().nrm2(1 << 22, big)
-        except KeyboardInterrupt:
-            interrupted += 1
-        finally:
-            timer.join()
-    assert interrupted > 0
-    assert dev.blas().nrm2(1 << 22, big) == pytest.approx(math.sqrt(1 << 22))
-    _intact(env, dev.generation)
+    generation = dev.generation
+    timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dev.inject_fault("oom", delay=1.0)
+    finally:
+        timer.join()
+    buf = dev.allocate_f64(4)
+    dev.copy_from_numpy(buf, np.arange(4.0))
+    assert dev.blas().asum(4, buf) == 6.0
+    _intact(env, generation)
 
 
 def test_calls_after_close_are_system_closed() -> None:

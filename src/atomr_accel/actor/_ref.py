@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -158,7 +159,8 @@ class Reply:
             return
         if asyncio._get_running_loop() is self._loop:
             self._settle(value, exc)
-        else:
+            return
+        with contextlib.suppress(RuntimeError):  # the asker's loop is closed: nobody waits
             self._loop.call_soon_threadsafe(self._settle, value, exc)
 
     def _settle(self, value: Any, exc: BaseException | None) -> None:

@@ -84,9 +84,11 @@ class DType(enum.Enum):
             return value
         if isinstance(value, str) and value in _BY_NAME:
             return _BY_NAME[value]
+        if value is None:  # NumPy reads None as float64: a dtype left out by mistake
+            raise InvalidArgument("dtype is None; name one, like 'f32' or np.float32")
         try:
             dt = np.dtype(value)  # type: ignore[call-overload]
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"not a dtype: {value!r}") from exc
         if dt.name == "bfloat16":
             return DType.BF16

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -39,6 +40,8 @@ from atomr_accel.hosts._base import (
     translate_error,
 )
 from atomr_accel.hosts._loop_poller import LoopPoller, Started
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["ThreadHost"]
 
@@ -131,7 +134,10 @@ class ThreadHost(ContextHost):
             return
 
         def report(result: Any, error: BaseException | None) -> None:
-            done(result, None if error is None else self._classify(backend, op, error))
+            try:
+                done(result, None if error is None else self._classify(backend, op, error))
+            except Exception:  # whoever answers the asker failed: never lose the context over it
+                _log.exception("answering %s failed", type(op).__name__)
 
         backend.launch(op, stream, report)
 
