@@ -74,8 +74,7 @@ class Portal:
         future = self._submit(coro)
         either: tuple[concurrent.futures.Future[Any], ...] = (future, self._closed)
         concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
-        if not future.done():
-            future.cancel()
+        if not future.done():  # left to end (or never run) on the loop; its answer is dropped
             raise self._closed_error()
         return future.result()
 
@@ -110,9 +109,15 @@ class Portal:
         finally:
             closed.cancel()
         if not future.done():
-            future.cancel()
+            future.add_done_callback(_drop)  # it may end later: nobody needs its answer
             raise self._closed_error()
         return future.result()
+
+
+def _drop(future: asyncio.Future[Any]) -> None:
+    """Take a dropped future's outcome, so that asyncio does not report it as lost."""
+    if not future.cancelled():
+        future.exception()
 
 
 class LoopThread:
