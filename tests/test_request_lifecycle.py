@@ -143,28 +143,36 @@ def test_close_answers_every_blocked_caller_with_system_closed(isolation: str) -
     system.close()  # twice is harmless
 
 
-async def test_close_async_answers_callers_on_other_loops() -> None:
-    system = await System.open_async("t")
-    dev = await system.spawn_device_async(mock=True, isolation="process")
-    buf = await dev.allocate_f32_async(1 << 14)
+def test_close_answers_callers_on_other_loops() -> None:
+    """Tasks on other event loops call in (many calls each, the door stays open for
+    them), then the system closes under them: each hears ``SystemClosed``."""
+    system = System.open("t")
+    dev = system.spawn_device(mock=True, isolation="process")
+    buf = dev.allocate_f32(1 << 14)
     outcomes: list[str] = []
+    served = [0, 0]
+    calls: list[Callable[[], Awaitable[object]]] = [
+        dev.stats_async, lambda: dev.copy_to_numpy_async(buf)]
 
-    def other_loop(call: Callable[[], Awaitable[object]]) -> None:
+    def other_loop(i: int) -> None:
         async def go() -> None:
-            for _ in range(10_000):
+            while True:
                 try:
-                    await call()
+                    await calls[i]()
                 except SystemClosed:
                     outcomes.append("SystemClosed")
                     return
+                served[i] += 1
         asyncio.run(go())
 
-    threads = [threading.Thread(target=other_loop, args=(call,)) for call in
-               (dev.stats_async, lambda: dev.copy_to_numpy_async(buf))]
+    threads = [threading.Thread(target=other_loop, args=(i,)) for i in range(2)]
     for thread in threads:
         thread.start()
-    await asyncio.sleep(0.2)
-    await system.close_async()
+    end = time.monotonic() + 30.0  # a guard against a hang
+    while min(served) < 20 and time.monotonic() < end:
+        time.sleep(0.01)
+    assert min(served) >= 20 and outcomes == []
+    system.close()
     for thread in threads:
-        await asyncio.to_thread(thread.join, 10.0)
+        thread.join(10.0)
     assert outcomes == ["SystemClosed", "SystemClosed"]

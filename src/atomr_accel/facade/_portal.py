@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Coroutine
@@ -41,11 +42,18 @@ class Portal:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._closed: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._lock = threading.Lock()
+        self._wakers: set[Callable[[], None]] = set()  # of callers awaiting on other loops
 
     def close(self) -> None:
         """Fail every call waiting for the loop, and every later one, with ``SystemClosed``."""
-        if not self._closed.done():
+        with self._lock:
+            if self._closed.done():
+                return
             self._closed.set_result(None)
+            wakers = list(self._wakers)
+        for wake in wakers:
+            wake()
 
     def _closed_error(self) -> SystemClosed:
         return SystemClosed("facade", "call")
@@ -99,19 +107,39 @@ class Portal:
             return self.call(coro)
         if asyncio.get_running_loop() is self.loop:
             return await coro
-        if self._closed.done():
+        loop = asyncio.get_running_loop()
+        stop: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, stop)
+
+        with self._lock:
+            closed = self._closed.done()
+            if not closed:
+                self._wakers.add(wake)
+        if closed:
             coro.close()
             raise self._closed_error()
-        future = asyncio.wrap_future(self._submit(coro))
-        closed = asyncio.wrap_future(self._closed)
         try:
-            await asyncio.wait((future, closed), return_when=asyncio.FIRST_COMPLETED)
+            future = asyncio.wrap_future(self._submit(coro))
+            try:
+                await asyncio.wait((future, stop), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                future.cancel()  # the call on the loop is cancelled with its caller
+                raise
         finally:
-            closed.cancel()
+            with self._lock:
+                self._wakers.discard(wake)
         if not future.done():
             future.add_done_callback(_drop)  # it may end later: nobody needs its answer
             raise self._closed_error()
         return future.result()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _drop(future: asyncio.Future[Any]) -> None:

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import pickle
 import sys
@@ -52,6 +53,8 @@ from atomr_accel.hosts._channel import (
 )
 from atomr_accel.hosts._shm import SharedArena, ShmSlice
 from atomr_accel.hosts._wire import HEADER, encode
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["ProcessHost"]
 
@@ -171,9 +174,9 @@ class ProcessHost(ContextHost):
              deadline: float | None) -> Outcome | None:
         """Send ``op`` through the ring and wait for its reply in a slot of this caller's."""
         with self._lock:
-            if self._dead is None:
-                self._callers += 1
-        if self._dead is not None:
+            entered = self._dead is None
+            self._callers += entered
+        if not entered:
             ticket.unclaim()
             return None
         try:
@@ -416,7 +419,10 @@ class ProcessHost(ContextHost):
             ok, payload = pickle.loads(reply)
         except Exception as exc:  # e.g. no memory to unpickle it: answer this request only
             ok, payload = False, refusal_of(exc, request.op)
-        self._answer(request, ok, payload)
+        try:
+            self._answer(request, ok, payload)
+        except Exception:  # whoever takes the answer failed: not a reason to lose the worker
+            _log.exception("answering %s failed", type(request.op).__name__)
 
     def _answer(self, request: _Request, ok: bool, payload: Any) -> None:
         """Answer a request from its reply frame (on the owner loop)."""
