@@ -311,7 +311,8 @@ def test_a_read_only_dev_shm_is_not_needed() -> None:
     """Anonymous segments do not need ``/dev/shm``; file segments move to the temp
     directory when it is read-only."""
     if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-m", "true"], check=False, capture_output=True).returncode:
+            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o ro tmpfs /dev/shm"],
+            check=False, capture_output=True).returncode:
         pytest.skip("needs unshare and mount (a private read-only /dev/shm)")
     code = (
         "import logging, json; logging.disable(logging.CRITICAL)\n"
