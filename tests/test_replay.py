@@ -216,7 +216,9 @@ class SlowRebuildHost(ThreadHost):
 
 
 async def test_work_sent_during_a_rebuild_runs_after_rematerialization() -> None:
-    """Ops in flight at the fault fail and stay out of the journal; queued ones run later."""
+    """The op that faults fails and stays out of the journal; one queued behind it is
+    refused by the dead context or, if the context closed before it was taken, runs on
+    the next one (it never ran); ops sent during the rebuild run after rematerialization."""
     SlowRebuildHost.starts = 0
     config = DeviceConfig(host_factory=SlowRebuildHost, journal=JournalConfig(":memory:"))
     async with ActorSystem("t") as system:
@@ -236,14 +238,17 @@ async def test_work_sent_during_a_rebuild_runs_after_rematerialization() -> None
         doomed = asyncio.ensure_future(dev.ask(Axpy(4, 100.0, ones, ref)))  # behind the fault
         with pytest.raises(ContextPoisoned):
             await fault
-        with pytest.raises(ContextPoisoned):
-            await doomed
         await context_failed.wait()  # the device saw ContextDown before the context failed
         assert (await dev.ask(GetStats())).status is Status.REBUILDING
         queued = [asyncio.ensure_future(dev.ask(op)) for op in
                   (Scal(4, 2.0, ref), Axpy(4, 1.0, ones, ref), Download(ref))]
         *_, seen = await asyncio.gather(*queued)
-        np.testing.assert_array_equal(seen, np.arange(4.0) * 2 + 1)  # the axpy x100 is not in
+        try:
+            await doomed
+            start = np.arange(4.0) + 100  # handed back: it ran first on the next context
+        except ContextPoisoned:
+            start = np.arange(4.0)  # refused by the dead context: the axpy x100 is not in
+        np.testing.assert_array_equal(seen, start * 2 + 1)
         assert (await dev.ask(GetStats())).generation == 2
 
 
