@@ -273,7 +273,9 @@ class DeviceActor(Actor):
         if self.state.status is not Status.READY:
             self._stash(reply)
             return
-        self.routes[op.library].tell(Run(op, self.state.track(op, reply)))
+        pending = self.state.track(op, reply)
+        reply.when_abandoned(pending.abandon)  # its asker cancelled or timed out
+        self.routes[op.library].tell(Run(op, pending))
 
     def _decide(self, exc: BaseException) -> Directive:
         """The device decider, remembering the failure (the cause a stop reports)."""

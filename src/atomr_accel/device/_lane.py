@@ -344,6 +344,6 @@ class Lane:
             pending.fail(refusal_of(exc, op))
         try:
             return await fut
-        except asyncio.CancelledError:  # perhaps after its answer came: release what it made
-            pending.abandon()
+        except (asyncio.CancelledError, TimeoutError):  # its asker is gone, perhaps after its
+            pending.abandon()  # answer came: what it made is released
             raise

@@ -345,9 +345,6 @@ class DeviceState:
         pending = Pending(self, op, reply)
         with self.lock:
             self.pending[pending] = True
-        when_abandoned = getattr(reply, "when_abandoned", None)
-        if when_abandoned is not None:  # an ask: cancelled or timed out, it is abandoned
-            when_abandoned(pending.abandon)
         observers = self.observers
         if observers:
             pending.observers = observers
