@@ -442,6 +442,28 @@ async def test_work_an_event_loop_launches_itself_is_reported_in_order(delay: fl
         await host.close()
 
 
+async def test_an_op_the_loop_reports_itself_waits_for_the_context_threads_reports() -> None:
+    """The context thread's report reaches its caller one loop turn late; an op launched on
+    the loop after it, and finished at once, must still be reported after it."""
+    _DeviceLike.delay = 0.0
+    host = ThreadHost(_DeviceLikeSpec("cpu"))
+    await host.start()
+    try:
+        ref = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
+        order: list[str] = []
+        upload = host.submit(Upload(ref, np.ones(4)))  # runs on the context thread
+        upload.add_done_callback(lambda _: order.append("upload"))
+        time.sleep(0.2)  # noqa: ASYNC251 -- the loop is held on purpose: the report waits
+        axpy = host.submit(Axpy(4, 1.0, ref, ref))  # launched (and finished) on the loop
+        axpy.add_done_callback(lambda _: order.append("axpy"))
+        assert upload.done() or not axpy.done()
+        await asyncio.gather(upload, axpy)
+        assert order == ["upload", "axpy"]
+        np.testing.assert_array_equal(await host.submit(Download(ref)), np.full(4, 2.0))
+    finally:
+        await host.close()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Unsendable(Op):
     """An op with a field no pickle can carry to a worker."""

@@ -79,6 +79,8 @@ class ThreadHost(ContextHost):
             weakref.WeakKeyDictionary())
         self._waits: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiter: threading.Thread | None = None
+        self._off_promised = 0  # reports to make off the loops (context thread, waiter)
+        self._off_reported = 0  # of those, made; both under _put_lock
 
     async def start(self) -> None:
         """Start the context thread and build the backend on it."""
@@ -129,8 +131,10 @@ class ThreadHost(ContextHost):
         refusal = self._refusal(op)
         if not ticket.claim():
             return
+        self._promise_off_loop()
         if refusal is not None:
             done(None, refusal)
+            self._reported_off()
             return
 
         def report(result: Any, error: BaseException | None) -> None:
@@ -138,8 +142,23 @@ class ThreadHost(ContextHost):
                 done(result, None if error is None else self._classify(backend, op, error))
             except Exception:  # whoever answers the asker failed: never lose the context over it
                 _log.exception("answering %s failed", type(op).__name__)
+            self._reported_off()
 
         backend.launch(op, stream, report)
+
+    def _promise_off_loop(self) -> None:
+        """Count a report another thread will make (under the context lock, as launches on
+        a loop read the count)."""
+        with self._put_lock:
+            self._off_promised += 1
+
+    def _reported_off(self) -> None:
+        with self._put_lock:
+            self._off_reported += 1
+
+    def reported_off_loop(self) -> int:
+        """How many reports other threads have made (their callbacks are queued)."""
+        return self._off_reported
 
     # --------------------------------------------------------- ways in
 
@@ -172,6 +191,7 @@ class ThreadHost(ContextHost):
                 return False
             if not ticket.claim():
                 return True
+            after = self._off_promised  # every op taken off the queue so far reports first
             try:
                 started = backend.begin(op, stream)
             except BaseException as exc:
@@ -179,11 +199,11 @@ class ThreadHost(ContextHost):
                 return True
         finally:
             self._lock.release()
-        entry = Started(op, started, done, time.perf_counter() + SPIN_SECONDS)
+        entry = Started(op, started, done, time.perf_counter() + SPIN_SECONDS, after)
         poller = self._pollers.get(loop)
         if poller is None:
             poller = self._pollers[loop] = LoopPoller(self, loop)
-        if not poller.streams and self._report_soon(entry):
+        if poller.may_report_now(entry) and self._report_soon(entry):
             return True  # a lone short op: answered before its caller awaits, no loop turn
         poller.add(stream, entry)
         return True
@@ -210,19 +230,23 @@ class ThreadHost(ContextHost):
         entry.done(result, None)
         return True
 
-    def wait_off_loop(self, entry: Started) -> None:
-        """Hand ``entry`` to the host's waiter thread, which reports it once finished."""
+    def wait_off_loop(self, entry: Started) -> int:
+        """Hand ``entry`` to the host's waiter thread, which reports it once finished;
+        answers the off-loop reports promised so far, this one included."""
         with self._put_lock:
             if self._waiter is None:
                 self._waiter = threading.Thread(
                     target=self._wait_in_order, daemon=True,
                     name=f"atomr-wait-{self.spec.name}-{self.spec.device_id}")
                 self._waiter.start()
+            self._off_promised += 1
             self._waits.put(entry)
+            return self._off_promised
 
     def _wait_in_order(self) -> None:
         while (entry := self._waits.get()) is not _STOP:
             self.report(entry, waited=True)
+            self._reported_off()
 
     def call(self, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
