@@ -136,17 +136,19 @@ class Device:
 
     # ---------------------------------------------------------------- core
 
-    async def run_async(self, op: Op) -> Any:
+    async def run_async(self, op: Op, timeout_secs: float | None = None) -> Any:
         """Run any op on this device and return its result.
 
         Takes the data plane while the device is ready (the op runs on this
         thread, or is awaited on this task's loop, without an actor hop); the
         actor path while its context is (re)built, where it waits in order.
+        ``timeout_secs`` (default: the system's ``op_timeout``) bounds the wait:
+        past it the call raises ``AskTimeout`` (the op may still run).
         """
         if not isinstance(op, Op):
             raise InvalidArgument(f"run() takes an op, got {op!r}")
         lane = self._state.lane
-        timeout = self._op_timeout
+        timeout = self._op_timeout if timeout_secs is None else timeout_secs
         try:
             result = lane.call(op, timeout) if in_blocking_call() else await lane.run(op, timeout)
         except GpuRuntimeError:
