@@ -22,8 +22,9 @@ def _bfloat16() -> np.dtype[Any]:
     return dtype
 
 
-class DType(enum.Enum):
-    """An element type; ``value`` is its short name (``"f32"``). Pickles by name."""
+class DType(enum.StrEnum):
+    """An element type; ``value`` is its short name (``"f32"``), and it equals that name
+    (``buf.dtype == "f32"``, as in the original package). Pickles by name."""
 
     F16 = "f16"
     BF16 = "bf16"

@@ -38,6 +38,7 @@ __all__ = [
     "DeviceUnavailable",
     "GpuRefStale",
     "GpuRuntimeError",
+    "DTypeMismatch",
     "InvalidArgument",
     "KernelCompileError",
     "LibraryError",
@@ -135,6 +136,11 @@ class DeviceUnavailable(GpuRuntimeError):
 
 class InvalidArgument(GpuRuntimeError, ValueError):
     """An argument is wrong: dtype, length, shape, option or a closed object."""
+
+
+class DTypeMismatch(InvalidArgument, TypeError):
+    """A host array or buffer of the wrong dtype; also a ``TypeError``, as the original
+    package raised for it."""
 
 
 class SystemClosed(GpuRuntimeError, actor.SystemClosed):

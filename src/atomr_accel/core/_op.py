@@ -24,8 +24,9 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeGuard, TypeVar
 
+from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.core._fields import PickleByFields, reader_of
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
@@ -42,6 +43,7 @@ __all__ = [
     "require_positive",
     "require_same_dtype",
     "matrix_extent",
+    "validated",
 ]
 
 _NUMBER_TYPES = (int, float, complex)
@@ -69,6 +71,8 @@ class Op(PickleByFields):
     __slots__ = ()
     library: ClassVar[str] = "memory"
     outputs: ClassVar[tuple[str, ...]] = ()
+    api: ClassVar[tuple[Form, ...]] = ()
+    """The facade methods that run the op (``core._api.Form``), declared once here."""
 
     def refs(self) -> tuple[GpuRef, ...]:
         """Every buffer the op touches: its fields declared as buffers, in field order."""
@@ -324,3 +328,16 @@ def checked(op: T) -> T:
     op = _fixed(op)
     op.validate()  # type: ignore[attr-defined]
     return op
+
+
+def validated(op: T) -> T:
+    """``checked(op)``, with any other failure of a malformed op (a field of a wrong type
+    that ``validate`` trips over) reported as ``InvalidArgument`` too."""
+    try:
+        return checked(op)
+    except InvalidArgument:
+        raise
+    except Exception as exc:
+        if isinstance(exc, GpuRuntimeError):
+            raise
+        raise InvalidArgument(f"invalid {type(op).__name__}: {exc}") from exc

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.actor._deadlines import Deadlines
 from atomr_accel.core._errors import AskTimeout, GpuRefStale, GpuRuntimeError, InvalidArgument
-from atomr_accel.core._op import Op, checked
+from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._graph import CaptureGraph
 from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
@@ -75,14 +75,7 @@ def prepare(op: Op, state: DeviceState) -> Op:
     recorder = state.recorder
     if recorder is not None:
         op = recorder.refresh(op)  # a durable buffer's ref from before a rebuild
-    try:
-        op = checked(op)
-    except GpuRuntimeError:
-        raise
-    except Exception as exc:  # a malformed op (wrong field types) is bad input too
-        error = InvalidArgument(f"invalid {type(op).__name__}: {exc}")
-        raise error from exc
-    return op
+    return validated(op)
 
 
 def check_refs(op: Op, generation: int, state: DeviceState) -> None:

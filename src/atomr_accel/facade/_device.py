@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
 
 from atomr_accel.actor import ActorError, ActorRef
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument, gpu_error_of
-from atomr_accel.core._op import Op
+from atomr_accel.core._errors import (
+    DTypeMismatch,
+    GpuRefStale,
+    GpuRuntimeError,
+    InvalidArgument,
+    gpu_error_of,
+)
+from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._memory import (
     Advice,
     Advise,
     Allocate,
-    CopyBuffer,
     Download,
-    Free,
     Location,
-    MemoryInfo,
     Prefetch,
     Upload,
 )
@@ -33,14 +36,11 @@ from atomr_accel.device import (
     GetStats,
     Journal,
     MarkDurable,
+    Status,
 )
+from atomr_accel.facade._api import DeviceApi
 from atomr_accel.facade._buffers import (
     GpuBuffer,
-    GpuBufferF32,
-    GpuBufferF64,
-    GpuBufferI32,
-    GpuBufferU8,
-    GpuBufferU32,
     buffer_for,
 )
 from atomr_accel.facade._graphs import GraphRecorder
@@ -75,13 +75,82 @@ def _enum(kind: type[E], value: E | str) -> E:
         raise InvalidArgument(message) from None
 
 
-class Device:
+_ORIGINAL_LIBRARIES = {"blas": "blas", "cudnn": "cudnn", "cufft": "fft", "curand": "rng",
+                       "cusolver": "solver", "nvrtc": "nvrtc"}
+"""The original package's ``libraries_ready`` keys and our library names."""
+
+_SUFFIX = {DType.C64: "complex64", DType.C128: "complex128"}
+"""The original package's name of a dtype in method names (others: ``f32``, ``u8``, ...)."""
+
+
+def _typed(name: str, dtype: DType, run_async: Callable[..., Any],
+           doc: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Name and document a per-dtype method; return it and its blocking twin."""
+    full = f"{name}_{_SUFFIX.get(dtype, dtype.value)}"
+    run_async.__name__ = f"{full}_async"
+    run_async.__qualname__ = f"Device.{full}_async"
+    run_async.__doc__ = doc
+    return run_async, blocking(run_async)
+
+
+def typed_allocate(dtype: DType) -> tuple[Callable[..., Coroutine[Any, Any, GpuBuffer]],
+                                          Callable[..., GpuBuffer]]:
+    """``allocate_<dtype>(length, *, managed=False, durable=False, timeout_secs=10.0)``."""
+    def allocate_async(self: Device, length: int, *, managed: bool = False,
+                       durable: bool = False, timeout_secs: float | None = 10.0,
+                       ) -> Coroutine[Any, Any, GpuBuffer]:
+        return self.allocate_async(length, dtype, managed=managed, durable=durable,
+                                   timeout_secs=timeout_secs)
+
+    return _typed("allocate", dtype, allocate_async,
+                  f"Allocate a zero-filled {dtype.value} buffer (see ``allocate``).")
+
+
+def typed_upload(dtype: DType) -> tuple[Callable[..., Coroutine[Any, Any, None]],
+                                        Callable[..., None]]:
+    """``copy_from_numpy_<dtype>(dst, src, offset=None, *, timeout_secs=10.0)``."""
+    def upload_async(self: Device, dst: BufferLike, src: Any, offset: int | None = None, *,
+                     timeout_secs: float | None = 10.0) -> Coroutine[Any, Any, None]:
+        self._ref(dst, "dst", (dtype,))
+        return self.copy_from_numpy_async(dst, src, offset, timeout_secs=timeout_secs)
+
+    return _typed("copy_from_numpy", dtype, upload_async,
+                  f"``copy_from_numpy`` into a {dtype.value} buffer (``DTypeMismatch`` else).")
+
+
+def typed_download(dtype: DType) -> tuple[Callable[..., Coroutine[Any, Any, Any]],
+                                          Callable[..., Any]]:
+    """``copy_to_numpy_<dtype>(src, offset=0, length=None, *, timeout_secs=10.0)``."""
+    def download_async(self: Device, src: BufferLike, offset: int = 0,
+                       length: int | None = None, *, timeout_secs: float | None = 10.0,
+                       ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
+        self._ref(src, "src", (dtype,))
+        return self.copy_to_numpy_async(src, offset, length, timeout_secs=timeout_secs)
+
+    return _typed("copy_to_numpy", dtype, download_async,
+                  f"``copy_to_numpy`` of a {dtype.value} buffer (``DTypeMismatch`` else).")
+
+
+async def _reshaped(download: Coroutine[Any, Any, np.ndarray[Any, Any]],
+                    shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    """The downloaded array in ``shape`` (``InvalidArgument`` for another size)."""
+    result = await download
+    try:
+        return result.reshape(shape)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"cannot shape the {result.size} elements copied as {shape!r}") from exc
+
+
+class Device(DeviceApi):
     """One device of a ``System``: its buffers, copies, ops and library handles.
 
-    Every method has an awaitable ``*_async`` twin; the plain method blocks the
-    calling thread (never call it inside a running event loop). Every error is a
-    ``GpuRuntimeError`` of ``atomr_accel`` (``InvalidArgument``, ``GpuRefStale``,
-    ``SystemClosed`` once its system is closed, ``AskTimeout``, ...).
+    Every method has an awaitable ``*_async`` twin, which checks its arguments
+    when called; the plain method blocks the calling thread (any thread but the
+    system's own event loop). Every call takes ``timeout_secs`` (None: the
+    system's ``op_timeout``). Every error is a ``GpuRuntimeError`` of
+    ``atomr_accel`` (``InvalidArgument``, ``GpuRefStale``, ``SystemClosed`` once
+    its system is closed, ``AskTimeout``, ...).
     """
 
     def __init__(self, ref: ActorRef, config: DeviceConfig, state: DeviceState,
@@ -162,6 +231,17 @@ class Device:
 
     run = blocking(run_async)
 
+    def _ref(self, buffer: BufferLike, name: str, dtypes: Iterable[DType] | None = None) -> GpuRef:
+        ref = self.ref_of(buffer, name)
+        if dtypes is not None and ref.dtype not in (allowed := tuple(dtypes)):
+            names = "/".join(d.value for d in allowed)
+            raise DTypeMismatch(f"{name} holds {ref.dtype.value}; this call needs {names}")
+        return ref
+
+    def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
+        """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
+        return self.run_async(validated(op), timeout_secs)
+
     def ref_of(self, buffer: BufferLike, name: str = "buffer") -> GpuRef:
         """The ``GpuRef`` of a buffer of this device (``InvalidArgument`` otherwise)."""
         if isinstance(buffer, GpuBuffer):
@@ -174,71 +254,56 @@ class Device:
 
     # -------------------------------------------------------------- memory
 
-    async def allocate_async(self, length: int, dtype: DType | str = DType.F32, *,
-                             managed: bool = False, durable: bool = False) -> GpuBuffer:
+    def allocate_async(self, length: int, dtype: DType | str = DType.F32, *,
+                       managed: bool = False, durable: bool = False,
+                       timeout_secs: float | None = None) -> Coroutine[Any, Any, GpuBuffer]:
         """Allocate a zero-filled buffer of ``length`` elements of ``dtype``.
 
         ``managed=True`` gives CUDA managed memory (see ``prefetch`` and ``advise``).
         ``durable=True`` keeps it across context rebuilds (see ``mark_durable``).
         """
+        op = validated(Allocate(DType.of(dtype), length, managed))
+        return self._allocate(op, durable, timeout_secs)
+
+    async def _allocate(self, op: Allocate, durable: bool,
+                        timeout_secs: float | None) -> GpuBuffer:
         while True:
-            buffer = buffer_for(self, await self.run_async(
-                Allocate(DType.of(dtype), length, managed)))
+            buffer = buffer_for(self, await self.run_async(op, timeout_secs))
             if not durable:
                 return buffer
             try:
-                await self.mark_durable_async(buffer)
+                await self.mark_durable_async(buffer, timeout_secs=timeout_secs)
             except GpuRefStale:
                 continue  # a rebuild came between the two asks and took the buffer: again
             return buffer
 
     allocate = blocking(allocate_async)
 
-    async def prefetch_async(self, buffer: BufferLike,
-                             location: Location | str = Location.DEVICE) -> None:
+    allocate_f32_async, allocate_f32 = typed_allocate(DType.F32)
+    allocate_f64_async, allocate_f64 = typed_allocate(DType.F64)
+    allocate_i32_async, allocate_i32 = typed_allocate(DType.I32)
+    allocate_u32_async, allocate_u32 = typed_allocate(DType.U32)
+    allocate_u8_async, allocate_u8 = typed_allocate(DType.U8)
+    allocate_complex64_async, allocate_complex64 = typed_allocate(DType.C64)
+    allocate_complex128_async, allocate_complex128 = typed_allocate(DType.C128)
+
+    def prefetch_async(self, buffer: BufferLike, location: Location | str = Location.DEVICE, *,
+                       timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
         """Migrate a managed buffer to ``"device"`` or ``"host"`` ahead of use."""
-        await self.run_async(Prefetch(self.ref_of(buffer), _enum(Location, location)))
+        return self._submit(Prefetch(self.ref_of(buffer), _enum(Location, location)),
+                            timeout_secs)
 
     prefetch = blocking(prefetch_async)
 
-    async def advise_async(self, buffer: BufferLike, advice: Advice | str) -> None:
+    def advise_async(self, buffer: BufferLike, advice: Advice | str, *,
+                     timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
         """Give the driver a usage hint for a managed buffer (``"read_mostly"``, ...)."""
-        await self.run_async(Advise(self.ref_of(buffer), _enum(Advice, advice)))
+        return self._submit(Advise(self.ref_of(buffer), _enum(Advice, advice)), timeout_secs)
 
     advise = blocking(advise_async)
 
-    async def allocate_f32_async(self, length: int, *, durable: bool = False) -> GpuBufferF32:
-        """Allocate a zero-filled float32 buffer (``durable``: see ``allocate``)."""
-        return await self.allocate_async(  # type: ignore[return-value]
-            length, DType.F32, durable=durable)
-
-    async def allocate_f64_async(self, length: int, *, durable: bool = False) -> GpuBufferF64:
-        """Allocate a zero-filled float64 buffer (``durable``: see ``allocate``)."""
-        return await self.allocate_async(  # type: ignore[return-value]
-            length, DType.F64, durable=durable)
-
-    async def allocate_i32_async(self, length: int, *, durable: bool = False) -> GpuBufferI32:
-        """Allocate a zero-filled int32 buffer (``durable``: see ``allocate``)."""
-        return await self.allocate_async(  # type: ignore[return-value]
-            length, DType.I32, durable=durable)
-
-    async def allocate_u32_async(self, length: int, *, durable: bool = False) -> GpuBufferU32:
-        """Allocate a zero-filled uint32 buffer (``durable``: see ``allocate``)."""
-        return await self.allocate_async(  # type: ignore[return-value]
-            length, DType.U32, durable=durable)
-
-    async def allocate_u8_async(self, length: int, *, durable: bool = False) -> GpuBufferU8:
-        """Allocate a zero-filled uint8 buffer (``durable``: see ``allocate``)."""
-        return await self.allocate_async(  # type: ignore[return-value]
-            length, DType.U8, durable=durable)
-
-    allocate_f32 = blocking(allocate_f32_async)
-    allocate_f64 = blocking(allocate_f64_async)
-    allocate_i32 = blocking(allocate_i32_async)
-    allocate_u32 = blocking(allocate_u32_async)
-    allocate_u8 = blocking(allocate_u8_async)
-
-    async def mark_durable_async(self, buffer: BufferLike) -> None:
+    def mark_durable_async(self, buffer: BufferLike, *,
+                           timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
         """Keep ``buffer`` across context rebuilds: its contents come back from the journal.
 
         After a rebuild the device replays the journaled ops that produced the
@@ -249,28 +314,25 @@ class Device:
         """
         ref = self.ref_of(buffer)
         holder = buffer if isinstance(buffer, GpuBuffer) else None
-        await self._ask(MarkDurable(ref, holder), self._op_timeout, "mark_durable")
+        timeout = self._op_timeout if timeout_secs is None else timeout_secs
+        return self._ask(MarkDurable(ref, holder), timeout, "mark_durable")
 
     mark_durable = blocking(mark_durable_async)
 
-    async def free_async(self, buffer: BufferLike) -> None:
-        """Release a buffer; using it afterwards is an ``InvalidArgument``."""
-        await self.run_async(Free(self.ref_of(buffer)))
-
-    free = blocking(free_async)
-
-    async def copy_from_numpy_async(
-        self, buffer: BufferLike, array: Any, offset: int | None = None
-    ) -> None:
+    def copy_from_numpy_async(
+        self, buffer: BufferLike, array: Any, offset: int | None = None, *,
+        timeout_secs: float | None = None,
+    ) -> Coroutine[Any, Any, None]:
         """Copy a host array (flattened in C order) into ``buffer``.
 
-        The array's dtype must be the buffer's. Without ``offset`` it must have
-        exactly ``len(buffer)`` elements; with ``offset`` it must fit after it.
+        The array's dtype must be the buffer's (``DTypeMismatch``, also a
+        ``TypeError``, otherwise). Without ``offset`` it must have exactly
+        ``len(buffer)`` elements; with ``offset`` it must fit after it.
         """
         ref = self.ref_of(buffer)
         data = host_array(array)
         if data.dtype != ref.dtype.numpy:
-            raise InvalidArgument(
+            raise DTypeMismatch(
                 f"array has dtype {data.dtype} but the buffer holds {ref.dtype.value}; "
                 f"convert it with .astype(np.{ref.dtype.numpy.name})"
             )
@@ -280,95 +342,109 @@ class Device:
                 "pass offset= to copy into part of it"
             )
         flat = np.ascontiguousarray(data).reshape(-1)
-        await self.run_async(Upload(ref, flat, offset or 0))
+        return self._submit(Upload(ref, flat, offset or 0), timeout_secs)
 
     copy_from_numpy = blocking(copy_from_numpy_async)
 
-    async def copy_to_numpy_async(
+    copy_from_numpy_f64_async, copy_from_numpy_f64 = typed_upload(DType.F64)
+    copy_from_numpy_i32_async, copy_from_numpy_i32 = typed_upload(DType.I32)
+    copy_from_numpy_u32_async, copy_from_numpy_u32 = typed_upload(DType.U32)
+    copy_from_numpy_u8_async, copy_from_numpy_u8 = typed_upload(DType.U8)
+    copy_from_numpy_complex64_async, copy_from_numpy_complex64 = typed_upload(DType.C64)
+    copy_from_numpy_complex128_async, copy_from_numpy_complex128 = typed_upload(DType.C128)
+
+    def copy_to_numpy_async(
         self, buffer: BufferLike, offset: int = 0, length: int | None = None,
-        shape: tuple[int, ...] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        shape: tuple[int, ...] | None = None, *, timeout_secs: float | None = None,
+    ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
         """Copy ``length`` elements (all by default) from ``offset`` into a new host array.
 
         ``shape`` reshapes it (C order); a shape of another size is an ``InvalidArgument``.
         """
-        result: np.ndarray[Any, Any] = await self.run_async(
-            Download(self.ref_of(buffer), offset, length))
-        if shape is None:
-            return result
-        try:
-            return result.reshape(shape)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(
-                f"cannot shape the {result.size} elements copied as {shape!r}") from exc
+        download = self._submit(Download(self.ref_of(buffer), offset, length), timeout_secs)
+        return download if shape is None else _reshaped(download, shape)
 
     copy_to_numpy = blocking(copy_to_numpy_async)
 
-    async def copy_async(
-        self, src: BufferLike, dst: BufferLike, length: int | None = None,
-        src_offset: int = 0, dst_offset: int = 0,
-    ) -> None:
-        """Copy elements between two buffers of this device."""
-        src_ref, dst_ref = self.ref_of(src, "src"), self.ref_of(dst, "dst")
-        count = min(src_ref.length - src_offset, dst_ref.length - dst_offset) \
-            if length is None else length
-        await self.run_async(CopyBuffer(src_ref, dst_ref, count, src_offset, dst_offset))
-
-    copy = blocking(copy_async)
+    copy_to_numpy_f64_async, copy_to_numpy_f64 = typed_download(DType.F64)
+    copy_to_numpy_i32_async, copy_to_numpy_i32 = typed_download(DType.I32)
+    copy_to_numpy_u32_async, copy_to_numpy_u32 = typed_download(DType.U32)
+    copy_to_numpy_u8_async, copy_to_numpy_u8 = typed_download(DType.U8)
+    copy_to_numpy_complex64_async, copy_to_numpy_complex64 = typed_download(DType.C64)
+    copy_to_numpy_complex128_async, copy_to_numpy_complex128 = typed_download(DType.C128)
 
     # ------------------------------------------------------------- observe
 
-    async def stats_async(self) -> DeviceStats:
-        """A snapshot: status, generation, restarts, in-flight ops, queue depth, counters,
-        bytes allocated and device memory.
+    def stats_async(self, *, timeout_secs: float | None = None) -> Coroutine[Any, Any, DeviceStats]:
+        """A snapshot (a ``DeviceStats``, which is the original package's ``DeviceLoad``):
+        status, generation, restarts, in-flight ops, queue depth, counters, bytes
+        allocated, device memory and compute capability.
 
         Answered at once by the device actor, never queued behind ops: the memory
         figures are the last ``memory_info()`` reading adjusted by the allocations
         and frees since (exact on the CPU backend); call ``memory_info()`` first
         for a fresh reading.
         """
-        stats: DeviceStats = await self._ask(GetStats(), self._op_timeout, "stats")
-        return stats
+        timeout = self._op_timeout if timeout_secs is None else timeout_secs
+        return self._ask(GetStats(), timeout, "stats")
 
     stats = blocking(stats_async)
 
-    async def memory_info_async(self) -> tuple[int, int]:
-        """``(free_bytes, total_bytes)`` of the device, read now (``stats()`` caches it)."""
-        info: tuple[int, int] = await self.run_async(MemoryInfo())
-        return info
+    def libraries_ready_async(self, *, timeout_secs: float | None = 2.0
+                              ) -> Coroutine[Any, Any, dict[str, Any]]:
+        """Which libraries the device runs, in the original package's keys: ``blas``,
+        ``cudnn``, ``cufft``, ``curand``, ``cusolver``, ``nvrtc`` (bools), ``extras``
+        (how many other libraries: sparse, tensor, ...) and ``ready`` (the context is up)."""
+        return self._libraries_ready(self.stats_async(timeout_secs=timeout_secs))
 
-    memory_info = blocking(memory_info_async)
+    async def _libraries_ready(self, stats: Coroutine[Any, Any, DeviceStats]) -> dict[str, Any]:
+        ready = (await stats).status is Status.READY
+        enabled = set(self.config.libraries)
+        if self.backend != "cuda":
+            enabled.discard("nvrtc")  # the CPU backend compiles no kernels
+        named = {key: library in enabled for key, library in _ORIGINAL_LIBRARIES.items()}
+        extras = len(enabled - set(_ORIGINAL_LIBRARIES.values()) - {"memory"})
+        return {**named, "extras": extras, "ready": ready}
 
-    async def inject_fault_async(self, kind: FaultKind | str, delay: float = 0.0) -> None:
-        """Make the context fail on purpose (tests and demos); raises the fault's error."""
-        await self.run_async(InjectFault(_enum(FaultKind, kind), delay))
-
-    inject_fault = blocking(inject_fault_async)
+    libraries_ready = blocking(libraries_ready_async)
 
     # ----------------------------------------------------------- libraries
 
-    def blas(self) -> Blas:
+    def _library(self, name: str) -> None:
+        """Refuse a handle of a library this device was spawned without."""
+        if name not in self.config.libraries:
+            enabled = ", ".join(self.config.libraries)
+            raise InvalidArgument(f"the {name} library is not enabled on this device "
+                                  f"(spawn_device(libraries=...) has {enabled})")
+
+    def blas(self, timeout_secs: float | None = None) -> Blas:
         """Return the BLAS handle (gemm, gemv, axpy, ...)."""
+        self._library("blas")
         return Blas(self)
 
-    def fft(self) -> Fft:
+    def fft(self, timeout_secs: float | None = None) -> Fft:
         """Return the FFT handle (c2c, r2c, c2r)."""
+        self._library("fft")
         return Fft(self)
 
-    def rng(self, seed: int = 0) -> RngGenerator:
+    def rng(self, seed: int = 0, timeout_secs: float | None = None) -> RngGenerator:
         """Return a new random generator on the stream named by ``seed``, at offset 0."""
+        self._library("rng")
         return RngGenerator(self, seed)
 
-    def solver(self) -> Solver:
+    def solver(self, timeout_secs: float | None = None) -> Solver:
         """Return the dense solver handle (getrf, potrf, gesvd, syevd, ... and batched forms)."""
+        self._library("solver")
         return Solver(self)
 
-    def sparse(self) -> Sparse:
+    def sparse(self, timeout_secs: float | None = None) -> Sparse:
         """Return the sparse handle (csr, spmv, spmm)."""
+        self._library("sparse")
         return Sparse(self)
 
-    def tensor(self) -> Tensor:
+    def tensor(self, timeout_secs: float | None = None) -> Tensor:
         """Return the tensor handle (contract, einsum)."""
+        self._library("tensor")
         return Tensor(self)
 
     def nvrtc(self) -> Nvrtc:
@@ -384,5 +460,6 @@ class Device:
         return GraphRecorder(self)
 
     def __repr__(self) -> str:
-        return (f"Device({self.device_id}, backend={self.backend!r}, "
+        return (f"Device(id={self.device_id}, backend={self.backend!r}, "
                 f"isolation={self.isolation!r}, generation={self.generation})")
+

@@ -7,51 +7,19 @@ fields of the op class of the same name (see ``atomr_accel.core.ops``).
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
-from atomr_accel.core._op import Op, checked, is_int
+from atomr_accel.core._errors import DTypeMismatch, GpuRuntimeError, InvalidArgument
+from atomr_accel.core._op import Op, checked, is_int, validated
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._blas import (
-    Asum,
-    Axpy,
-    Dot,
-    Geam,
-    Gemm,
-    GemmStridedBatched,
-    Gemv,
-    Ger,
-    Iamax,
-    Nrm2,
-    Scal,
-    Syrk,
-    Trsm,
-)
 from atomr_accel.core.ops._fft import Fft as FftOp
 from atomr_accel.core.ops._fft import FftKind
 from atomr_accel.core.ops._rng import Distribution, RngFill
-from atomr_accel.core.ops._solver import (
-    Geqrf,
-    Gesvd,
-    GesvdBatched,
-    Getrf,
-    GetrfBatched,
-    Getrs,
-    GetrsBatched,
-    Orgqr,
-    Potrf,
-    PotrfBatched,
-    Potrs,
-    PotrsBatched,
-    Syevd,
-    SyevdBatched,
-)
-from atomr_accel.core.ops._sparse import CsrMatrix, CsrSpMM, CsrSpMV
-from atomr_accel.core.ops._tensor import Contract
+from atomr_accel.core.ops._sparse import CsrMatrix
+from atomr_accel.facade._api import BlasApi, SolverApi, SparseApi, TensorApi
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._portal import blocking
 
@@ -61,21 +29,12 @@ if TYPE_CHECKING:
 __all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor"]
 
 BufferLike = GpuBuffer | GpuRef
-OpT = TypeVar("OpT", bound=Op)
+T = TypeVar("T")
 
 
-def _make(op_class: type[OpT], *args: Any, **options: Any) -> OpT:
-    """Build ``op_class(*args, **options)``; an option it does not take is an
-    ``InvalidArgument`` naming the options it does take."""
-    try:
-        return op_class(*args, **options)
-    except TypeError as exc:
-        fields = [f.name for f in dataclasses.fields(op_class)]  # type: ignore[arg-type]
-        unknown = [name for name in options if name not in fields] or list(options)
-        choices = ", ".join(fields[len(args):])
-        raise InvalidArgument(
-            f"{op_class.__name__} takes no option {unknown[0]!r}; its options are {choices}"
-        ) from exc
+async def ready(value: T) -> T:
+    """An awaitable of a value computed already."""
+    return value
 
 
 class Library:
@@ -84,145 +43,44 @@ class Library:
     def __init__(self, device: Device) -> None:
         self.device = device
         self._portal = device._portal
-        self._run: Callable[[Op], Coroutine[Any, Any, Any]] = device.run_async
+        self._run: Callable[..., Coroutine[Any, Any, Any]] = device.run_async
         """Run an op on the device (awaited: the device's own coroutine, no extra frame)."""
 
     def _ref(self, buffer: BufferLike, name: str, dtypes: Iterable[DType] | None = None) -> GpuRef:
         ref = self.device.ref_of(buffer, name)
         if dtypes is not None and ref.dtype not in (allowed := tuple(dtypes)):
             names = "/".join(d.value for d in allowed)
-            raise InvalidArgument(f"{name} holds {ref.dtype.value}; this call needs {names}")
+            raise DTypeMismatch(f"{name} holds {ref.dtype.value}; this call needs {names}")
         return ref
+
+    def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
+        """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
+        return self._run(validated(op), timeout_secs)
 
 
 _F32 = (DType.F32,)
 _F64 = (DType.F64,)
 
 
-class Blas(Library):
+class Blas(Library, BlasApi):
     """BLAS on one device, cuBLAS conventions: column-major, ``lda/ldb/ldc``, 1-based ``iamax``.
 
+    Each op's methods come from its declaration (``atomr_accel.core.ops``): ours
+    (``gemm(a, b, c, m, n, k, *, alpha=..., trans_a=False, ...)``, any dtype) and the
+    original package's ``_f32`` / ``_f64`` forms (``gemm_f32(..., trans_a="N")``).
     ``matmul`` is a row-major convenience over ``gemm``.
     """
 
-    def _gemm(self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
-              dtypes: Iterable[DType] | None, options: dict[str, Any]) -> Gemm:
-        return _make(Gemm, self._ref(a, "a", dtypes), self._ref(b, "b", dtypes),
-                    self._ref(c, "c", dtypes), m, n, k, **options)
-
-    async def gemm_async(
+    def matmul_async(
         self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int, *,
-        alpha: complex = 1.0, beta: complex = 0.0, trans_a: bool = False,
-        trans_b: bool = False, lda: int | None = None, ldb: int | None = None,
-        ldc: int | None = None, dtypes: Iterable[DType] | None = None, **options: Any,
-    ) -> None:
-        """C = alpha * op(A) @ op(B) + beta * C, column-major; op(A) is m x k, op(B) k x n."""
-        await self._run(self._gemm(a, b, c, m, n, k, dtypes, dict(
-            options, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, lda=lda,
-            ldb=ldb, ldc=ldc)))
-
-    async def gemm_f32_async(
-        self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
-        **options: Any,
-    ) -> None:
-        """``gemm`` on float32 buffers (``InvalidArgument`` for any other dtype)."""
-        await self._run(self._gemm(a, b, c, m, n, k, _F32, options))
-
-    async def gemm_f64_async(
-        self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
-        **options: Any,
-    ) -> None:
-        """``gemm`` on float64 buffers (``InvalidArgument`` for any other dtype)."""
-        await self._run(self._gemm(a, b, c, m, n, k, _F64, options))
-
-    async def matmul_async(
-        self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int, *,
-        alpha: complex = 1.0, beta: complex = 0.0,
-    ) -> None:
+        alpha: complex = 1.0, beta: complex = 0.0, timeout_secs: float | None = None,
+    ) -> Coroutine[Any, Any, None]:
         """Row-major C (m x n) = alpha * A (m x k) @ B (k x n) + beta * C, as NumPy stores them."""
         # Row-major X is column-major X^T, and C^T = B^T A^T.
-        await self.gemm_async(b, a, c, n, m, k, alpha=alpha, beta=beta)
+        return self.gemm_async(b, a, c, n, m, k, alpha=alpha, beta=beta,
+                               timeout_secs=timeout_secs)
 
-    async def gemm_strided_batched_async(
-        self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int,
-        batch: int, **options: Any,
-    ) -> None:
-        """``batch`` gemms over matrices ``stride_*`` elements apart (tight by default)."""
-        await self._run(_make(GemmStridedBatched,
-            self._ref(a, "a"), self._ref(b, "b"), self._ref(c, "c"), m, n, k, batch, **options))
-
-    async def axpy_async(self, n: int, alpha: complex, x: BufferLike, y: BufferLike,
-                         **options: Any) -> None:
-        """y = alpha * x + y over ``n`` elements (``incx``/``incy`` options)."""
-        await self._run(_make(Axpy, n, alpha, self._ref(x, "x"), self._ref(y, "y"), **options))
-
-    async def dot_async(self, n: int, x: BufferLike, y: BufferLike, **options: Any) -> Any:
-        """Return x . y (``conjugate=True`` for dotc)."""
-        return await self._run(_make(Dot, n, self._ref(x, "x"), self._ref(y, "y"), **options))
-
-    async def nrm2_async(self, n: int, x: BufferLike, **options: Any) -> float:
-        """Return the Euclidean norm of x."""
-        result: float = await self._run(_make(Nrm2, n, self._ref(x, "x"), **options))
-        return result
-
-    async def scal_async(self, n: int, alpha: complex, x: BufferLike, **options: Any) -> None:
-        """x = alpha * x."""
-        await self._run(_make(Scal, n, alpha, self._ref(x, "x"), **options))
-
-    async def asum_async(self, n: int, x: BufferLike, **options: Any) -> float:
-        """Return sum |x_i| (|re| + |im| for complex, as BLAS)."""
-        result: float = await self._run(_make(Asum, n, self._ref(x, "x"), **options))
-        return result
-
-    async def iamax_async(self, n: int, x: BufferLike, **options: Any) -> int:
-        """Return the 1-based index of the largest |x_i| (0 when n is 0)."""
-        result: int = await self._run(_make(Iamax, n, self._ref(x, "x"), **options))
-        return result
-
-    async def gemv_async(self, m: int, n: int, a: BufferLike, x: BufferLike, y: BufferLike,
-                         **options: Any) -> None:
-        """y = alpha * op(A) x + beta * y with A m x n column-major."""
-        await self._run(_make(Gemv, m, n, self._ref(a, "a"), self._ref(x, "x"), self._ref(y, "y"),
-                             **options))
-
-    async def ger_async(self, m: int, n: int, x: BufferLike, y: BufferLike, a: BufferLike,
-                        **options: Any) -> None:
-        """A = alpha * x y^T + A (``conjugate=True`` for gerc)."""
-        await self._run(_make(Ger, m, n, self._ref(x, "x"), self._ref(y, "y"), self._ref(a, "a"),
-                            **options))
-
-    async def geam_async(self, m: int, n: int, a: BufferLike, b: BufferLike, c: BufferLike,
-                         **options: Any) -> None:
-        """C = alpha * op(A) + beta * op(B), m x n column-major."""
-        await self._run(_make(Geam, m, n, self._ref(a, "a"), self._ref(b, "b"), self._ref(c, "c"),
-                             **options))
-
-    async def syrk_async(self, n: int, k: int, a: BufferLike, c: BufferLike,
-                         **options: Any) -> None:
-        """C = alpha * A A^T + beta * C on one triangle of C (``upper``, ``trans`` options)."""
-        await self._run(_make(Syrk, n, k, self._ref(a, "a"), self._ref(c, "c"), **options))
-
-    async def trsm_async(self, m: int, n: int, a: BufferLike, b: BufferLike,
-                         **options: Any) -> None:
-        """Solve op(A) X = alpha B (or X op(A) = alpha B) in place into B."""
-        await self._run(_make(Trsm, m, n, self._ref(a, "a"), self._ref(b, "b"), **options))
-
-    gemm = blocking(gemm_async)
-    gemm_f32 = blocking(gemm_f32_async)
-    gemm_f64 = blocking(gemm_f64_async)
     matmul = blocking(matmul_async)
-    gemm_strided_batched = blocking(gemm_strided_batched_async)
-    axpy = blocking(axpy_async)
-    dot = blocking(dot_async)
-    nrm2 = blocking(nrm2_async)
-    scal = blocking(scal_async)
-    asum = blocking(asum_async)
-    iamax = blocking(iamax_async)
-    gemv = blocking(gemv_async)
-    ger = blocking(ger_async)
-    geam = blocking(geam_async)
-    syrk = blocking(syrk_async)
-    trsm = blocking(trsm_async)
 
 
 def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
@@ -359,111 +217,19 @@ class RngGenerator(Library):
         return f"RngGenerator(seed={self.seed}, offset={self.offset})"
 
 
-class Solver(Library):
+class Solver(Library, SolverApi):
     """Dense solvers on one device, LAPACK conventions: column-major, in place, 1-based pivots.
 
     Options are the op's remaining fields: leading dimensions (``lda``, ...),
     ``upper``, ``trans``/``conj``, ``vectors``, and ``stride*`` for the batched
     calls, whose small outputs (pivots, singular values, eigenvalues) are packed
     tightly. A failed factorization (singular, not positive definite, no
-    convergence) raises ``LibraryError``.
+    convergence) raises ``LibraryError``. The original package's forms
+    (``lu_f32``, ``cholesky_f64(a, n, uplo="U")``, ...) stand beside ours.
     """
 
-    async def getrf_async(self, a: BufferLike, ipiv: BufferLike, m: int, n: int,
-                          **options: Any) -> None:
-        """Factor the m x n A = P L U in place; ``ipiv`` (i32, ``min(m, n)``) gets the pivots."""
-        await self._run(_make(Getrf, self._ref(a, "a"), self._ref(ipiv, "ipiv"), m, n, **options))
 
-    async def getrs_async(self, a: BufferLike, ipiv: BufferLike, b: BufferLike, n: int,
-                          nrhs: int, **options: Any) -> None:
-        """Solve op(A) X = B in place into B (n x nrhs) from ``getrf``'s factors and pivots."""
-        await self._run(_make(Getrs, self._ref(a, "a"), self._ref(ipiv, "ipiv"), self._ref(b, "b"),
-                              n, nrhs, **options))
-
-    async def potrf_async(self, a: BufferLike, n: int, **options: Any) -> None:
-        """Factor the Hermitian positive definite n x n A in place (Cholesky, lower by default)."""
-        await self._run(_make(Potrf, self._ref(a, "a"), n, **options))
-
-    async def potrs_async(self, a: BufferLike, b: BufferLike, n: int, nrhs: int,
-                          **options: Any) -> None:
-        """Solve A X = B in place into B (n x nrhs) from ``potrf``'s factor."""
-        await self._run(_make(Potrs, self._ref(a, "a"), self._ref(b, "b"), n, nrhs, **options))
-
-    async def geqrf_async(self, a: BufferLike, tau: BufferLike, m: int, n: int,
-                          **options: Any) -> None:
-        """Factor the m x n A = Q R in place, Householder scalars into ``tau``."""
-        await self._run(_make(Geqrf, self._ref(a, "a"), self._ref(tau, "tau"), m, n, **options))
-
-    async def orgqr_async(self, a: BufferLike, tau: BufferLike, m: int, n: int, k: int,
-                          **options: Any) -> None:
-        """Form the first n columns of Q in place from ``geqrf``'s k reflectors."""
-        await self._run(_make(Orgqr, self._ref(a, "a"), self._ref(tau, "tau"), m, n, k, **options))
-
-    async def gesvd_async(self, a: BufferLike, s: BufferLike, u: BufferLike | None,
-                          vt: BufferLike | None, m: int, n: int, **options: Any) -> None:
-        """Decompose the m x n A = U diag(s) VT (full U and VT; pass None to skip either)."""
-        await self._run(_make(Gesvd,
-            self._ref(a, "a"), self._ref(s, "s"), None if u is None else self._ref(u, "u"),
-            None if vt is None else self._ref(vt, "vt"), m, n, **options))
-
-    async def syevd_async(self, a: BufferLike, w: BufferLike, n: int, **options: Any) -> None:
-        """Put the eigenvalues of Hermitian A in ``w`` (ascending), eigenvectors into A."""
-        await self._run(_make(Syevd, self._ref(a, "a"), self._ref(w, "w"), n, **options))
-
-    async def getrf_batched_async(self, a: BufferLike, ipiv: BufferLike, n: int, batch: int,
-                                  **options: Any) -> None:
-        """Factor ``batch`` n x n matrices in place as ``getrf``; n pivots per matrix."""
-        await self._run(_make(GetrfBatched, self._ref(a, "a"), self._ref(ipiv, "ipiv"), n, batch,
-                                     **options))
-
-    async def getrs_batched_async(self, a: BufferLike, ipiv: BufferLike, b: BufferLike, n: int,
-                                  nrhs: int, batch: int, **options: Any) -> None:
-        """Solve ``batch`` systems in place as ``getrs`` from ``getrf_batched``'s output."""
-        await self._run(_make(GetrsBatched, self._ref(a, "a"), self._ref(ipiv, "ipiv"),
-                                     self._ref(b, "b"), n, nrhs, batch, **options))
-
-    async def potrf_batched_async(self, a: BufferLike, n: int, batch: int,
-                                  **options: Any) -> None:
-        """Factor ``batch`` Hermitian positive definite matrices in place as ``potrf``."""
-        await self._run(_make(PotrfBatched, self._ref(a, "a"), n, batch, **options))
-
-    async def potrs_batched_async(self, a: BufferLike, b: BufferLike, n: int, nrhs: int,
-                                  batch: int, **options: Any) -> None:
-        """Solve ``batch`` systems in place as ``potrs`` from ``potrf_batched``'s factors."""
-        await self._run(_make(PotrsBatched, self._ref(a, "a"), self._ref(b, "b"), n, nrhs, batch,
-                                     **options))
-
-    async def syevd_batched_async(self, a: BufferLike, w: BufferLike, n: int, batch: int,
-                                  **options: Any) -> None:
-        """Find the eigenpairs of ``batch`` Hermitian matrices as ``syevd``; n values each."""
-        await self._run(_make(SyevdBatched, self._ref(a, "a"), self._ref(w, "w"), n, batch,
-                                     **options))
-
-    async def gesvd_batched_async(self, a: BufferLike, s: BufferLike, u: BufferLike | None,
-                                  vt: BufferLike | None, m: int, n: int, batch: int,
-                                  **options: Any) -> None:
-        """Decompose ``batch`` matrices of at most 32 x 32 as ``gesvd``."""
-        await self._run(_make(GesvdBatched,
-            self._ref(a, "a"), self._ref(s, "s"), None if u is None else self._ref(u, "u"),
-            None if vt is None else self._ref(vt, "vt"), m, n, batch, **options))
-
-    getrf = blocking(getrf_async)
-    getrs = blocking(getrs_async)
-    potrf = blocking(potrf_async)
-    potrs = blocking(potrs_async)
-    geqrf = blocking(geqrf_async)
-    orgqr = blocking(orgqr_async)
-    gesvd = blocking(gesvd_async)
-    syevd = blocking(syevd_async)
-    getrf_batched = blocking(getrf_batched_async)
-    getrs_batched = blocking(getrs_batched_async)
-    potrf_batched = blocking(potrf_batched_async)
-    potrs_batched = blocking(potrs_batched_async)
-    syevd_batched = blocking(syevd_batched_async)
-    gesvd_batched = blocking(gesvd_batched_async)
-
-
-class Sparse(Library):
+class Sparse(Library, SparseApi):
     """Sparse products on one device, cuSPARSE conventions: CSR matrices, dense column-major.
 
     ``csr`` names a CSR matrix held in three buffers of this device (zero-based
@@ -472,26 +238,17 @@ class Sparse(Library):
     ``trans``, ``ldb``, ``ldc``).
     """
 
-    async def csr_async(self, indptr: BufferLike, indices: BufferLike, values: BufferLike,
-                        rows: int, cols: int, nnz: int | None = None) -> CsrMatrix:
+    def csr(self, indptr: BufferLike, indices: BufferLike, values: BufferLike, rows: int,
+            cols: int, nnz: int | None = None) -> CsrMatrix:
         """Return the ``rows`` x ``cols`` CSR matrix of three buffers (nnz: ``len(values)``)."""
         values_ref = self._ref(values, "values")
         return checked(CsrMatrix(self._ref(indptr, "indptr"), self._ref(indices, "indices"),
                                  values_ref, rows, cols, values_ref.length if nnz is None else nnz))
 
-    async def spmv_async(self, a: CsrMatrix, x: BufferLike, y: BufferLike,
-                         **options: Any) -> None:
-        """y = alpha * op(A) x + beta * y for a CSR A (``trans=True`` for A^T)."""
-        await self._run(_make(CsrSpMV, a, self._ref(x, "x"), self._ref(y, "y"), **options))
-
-    async def spmm_async(self, a: CsrMatrix, b: BufferLike, c: BufferLike, n: int,
-                         **options: Any) -> None:
-        """C = alpha * A B + beta * C for a CSR A, with B (cols x n) and C column-major."""
-        await self._run(_make(CsrSpMM, a, self._ref(b, "b"), self._ref(c, "c"), n, **options))
-
-    csr = blocking(csr_async)
-    spmv = blocking(spmv_async)
-    spmm = blocking(spmm_async)
+    def csr_async(self, indptr: BufferLike, indices: BufferLike, values: BufferLike, rows: int,
+                  cols: int, nnz: int | None = None) -> Coroutine[Any, Any, CsrMatrix]:
+        """``csr`` as an awaitable (it needs no device work: checked at once)."""
+        return ready(self.csr(indptr, indices, values, rows, cols, nnz))
 
 
 def _einsum_modes(subscripts: str) -> tuple[str, str, str]:
@@ -506,32 +263,21 @@ def _einsum_modes(subscripts: str) -> tuple[str, str, str]:
     return operands[0], operands[1], output
 
 
-class Tensor(Library):
+class Tensor(Library, TensorApi):
     """Tensor contractions on one device: dense row-major tensors with one-letter mode labels.
 
     Options are ``alpha`` and ``beta`` (``C = alpha * contract(A, B) + beta * C``);
     each call returns the name of the implementation that ran.
     """
 
-    async def contract_async(
-        self, a: BufferLike, a_modes: str, a_shape: Sequence[int],
-        b: BufferLike, b_modes: str, b_shape: Sequence[int],
-        c: BufferLike, c_modes: str, c_shape: Sequence[int], **options: Any,
-    ) -> str:
-        """Contract A and B into C over their mode labels; return the implementation's name."""
-        result: str = await self._run(_make(Contract,
-            self._ref(a, "a"), a_modes, tuple(a_shape), self._ref(b, "b"), b_modes,
-            tuple(b_shape), self._ref(c, "c"), c_modes, tuple(c_shape), **options))
-        return result
-
-    async def einsum_async(
+    def einsum_async(
         self, subscripts: str, a: BufferLike, a_shape: Sequence[int], b: BufferLike,
-        b_shape: Sequence[int], c: BufferLike, c_shape: Sequence[int], **options: Any,
-    ) -> str:
+        b_shape: Sequence[int], c: BufferLike, c_shape: Sequence[int], *,
+        alpha: complex = 1.0, beta: complex = 0.0, timeout_secs: float | None = None,
+    ) -> Coroutine[Any, Any, str]:
         """Contract as ``subscripts`` says (``"ab,bc->ac"``); return the implementation's name."""
         a_modes, b_modes, c_modes = _einsum_modes(subscripts)
-        return await self.contract_async(a, a_modes, a_shape, b, b_modes, b_shape,
-                                         c, c_modes, c_shape, **options)
+        return self.contract_async(a, a_modes, a_shape, b, b_modes, b_shape, c, c_modes, c_shape,
+                                   alpha=alpha, beta=beta, timeout_secs=timeout_secs)
 
-    contract = blocking(contract_async)
     einsum = blocking(einsum_async)

@@ -59,10 +59,12 @@ class Portal:
         return SystemClosed("facade", "call")
 
     def _check_caller(self, coro: Coroutine[Any, Any, Any]) -> None:
-        if asyncio._get_running_loop() is not None:
+        """Refuse a blocking call on this portal's own loop (it would wait for itself); on
+        any other thread, a foreign event loop's included, it blocks that thread."""
+        if asyncio._get_running_loop() is self.loop:
             coro.close()
             raise RuntimeError(
-                "a blocking atomr-accel call was made inside a running event loop; "
+                "a blocking atomr-accel call was made on the system's own event loop; "
                 "await its *_async twin instead"
             )
         if self._closed.done() or self.loop.is_closed():
@@ -183,6 +185,6 @@ def blocking(async_method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T
     method.__name__ = name
     method.__qualname__ = async_method.__qualname__.removesuffix("_async")
     summary = (async_method.__doc__ or "").strip()
-    method.__doc__ = f"{summary}\n\nBlocking twin of ``{async_method.__name__}``; do not call it " \
-        "inside a running event loop."
+    method.__doc__ = f"{summary}\n\nBlocking twin of ``{async_method.__name__}``; it blocks the " \
+        "calling thread (never call it on the system's own event loop)."
     return method

@@ -51,6 +51,7 @@ __all__ = [
     "refusal_of",
     "settle",
     "settle_threadsafe",
+    "on_free_loop",
     "translate_error",
 ]
 
@@ -274,9 +275,22 @@ class Box:
     def call(self, host: ContextHost, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
         """``host.call`` made of ``host.launch``: launch, then wait here."""
-        host.launch(op, stream, _Boxed(ticket, self),
-                    lambda result, error: self.set((result, error)))
+        _here.waiting = True  # this thread blocks even if it runs an event loop
+        try:
+            host.launch(op, stream, _Boxed(ticket, self),
+                        lambda result, error: self.set((result, error)))
+        finally:
+            _here.waiting = False
         return self.wait(deadline)
+
+
+_here = threading.local()
+
+
+def on_free_loop() -> bool:
+    """Whether this thread runs an event loop that is free to watch work it launches: False
+    on a plain thread, and on a loop's thread blocked in a call (``Box.call``)."""
+    return asyncio._get_running_loop() is not None and not getattr(_here, "waiting", False)
 
 
 class _Boxed:

@@ -38,6 +38,7 @@ from atomr_accel.hosts._base import (
     Done,
     Outcome,
     Ticket,
+    on_free_loop,
     refusal_of,
 )
 from atomr_accel.hosts._channel import (
@@ -278,7 +279,7 @@ class ProcessHost(ContextHost):
         request = _Request(op, stream, ticket, done, staged, out, slot)
         try:
             if data is not None and staged is not None:
-                if data.nbytes >= _OFF_LOOP and _on_loop():
+                if data.nbytes >= _OFF_LOOP and on_free_loop():
                     loop = asyncio.get_running_loop()
                     loop.run_in_executor(None, self._stage, request, data)
                     return request
@@ -522,11 +523,6 @@ class ProcessHost(ContextHost):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
-
-
-def _on_loop() -> bool:
-    """Whether this thread runs an event loop."""
-    return asyncio._get_running_loop() is not None
 
 
 async def _read(stream: asyncio.StreamReader) -> Any:

@@ -36,6 +36,7 @@ from atomr_accel.hosts._base import (
     Done,
     Outcome,
     Ticket,
+    on_free_loop,
     settle,
     translate_error,
 )
@@ -181,9 +182,9 @@ class ThreadHost(ContextHost):
                         done: Done) -> bool:
         """Start ``op`` here if the caller runs an event loop and the context is free and
         idle; the loop's poller reports it. False: queue it instead."""
-        loop = asyncio._get_running_loop()
-        if loop is None:
+        if not on_free_loop():
             return False
+        loop = asyncio.get_running_loop()
         if not self._lock.acquire(blocking=False):
             return False  # the context is busy: never block an event loop on it
         try:

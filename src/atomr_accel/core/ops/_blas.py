@@ -28,6 +28,17 @@ import numbers
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
+from atomr_accel.core._api import (
+    Form,
+    Param,
+    diag_flag,
+    side_flag,
+    trans_flag,
+)
+from atomr_accel.core._api import original as _original
+from atomr_accel.core._api import trans_param as _trans
+from atomr_accel.core._api import uplo_param as _uplo
+from atomr_accel.core._api import whole_vectors as _whole
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
@@ -262,6 +273,15 @@ class Gemm(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    api = (
+        Form("gemm", ("a", "b", "c", "m", "n", "k")),
+        _original("gemm", ("a", "b", "c", "m", "n", "k", "alpha", "beta",
+                           _trans("trans_a", "conj_a"), _trans("trans_b", "conj_b"), "lda", "ldb",
+                           "ldc"), 60.0),
+        Form("sgemm", ("a", "b", "c", "m", "n", "k", "alpha", "beta"), handle="device",
+             dtypes=(DType.F32,), timeout=60.0, suffixed=False,
+             note="The original package's ``Device.sgemm``: float32, column-major."),
+    )
     a: GpuRef
     b: GpuRef
     c: GpuRef
@@ -308,6 +328,13 @@ class GemmStridedBatched(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    api = (
+        Form("gemm_strided_batched", ("a", "b", "c", "m", "n", "k", "batch")),
+        _original("gemm_strided_batched", (
+            "a", "b", "c", "m", "n", "k", Param("stride_a"), Param("stride_b"), Param("stride_c"),
+            Param("batch_count", to=("batch",)), "alpha", "beta", _trans("trans_a", "conj_a"),
+            _trans("trans_b", "conj_b"), "lda", "ldb", "ldc"), 60.0),
+    )
     a: GpuRef
     b: GpuRef
     c: GpuRef
@@ -352,6 +379,10 @@ class Axpy(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = (
+        Form("axpy", ("n", "alpha", "x", "y")),
+        _original("axpy", ("alpha", "x", "y", _whole("x", "y"), "incx", "incy"), 10.0),
+    )
     n: int
     alpha: complex
     x: GpuRef
@@ -380,6 +411,10 @@ class Dot(LinalgOp):
     """
 
     library: ClassVar[str] = "blas"
+    api = (
+        Form("dot", ("n", "x", "y"), returns="Any"),
+        _original("dot", ("x", "y", _whole("x", "y"), "incx", "incy"), 10.0, "float"),
+    )
     n: int
     x: GpuRef
     y: GpuRef
@@ -422,6 +457,10 @@ class Nrm2(_OneVector):
     """Return the Euclidean norm of x as a Python float, without overflow (BLAS nrm2)."""
 
     library: ClassVar[str] = "blas"
+    api = (
+        Form("nrm2", ("n", "x"), returns="float"),
+        _original("nrm2", ("x", _whole("x"), "incx"), 10.0, "float"),
+    )
     n: int
     x: GpuRef
     incx: int = 1
@@ -433,6 +472,10 @@ class Scal(_OneVector):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("x",)
+    api = (
+        Form("scal", ("n", "alpha", "x")),
+        _original("scal", ("alpha", "x", _whole("x"), "incx"), 10.0),
+    )
     n: int
     alpha: complex
     x: GpuRef
@@ -448,6 +491,10 @@ class Asum(_OneVector):
     """Return ``sum(|re(x)| + |im(x)|)`` as a Python float, as BLAS asum (complex: not |x|)."""
 
     library: ClassVar[str] = "blas"
+    api = (
+        Form("asum", ("n", "x"), returns="float"),
+        _original("asum", ("x", _whole("x"), "incx"), 10.0, "float"),
+    )
     n: int
     x: GpuRef
     incx: int = 1
@@ -461,6 +508,10 @@ class Iamax(_OneVector):
     """
 
     library: ClassVar[str] = "blas"
+    api = (
+        Form("iamax", ("n", "x"), returns="int"),
+        _original("iamax", ("x", _whole("x"), "incx"), 10.0, "int"),
+    )
     n: int
     x: GpuRef
     incx: int = 1
@@ -476,6 +527,11 @@ class Gemv(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = (
+        Form("gemv", ("m", "n", "a", "x", "y")),
+        _original("gemv", ("a", "x", "y", "m", "n", "alpha", "beta", _trans("trans", "conj"), "lda",
+                           "incx", "incy"), 30.0),
+    )
     m: int
     n: int
     a: GpuRef
@@ -517,6 +573,10 @@ class Ger(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    api = (
+        Form("ger", ("m", "n", "x", "y", "a")),
+        _original("ger", ("x", "y", "a", "m", "n", "alpha", "lda", "incx", "incy"), 30.0),
+    )
     m: int
     n: int
     x: GpuRef
@@ -551,6 +611,12 @@ class Geam(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    api = (
+        Form("geam", ("m", "n", "a", "b", "c")),
+        _original("geam", ("a", "b", "c", "m", "n", "alpha", Param("beta", 1.0),
+                           _trans("trans_a", "conj_a"), _trans("trans_b", "conj_b"), "lda", "ldb",
+                           "ldc"), 30.0),
+    )
     m: int
     n: int
     a: GpuRef
@@ -599,6 +665,12 @@ class Syrk(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    api = (
+        Form("syrk", ("n", "k", "a", "c")),
+        _original("syrk", ("a", "c", "n", "k", "alpha", "beta", _uplo("L"),
+                           Param("trans", "N", parse=trans_flag, annotation="str | bool"), "lda",
+                           "ldc"), 30.0),
+    )
     n: int
     k: int
     a: GpuRef
@@ -638,6 +710,14 @@ class Trsm(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    api = (
+        Form("trsm", ("m", "n", "a", "b")),
+        _original("trsm", ("a", "b", "m", "n", "alpha",
+                           Param("side", "L", to=("left",), parse=side_flag, annotation="str"),
+                           _uplo("L"), _trans("trans", "conj"),
+                           Param("diag", "N", to=("unit_diag",), parse=diag_flag,
+                                 annotation="str"), "lda", "ldb"), 30.0),
+    )
     m: int
     n: int
     a: GpuRef

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from atomr_accel.core._api import Form
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import Op
@@ -30,6 +31,10 @@ class FaultKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class InjectFault(Op):
     """Make the context fail with ``kind``; ``delay`` seconds of work first (0 for none)."""
+
+    api = (Form("inject_fault", ("kind", "delay"), handle="device",
+                doc="Make the context fail on purpose (tests and demos); raises the fault's "
+                "error."),)
 
     kind: FaultKind
     delay: float = 0.0

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr_accel.core._api import Form, Param
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
@@ -25,6 +26,11 @@ __all__ = [
     "Prefetch",
     "Upload",
 ]
+
+
+def _copy_count(src: GpuRef, dst: GpuRef, src_offset: int, dst_offset: int) -> int:
+    """As many elements as fit after both offsets."""
+    return min(src.length - src_offset, dst.length - dst_offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,8 @@ class Advise(Op):
 class Free(Op):
     """Release a buffer; later use of its ref is an ``InvalidArgument``."""
 
+    api = (Form("free", (Param("buffer", to=("ref",)),), handle="device"),)
+
     ref: GpuRef
 
 
@@ -160,6 +168,12 @@ class Download(Op):
 class CopyBuffer(Op):
     """Copy ``length`` elements from ``src[src_offset:]`` to ``dst[dst_offset:]`` on the device."""
 
+    api = (Form("copy", ("src", "dst", Param("length", None, fill=_copy_count,
+                                          uses=("src", "dst", "src_offset", "dst_offset"),
+                                          annotation="int | None"), "src_offset", "dst_offset"),
+                handle="device", doc="Copy elements between two buffers of this device (as many "
+                "as fit after the offsets by default)."),)
+
     outputs: ClassVar[tuple[str, ...]] = ("dst",)
     src: GpuRef
     dst: GpuRef
@@ -177,3 +191,7 @@ class CopyBuffer(Op):
 @dataclass(frozen=True, slots=True)
 class MemoryInfo(Op):
     """Ask the context for ``(free_bytes, total_bytes)`` of its device."""
+
+    api = (Form("memory_info", (), handle="device", returns="tuple[int, int]",
+                doc="``(free_bytes, total_bytes)`` of the device, read now (``stats()`` "
+                "caches it)."),)

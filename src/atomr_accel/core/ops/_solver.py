@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._api import Form, Param, original, uplo_param
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import require_dtype, require_len
@@ -84,6 +85,10 @@ class Getrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
+    api = (
+        Form("getrf", ("a", "ipiv", "m", "n")),
+        original("lu", ("a", "ipiv", "m", "n", "lda"), 60.0),
+    )
     a: GpuRef
     ipiv: GpuRef
     m: int
@@ -113,6 +118,11 @@ class Getrs(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    api = (
+        Form("getrs", ("a", "ipiv", "b", "n", "nrhs")),
+        original("lu_solve", (Param("lu", to=("a",)), "ipiv", "b", "n", "nrhs", "ldb", "trans"),
+                 60.0),
+    )
     a: GpuRef
     ipiv: GpuRef
     b: GpuRef
@@ -150,6 +160,10 @@ class Potrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    api = (
+        Form("potrf", ("a", "n")),
+        original("cholesky", ("a", "n", uplo_param("U"), "lda"), 60.0),
+    )
     a: GpuRef
     n: int
     lda: int | None = None
@@ -173,6 +187,7 @@ class Potrs(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    api = (Form("potrs", ("a", "b", "n", "nrhs")),)
     a: GpuRef
     b: GpuRef
     n: int
@@ -204,6 +219,10 @@ class Geqrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "tau")
+    api = (
+        Form("geqrf", ("a", "tau", "m", "n")),
+        original("qr", ("a", "tau", "m", "n", "lda"), 60.0),
+    )
     a: GpuRef
     tau: GpuRef
     m: int
@@ -232,6 +251,7 @@ class Orgqr(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    api = (Form("orgqr", ("a", "tau", "m", "n", "k")),)
     a: GpuRef
     tau: GpuRef
     m: int
@@ -270,6 +290,10 @@ class Gesvd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    api = (
+        Form("gesvd", ("a", "s", "u", "vt", "m", "n")),
+        original("svd", ("a", "s", "m", "n", Param("u", None), Param("vt", None)), 60.0),
+    )
     a: GpuRef
     s: GpuRef
     u: GpuRef | None
@@ -305,6 +329,11 @@ class Syevd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
+    api = (
+        Form("syevd", ("a", "w", "n")),
+        original("eigh", ("a", "w", "n", uplo_param("L"), "lda",
+                          Param("compute_vectors", True, to=("vectors",))), 60.0),
+    )
     a: GpuRef
     w: GpuRef
     n: int
@@ -335,6 +364,7 @@ class GetrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
+    api = (Form("getrf_batched", ("a", "ipiv", "n", "batch")),)
     a: GpuRef
     ipiv: GpuRef
     n: int
@@ -366,6 +396,7 @@ class GetrsBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    api = (Form("getrs_batched", ("a", "ipiv", "b", "n", "nrhs", "batch")),)
     a: GpuRef
     ipiv: GpuRef
     b: GpuRef
@@ -404,6 +435,7 @@ class PotrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    api = (Form("potrf_batched", ("a", "n", "batch")),)
     a: GpuRef
     n: int
     batch: int
@@ -431,6 +463,7 @@ class PotrsBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    api = (Form("potrs_batched", ("a", "b", "n", "nrhs", "batch")),)
     a: GpuRef
     b: GpuRef
     n: int
@@ -465,6 +498,7 @@ class SyevdBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
+    api = (Form("syevd_batched", ("a", "w", "n", "batch")),)
     a: GpuRef
     w: GpuRef
     n: int
@@ -501,6 +535,7 @@ class GesvdBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    api = (Form("gesvd_batched", ("a", "s", "u", "vt", "m", "n", "batch")),)
     a: GpuRef
     s: GpuRef
     u: GpuRef | None

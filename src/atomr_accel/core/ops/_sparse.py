@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
@@ -90,6 +91,7 @@ class CsrSpMV(Op):
 
     library: ClassVar[str] = "sparse"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = (Form("spmv", ("a", "x", "y")),)
     a: CsrMatrix
     x: GpuRef
     y: GpuRef
@@ -128,6 +130,7 @@ class CsrSpMM(Op):
 
     library: ClassVar[str] = "sparse"
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    api = (Form("spmm", ("a", "b", "c", "n")),)
     a: CsrMatrix
     b: GpuRef
     c: GpuRef

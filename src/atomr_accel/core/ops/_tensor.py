@@ -11,6 +11,7 @@ import string
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
@@ -64,6 +65,8 @@ class Contract(Op):
 
     library: ClassVar[str] = "tensor"
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    api = (Form("contract", ("a", "a_modes", "a_shape", "b", "b_modes", "b_shape", "c",
+                         "c_modes", "c_shape"), returns="str"),)
     a: GpuRef
     a_modes: str
     a_shape: tuple[int, ...]

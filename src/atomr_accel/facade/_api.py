@@ -1,0 +1,31 @@
+"""The method sets of the handles, generated from the ops' declarations (``Op.api``).
+
+``_api.pyi`` holds their typed stub: run ``python -m atomr_accel.facade`` after
+changing a declaration (a test says when it is out of date).
+"""
+
+from __future__ import annotations
+
+from atomr_accel.facade._generate import Generated
+
+__all__ = ["BlasApi", "DeviceApi", "SolverApi", "SparseApi", "TensorApi"]
+
+
+class BlasApi(Generated, handle="blas"):
+    """The BLAS methods (``Blas``)."""
+
+
+class SolverApi(Generated, handle="solver"):
+    """The dense solver methods (``Solver``)."""
+
+
+class SparseApi(Generated, handle="sparse"):
+    """The sparse methods (``Sparse``)."""
+
+
+class TensorApi(Generated, handle="tensor"):
+    """The tensor methods (``Tensor``)."""
+
+
+class DeviceApi(Generated, handle="device"):
+    """The methods of ``Device`` declared by ops (``free``, ``copy``, ``sgemm``, ...)."""

@@ -1,0 +1,320 @@
+"""Facade methods made from the ops' declarations (``Op.api``, see ``core._api``).
+
+For each ``Form`` this module writes the source of ``name_async`` (as
+``dataclasses`` writes ``__init__``: a plain function with the real
+signature, so a call costs what a hand-written method costs), compiles it, and
+makes its blocking twin with ``blocking``. ``Generated`` subclasses, one per
+handle, receive every method declared for their handle. ``render_stub``
+writes the typed stub (``_api.pyi``) that mypy and IDEs read.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import importlib
+import inspect
+import pkgutil
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+from atomr_accel.core import ops as _ops_package
+from atomr_accel.core._api import REQUIRED, Form, Param
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.facade._portal import blocking
+
+__all__ = ["Generated", "Method", "declared_ops", "methods_for", "render_stub"]
+
+
+def declared_ops() -> list[type[Op]]:
+    """Every op class (of every module of ``atomr_accel.core.ops``) that declares forms."""
+    for info in pkgutil.iter_modules(_ops_package.__path__):
+        importlib.import_module(f"{_ops_package.__name__}.{info.name}")
+    found: list[type[Op]] = []
+    pending: list[type[Op]] = [Op]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        module = sys.modules.get(cls.__module__)
+        # a slotted dataclass replaces its class: only the module's own one counts
+        if cls.__dict__.get("api") and getattr(module, cls.__name__, None) is cls:
+            found.append(cls)
+    return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Arg:
+    """One parameter of a generated method."""
+
+    param: Param
+    keyword_only: bool
+    annotation: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Method:
+    """A generated method: its name, its ``*_async`` function and blocking twin, and
+    what the stub needs (parameters as written, the result's type)."""
+
+    name: str
+    handle: str
+    run_async: Callable[..., Any]
+    run: Callable[..., Any]
+    signature: inspect.Signature
+    returns: str
+
+
+def _annotation(hint: Any) -> str:
+    """How a field's declared type reads in a facade signature."""
+    optional = False
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        rest = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(rest) < len(typing.get_args(hint))
+        hint = rest[0] if len(rest) == 1 else Any
+    text: str
+    if hint is GpuRef:
+        text = "BufferLike"
+    elif hint in (int, float, complex, bool, str):
+        text = hint.__name__
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        text = f"{hint.__name__} | str"
+    elif typing.get_origin(hint) is tuple and typing.get_args(hint)[:1] == (int,):
+        text = "Sequence[int]"
+    elif typing.get_origin(hint) is tuple and typing.get_args(hint)[:1] == (float,):
+        text = "Sequence[float]"
+    elif isinstance(hint, type):
+        text = hint.__name__
+    else:
+        text = "Any"
+    return f"{text} | None" if optional else text
+
+
+def _is_buffer(hint: Any) -> bool:
+    return hint is GpuRef or (typing.get_origin(hint) in (types.UnionType, typing.Union)
+                              and GpuRef in typing.get_args(hint))
+
+
+def _is_sequence(hint: Any) -> bool:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
+    return typing.get_origin(hint) is tuple
+
+
+def _args(op: type[Op], form: Form, hints: dict[str, Any]) -> list[_Arg]:
+    """The method's parameters: the form's, then every other field as a keyword option."""
+    fields = {f.name: f for f in dataclasses.fields(op)}  # type: ignore[arg-type]
+    args: list[_Arg] = []
+    covered = set(form.fixed)
+    for entry in form.params:
+        param = entry if isinstance(entry, Param) else Param(entry)
+        if not isinstance(entry, Param):
+            default = fields[entry].default
+            param = Param(entry, REQUIRED if default is dataclasses.MISSING else default)
+        missing = [name for name in param.fields if name not in fields]
+        if missing:
+            raise TypeError(f"{op.__name__}.api {form.name!r}: no field {missing[0]!r}")
+        covered.update(param.fields)
+        annotation = param.annotation or _annotation(hints[param.fields[0]])
+        args.append(_Arg(param, False, annotation))
+    for name, field in fields.items():
+        if name in covered:
+            continue
+        if field.default is dataclasses.MISSING:
+            raise TypeError(f"{op.__name__}.api {form.name!r} leaves field {name!r} unset")
+        args.append(_Arg(Param(name, field.default), True, _annotation(hints[name])))
+    return args
+
+
+def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
+            checked_buffer: str | None, form: Form) -> tuple[str, dict[str, Any]]:
+    """The source of ``name`` and the names it uses."""
+    space: dict[str, Any] = {"_op": op}
+    head, body = ["self"], []
+    star = False
+    shared = collections.Counter(field for arg in args for field in arg.param.fields)
+    parts: dict[str, list[str]] = collections.defaultdict(list)
+    for i, arg in enumerate(args):
+        param = arg.param
+        if arg.keyword_only and not star:
+            head.append("*")
+            star = True
+        if param.default is REQUIRED:
+            head.append(param.name)
+        else:
+            space[f"_d{i}"] = param.default
+            head.append(f"{param.name}=_d{i}")
+        names = []
+        for field in param.fields:  # a field several parameters set is the tuple of them
+            if shared[field] > 1:
+                parts[field].append(f"f_{field}_{len(parts[field])}")
+                names.append(parts[field][-1])
+            else:
+                names.append(f"f_{field}")
+        targets = ", ".join(names)
+        if param.parse is not None:
+            space[f"_p{i}"] = param.parse
+            body.append(f"{targets} = _p{i}({param.name})")
+        else:
+            body.append(f"{targets} = {param.name}")
+    for field, names in parts.items():
+        body.append(f"f_{field} = ({', '.join(names)},)")
+    if not star:
+        head.append("*")
+    head.append("timeout_secs=_timeout")
+    head.append("**unknown")
+    space["_timeout"] = form.timeout
+    space["_refuse"] = _refuse
+    known = [a.param.name for a in args]
+    body.insert(0, f"if unknown:\n        _refuse({op.__name__!r}, {name!r}, unknown, {known!r})")
+    fields = [f.name for f in dataclasses.fields(op)]  # type: ignore[arg-type]
+    for field in fields:
+        hint = hints[field]
+        if _is_buffer(hint):
+            dtypes = "_dtypes" if field == checked_buffer else "None"
+            convert = f"self._ref(f_{field}, {field!r}, {dtypes})"
+            if hint is not GpuRef:
+                convert = f"None if f_{field} is None else {convert}"
+            body.append(f"f_{field} = {convert}")
+        elif _is_sequence(hint):
+            body.append(f"f_{field} = _tuple(f_{field})")
+    space["_tuple"] = _as_tuple
+    for i, arg in enumerate(args):
+        param = arg.param
+        if param.fill is not None:
+            space[f"_f{i}"] = param.fill
+            uses = ", ".join(f"f_{use}" for use in param.uses)
+            field = param.fields[0]
+            body.append(f"if f_{field} is None:\n        f_{field} = _f{i}({uses})")
+    for j, (field, value) in enumerate(form.fixed.items()):
+        space[f"_x{j}"] = value
+        body.append(f"f_{field} = _x{j}")
+    call = ", ".join(f"{field}=f_{field}" for field in fields)
+    body.append(f"return self._submit(_op({call}), timeout_secs)")
+    lines = "\n    ".join(body)
+    return f"def {name}({', '.join(head)}):\n    {lines}\n", space
+
+
+def _refuse(op: str, name: str, unknown: dict[str, Any], known: list[str]) -> None:
+    """Refuse options a method does not take (``InvalidArgument`` naming those it takes)."""
+    raise InvalidArgument(f"{op} takes no option {next(iter(unknown))!r}; its options are "
+                          f"{', '.join(known)}, timeout_secs ({name.removesuffix('_async')}())")
+
+
+def _as_tuple(value: Any) -> Any:
+    """A list (or other iterable but str) as a tuple; anything else as it is."""
+    if isinstance(value, tuple | str | bytes) or value is None:
+        return value
+    try:
+        return tuple(value)
+    except TypeError:
+        return value
+
+
+def _doc(op: type[Op], form: Form, dtype: DType | None) -> str:
+    text = form.doc or (op.__doc__ or "").strip().split("\n\n")[0]
+    text = " ".join(text.split())
+    extra = [form.note] if form.note else []
+    if dtype is not None:
+        extra.append(f"Takes {dtype.value} buffers; any other dtype is an ``InvalidArgument``.")
+    extra.append(f"Runs ``{op.__name__}``; ``timeout_secs`` bounds the wait"
+                 + ("" if form.timeout is None else f" (default {form.timeout:g} s)") + ".")
+    return "\n\n".join([text, *extra])
+
+
+def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
+    hints = typing.get_type_hints(op)
+    args = _args(op, form, hints)
+    name = form.name if dtype is None or not form.suffixed else f"{form.name}_{dtype.value}"
+    buffers = [a.param.fields[0] for a in args if _is_buffer(hints[a.param.fields[0]])]
+    source, space = _source(f"{name}_async", op, args, hints,
+                            buffers[0] if dtype is not None and buffers else None, form)
+    if dtype is not None:
+        space["_dtypes"] = (dtype,)
+    exec(compile(source, f"<atomr_accel api {op.__name__}.{name}>", "exec"), space)
+    run_async: Callable[..., Any] = space[f"{name}_async"]
+    run_async.__qualname__ = f"{form.handle or op.library}.{name}_async"
+    run_async.__module__ = __name__
+    run_async.__doc__ = _doc(op, form, dtype)
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for arg in args:
+        kind = (inspect.Parameter.KEYWORD_ONLY if arg.keyword_only
+                else inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        default = inspect.Parameter.empty if arg.param.default is REQUIRED else arg.param.default
+        params.append(inspect.Parameter(arg.param.name, kind, default=default,
+                                        annotation=arg.annotation))
+    params.append(inspect.Parameter("timeout_secs", inspect.Parameter.KEYWORD_ONLY,
+                                    default=form.timeout, annotation="float | None"))
+    signature = inspect.Signature(params, return_annotation=form.returns)
+    run_async.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        return_annotation=f"Coroutine[Any, Any, {form.returns}]")
+    run = blocking(run_async)
+    run.__signature__ = signature  # type: ignore[attr-defined]
+    return Method(name, form.handle or op.library, run_async, run, signature, form.returns)
+
+
+def methods_for(handle: str) -> Iterator[Method]:
+    """Every method declared for ``handle``, in a stable order."""
+    for op in declared_ops():
+        for form in op.api:
+            if (form.handle or op.library) != handle:
+                continue
+            for dtype in form.dtypes or (None,):
+                yield _method(op, form, dtype)
+
+
+class Generated:
+    """Base of the method sets: a subclass made with ``handle="blas"`` receives every
+    method declared for that handle (``name_async`` and ``name``). The class that uses a
+    set provides ``_ref(buffer, name, dtypes)`` (a buffer's ``GpuRef``, checked) and
+    ``_submit(op, timeout_secs)`` (the awaitable of the op's result, the op checked first);
+    it must come before the set in its bases."""
+
+    handle: ClassVar[str] = ""
+
+    def __init_subclass__(cls, handle: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.handle = handle
+        for method in methods_for(handle):
+            for attr in (f"{method.name}_async", method.name):
+                if attr in cls.__dict__:
+                    raise TypeError(f"{cls.__name__}.{attr} is declared twice")
+            setattr(cls, f"{method.name}_async", method.run_async)
+            setattr(cls, method.name, method.run)
+
+
+# ------------------------------------------------------------------------- the stub
+
+
+def _stub_params(signature: inspect.Signature) -> str:
+    out, star = [], False
+    for p in signature.parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+            out.append("*")
+            star = True
+        text = p.name if p.name == "self" else f"{p.name}: {p.annotation}"
+        if p.default is not inspect.Parameter.empty:
+            text += " = ..."
+        out.append(text)
+    return ", ".join(out)
+
+
+def render_stub(classes: list[type[Generated]], header: str) -> str:
+    """The typed stub of ``classes`` (each a ``Generated`` subclass), after ``header``."""
+    lines = [header.rstrip(), ""]
+    for cls in classes:
+        lines += ["", f"class {cls.__name__}(Generated):"]
+        lines.append(f'    """The methods declared for the ``{cls.handle}`` handle."""')
+        for method in methods_for(cls.handle):
+            params = _stub_params(method.signature)
+            lines.append(f"    def {method.name}_async({params}) -> "
+                         f"Coroutine[Any, Any, {method.returns}]: ...")
+            lines.append(f"    def {method.name}({params}) -> {method.returns}: ...")
+        lines.append("    def _submit(self, op: Op, timeout_secs: float | None) -> Any: ...")
+    return "\n".join(lines) + "\n"
