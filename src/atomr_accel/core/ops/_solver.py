@@ -30,7 +30,6 @@ from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blas import LinalgOp, Matrix, Vector, require_trans
 
 __all__ = [
-    "GESVD_BATCHED_MAX",
     "Geqrf",
     "Gesvd",
     "GesvdBatched",
@@ -46,10 +45,6 @@ __all__ = [
     "Syevd",
     "SyevdBatched",
 ]
-
-GESVD_BATCHED_MAX = 32
-"""Largest ``m`` and ``n`` ``GesvdBatched`` takes, as cuSOLVER's gesvdjBatched."""
-
 
 def _require_pivots(ipiv: GpuRef, needed: int) -> None:
     require_dtype(ipiv, (DType.I32,), "ipiv")
@@ -491,9 +486,8 @@ class SyevdBatched(LinalgOp):
 
 @dataclass(frozen=True, slots=True)
 class GesvdBatched(LinalgOp):
-    """Decompose ``batch`` small matrices as ``Gesvd`` does (cuSOLVER gesvdjBatched).
+    """Decompose ``batch`` matrices of any size as ``Gesvd`` does (cuSOLVER gesvd per matrix).
 
-    ``m`` and ``n`` are at most ``GESVD_BATCHED_MAX`` (32), as in cuSOLVER.
     Matrix ``i``'s singular values go to ``s[i * min(m, n):]``, descending;
     ``u`` and ``vt`` (each optional) hold full ``m x m`` U and ``n x n`` V.H
     per matrix, ``stride_u`` and ``stride_vt`` apart.
@@ -524,10 +518,6 @@ class GesvdBatched(LinalgOp):
         return _svd_operands(self, self.batch, (self.stride_a, self.stride_u, self.stride_vt))
 
     def check_extra(self, dtype: DType) -> None:
-        """Check the 32 x 32 limit and ``s``: real, ``batch * min(m, n)`` entries."""
-        if not (self.m <= GESVD_BATCHED_MAX and self.n <= GESVD_BATCHED_MAX):
-            raise InvalidArgument(
-                f"gesvd batched takes m, n <= {GESVD_BATCHED_MAX}, got m={self.m}, n={self.n}"
-            )
+        """Check ``s``: real, ``batch * min(m, n)`` entries."""
         _require_real(self.s, dtype, self.batch * min(self.m, self.n), "s")
 
