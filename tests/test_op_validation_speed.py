@@ -91,6 +91,7 @@ from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,
     GesvdBatched,
+    GesvdjBatched,
     Getrf,
     GetrfBatched,
     Getrs,
@@ -214,6 +215,8 @@ EXAMPLES: list[Any] = [
     PotrsBatched(_buf(F32, 9), _buf(F32, 6, 2), 3, 1, 2, stride_a=0),
     SyevdBatched(_buf(F32, 18), _buf(F32, 6, 2), 3, 2, vectors=False),
     GesvdBatched(_buf(F32, 24), _buf(F32, 6, 2), _buf(F32, 32, 3), None, 4, 3, 2),
+    GesvdjBatched(_buf(C64, 24), _buf(F32, 6, 2), _buf(C64, 24, 3), _buf(C64, 23, 4), 4, 3, 2,
+                  ldv=4, info=_buf(I32, 2, 5)),
     InjectFault(FaultKind.OOM, 0.5),
     Fft(_buf(F32, 16), _buf(C64, 10, 2), (2, 8), FftKind.R2C),
     CaptureGraph((
