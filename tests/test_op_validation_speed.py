@@ -64,7 +64,7 @@ from atomr_accel.core.ops._blas import (
     require_scalar,
 )
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
-from atomr_accel.core.ops._fft import Fft, FftKind
+from atomr_accel.core.ops._fft import Fft, FftKind, FftMany
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
 from atomr_accel.core.ops._memory import (
@@ -219,6 +219,8 @@ EXAMPLES: list[Any] = [
                   ldv=4, info=_buf(I32, 2, 5)),
     InjectFault(FaultKind.OOM, 0.5),
     Fft(_buf(F32, 16), _buf(C64, 10, 2), (2, 8), FftKind.R2C),
+    FftMany(_buf(F32, 64), _buf(C64, 45, 2), 2, (2, 8), FftKind.R2C, None, 2, (3, 9), 1, 0,
+            (2, 6), 2, 0),
     CaptureGraph((
         Axpy(4, 2.0, _buf(F32, 4), _buf(F32, 4, 2)),
         CopyBuffer(_buf(F32, 4, 2), _buf(F32, 4, 3), 4),
