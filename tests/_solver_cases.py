@@ -103,6 +103,21 @@ def check_gesvdj(dev: Device, dtype: DType, m: int, n: int, batch: int,
         assert untouched(vs, n, k, ldv, stride_v, batch)
 
 
+def check_gesvdj_shared_a(dev: Device, m: int, n: int) -> None:
+    """Tight defaults everywhere; a stride of 0 decomposes one matrix for every member."""
+    rng = np.random.default_rng(5)
+    k, batch = min(m, n), 3
+    mat = rand(rng, (m, n), DType.F64)
+    a, s = put(dev, mat.T, DType.F64), dev.allocate(batch * k, DType.F64)
+    u, v = dev.allocate(batch * m * k, DType.F64), dev.allocate(batch * n * k, DType.F64)
+    dev.run(GesvdjBatched(a.ref, s.ref, u.ref, v.ref, m, n, batch, stride_a=0))
+    values = get(dev, s).reshape(batch, k)
+    us, vs = get(dev, u), get(dev, v)
+    for i in range(batch):
+        left, right = member(us, i, m, k, m, m * k), member(vs, i, n, k, n, n * k)
+        assert err(left * values[i] @ right.T, mat) <= 10 * TOL[DType.F64]
+
+
 # ------------------------------------------------------------ info buffers
 
 

@@ -16,11 +16,11 @@ from _solver_cases import (
     TOL,
     UNSET,
     check_gesvdj,
+    check_gesvdj_shared_a,
     check_getrf_info,
     check_potrf_info,
     err,
     get,
-    member,
     pack_batch,
     put,
 )
@@ -47,19 +47,9 @@ def test_gesvdj_batched_skips_vectors(dev: Device, want_u: bool, want_v: bool) -
     check_gesvdj(dev, DType.F64, 36, 34, 2, want_u, want_v)
 
 
-def test_gesvdj_batched_packed_defaults_and_shared_a(dev: Device) -> None:
-    """Tight defaults everywhere; a stride of 0 decomposes one matrix for every member."""
-    rng = np.random.default_rng(5)
-    m, n, batch = 6, 4, 3
-    mat = rand(rng, (m, n), DType.F64)
-    a, s = put(dev, mat.T, DType.F64), dev.allocate(batch * n, DType.F64)
-    u, v = dev.allocate(batch * m * n, DType.F64), dev.allocate(batch * n * n, DType.F64)
-    dev.run(GesvdjBatched(a.ref, s.ref, u.ref, v.ref, m, n, batch, stride_a=0))
-    values = get(dev, s).reshape(batch, n)
-    us, vs = get(dev, u), get(dev, v)
-    for i in range(batch):
-        left, right = member(us, i, m, n, m, m * n), member(vs, i, n, n, n, n * n)
-        assert err(left * values[i] @ right.T, mat) <= 10 * TOL[DType.F64]
+@pytest.mark.parametrize(("m", "n"), [(6, 4), (4, 6), (40, 36)])
+def test_gesvdj_batched_tight_defaults_and_shared_a(dev: Device, m: int, n: int) -> None:
+    check_gesvdj_shared_a(dev, m, n)
 
 
 def test_gesvdj_failure_goes_to_info_or_raises(dev: Device) -> None:
