@@ -33,3 +33,14 @@ def pack(mat: Arr, ld: int, tail: int = 0) -> Arr:
     buf = np.full(ld * cols + tail, FILL, dtype=mat.dtype)
     buf[: ld * cols].reshape(cols, ld).T[:rows] = mat
     return buf
+
+
+def lu_product(f: Arr, ipiv: Arr) -> Arr:
+    """Rebuild A from getrf's packed L\\U and 1-based pivots: undo the swaps in reverse."""
+    m, n = f.shape
+    k = min(m, n)
+    pa = (np.tril(f[:, :k], -1) + np.eye(m, k)) @ np.triu(f[:k, :])
+    for i in reversed(range(k)):
+        j = int(ipiv[i]) - 1
+        pa[[i, j]] = pa[[j, i]]
+    return pa

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _linalg_data import FILL, Arr, hpd, pack, rand
+from _linalg_data import FILL, Arr, hpd, lu_product, pack, rand
 
 from atomr_accel import DType, InvalidArgument, LibraryError, System
 from atomr_accel.core import GpuRef, Op
@@ -264,17 +264,6 @@ def _err(got: Arr, want: Arr) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))
 
 
-def _lu_product(f: Arr, ipiv: Arr) -> Arr:
-    """Rebuild A from getrf's packed L\\U and 1-based pivots: undo the swaps in reverse."""
-    m, n = f.shape
-    k = min(m, n)
-    pa = (np.tril(f[:, :k], -1) + np.eye(m, k)) @ np.triu(f[:k, :])
-    for i in reversed(range(k)):
-        j = int(ipiv[i]) - 1
-        pa[[i, j]] = pa[[j, i]]
-    return pa
-
-
 def _apply(mat: Arr, op: str) -> Arr:
     return {"N": mat, "T": mat.T, "C": mat.conj().T}[op]
 
@@ -308,7 +297,7 @@ def test_getrf_reconstructs(cuda: Any, dtype: DType, m: int, n: int) -> None:
               lambda r: [Getrf(r["a"], r["ipiv"], m, n, lda)])
     ipiv = got["ipiv"]
     assert ipiv.dtype == np.int32 and ipiv.min() >= 1 and ipiv.max() <= m
-    assert _err(_lu_product(_unpack(got["a"], m, n, lda), ipiv), a) <= TOL[dtype]
+    assert _err(lu_product(_unpack(got["a"], m, n, lda), ipiv), a) <= TOL[dtype]
     assert _padding_ok(got["a"], m, n, lda)
 
 
@@ -495,7 +484,7 @@ def test_getrf_getrs_batched(backends: tuple[Any, Any], dtype: DType) -> None:
     for i in range(batch):
         member = _member(got["a"], i, stride_a)
         pivots = got["ipiv"][i * n : (i + 1) * n]
-        assert _err(_lu_product(_unpack(member, n, n, lda), pivots), mats[i]) <= TOL[dtype]
+        assert _err(lu_product(_unpack(member, n, n, lda), pivots), mats[i]) <= TOL[dtype]
         assert _padding_ok(member, n, n, lda)
         x = _unpack(_member(got["b"], i, stride_b), n, nrhs, ldb)
         assert _err(x, _unpack(_member(want["b"], i, stride_b), n, nrhs, ldb)) <= TOL[dtype]
@@ -569,7 +558,7 @@ def test_syevd_batched(backends: tuple[Any, Any], dtype: DType, n: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "n"), [(7, 5), (5, 7), (32, 32)])
+@pytest.mark.parametrize(("m", "n"), [(7, 5), (5, 7), (32, 32), (40, 33), (33, 40)])
 def test_gesvd_batched(backends: tuple[Any, Any], dtype: DType, m: int, n: int) -> None:
     rng = np.random.default_rng(11)
     batch, k = 3, min(m, n)

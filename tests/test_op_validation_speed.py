@@ -64,7 +64,7 @@ from atomr_accel.core.ops._blas import (
     require_scalar,
 )
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
-from atomr_accel.core.ops._fft import Fft, FftKind
+from atomr_accel.core.ops._fft import Fft, FftKind, FftMany
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
 from atomr_accel.core.ops._memory import (
@@ -91,6 +91,7 @@ from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,
     GesvdBatched,
+    GesvdjBatched,
     Getrf,
     GetrfBatched,
     Getrs,
@@ -214,8 +215,12 @@ EXAMPLES: list[Any] = [
     PotrsBatched(_buf(F32, 9), _buf(F32, 6, 2), 3, 1, 2, stride_a=0),
     SyevdBatched(_buf(F32, 18), _buf(F32, 6, 2), 3, 2, vectors=False),
     GesvdBatched(_buf(F32, 24), _buf(F32, 6, 2), _buf(F32, 32, 3), None, 4, 3, 2),
+    GesvdjBatched(_buf(C64, 24), _buf(F32, 6, 2), _buf(C64, 24, 3), _buf(C64, 23, 4), 4, 3, 2,
+                  ldv=4, info=_buf(I32, 2, 5)),
     InjectFault(FaultKind.OOM, 0.5),
     Fft(_buf(F32, 16), _buf(C64, 10, 2), (2, 8), FftKind.R2C),
+    FftMany(_buf(F32, 64), _buf(C64, 45, 2), 2, (2, 8), FftKind.R2C, None, 2, (3, 9), 1, 0,
+            (2, 6), 2, 0),
     CaptureGraph((
         Axpy(4, 2.0, _buf(F32, 4), _buf(F32, 4, 2)),
         CopyBuffer(_buf(F32, 4, 2), _buf(F32, 4, 3), 4),

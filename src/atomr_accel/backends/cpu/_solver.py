@@ -2,7 +2,8 @@
 
 Every op, batched or not, runs one LAPACK call per matrix (a plain op is a
 batch of one). All matrices are processed; then the first non-zero ``info``
-raises ``LibraryError("solver", info, ...)``, naming the matrix for batched ops.
+raises ``LibraryError("solver", info, ...)``, naming the matrix for batched ops,
+unless the op was given an ``info`` buffer, which then takes every matrix's status.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from atomr_accel.backends._base import Handler
 from atomr_accel.backends.cpu._blas import matrix_views, vector_view
 from atomr_accel.core._errors import LibraryError
 from atomr_accel.core._op import Op, require
+from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,
     GesvdBatched,
+    GesvdjBatched,
     Getrf,
     GetrfBatched,
     Getrs,
@@ -41,12 +44,14 @@ __all__ = [
     "HANDLERS",
     "geqrf",
     "gesvd",
+    "gesvdj",
     "getrf",
     "getrs",
     "orgqr",
     "potrf",
     "potrs",
     "raise_first",
+    "report",
     "syevd",
 ]
 
@@ -63,6 +68,7 @@ _FAILURES: dict[str, Callable[[int], str]] = {
     "potrf": lambda i: f"the leading minor of order {i} is not positive definite",
     "gesvd": lambda i: f"{i} superdiagonals of the bidiagonal form did not converge",
     "syevd": lambda i: f"the eigensolver did not converge (info {i})",
+    "gesvdj": lambda i: f"the Jacobi method did not converge (info {i})",
 }
 
 
@@ -84,6 +90,16 @@ def raise_first(routine: str, infos: Sequence[int], batched: bool) -> None:
             raise LibraryError("solver", info, f"{routine}: {where}{what}")
 
 
+def report(
+    backend: CpuBackend, routine: str, infos: Sequence[int], info: GpuRef | None, batched: bool
+) -> None:
+    """Write each matrix's status into the op's ``info`` buffer, or without one ``raise_first``."""
+    if info is None:
+        raise_first(routine, infos, batched)
+    else:
+        backend.array(info.buffer_id)[: len(infos)] = infos
+
+
 def _getrf_one(a: Array, ipiv: Array) -> int:
     if a.size == 0:
         return 0
@@ -100,7 +116,8 @@ def getrf(backend: CpuBackend, op: Getrf | GetrfBatched) -> None:
     k = min(spec.rows, spec.cols)
     ipiv = backend.array(op.ipiv.buffer_id)
     infos = [_getrf_one(mats[i], ipiv[i * k : (i + 1) * k]) for i in range(spec.batch)]
-    raise_first("getrf", infos, isinstance(op, GetrfBatched))
+    info = op.info if isinstance(op, GetrfBatched) else None
+    report(backend, "getrf", infos, info, isinstance(op, GetrfBatched))
 
 
 def _getrs_one(lu: Array, ipiv: Array, b: Array, trans: int) -> int:
@@ -143,7 +160,8 @@ def potrf(backend: CpuBackend, op: Potrf | PotrfBatched) -> None:
     (spec,) = op.operands()
     mats = matrix_views(backend, spec)
     infos = [_potrf_one(mats[i], op.upper) for i in range(spec.batch)]
-    raise_first("potrf", infos, isinstance(op, PotrfBatched))
+    info = op.info if isinstance(op, PotrfBatched) else None
+    report(backend, "potrf", infos, info, isinstance(op, PotrfBatched))
 
 
 def _potrs_one(c: Array, b: Array, upper: bool) -> int:
@@ -222,6 +240,46 @@ def gesvd(backend: CpuBackend, op: Gesvd | GesvdBatched) -> None:
     raise_first("gesvd", infos, isinstance(op, GesvdBatched))
 
 
+def _gesvdj_one(a: Array, s: Array, u: Array | None, v: Array | None) -> int:
+    """Economy SVD of one matrix into s, U and V; ``min(m, n) + 1`` if it does not converge."""
+    if a.size == 0:
+        return 0
+    try:
+        if u is None and v is None:
+            s[...] = np.linalg.svd(a, compute_uv=False)
+            return 0
+        u_thin, values, vh = np.linalg.svd(a, full_matrices=False)
+    except np.linalg.LinAlgError:
+        return len(s) + 1  # s holds min(m, n) entries
+    s[...] = values
+    if u is not None:
+        u[...] = u_thin
+    if v is not None:
+        v[...] = vh.conj().T
+    return 0
+
+
+def gesvdj(backend: CpuBackend, op: GesvdjBatched) -> None:
+    """Decompose each matrix as ``U @ diag(s) @ V.H`` (economy U and V) with NumPy's SVD."""
+    specs = iter(op.operands())
+    a_spec = next(specs)
+    mats = matrix_views(backend, a_spec)
+    us = None if op.u is None else matrix_views(backend, next(specs))
+    vs = None if op.v is None else matrix_views(backend, next(specs))
+    k = min(a_spec.rows, a_spec.cols)
+    s = backend.array(op.s.buffer_id)
+    infos = [
+        _gesvdj_one(
+            mats[i],
+            s[i * k : (i + 1) * k],
+            None if us is None else us[i],
+            None if vs is None else vs[i],
+        )
+        for i in range(a_spec.batch)
+    ]
+    report(backend, "gesvdj", infos, op.info, True)
+
+
 def _syevd_one(a: Array, w: Array, upper: bool, vectors: bool) -> int:
     if a.size == 0:
         return 0
@@ -259,6 +317,7 @@ HANDLERS: dict[type[Op], Handler] = {
     Orgqr: orgqr,
     Gesvd: gesvd,
     GesvdBatched: gesvd,
+    GesvdjBatched: gesvdj,
     Syevd: syevd,
     SyevdBatched: syevd,
 }

@@ -27,6 +27,7 @@ from atomr_accel.backends.cpu import _fft as shared_fft
 from atomr_accel.backends.cpu import _sparse as shared_sparse
 from atomr_accel.backends.cuda import _blas as cuda_blas
 from atomr_accel.backends.cuda import _direct as direct
+from atomr_accel.backends.cuda import _fft as cuda_fft
 from atomr_accel.backends.cuda import _graph as cuda_graph
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
 from atomr_accel.backends.cuda import _peer as cuda_peer
@@ -58,7 +59,7 @@ from atomr_accel.core.ops._blas import (
     Trsm,
 )
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
-from atomr_accel.core.ops._fft import Fft
+from atomr_accel.core.ops._fft import Fft, FftMany
 from atomr_accel.core.ops._graph import LaunchGraph
 from atomr_accel.core.ops._kernels import LaunchKernel
 from atomr_accel.core.ops._memory import Advice, CopyBuffer, Location, Upload
@@ -83,8 +84,8 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
 }
 
 _QUEUES_ONLY: frozenset[type[Op]] = frozenset({
-    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, CopyBuffer, Fft, RngFill,
-    LaunchKernel, LaunchGraph,
+    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, CopyBuffer, Fft, FftMany,
+    RngFill, LaunchKernel, LaunchGraph,
 })
 """Ops whose handlers only queue work on the stream: an event loop may launch them itself."""
 
@@ -147,6 +148,8 @@ class CudaBackend(Backend):
         """Loaded modules by the SHA-256 of their image."""
         self.capturing = False
         """True while a graph capture records ops (see ``_graph.py``)."""
+        self.fft_plans = cuda_fft.PlanCache()
+        """cuFFT plans of ``FftMany`` transforms, by layout and stream (see ``_fft.py``)."""
 
     # ----------------------------------------------------------------- streams
 
@@ -342,6 +345,7 @@ class CudaBackend(Backend):
         with contextlib.suppress(Exception):  # a poisoned context cannot synchronize
             self._device.synchronize()
         self.completion.close()
+        self.fft_plans.clear()
         self._handles.clear()
         self.managed.clear()
         self.modules.clear()
@@ -422,6 +426,7 @@ CudaBackend.handlers = (
     | shared_blas.HANDLERS
     | cuda_blas.HANDLERS
     | shared_fft.HANDLERS
+    | cuda_fft.HANDLERS
     | shared_sparse.HANDLERS
     | cuda_tensor.HANDLERS
     | cuda_rng.HANDLERS

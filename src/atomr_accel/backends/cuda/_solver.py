@@ -20,12 +20,19 @@ them (noted below). The routines:
   ``m >= n``, so a wide A is decomposed as ``A.H = U' S VT'`` in scratch and
   written back as ``U = VT'.H``, ``VT = U'.H``.
 * ``Syevd`` and ``SyevdBatched``: ``<t>syevd`` (``<t>heevd`` for complex) per matrix.
+* ``GesvdjBatched``: ``<t>gesvdjBatched`` when ``m, n <= 32``, else ``<t>gesvdj``
+  (``econ = 1``) per matrix, sharing one ``gesvdjInfo``. Both overwrite A, so they
+  run on a packed copy of it; gesvdjBatched writes full U and V, of which the
+  first ``min(m, n)`` columns are kept. U and V are made in scratch and copied
+  into the op's (strided, padded) layout.
 
 Each call leaves its ``info`` in device memory; once its calls are queued the
 handler reads them all at once (so it waits for them on the host) and raises
 ``LibraryError("solver", info, ...)`` for the first failing matrix, exactly
-as the CPU backend does (``raise_first``). Batched ops without a batched
-routine here (gesvd, syevd) queue one call per matrix.
+as the CPU backend does (``raise_first``). A batched op given an ``info``
+buffer has the routines write the statuses straight into it instead, and
+neither waits nor raises. Batched ops without a batched routine here (gesvd,
+syevd) queue one call per matrix.
 """
 
 from __future__ import annotations
@@ -40,11 +47,13 @@ from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.backends.cpu._blas import matrix_views, vector_view
 from atomr_accel.backends.cpu._solver import raise_first
 from atomr_accel.core._op import Op, require
+from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blas import Matrix
 from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,
     GesvdBatched,
+    GesvdjBatched,
     Getrf,
     GetrfBatched,
     Getrs,
@@ -58,11 +67,14 @@ from atomr_accel.core.ops._solver import (
     SyevdBatched,
 )
 
-__all__ = ["HANDLERS", "geqrf", "gesvd", "getrf", "getrs", "orgqr", "potrf", "potrs", "syevd"]
+__all__ = [
+    "HANDLERS", "geqrf", "gesvd", "gesvdj", "getrf", "getrs", "orgqr", "potrf", "potrs", "syevd",
+]
 
 _PREFIX = {"float32": "s", "float64": "d", "complex64": "c", "complex128": "z"}
 _ALL = ord("A")  # gesvd's jobu/jobvt: every column of U / row of VT
 _NONE = ord("N")
+_JACOBI_BATCH_MAX = 32  # gesvdjBatched takes m, n <= 32
 
 
 def _routine(library: Any, name: str, dtype: Any) -> Any:
@@ -147,6 +159,22 @@ def _check(routine: str, infos: Any, batched: bool) -> None:
     raise_first(routine, infos.get(stream=_stream()).tolist(), batched)
 
 
+def _statuses(backend: ArrayBackend, info: GpuRef | None, batch: int) -> Any:
+    """Zeroed device array the calls write each matrix's ``info`` into: the op's ``info``
+    buffer where it has one, else scratch for ``_finish`` to read."""
+    if info is None:
+        return cp.zeros(batch, dtype=cp.int32)
+    statuses = backend.array(info.buffer_id)[:batch]
+    statuses.fill(0)
+    return statuses
+
+
+def _finish(routine: str, statuses: Any, info: GpuRef | None, batched: bool) -> None:
+    """Raise for the first failing matrix, unless the op's ``info`` buffer took the statuses."""
+    if info is None:
+        _check(routine, statuses, batched)
+
+
 def _require_pivots(pivots: Any, n: int) -> None:
     bad = bool(cp.any((pivots < 1) | (pivots > n)))
     require(not bad, f"ipiv holds pivots outside 1..{n}; pass the pivots getrf wrote")
@@ -156,11 +184,12 @@ def getrf(backend: ArrayBackend, op: Getrf | GetrfBatched) -> None:
     """Factor ``A = P @ L @ U`` per matrix in place, writing 1-based pivots."""
     (spec,) = op.operands()
     m, n, batch = spec.rows, spec.cols, spec.batch
+    info = op.info if isinstance(op, GetrfBatched) else None
+    infos = _statuses(backend, info, batch)
     if min(m, n, batch) == 0:
         return
     a = _Operand(backend, spec)
     ipiv = backend.array(op.ipiv.buffer_id)
-    infos = cp.zeros(batch, dtype=cp.int32)
     if isinstance(op, GetrfBatched):
         pointers = a.pointers(batch)
         _routine(cublas, "getrfBatched", a.dtype)(
@@ -171,7 +200,7 @@ def getrf(backend: ArrayBackend, op: Getrf | GetrfBatched) -> None:
         work = _workspace(lwork, a.dtype)
         _routine(cusolver, "getrf", a.dtype)(
             handle, m, n, a.ptr(0), a.ld, work.data.ptr, ipiv.data.ptr, infos.data.ptr)
-    _check("getrf", infos, isinstance(op, GetrfBatched))
+    _finish("getrf", infos, info, isinstance(op, GetrfBatched))
 
 
 def getrs(backend: ArrayBackend, op: Getrs | GetrsBatched) -> None:
@@ -203,11 +232,12 @@ def potrf(backend: ArrayBackend, op: Potrf | PotrfBatched) -> None:
     """Factor each Hermitian positive definite matrix in its chosen triangle (Cholesky)."""
     (spec,) = op.operands()
     n, batch = spec.rows, spec.batch
+    info = op.info if isinstance(op, PotrfBatched) else None
+    infos = _statuses(backend, info, batch)
     if min(n, batch) == 0:
         return
     a = _Operand(backend, spec)
     uplo = _uplo(op.upper)
-    infos = cp.zeros(batch, dtype=cp.int32)
     handle = _solver_handle()
     if isinstance(op, PotrfBatched):
         # potrfBatched may overwrite the triangle LAPACK leaves alone: keep it, put it back.
@@ -223,7 +253,7 @@ def potrf(backend: ArrayBackend, op: Potrf | PotrfBatched) -> None:
         work = _workspace(lwork, a.dtype)
         _routine(cusolver, "potrf", a.dtype)(
             handle, uplo, n, a.ptr(0), a.ld, work.data.ptr, lwork, infos.data.ptr)
-    _check("potrf", infos, isinstance(op, PotrfBatched))
+    _finish("potrf", infos, info, isinstance(op, PotrfBatched))
 
 
 def potrs(backend: ArrayBackend, op: Potrs | PotrsBatched) -> None:
@@ -344,6 +374,72 @@ def gesvd(backend: ArrayBackend, op: Gesvd | GesvdBatched) -> None:
     _check("gesvd", infos, isinstance(op, GesvdBatched))
 
 
+def _gesvdj_batched(handle: int, params: int, jobz: int, a: Any, s: Any, infos: Any
+                    ) -> tuple[Any, Any]:
+    """gesvdjBatched on ``a`` ((batch, n, m): packed column-major m x n); return full U and V
+    as (batch, m, m) and (batch, n, n) arrays, each matrix column-major."""
+    batch, n, m = a.shape
+    u = cp.empty((batch, m, m), dtype=a.dtype)
+    v = cp.empty((batch, n, n), dtype=a.dtype)
+    cusolver.xgesvdjSetSortEig(params, 1)  # descending singular values (the default, made sure)
+    args = (handle, jobz, m, n, a.data.ptr, m, s.data.ptr, u.data.ptr, m, v.data.ptr, n)
+    lwork = _routine(cusolver, "gesvdjBatched_bufferSize", a.dtype)(*args, params, batch)
+    work = _workspace(lwork, a.dtype)
+    _routine(cusolver, "gesvdjBatched", a.dtype)(
+        *args, work.data.ptr, lwork, infos.data.ptr, params, batch)
+    return u, v
+
+
+def _gesvdj_each(handle: int, params: int, jobz: int, a: Any, s: Any, infos: Any
+                 ) -> tuple[Any, Any]:
+    """gesvdj (econ) per matrix of ``a`` ((batch, n, m): packed column-major m x n); return
+    U and V as (batch, k, m) and (batch, k, n) arrays, each matrix column-major."""
+    batch, n, m = a.shape
+    k = min(m, n)
+    u = cp.empty((batch, k, m), dtype=a.dtype)
+    v = cp.empty((batch, k, n), dtype=a.dtype)
+    lwork = _routine(cusolver, "gesvdj_bufferSize", a.dtype)(
+        handle, jobz, 1, m, n, a.data.ptr, m, s.data.ptr, u.data.ptr, m, v.data.ptr, n, params)
+    work = _workspace(lwork, a.dtype)
+    solve = _routine(cusolver, "gesvdj", a.dtype)
+    for i in range(batch):
+        solve(handle, jobz, 1, m, n, _slots(a, i, m * n), m, _slots(s, i, k),
+              _slots(u, i, m * k), m, _slots(v, i, n * k), n, work.data.ptr, lwork,
+              _slots(infos, i, 1), params)
+    return u, v
+
+
+def gesvdj(backend: ArrayBackend, op: GesvdjBatched) -> None:
+    """Decompose each matrix as ``U @ diag(s) @ V.H`` by Jacobi, economy U and V where asked."""
+    specs = iter(op.operands())
+    a_spec = next(specs)
+    m, n, batch = a_spec.rows, a_spec.cols, a_spec.batch
+    u = None if op.u is None else matrix_views(backend, next(specs))
+    v = None if op.v is None else matrix_views(backend, next(specs))
+    infos = _statuses(backend, op.info, batch)
+    k = min(m, n)
+    if min(k, batch) == 0:
+        return
+    views = matrix_views(backend, a_spec)
+    packed = cp.empty((batch, n, m), dtype=views.dtype)  # the routines overwrite A: a copy
+    packed.transpose(0, 2, 1)[...] = views
+    s = backend.array(op.s.buffer_id)
+    vectors = u is not None or v is not None
+    mode = cusolver.CUSOLVER_EIG_MODE_VECTOR if vectors else cusolver.CUSOLVER_EIG_MODE_NOVECTOR
+    handle = _solver_handle()
+    params = cusolver.createGesvdjInfo()
+    try:
+        solve = _gesvdj_batched if max(m, n) <= _JACOBI_BATCH_MAX else _gesvdj_each
+        u_all, v_all = solve(handle, params, int(mode), packed, s, infos)
+        if u is not None:
+            u[...] = u_all.transpose(0, 2, 1)[:, :, :k]
+        if v is not None:
+            v[...] = v_all.transpose(0, 2, 1)[:, :, :k]
+        _finish("gesvdj", infos, op.info, True)  # waits for the calls unless info takes them
+    finally:
+        cusolver.destroyGesvdjInfo(params)
+
+
 def syevd(backend: ArrayBackend, op: Syevd | SyevdBatched) -> None:
     """Find ascending eigenvalues into w and, with ``vectors``, eigenvectors over A."""
     (spec,) = op.operands()
@@ -381,6 +477,7 @@ HANDLERS: dict[type[Op], Handler] = {
     Orgqr: orgqr,
     Gesvd: gesvd,
     GesvdBatched: gesvd,
+    GesvdjBatched: gesvdj,
     Syevd: syevd,
     SyevdBatched: syevd,
 }

@@ -16,6 +16,10 @@ When LAPACK reports failure (``info != 0``: a singular matrix at getrf, a
 matrix that is not positive definite at potrf, no convergence at syevd or
 gesvd) the handler raises ``LibraryError("solver", info, ...)`` naming the
 first failing matrix of a batch; the outputs then hold what LAPACK left.
+``GetrfBatched``, ``PotrfBatched`` and ``GesvdjBatched`` take an optional
+``info`` buffer (i32, one entry per matrix) instead: given one, each matrix's
+status goes there (0, or LAPACK's positive ``info``: the failing pivot or
+minor) and no failure raises.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blas import LinalgOp, Matrix, Vector, require_trans
 
 __all__ = [
-    "GESVD_BATCHED_MAX",
     "Geqrf",
     "Gesvd",
     "GesvdBatched",
+    "GesvdjBatched",
     "Getrf",
     "GetrfBatched",
     "Getrs",
@@ -48,13 +52,16 @@ __all__ = [
     "SyevdBatched",
 ]
 
-GESVD_BATCHED_MAX = 32
-"""Largest ``m`` and ``n`` ``GesvdBatched`` takes, as cuSOLVER's gesvdjBatched."""
-
-
 def _require_pivots(ipiv: GpuRef, needed: int) -> None:
     require_dtype(ipiv, (DType.I32,), "ipiv")
     require_len(ipiv, needed, "ipiv")
+
+
+def _require_info(info: GpuRef | None, batch: int) -> None:
+    """Check an optional per-matrix status buffer: i32 with ``batch`` entries."""
+    if info is not None:
+        require_dtype(info, (DType.I32,), "info")
+        require_len(info, batch, "info")
 
 
 def _require_real(ref: GpuRef, dtype: DType, needed: int, name: str) -> None:
@@ -359,18 +366,25 @@ class GetrfBatched(LinalgOp):
     """Factor ``batch`` square ``n x n`` matrices in place as ``Getrf`` does (cuBLAS getrfBatched).
 
     Matrix ``i`` starts ``i * stride`` elements into ``a``; its pivots are
-    ``ipiv[i * n:(i + 1) * n]`` (1-based).
+    ``ipiv[i * n:(i + 1) * n]`` (1-based). With ``info`` (i32, ``batch``
+    entries) matrix ``i``'s status goes to ``info[i]`` (0, or ``j > 0`` when
+    ``U(j, j)`` is exactly zero) and a singular matrix does not raise.
     """
 
     library: ClassVar[str] = "solver"
-    outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
-    api = (Form("getrf_batched", ("a", "ipiv", "n", "batch")),)
+    outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv", "info")
+    api = (
+        Form("getrf_batched", ("a", "ipiv", "n", "batch")),
+        original("getrf_batched", ("a", "ipiv", Param("info"),
+                                   Param("batch_count", to=("batch",)), "n", "lda"), 60.0),
+    )
     a: GpuRef
     ipiv: GpuRef
     n: int
     batch: int
     lda: int | None = None
     stride: int | None = None
+    info: GpuRef | None = None
 
     def sizes(self) -> dict[str, int]:
         """Return ``n`` and ``batch``."""
@@ -383,8 +397,9 @@ class GetrfBatched(LinalgOp):
         )
 
     def check_extra(self, dtype: DType) -> None:
-        """Check ``ipiv``: i32 with ``batch * n`` entries."""
+        """Check ``ipiv`` (i32, ``batch * n`` entries) and ``info`` where given."""
         _require_pivots(self.ipiv, self.batch * self.n)
+        _require_info(self.info, self.batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,17 +446,27 @@ class GetrsBatched(LinalgOp):
 
 @dataclass(frozen=True, slots=True)
 class PotrfBatched(LinalgOp):
-    """Factor ``batch`` Hermitian positive definite matrices in place (cuSOLVER potrfBatched)."""
+    """Factor ``batch`` Hermitian positive definite matrices in place (cuSOLVER potrfBatched).
+
+    With ``info`` (i32, ``batch`` entries) matrix ``i``'s status goes to
+    ``info[i]`` (0, or ``j > 0`` when its leading minor of order ``j`` is not
+    positive definite) and such a matrix does not raise.
+    """
 
     library: ClassVar[str] = "solver"
-    outputs: ClassVar[tuple[str, ...]] = ("a",)
-    api = (Form("potrf_batched", ("a", "n", "batch")),)
+    outputs: ClassVar[tuple[str, ...]] = ("a", "info")
+    api = (
+        Form("potrf_batched", ("a", "n", "batch")),
+        original("potrf_batched", ("a", Param("info"), Param("batch_count", to=("batch",)), "n",
+                                   uplo_param("U"), "lda"), 60.0),
+    )
     a: GpuRef
     n: int
     batch: int
     lda: int | None = None
     stride: int | None = None
     upper: bool = False
+    info: GpuRef | None = None
 
     def sizes(self) -> dict[str, int]:
         """Return ``n`` and ``batch``."""
@@ -452,6 +477,10 @@ class PotrfBatched(LinalgOp):
         return (
             Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
         )
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``info`` where given: i32 with ``batch`` entries."""
+        _require_info(self.info, self.batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,9 +554,8 @@ class SyevdBatched(LinalgOp):
 
 @dataclass(frozen=True, slots=True)
 class GesvdBatched(LinalgOp):
-    """Decompose ``batch`` small matrices as ``Gesvd`` does (cuSOLVER gesvdjBatched).
+    """Decompose ``batch`` matrices of any size as ``Gesvd`` does (cuSOLVER gesvd per matrix).
 
-    ``m`` and ``n`` are at most ``GESVD_BATCHED_MAX`` (32), as in cuSOLVER.
     Matrix ``i``'s singular values go to ``s[i * min(m, n):]``, descending;
     ``u`` and ``vt`` (each optional) hold full ``m x m`` U and ``n x n`` V.H
     per matrix, ``stride_u`` and ``stride_vt`` apart.
@@ -559,10 +587,69 @@ class GesvdBatched(LinalgOp):
         return _svd_operands(self, self.batch, (self.stride_a, self.stride_u, self.stride_vt))
 
     def check_extra(self, dtype: DType) -> None:
-        """Check the 32 x 32 limit and ``s``: real, ``batch * min(m, n)`` entries."""
-        if not (self.m <= GESVD_BATCHED_MAX and self.n <= GESVD_BATCHED_MAX):
-            raise InvalidArgument(
-                f"gesvd batched takes m, n <= {GESVD_BATCHED_MAX}, got m={self.m}, n={self.n}"
-            )
+        """Check ``s``: real, ``batch * min(m, n)`` entries."""
         _require_real(self.s, dtype, self.batch * min(self.m, self.n), "s")
 
+
+
+@dataclass(frozen=True, slots=True)
+class GesvdjBatched(LinalgOp):
+    """Decompose ``batch`` matrices of any size as ``A = U @ diag(s) @ V.H`` (cuSOLVER gesvdj).
+
+    A is ``m x n`` (``lda``, ``stride_a`` apart) and only read. Let
+    ``k = min(m, n)``: matrix ``i``'s singular values go to ``s[i * k:(i + 1) * k]``
+    (real), descending; ``u`` gets the economy-size U (``m x k``, ``ldu``,
+    ``stride_u`` apart) and ``v`` the economy-size V itself, not V.H
+    (``n x k``, ``ldv``, ``stride_v`` apart), as cuSOLVER's gesvdj with
+    ``econ = 1``. Either of ``u`` and ``v`` may be None to skip it. Only those
+    ``rows x k`` parts are written: padding rows and the gaps between
+    matrices keep their contents.
+
+    Without ``info`` a matrix the Jacobi method does not converge on raises
+    ``LibraryError``; with ``info`` (i32, ``batch`` entries) matrix ``i``'s
+    status goes to ``info[i]``: 0, or ``k + 1`` for no convergence, as in cuSOLVER.
+    """
+
+    library: ClassVar[str] = "solver"
+    outputs: ClassVar[tuple[str, ...]] = ("s", "u", "v", "info")
+    api = (
+        Form("gesvdj_batched", ("a", "s", "u", "v", "m", "n", "batch")),
+        original("gesvdj_batched", ("a", "s", Param("batch_count", to=("batch",)), "m", "n",
+                                    Param("u", None), Param("v", None)), 60.0),
+    )
+    a: GpuRef
+    s: GpuRef
+    u: GpuRef | None
+    v: GpuRef | None
+    m: int
+    n: int
+    batch: int
+    lda: int | None = None
+    ldu: int | None = None
+    ldv: int | None = None
+    stride_a: int | None = None
+    stride_u: int | None = None
+    stride_v: int | None = None
+    info: GpuRef | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``m``, ``n`` and ``batch``."""
+        return {"m": self.m, "n": self.n, "batch": self.batch}
+
+    def operands(self) -> tuple[Matrix, ...]:
+        """Return the batch of A, then those of U and V where asked for."""
+        k = min(self.m, self.n)
+        a = Matrix.of("a", self.a, self.m, self.n, self.lda, batch=self.batch,
+                      stride=self.stride_a)
+        u = () if self.u is None else (
+            Matrix.of("u", self.u, self.m, k, self.ldu, batch=self.batch, stride=self.stride_u),
+        )
+        v = () if self.v is None else (
+            Matrix.of("v", self.v, self.n, k, self.ldv, batch=self.batch, stride=self.stride_v),
+        )
+        return (a, *u, *v)
+
+    def check_extra(self, dtype: DType) -> None:
+        """Check ``s`` (real, ``batch * min(m, n)`` entries) and ``info`` where given."""
+        _require_real(self.s, dtype, self.batch * min(self.m, self.n), "s")
+        _require_info(self.info, self.batch)
