@@ -312,6 +312,13 @@ class DeviceState:
         with self.lock:
             self._owned[(ref.generation, ref.buffer_id)] = finalizer
 
+    def holds(self, ref: GpuRef) -> bool:
+        """Whether ``ref``'s buffer is live: made by the current context generation, owned by
+        the facade (``own``), and neither freed nor collected since; any thread."""
+        with self.lock:
+            return ref.generation == self.generation and \
+                (ref.generation, ref.buffer_id) in self._owned
+
     def _collected(self, ref: GpuRef) -> None:
         with self.lock:
             self._owned.pop((ref.generation, ref.buffer_id), None)
@@ -362,7 +369,8 @@ class DeviceState:
             generation = result.generation if isinstance(result, GpuRef) else self.generation
             self._add_bytes(generation, op.length * op.dtype.itemsize)
         elif isinstance(op, Free):
-            self._add_bytes(op.ref.generation, -op.ref.length * op.ref.dtype.itemsize)
+            if not op.ref.mapped:  # an IPC mapping holds none of this device's memory
+                self._add_bytes(op.ref.generation, -op.ref.length * op.ref.dtype.itemsize)
             owned = self._owned.pop((op.ref.generation, op.ref.buffer_id), None)
             if owned is not None:
                 owned.detach()
