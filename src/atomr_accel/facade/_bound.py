@@ -3,9 +3,13 @@ device they are bound to, and the checks of their arguments."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.facade._device import Device
-from atomr_accel.facade._system import System
+
+if TYPE_CHECKING:
+    from atomr_accel.facade._device import Device
+    from atomr_accel.facade._system import System
 
 __all__ = ["bound_device", "check_spawn", "check_timeout"]
 
@@ -22,6 +26,9 @@ def check_timeout(timeout_secs: object) -> None:
 
 def check_spawn(system: object, name: object, device: object) -> None:
     """Require a ``System``, a ``str`` name (or None) and one of its devices (or None)."""
+    from atomr_accel.facade._device import Device  # late: _kernels imports this module,
+    from atomr_accel.facade._system import System  # and _device imports _kernels
+
     if not isinstance(system, System):
         raise InvalidArgument(f"system must be a System, got {type(system).__name__}")
     if name is not None and not isinstance(name, str):
