@@ -82,7 +82,7 @@ def _own_allocation(backend: CudaBackend, buffer_id: int) -> Any:
     moved = cp.ndarray(current.shape, current.dtype, cp.cuda.MemoryPointer(memory, 0))
     stream = cp.cuda.get_current_stream()
     cp.cuda.runtime.memcpyAsync(memory.ptr, current.data.ptr, current.nbytes,
-                                cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+                                cp.cuda.runtime.memcpyDefault, stream.ptr)
     stream.synchronize()  # the old memory returns to the pool: nothing may still read it
     backend.replace(buffer_id, moved)
     backend.exported[buffer_id] = memory

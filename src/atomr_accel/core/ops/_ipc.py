@@ -4,7 +4,9 @@
 (or another device of this one) passes them to ``IpcOpenHandle`` and gets a
 buffer of its own device that aliases that memory: writes on either side are
 seen by the other once they have finished. Freeing the opened buffer only
-unmaps it; the exporter's buffer lives on until its own device frees it.
+unmaps it; the exporter's buffer lives on until its own device frees it. On
+CUDA the exporter must keep its buffer while others use it (freeing it frees
+the memory); on the CPU backend a mapping keeps the memory until it is freed.
 
 * CUDA: the bytes are a ``cudaIpcMemHandle_t``, which any CUDA program can open
   with ``cudaIpcOpenMemHandle``. A handle names a whole allocation, and CuPy's
