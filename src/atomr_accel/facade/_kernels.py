@@ -28,7 +28,7 @@ __all__ = [
     "launch_op",
 ]
 
-_KERNEL_ARG_TIMEOUT = 60.0
+_ORIGINAL_TIMEOUT = 60.0
 """The original's time-out of a launch and of a compile, in seconds."""
 
 Dim = int | tuple[int, ...]
@@ -106,7 +106,7 @@ class NvrtcKernel(Library):
         timeout = timeout_secs
         if len(args) == 1 and isinstance(args[0], list):
             values = launch_values(args[0])
-            timeout = _KERNEL_ARG_TIMEOUT if timeout_secs is None else timeout_secs
+            timeout = _ORIGINAL_TIMEOUT if timeout_secs is None else timeout_secs
         check_timeout(timeout)
         op = checked(launch_op(self, self.ref, grid, block, values,
                                _shared_bytes(shared_mem, shared), writes))
@@ -149,7 +149,7 @@ class Nvrtc(Library):
 
 
 def compile_kernel_async(device: Device, name: str, src: str,
-                         timeout_secs: float | None = _KERNEL_ARG_TIMEOUT,
+                         timeout_secs: float | None = _ORIGINAL_TIMEOUT,
                          ) -> Coroutine[Any, Any, NvrtcKernel]:
     """Compile CUDA C ``src`` with NVRTC and return its kernel ``name`` (the original's
     ``Device.compile_kernel``; ``Nvrtc.compile`` takes options and defines too).
