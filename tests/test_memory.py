@@ -137,3 +137,18 @@ async def test_a_rebuild_invalidates_managed_buffers() -> None:
         fresh = await memory.allocate_managed_f32_async(4)  # waits for the rebuild
         assert not buf.is_valid() and buf.is_stale() and fresh.is_valid()
         assert await memory.stats_async() == (1, 16)
+
+
+async def test_a_durable_managed_buffer_stays_valid_across_a_rebuild() -> None:
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", journal=":memory:")
+        memory = await Memory.spawn_async(system)
+        buf = await memory.allocate_managed_f32_async(3)
+        await dev.copy_from_numpy_async(buf, np.array([1.0, 2.0, 3.0], np.float32))
+        await dev.mark_durable_async(buf)
+        with pytest.raises(ContextPoisoned):
+            await dev.inject_fault_async("poison")
+        assert (await dev.copy_to_numpy_async(buf)).tolist() == [1.0, 2.0, 3.0]
+        assert buf.is_valid() and await memory.stats_async() == (1, 12)
+        await dev.free_async(buf)
+        assert not buf.is_valid()

@@ -313,11 +313,17 @@ class DeviceState:
             self._owned[(ref.generation, ref.buffer_id)] = finalizer
 
     def holds(self, ref: GpuRef) -> bool:
-        """Whether ``ref``'s buffer is live: made by the current context generation, owned by
-        the facade (``own``), and neither freed nor collected since; any thread."""
+        """Whether ``ref``'s buffer is live: of the current context generation, and owned by
+        the facade (``own``) and neither freed nor collected since, or a durable buffer
+        carried into this generation and not freed; any thread."""
         with self.lock:
-            return ref.generation == self.generation and \
-                (ref.generation, ref.buffer_id) in self._owned
+            if ref.generation != self.generation:
+                return False
+            if (ref.generation, ref.buffer_id) in self._owned:
+                return True
+            recorder = self.recorder
+            return recorder is not None and ref in recorder.canonical \
+                and recorder.canonical[ref] in recorder.live
 
     def _collected(self, ref: GpuRef) -> None:
         with self.lock:
