@@ -66,11 +66,13 @@ from atomr_accel.core.ops._blas import (
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._fft import Fft, FftKind, FftMany
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
+from atomr_accel.core.ops._ipc import BufferAddress, IpcGetHandle, IpcOpenHandle
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
 from atomr_accel.core.ops._memory import (
     Advice,
     Advise,
     Allocate,
+    Attach,
     CopyBuffer,
     Download,
     Free,
@@ -233,7 +235,7 @@ EXAMPLES: list[Any] = [
     LoadKernel(b"\x7fELF\x02\x01", "k"),
     LaunchKernel(_KERNEL, (4, 1, 1), (128, 1, 1),
                  (_buf(F32, 8, owner=99), np.int32(4), np.float32(0.5)), 256, (0,)),
-    Allocate(C128, 10, managed=True),
+    Allocate(C128, 10, managed=True, attach=Attach.HOST),
     Prefetch(_buf(F32, 8), Location.HOST),
     Advise(_buf(F32, 8), Advice.READ_MOSTLY),
     Free(_buf(F32, 8)),
@@ -244,6 +246,9 @@ EXAMPLES: list[Any] = [
     CanAccessPeer((0, 1)),
     EnablePeerAccess((1,)),
     ExportBuffer(_buf(F32, 8), ipc=True),
+    BufferAddress(_buf(F32, 8)),
+    IpcGetHandle(_buf(F32, 8)),
+    IpcOpenHandle(b"\x02" * 64, F64, 8),
     ImportCopy(PeerSource(1234, 1, F32, 8, 0xDEADBEEF, b"\x01" * 64, 256), _buf(F32, 8), 8),
     RngFill(_buf(F32, 8), Distribution.NORMAL, 42, 8, (0.0, 2.0), None),
     CsrSpMV(_csr(), _buf(F32, 4, 2), _buf(F32, 3, 3), alpha=2.0, beta=0.5),

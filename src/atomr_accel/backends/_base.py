@@ -25,6 +25,7 @@ from atomr_accel.core.ops._memory import (
     Advice,
     Advise,
     Allocate,
+    Attach,
     CopyBuffer,
     Download,
     Free,
@@ -99,6 +100,10 @@ class Backend(abc.ABC):
             )
         return obj
 
+    def kept_all(self, kind: type[T]) -> list[T]:
+        """Every ``kind`` object kept now."""
+        return [obj for obj in self._handles.values() if isinstance(obj, kind)]
+
     def release(self, handle_id: int, kind: type[Any]) -> None:
         """Drop what ``keep`` holds under ``handle_id``."""
         self.kept(handle_id, kind)
@@ -109,8 +114,10 @@ class Backend(abc.ABC):
         """The live 1-D array behind a buffer id (``InvalidArgument`` if freed or unknown)."""
 
     @abc.abstractmethod
-    def allocate(self, dtype: DType, length: int, managed: bool = False) -> int:
-        """Allocate a zero-filled buffer (managed memory if asked) and return its id."""
+    def allocate(self, dtype: DType, length: int, managed: bool = False,
+                 attach: Attach = Attach.GLOBAL) -> int:
+        """Allocate a zero-filled buffer (managed memory if asked, attached as ``attach``
+        says) and return its id."""
 
     @abc.abstractmethod
     def free(self, buffer_id: int) -> None:
@@ -206,7 +213,7 @@ class Backend(abc.ABC):
 
 
 def _allocate(backend: Backend, op: Allocate) -> int:
-    buffer_id = backend.allocate(op.dtype, op.length, op.managed)
+    buffer_id = backend.allocate(op.dtype, op.length, op.managed, op.attach)
     if op.managed:
         backend.managed.add(buffer_id)
     return buffer_id

@@ -28,6 +28,9 @@ class GpuRef(PickleByFields):
     owner: int = 0
     managed: bool = field(default=False, compare=False)
     """CUDA managed memory (``allocate(managed=True)``)."""
+    mapped: bool = field(default=False, compare=False)
+    """Memory of another buffer, mapped by ``IpcOpenHandle``: it holds none of its own, and
+    freeing it only unmaps it."""
 
     @property
     def nbytes(self) -> int:

@@ -1,5 +1,7 @@
 """The device tier: ``DeviceActor`` over a restartable ``ContextActor`` and kernel actors."""
 
+from typing import Any
+
 from atomr_accel.device._config import ALL_LIBRARIES, DeviceConfig
 from atomr_accel.device._context import ContextActor
 from atomr_accel.device._device import DeviceActor
@@ -99,3 +101,21 @@ __all__ = [
     "ends_generation",
     "recovery_plan",
 ]
+
+_ORIGINAL_NAMES = frozenset({
+    "Device", "GpuBuffer", "GpuBufferF32", "GpuBufferF64", "GpuBufferI32", "GpuBufferU32",
+    "GpuBufferU8", "GpuBufferC64", "GpuBufferC128",
+})
+
+
+def __getattr__(name: str) -> Any:
+    """The original package's ``atomr_accel.device`` names: ``DeviceLoad`` (our
+    ``DeviceStats``), and ``Device`` and the ``GpuBuffer*`` classes, which belong to the
+    facade above this layer and are looked up there on first use only."""
+    if name == "DeviceLoad":
+        return DeviceStats
+    if name in _ORIGINAL_NAMES:
+        import atomr_accel.facade
+
+        return getattr(atomr_accel.facade, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

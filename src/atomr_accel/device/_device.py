@@ -332,6 +332,8 @@ class DeviceActor(Actor):
             memory_total=memory_total,
             journal_healthy=None if journal is None else error is None,
             journal_error=None if error is None else str(error),
+            active_streams=len(self.config.libraries) if self.config.backend == "cuda" else 0,
+            compute_capability=state.capability,
         )
 
     def _log_event(self, level: int, event: str, message: str, *args: Any) -> None:

@@ -31,6 +31,7 @@ from atomr_accel.core._errors import AskTimeout, GpuRefStale, GpuRuntimeError, I
 from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._graph import CaptureGraph
+from atomr_accel.core.ops._ipc import IpcOpenHandle
 from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
 from atomr_accel.core.ops._memory import Allocate
 from atomr_accel.device._messages import Fatal
@@ -98,6 +99,11 @@ def _buffer(op: Allocate, buffer_id: int, generation: int, state: DeviceState) -
                   op.managed)
 
 
+def _opened(op: IpcOpenHandle, buffer_id: int, generation: int, state: DeviceState) -> GpuRef:
+    return GpuRef(state.device_id, buffer_id, op.dtype, op.length, generation, state.owner,
+                  mapped=True)
+
+
 def _compiled(op: CompileKernel, made: tuple[int, bool], generation: int,
               state: DeviceState) -> KernelRef:
     kernel_id, cache_hit = made
@@ -115,7 +121,8 @@ def _captured(op: CaptureGraph, graph_id: int, generation: int, state: DeviceSta
 
 
 _ANSWERS: dict[type[Op], Callable[[Any, Any, int, DeviceState], Any]] = {
-    Allocate: _buffer, CompileKernel: _compiled, LoadKernel: _loaded, CaptureGraph: _captured,
+    Allocate: _buffer, IpcOpenHandle: _opened, CompileKernel: _compiled, LoadKernel: _loaded,
+    CaptureGraph: _captured,
 }
 
 

@@ -256,6 +256,30 @@ class DeviceStats:
     durable buffers are then lost at the next rebuild and ``mark_durable`` fails."""
     journal_error: str | None = None
     """Why the journal is unhealthy (None while it is healthy or absent)."""
+    active_streams: int = 0
+    """Streams the context runs ops on (one per library on CUDA; 0 on the CPU backend)."""
+    compute_capability: tuple[int, int] = (0, 0)
+    """The GPU's compute capability, ``(9, 0)`` on an H100; ``(0, 0)`` on the CPU backend."""
+
+    @property
+    def free_bytes(self) -> int:
+        """Free device bytes as last read (0 before the first reading): ``DeviceLoad``'s name."""
+        return self.memory_free or 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Total device bytes as last read (0 before the first reading)."""
+        return self.memory_total or 0
+
+    @property
+    def compute_cap_major(self) -> int:
+        """The major compute capability (0 on the CPU backend)."""
+        return self.compute_capability[0]
+
+    @property
+    def compute_cap_minor(self) -> int:
+        """The minor compute capability (0 on the CPU backend)."""
+        return self.compute_capability[1]
 
 
 class DeviceState:
@@ -283,6 +307,8 @@ class DeviceState:
         self.out_of_memory = 0
         self.host_pid: int | None = None
         """Process the current context lives in (a worker's pid on the process host)."""
+        self.capability: tuple[int, int] = (0, 0)
+        """The GPU's compute capability, once the facade has read it (CUDA devices)."""
         self.start_error: BaseException | None = None
         """Why the last context failed to start, if it did."""
         self.observers: tuple[OpObserver, ...] = ()
@@ -311,6 +337,19 @@ class DeviceState:
         finalizer.atexit = False
         with self.lock:
             self._owned[(ref.generation, ref.buffer_id)] = finalizer
+
+    def holds(self, ref: GpuRef) -> bool:
+        """Whether ``ref``'s buffer is live: of the current context generation, and owned by
+        the facade (``own``) and neither freed nor collected since, or a durable buffer
+        carried into this generation and not freed; any thread."""
+        with self.lock:
+            if ref.generation != self.generation:
+                return False
+            if (ref.generation, ref.buffer_id) in self._owned:
+                return True
+            recorder = self.recorder
+            return recorder is not None and ref in recorder.canonical \
+                and recorder.canonical[ref] in recorder.live
 
     def _collected(self, ref: GpuRef) -> None:
         with self.lock:
@@ -362,7 +401,8 @@ class DeviceState:
             generation = result.generation if isinstance(result, GpuRef) else self.generation
             self._add_bytes(generation, op.length * op.dtype.itemsize)
         elif isinstance(op, Free):
-            self._add_bytes(op.ref.generation, -op.ref.length * op.ref.dtype.itemsize)
+            if not op.ref.mapped:  # an IPC mapping holds none of this device's memory
+                self._add_bytes(op.ref.generation, -op.ref.length * op.ref.dtype.itemsize)
             owned = self._owned.pop((op.ref.generation, op.ref.buffer_id), None)
             if owned is not None:
                 owned.detach()

@@ -18,7 +18,9 @@ from atomr_accel.facade._buffers import (
     GpuBufferU64,
 )
 from atomr_accel.facade._device import Device
+from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
 from atomr_accel.facade._graphs import Graph, GraphRecorder
+from atomr_accel.facade._kernel_args import KernelArg
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel
 from atomr_accel.facade._libraries import (
     Blas,
@@ -28,6 +30,16 @@ from atomr_accel.facade._libraries import (
     Solver,
     Sparse,
     Tensor,
+)
+from atomr_accel.facade._memory import (
+    IpcMemHandle,
+    IpcOpenedMem,
+    ManagedBufferF32,
+    Memory,
+    ipc_get_mem_handle,
+    ipc_get_mem_handle_async,
+    ipc_open_mem_handle,
+    ipc_open_mem_handle_async,
 )
 from atomr_accel.facade._placement import Placement
 from atomr_accel.facade._system import System
@@ -52,8 +64,16 @@ __all__ = [
     "GpuBufferU32",
     "GpuBufferU64",
     "Graph",
+    "GraphCapture",
+    "GraphHandle",
     "GraphRecorder",
+    "GraphScript",
+    "IpcMemHandle",
+    "IpcOpenedMem",
+    "KernelArg",
     "Library",
+    "ManagedBufferF32",
+    "Memory",
     "Modules",
     "Nvrtc",
     "NvrtcKernel",
@@ -63,4 +83,8 @@ __all__ = [
     "Sparse",
     "System",
     "Tensor",
+    "ipc_get_mem_handle",
+    "ipc_get_mem_handle_async",
+    "ipc_open_mem_handle",
+    "ipc_open_mem_handle_async",
 ]

@@ -51,6 +51,11 @@ class GpuBuffer:
         return self.ref.length
 
     @property
+    def len(self) -> int:
+        """Number of elements (``len(buf)``; the original package's property)."""
+        return self.ref.length
+
+    @property
     def device(self) -> Device:
         """The device that owns the buffer."""
         return self._device

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -44,9 +44,12 @@ from atomr_accel.facade._buffers import (
     buffer_for,
 )
 from atomr_accel.facade._graphs import GraphRecorder
-from atomr_accel.facade._kernels import Modules, Nvrtc
+from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
 from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
+
+if TYPE_CHECKING:
+    from atomr_accel.facade._memory import IpcMemHandle
 
 __all__ = ["Device", "host_array"]
 
@@ -446,6 +449,44 @@ class Device(DeviceApi):
         """Return the tensor handle (contract, einsum)."""
         self._library("tensor")
         return Tensor(self)
+
+    def compile_kernel_async(self, name: str, src: str, timeout_secs: float | None = 60.0,
+                             ) -> Coroutine[Any, Any, NvrtcKernel]:
+        """Compile CUDA C ``src`` with NVRTC and load its ``extern "C"`` kernel ``name`` (the
+        original package's form of ``nvrtc().compile``; CUDA devices)."""
+        return compile_kernel_async(self, name, src, timeout_secs)
+
+    compile_kernel = blocking(compile_kernel_async)
+
+    def ipc_handle_async(self, buffer: GpuBuffer, timeout_secs: float | None = None,
+                         ) -> Coroutine[Any, Any, IpcMemHandle]:
+        """Export ``buffer`` to other processes: its ``IpcMemHandle`` (64 bytes), which
+        ``open_ipc`` opens there (see ``atomr_accel.memory``)."""
+        from atomr_accel.facade._memory import ipc_handle_async
+
+        return ipc_handle_async(self, buffer, timeout_secs)
+
+    ipc_handle = blocking(ipc_handle_async)
+
+    def open_ipc_async(self, handle: IpcMemHandle, length: int, dtype: DType | str = "f32",
+                       timeout_secs: float | None = None) -> Coroutine[Any, Any, GpuBuffer]:
+        """Open another process's exported buffer as a buffer of this device that aliases it
+        (no copy); freeing it unmaps it."""
+        from atomr_accel.facade._memory import open_ipc_async
+
+        return open_ipc_async(self, handle, length, dtype, timeout_secs)
+
+    open_ipc = blocking(open_ipc_async)
+
+    def buffer_address_async(self, buffer: GpuBuffer, timeout_secs: float | None = None,
+                             ) -> Coroutine[Any, Any, int]:
+        """The address of ``buffer`` in its context's process (a CUDA device pointer, or the
+        NumPy data's address on the CPU), as ``ipc_get_mem_handle`` takes it."""
+        from atomr_accel.facade._memory import buffer_address_async
+
+        return buffer_address_async(self, buffer, timeout_secs)
+
+    buffer_address = blocking(buffer_address_async)
 
     def nvrtc(self) -> Nvrtc:
         """Return the NVRTC handle: compile CUDA C into ``NvrtcKernel``s (CUDA devices)."""

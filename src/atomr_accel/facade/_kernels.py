@@ -3,17 +3,33 @@ both hand out ``NvrtcKernel`` handles to launch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import checked
 from atomr_accel.core._ref import KernelRef
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
+from atomr_accel.facade._bound import check_timeout
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._kernel_args import launch_values
 from atomr_accel.facade._libraries import Library
 from atomr_accel.facade._portal import blocking
 
-__all__ = ["Modules", "Nvrtc", "NvrtcKernel", "launch_op"]
+if TYPE_CHECKING:
+    from atomr_accel.facade._device import Device
+
+__all__ = [
+    "Modules",
+    "Nvrtc",
+    "NvrtcKernel",
+    "compile_kernel",
+    "compile_kernel_async",
+    "launch_op",
+]
+
+_ORIGINAL_TIMEOUT = 60.0
+"""The original's time-out of a launch and of a compile, in seconds."""
 
 Dim = int | tuple[int, ...]
 
@@ -27,14 +43,26 @@ def launch_op(library: Library, kernel: KernelRef, grid: Dim, block: Dim, args: 
                         shared_mem, None if writes is None else tuple(writes))
 
 
+def _shared_bytes(shared_mem: int, shared: int | None) -> int:
+    """The dynamic shared memory of a launch, given by either of its names."""
+    if shared is None:
+        return shared_mem
+    if shared_mem not in (0, shared):
+        raise InvalidArgument(f"shared={shared!r} and shared_mem={shared_mem!r} disagree; "
+                              "pass one of them")
+    return shared
+
+
 class NvrtcKernel(Library):
     """A kernel of one context generation, compiled by NVRTC or loaded from a module.
 
     ``launch(grid, block, *args)`` passes buffers as device pointers and NumPy
     scalars by value (``np.int32(n)``, ``np.float32(a)``; a plain Python number
-    is refused, since its C type would be a guess). After a context rebuild the
-    handle is stale (``is_stale()``) and a launch raises ``GpuRefStale``:
-    compile or load it again (the disk cache makes a recompile cheap).
+    is refused, since its C type would be a guess). The original's form,
+    ``launch(grid, block, [KernelArg, ...], shared=0)``, takes typed
+    ``KernelArg``s instead. After a context rebuild the handle is stale
+    (``is_stale()``) and a launch raises ``GpuRefStale``: compile or load it
+    again (the disk cache makes a recompile cheap).
     """
 
     def __init__(self, device: Any, ref: KernelRef) -> None:
@@ -47,6 +75,11 @@ class NvrtcKernel(Library):
         return self.ref.name
 
     @property
+    def generation(self) -> int:
+        """The context generation the kernel was made in."""
+        return self.ref.generation
+
+    @property
     def cache_hit(self) -> bool:
         """True when the compiled image came from the disk cache."""
         return self.ref.cache_hit
@@ -55,14 +88,32 @@ class NvrtcKernel(Library):
         """True once the device's context has been rebuilt since the kernel was made."""
         return self.ref.generation != self.device.generation
 
-    async def launch_async(self, grid: Dim, block: Dim, *args: Any, shared_mem: int = 0,
-                           writes: Iterable[int] | None = None) -> None:
+    def launch_async(self, grid: Dim, block: Dim, *args: Any, shared_mem: int = 0,
+                     shared: int | None = None, writes: Iterable[int] | None = None,
+                     timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
         """Run the kernel on ``grid`` blocks of ``block`` threads; returns when it has finished.
 
-        ``writes`` lists the indices of the buffer arguments the kernel writes
-        (default: all), which orders later readers on other streams after it.
+        ``args`` are buffers and NumPy scalars, or one list of ``KernelArg``s
+        (the original's form). ``shared`` is the original's name of
+        ``shared_mem`` (bytes of dynamic shared memory). ``writes`` lists the
+        indices of the buffer arguments the kernel writes (default: all), which
+        orders later readers on other streams after it. ``timeout_secs``: None
+        is the original's 60 s for a list of ``KernelArg``s, the system's
+        ``op_timeout`` otherwise. The arguments are checked when called
+        (``InvalidArgument``).
         """
-        await self._run(launch_op(self, self.ref, grid, block, args, shared_mem, writes))
+        values: tuple[Any, ...] = args
+        timeout = timeout_secs
+        if len(args) == 1 and isinstance(args[0], list):
+            values = launch_values(args[0])
+            timeout = _ORIGINAL_TIMEOUT if timeout_secs is None else timeout_secs
+        check_timeout(timeout)
+        op = checked(launch_op(self, self.ref, grid, block, values,
+                               _shared_bytes(shared_mem, shared), writes))
+        return self._launch(op, timeout)
+
+    async def _launch(self, op: LaunchKernel, timeout: float | None) -> None:
+        await self.device.run_async(op, timeout)
 
     launch = blocking(launch_async)
 
@@ -95,6 +146,27 @@ class Nvrtc(Library):
         return NvrtcKernel(self.device, ref)
 
     compile = blocking(compile_async)
+
+
+def compile_kernel_async(device: Device, name: str, src: str,
+                         timeout_secs: float | None = _ORIGINAL_TIMEOUT,
+                         ) -> Coroutine[Any, Any, NvrtcKernel]:
+    """Compile CUDA C ``src`` with NVRTC and return its kernel ``name`` (the original's
+    ``Device.compile_kernel``; ``Nvrtc.compile`` takes options and defines too).
+
+    The CPU backend refuses it (``InvalidArgument``: kernels need the CUDA
+    backend); a compile error raises ``KernelCompileError`` with the log.
+    """
+    check_timeout(timeout_secs)
+    return _compiled(device, checked(CompileKernel(src, name)), timeout_secs)
+
+
+async def _compiled(device: Device, op: CompileKernel, timeout: float | None) -> NvrtcKernel:
+    ref: KernelRef = await device.run_async(op, timeout)
+    return NvrtcKernel(device, ref)
+
+
+compile_kernel = blocking(compile_kernel_async)
 
 
 class Modules(Library):

@@ -129,6 +129,11 @@ class System:
         return cls(actors, Portal(asyncio.get_running_loop()), None, op_timeout)
 
     @property
+    def name(self) -> str:
+        """The system's name (``System.open(name)``)."""
+        return self.actors.name
+
+    @property
     def closed(self) -> bool:
         """True once ``close()`` has begun."""
         return self.actors.is_terminated
@@ -136,6 +141,7 @@ class System:
     async def spawn_device_async(
         self,
         device_id: int = 0,
+        name: str | None = None,
         mock: bool | None = None,
         backend: str = "auto",
         isolation: Isolation = "thread",
@@ -150,8 +156,9 @@ class System:
     ) -> Device:
         """Start a device and wait until its context is up.
 
-        ``mock=True`` uses the CPU backend (NumPy/SciPy), ``mock=False`` CUDA
-        (``DeviceUnavailable`` without a GPU); otherwise ``backend`` decides
+        ``name`` names its actor, logs and metrics (default ``device-<id>-<n>``;
+        unique within the system). ``mock=True`` uses the CPU backend (NumPy/SciPy),
+        ``mock=False`` CUDA (``DeviceUnavailable`` without a GPU); otherwise ``backend`` decides
         (``"auto"``: CUDA if present). ``isolation="process"`` runs the context
         in a worker process so a poisoned context is really recovered.
         ``libraries`` limits the kernel actors (default: all). ``completion`` picks
@@ -181,7 +188,12 @@ class System:
             backend_options=options,
             journal=JournalConfig.of(journal),
         )
-        name = f"device-{device_id}-{next(self._names)}"
+        if name is None:
+            name = f"device-{device_id}-{next(self._names)}"
+        elif not isinstance(name, str) or not name or "/" in name:
+            raise InvalidArgument(f"name must be a non-empty str without '/', got {name!r}")
+        elif any(d.ref.name == name for d in self.devices):
+            raise InvalidArgument(f"this system already has a device named {name!r}")
         state = DeviceState(device_id, name)
 
         async def start() -> Device:
@@ -192,6 +204,8 @@ class System:
             device = await self._portal.acall(start())
         except ActorError as exc:  # the system closed meanwhile
             raise gpu_error_of(exc, self.actors.name, "spawn_device") from exc
+        if chosen == "cuda":
+            state.capability = cuda_capability(device_id)
         try:
             await device.memory_info_async()  # waits until the context is up
         except BaseException:
@@ -354,7 +368,19 @@ class System:
         await self.close_async()
 
     def __repr__(self) -> str:
-        return f"System({self.actors.name!r}, devices={len(self.devices)})"
+        return f"System(name={self.actors.name!r}, devices={len(self.devices)})"
+
+
+def cuda_capability(device_id: int) -> tuple[int, int]:
+    """The compute capability of CUDA device ``device_id``, read in this process through
+    CuPy; ``(0, 0)`` where CuPy cannot tell (not installed here, or no such device)."""
+    try:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(device_id)
+        return int(props["major"]), int(props["minor"])
+    except Exception:
+        return (0, 0)
 
 
 async def _stop(actors: ActorSystem, device: Device) -> None:

@@ -14,6 +14,7 @@ from atomr_accel.backends.cpu import (
     _blas,
     _fft,
     _graph,
+    _ipc,
     _kernels,
     _peer,
     _rng,
@@ -21,10 +22,12 @@ from atomr_accel.backends.cpu import (
     _sparse,
     _tensor,
 )
+from atomr_accel.backends.cpu._ipc import SharedStorage
 from atomr_accel.backends.cpu._memory import host_memory
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core._op import Op, is_int
+from atomr_accel.core.ops._memory import Attach
 
 __all__ = ["CpuBackend"]
 
@@ -38,7 +41,8 @@ class CpuBackend(Backend):
     ``OutOfMemory``. ``capacity`` (bytes; the ``spawn_device`` backend option)
     makes it a device of that fixed size instead: its buffers may hold at most
     ``capacity`` bytes in all, and ``memory_info`` answers ``(capacity - held,
-    capacity)``.
+    capacity)``. Buffers mapped from another process (``IpcOpenHandle``) hold
+    none of it.
     """
 
     name: ClassVar[str] = "cpu"
@@ -56,6 +60,7 @@ class CpuBackend(Backend):
         | _graph.HANDLERS
         | _kernels.HANDLERS
         | _peer.HANDLERS
+        | _ipc.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:
@@ -66,6 +71,8 @@ class CpuBackend(Backend):
         self._buffers: dict[int, np.ndarray[Any, Any]] = {}
         self._ids = itertools.count(1)
         self._used = 0
+        self._shared: dict[int, SharedStorage] = {}  # buffer id -> the segment it lives in
+        self._mapped: set[int] = set()  # ids of buffers mapped from another buffer's segment
 
     def array(self, buffer_id: int) -> np.ndarray[Any, Any]:
         """The live 1-D array behind a buffer id (library handlers write into it)."""
@@ -74,7 +81,10 @@ class CpuBackend(Backend):
         except KeyError:
             raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
 
-    def allocate(self, dtype: DType, length: int, managed: bool = False) -> int:
+    def allocate(self, dtype: DType, length: int, managed: bool = False,
+                 attach: Attach = Attach.GLOBAL) -> int:
+        """Allocate a zero-filled array; host memory either way (``managed`` and ``attach``
+        change nothing here)."""
         nbytes = length * dtype.itemsize
         available, _ = self.memory_info()
         if nbytes > available:
@@ -94,10 +104,37 @@ class CpuBackend(Backend):
         self._used += nbytes
         return buffer_id
 
+    def storage(self, buffer_id: int) -> SharedStorage | None:
+        """The shared segment a buffer lives in (exported or opened), or None."""
+        self.array(buffer_id)
+        return self._shared.get(buffer_id)
+
+    def move(self, buffer_id: int, arr: np.ndarray[Any, Any], storage: SharedStorage) -> None:
+        """Copy a buffer's contents into ``arr`` (in ``storage``) and keep it there from now on."""
+        arr[...] = self.array(buffer_id)
+        self._buffers[buffer_id] = arr
+        self._shared[buffer_id] = storage
+
+    def map_in(self, arr: np.ndarray[Any, Any], storage: SharedStorage) -> int:
+        """Add a buffer over memory mapped from another one (``storage``); return its id."""
+        buffer_id = next(self._ids)
+        self._buffers[buffer_id] = arr
+        self._shared[buffer_id] = storage
+        self._mapped.add(buffer_id)
+        return buffer_id
+
     def free(self, buffer_id: int) -> None:
+        """Release a buffer: unmap it if it was mapped from another (whose memory stays)."""
         arr = self.array(buffer_id)
         del self._buffers[buffer_id]
-        self._used -= arr.nbytes
+        if buffer_id in self._mapped:
+            self._mapped.discard(buffer_id)
+        else:
+            self._used -= arr.nbytes
+        del arr
+        storage = self._shared.pop(buffer_id, None)
+        if storage is not None:
+            storage.close()
 
     def write(self, buffer_id: int, data: np.ndarray[Any, Any], offset: int) -> None:
         arr = self.array(buffer_id)
@@ -125,4 +162,8 @@ class CpuBackend(Backend):
         self._handles.clear()
         self.managed.clear()
         self._buffers.clear()
+        self._mapped.clear()
+        for storage in self._shared.values():
+            storage.close()
+        self._shared.clear()
         self._used = 0

@@ -29,6 +29,7 @@ from atomr_accel.backends.cuda import _blas as cuda_blas
 from atomr_accel.backends.cuda import _direct as direct
 from atomr_accel.backends.cuda import _fft as cuda_fft
 from atomr_accel.backends.cuda import _graph as cuda_graph
+from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
 from atomr_accel.backends.cuda import _peer as cuda_peer
 from atomr_accel.backends.cuda import _rng as cuda_rng
@@ -62,7 +63,7 @@ from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._fft import Fft, FftMany
 from atomr_accel.core.ops._graph import LaunchGraph
 from atomr_accel.core.ops._kernels import LaunchKernel
-from atomr_accel.core.ops._memory import Advice, CopyBuffer, Location, Upload
+from atomr_accel.core.ops._memory import Advice, Attach, CopyBuffer, Location, Upload
 from atomr_accel.core.ops._rng import RngFill
 
 __all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend"]
@@ -81,7 +82,10 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
     Advice.UNSET_PREFERRED_LOCATION: (4, False),
     Advice.ACCESSED_BY_DEVICE: (5, False),
     Advice.UNSET_ACCESSED_BY_DEVICE: (6, False),
+    Advice.ACCESSED_BY_HOST: (5, True),
+    Advice.UNSET_ACCESSED_BY_HOST: (6, True),
 }
+_ATTACH_FLAGS = {Attach.GLOBAL: 1, Attach.HOST: 2}  # cudaMemAttachGlobal, cudaMemAttachHost
 
 _QUEUES_ONLY: frozenset[type[Op]] = frozenset({
     Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, CopyBuffer, Fft, FftMany,
@@ -102,6 +106,18 @@ def _is_pinned(data: Any) -> bool:
     except Exception:
         return False
     return bool(attributes.type == _MEMORY_TYPE_HOST)
+
+
+class _ManagedMemory:
+    """A ``cudaMallocManaged`` allocation with explicit flags (CuPy's takes none); freed once
+    the last array over it is collected."""
+
+    def __init__(self, nbytes: int, attach: Attach) -> None:
+        self.ptr = int(cp.cuda.runtime.mallocManaged(nbytes, _ATTACH_FLAGS[attach]))
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # a poisoned context cannot free anything
+            cp.cuda.runtime.free(self.ptr)
 
 
 _POISON_SOURCE = r"""
@@ -140,6 +156,10 @@ class CudaBackend(Backend):
         self._streams: dict[int, Any] = {}
         self._next_id = 1
         self._registered: list[int] = []
+        self.exported: dict[int, Any] = {}
+        """Buffer id -> the allocation of its own an IPC export moved it into (``_ipc.py``)."""
+        self.opened: dict[int, bytes | None] = {}
+        """Buffer id -> the IPC handle it maps (None: aliased from this same process)."""
         self.completion = make_completion(completion, device_id)
         self.compute_capability: str = self._device.compute_capability
         """Like ``"90"`` for an H100; NVRTC compiles for it by default."""
@@ -261,12 +281,18 @@ class CudaBackend(Backend):
         except KeyError:
             raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
 
-    def allocate(self, dtype: DType, length: int, managed: bool = False) -> int:
+    def allocate(self, dtype: DType, length: int, managed: bool = False,
+                 attach: Attach = Attach.GLOBAL) -> int:
+        """Allocate a zero-filled array: from CuPy's pool, or managed memory with ``attach``'s
+        ``cudaMallocManaged`` flag."""
         nbytes = length * dtype.itemsize
         try:
             if managed:
-                memory = cp.cuda.malloc_managed(max(nbytes, 1))
-                arr = cp.ndarray((length,), dtype=dtype.numpy, memptr=memory)
+                owner = _ManagedMemory(max(nbytes, 1), attach)
+                memory = cp.cuda.memory.UnownedMemory(owner.ptr, max(nbytes, 1), owner,
+                                                      self.device_id)
+                arr = cp.ndarray((length,), dtype=dtype.numpy,
+                                 memptr=cp.cuda.MemoryPointer(memory, 0))
                 arr.fill(0)
             else:
                 arr = cp.zeros(length, dtype=dtype.numpy)
@@ -276,17 +302,44 @@ class CudaBackend(Backend):
                 f"cannot allocate {nbytes} bytes on CUDA device {self.device_id}",
                 requested=nbytes, available=free,
             ) from exc
+        return self._add(arr)
+
+    def _add(self, arr: Any) -> int:
         buffer_id = self._next_id
         self._next_id += 1
         self._buffers[buffer_id] = arr
         self._pointers[buffer_id] = int(arr.data.ptr)
         return buffer_id
 
-    def free(self, buffer_id: int) -> None:
+    def replace(self, buffer_id: int, arr: Any) -> None:
+        """Keep a buffer in ``arr`` from now on (it holds the buffer's contents already)."""
         self.array(buffer_id)
+        self._buffers[buffer_id] = arr
+        self._pointers[buffer_id] = int(arr.data.ptr)
+
+    def map_in(self, arr: Any, handle: bytes | None) -> int:
+        """Add a buffer over memory mapped by IPC ``handle`` (None: aliased); return its id."""
+        buffer_id = self._add(arr)
+        self.opened[buffer_id] = handle
+        return buffer_id
+
+    def _settle(self, buffer_id: int) -> None:
+        """Wait on this thread for the work queued so far that writes or reads a buffer."""
+        last = self._last_write.get(buffer_id)
+        if last is not None:
+            last[1].synchronize()
+        for event in self._reads.get(buffer_id, {}).values():
+            event.synchronize()
+
+    def free(self, buffer_id: int) -> None:
+        """Release a buffer; an IPC mapping is unmapped once the work queued on it is done."""
+        self.array(buffer_id)
+        if buffer_id in self.opened:
+            self._settle(buffer_id)
         del self._buffers[buffer_id], self._pointers[buffer_id]
         self._last_write.pop(buffer_id, None)
         self._reads.pop(buffer_id, None)
+        cuda_ipc.forget(self, buffer_id)
 
     def write(self, buffer_id: int, data: Any, offset: int) -> None:
         """Copy ``data`` (1-D, contiguous, validated) in with one ``cudaMemcpyAsync`` on the
@@ -350,6 +403,8 @@ class CudaBackend(Backend):
         self.managed.clear()
         self.modules.clear()
         self._buffers.clear()
+        with contextlib.suppress(Exception):  # a poisoned context cannot unmap anything
+            cuda_ipc.forget_all(self)
         self._pointers.clear()
         self._last_write.clear()
         self._reads.clear()
@@ -434,5 +489,6 @@ CudaBackend.handlers = (
     | cuda_kernels.HANDLERS
     | cuda_graph.HANDLERS
     | cuda_peer.HANDLERS
+    | cuda_ipc.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

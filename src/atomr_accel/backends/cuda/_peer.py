@@ -44,7 +44,7 @@ from atomr_accel.core.ops._peer import (
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "allocation_range", "can_access_peer", "enable_peer_access"]
+__all__ = ["HANDLERS", "MAPPINGS", "allocation_range", "can_access_peer", "enable_peer_access"]
 
 
 _PEER_ACCESS_ALREADY_ENABLED = 704  # cudaErrorPeerAccessAlreadyEnabled (CuPy names no constant)
@@ -125,7 +125,8 @@ class _Mappings:
                     cp.cuda.runtime.ipcCloseMemHandle(entry[0])
 
 
-_MAPPINGS = _Mappings()
+MAPPINGS = _Mappings()
+"""This process's IPC mappings (``ImportCopy`` and ``IpcOpenHandle`` share them)."""
 
 
 def _check_visible(peers: tuple[int, ...]) -> None:
@@ -174,13 +175,13 @@ def _import_copy(backend: CudaBackend, op: ImportCopy) -> None:
             f"the source buffer lives in process {source.pid}, not this one ({os.getpid()}), "
             "and was exported without an IPC handle; export it with ipc=True"
         )
-    base = _MAPPINGS.open(source.ipc_handle, backend.device_id)
+    base = MAPPINGS.open(source.ipc_handle, backend.device_id)
     try:
         src = base + source.ipc_offset + op.src_offset * itemsize
         cp.cuda.runtime.memcpyAsync(dst, src, nbytes, cp.cuda.runtime.memcpyDefault, stream.ptr)
         stream.synchronize()  # the mapping may close only once nothing reads through it
     finally:
-        _MAPPINGS.close(source.ipc_handle, backend.device_id)
+        MAPPINGS.close(source.ipc_handle, backend.device_id)
 
 
 HANDLERS: dict[type[Op], Handler] = {

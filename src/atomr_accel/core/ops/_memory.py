@@ -18,6 +18,7 @@ from atomr_accel.core._ref import GpuRef
 __all__ = [
     "Advice",
     "Allocate",
+    "Attach",
     "CopyBuffer",
     "Download",
     "Free",
@@ -33,18 +34,34 @@ def _copy_count(src: GpuRef, dst: GpuRef, src_offset: int, dst_offset: int) -> i
     return min(src.length - src_offset, dst.length - dst_offset)
 
 
+class Attach(enum.Enum):
+    """Which streams may reach a managed buffer at first (``cudaMallocManaged``'s flags)."""
+
+    GLOBAL = "global"
+    """Any stream on any device (``cudaMemAttachGlobal``)."""
+    HOST = "host"
+    """The host; devices without concurrent managed access need the buffer attached to a
+    stream first (``cudaMemAttachHost``). Devices with it (Pascal and later on Linux) and
+    the CPU backend reach it at once."""
+
+    __reduce_ex__ = pickle_by_name
+
+
 @dataclass(frozen=True, slots=True)
 class Allocate(Op):
     """Allocate a zero-filled buffer of ``length`` elements; answers a ``GpuRef``.
 
     ``managed=True`` allocates CUDA managed (unified) memory, which migrates
     between host and device on demand and takes ``Prefetch`` and ``Advise``;
-    plain device memory is the default.
+    plain device memory is the default. ``attach`` is the managed memory's
+    ``cudaMallocManaged`` flag (``Attach.HOST`` needs ``managed=True``); the CPU
+    backend keeps every buffer in host memory, so there it only checks it.
     """
 
     dtype: DType
     length: int
     managed: bool = False
+    attach: Attach = Attach.GLOBAL
 
     def validate(self) -> None:
         if not isinstance(self.dtype, DType):
@@ -52,6 +69,10 @@ class Allocate(Op):
         require_nonneg(length=self.length)
         if not isinstance(self.managed, bool):
             raise InvalidArgument(f"managed must be a bool, got {self.managed!r}")
+        if not isinstance(self.attach, Attach):
+            raise InvalidArgument(f"attach must be an Attach, got {self.attach!r}")
+        if self.attach is Attach.HOST and not self.managed:
+            raise InvalidArgument("attach='host' is a flag of managed memory; pass managed=True")
 
 
 class Location(enum.Enum):
@@ -76,6 +97,9 @@ class Advice(enum.Enum):
     ACCESSED_BY_DEVICE = "accessed_by_device"
     """Keep the pages mapped for the device wherever they live."""
     UNSET_ACCESSED_BY_DEVICE = "unset_accessed_by_device"
+    ACCESSED_BY_HOST = "accessed_by_host"
+    """Keep the pages mapped for the host wherever they live."""
+    UNSET_ACCESSED_BY_HOST = "unset_accessed_by_host"
 
     __reduce_ex__ = pickle_by_name
 

@@ -1,0 +1,33 @@
+"""The original package's ``atomr_accel.errors``: the error taxonomy."""
+
+from atomr_accel.core._errors import (
+    AskTimeout,
+    ContextPoisoned,
+    DeviceUnavailable,
+    DTypeMismatch,
+    GpuRefStale,
+    GpuRuntimeError,
+    InvalidArgument,
+    KernelCompileError,
+    LibraryError,
+    OutOfMemory,
+    QueueFull,
+    SystemClosed,
+    Unrecoverable,
+)
+
+__all__ = [
+    "AskTimeout",
+    "ContextPoisoned",
+    "DTypeMismatch",
+    "DeviceUnavailable",
+    "GpuRefStale",
+    "GpuRuntimeError",
+    "InvalidArgument",
+    "KernelCompileError",
+    "LibraryError",
+    "OutOfMemory",
+    "QueueFull",
+    "SystemClosed",
+    "Unrecoverable",
+]
