@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from atomr_accel.facade._generate import Generated
 
-__all__ = ["BlasApi", "DeviceApi", "SolverApi", "SparseApi", "TensorApi"]
+__all__ = ["BlasApi", "DeviceApi", "FftApi", "SolverApi", "SparseApi", "TensorApi"]
 
 
 class BlasApi(Generated, handle="blas"):
     """The BLAS methods (``Blas``)."""
+
+
+class FftApi(Generated, handle="fft"):
+    """The FFT methods (``Fft``)."""
 
 
 class SolverApi(Generated, handle="solver"):

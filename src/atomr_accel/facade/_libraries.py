@@ -7,19 +7,30 @@ fields of the op class of the same name (see ``atomr_accel.core.ops``).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
+from atomr_accel.core._api import choice
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, GpuRuntimeError, InvalidArgument
 from atomr_accel.core._op import Op, checked, is_int, validated
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._fft import Fft as FftOp
-from atomr_accel.core.ops._fft import FftKind
+from atomr_accel.core.ops._fft import (
+    FftKind,
+    FftMany,
+    r2c_output_len,
+    r2c_output_len_2d,
+    r2c_output_len_3d,
+    r2c_output_len_many,
+)
 from atomr_accel.core.ops._rng import Distribution, RngFill
 from atomr_accel.core.ops._sparse import CsrMatrix
-from atomr_accel.facade._api import BlasApi, SolverApi, SparseApi, TensorApi
+from atomr_accel.facade._api import BlasApi, FftApi, SolverApi, SparseApi, TensorApi
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._portal import blocking
 
@@ -83,16 +94,17 @@ class Blas(Library, BlasApi):
     matmul = blocking(matmul_async)
 
 
-def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    """Return ``shape`` as a tuple; an integer is a 1-D shape (``InvalidArgument`` for neither)."""
-    if is_int(shape):
-        return (shape,)
-    if isinstance(shape, Iterable):
-        return tuple(shape)
-    raise InvalidArgument(f"shape must be a size or a sequence of sizes, got {shape!r}")
+_DIRECTION = choice("direction", {"forward": False, "fwd": False, "f": False, "inverse": True,
+                                  "inv": True, "backward": True, "i": True})
+"""The original package's FFT directions (case-insensitive) as ``inverse``."""
+
+_LANES = {  # the original's kind names per precision: (kind, real dtype, complex dtype)
+    "f32": ({"r2c": FftKind.R2C, "c2r": FftKind.C2R, "c2c": FftKind.C2C}, DType.F32, DType.C64),
+    "f64": ({"d2z": FftKind.R2C, "z2d": FftKind.C2R, "z2z": FftKind.C2C}, DType.F64, DType.C128),
+}
 
 
-class Fft(Library):
+class Fft(Library, FftApi):
     """FFTs on one device, cuFFT conventions: unnormalized inverse, contiguous C-order batches.
 
     ``shape`` (1 to 3 sizes; an int for 1-D) always names the logical size, the
@@ -101,36 +113,211 @@ class Fft(Library):
     The ``batch`` items lie end to end in each buffer, each row-major (C order),
     and the transform runs over every axis of ``shape``. Inverse transforms are
     unnormalized like cuFFT: ``inverse(forward(x)) == prod(shape) * x``. The two
-    sides share one precision: f32 with c64, f64 with c128.
+    sides share one precision: f32 with c64, f64 with c128. ``plan_many`` takes
+    cuFFT's advanced layout (strides, distances, embeddings).
+
+    The original package's forms stand beside ours: one-shot transforms of host
+    arrays (``forward_1d_r2c_f32``, ...), ``exec_typed_f32/f64`` and
+    ``exec_plan_many_f32/f64`` with its kind names (r2c/c2r/c2c, d2z/z2d/z2z)
+    and directions, and the ``r2c_output_len*`` helpers.
     """
 
-    async def c2c_async(
-        self, input: BufferLike, output: BufferLike, shape: int | Sequence[int], *,
-        inverse: bool = False, batch: int = 1,
-    ) -> None:
-        """Transform complex ``input`` into ``output``, in place allowed (inverse unnormalized)."""
-        await self._run(FftOp(self._ref(input, "input"), self._ref(output, "output"),
-                              _shape(shape), FftKind.C2C, inverse, batch))
+    r2c_output_len = staticmethod(r2c_output_len)
+    r2c_output_len_2d = staticmethod(r2c_output_len_2d)
+    r2c_output_len_3d = staticmethod(r2c_output_len_3d)
+    r2c_output_len_many = staticmethod(r2c_output_len_many)
 
-    async def r2c_async(
-        self, input: BufferLike, output: BufferLike, shape: int | Sequence[int], *,
-        batch: int = 1,
-    ) -> None:
-        """Transform real ``input`` of ``shape`` forward into its half spectrum in ``output``."""
-        await self._run(FftOp(self._ref(input, "input"), self._ref(output, "output"),
-                              _shape(shape), FftKind.R2C, False, batch))
+    # ------------------------------------------------- the original's typed buffers
 
-    async def c2r_async(
-        self, input: BufferLike, output: BufferLike, shape: int | Sequence[int], *,
-        batch: int = 1,
-    ) -> None:
-        """Transform a half spectrum in ``input`` back (unnormalized) into real ``output``."""
-        await self._run(FftOp(self._ref(input, "input"), self._ref(output, "output"),
-                              _shape(shape), FftKind.C2R, True, batch))
+    def _sides(self, lane: str, kind: str, real_buf: BufferLike | None,
+               complex_buf: BufferLike | None, complex_buf_out: BufferLike | None,
+               ) -> tuple[FftKind, GpuRef, GpuRef]:
+        """The op's kind, input and output for the original's kind name and buffers."""
+        kinds, real, complex_ = _LANES[lane]
+        chosen = kinds.get(kind.lower()) if isinstance(kind, str) else None
+        if chosen is None:
+            raise InvalidArgument(f"kind must be one of {', '.join(kinds)} on the {lane} lane, "
+                                  f"got {kind!r}")
+        needed = {FftKind.R2C: ("real_buf", "complex_buf"), FftKind.C2R: ("complex_buf",
+                  "real_buf"), FftKind.C2C: ("complex_buf",)}[chosen]
+        given = {"real_buf": real_buf, "complex_buf": complex_buf}
+        for name in needed:
+            if given[name] is None:
+                raise InvalidArgument(f"a {kind} transform needs {name}")
+        def ref(name: str, dtype: DType) -> GpuRef:
+            buffer = given[name]
+            assert buffer is not None
+            return self._ref(buffer, name, (dtype,))
+        if chosen is FftKind.R2C:
+            return chosen, ref("real_buf", real), ref("complex_buf", complex_)
+        if chosen is FftKind.C2R:
+            return chosen, ref("complex_buf", complex_), ref("real_buf", real)
+        out = complex_buf if complex_buf_out is None else complex_buf_out
+        assert out is not None
+        return chosen, ref("complex_buf", complex_), self._ref(out, "complex_buf_out", (complex_,))
 
-    c2c = blocking(c2c_async)
-    r2c = blocking(r2c_async)
-    c2r = blocking(c2r_async)
+    def _exec_typed(self, lane: str, kind: str, real_buf: BufferLike | None,
+                    complex_buf: BufferLike | None, complex_buf_out: BufferLike | None,
+                    direction: str, nx: int | None, ny: int | None, nz: int | None, batch: int,
+                    timeout_secs: float | None) -> Coroutine[Any, Any, None]:
+        kinds = _LANES[lane][0]
+        if not (isinstance(kind, str) and kind.lower() in kinds):
+            raise InvalidArgument(f"kind must be one of {', '.join(kinds)} on the {lane} lane, "
+                                  f"got {kind!r}")
+        if nx is None:
+            raise InvalidArgument("nx is required")
+        dims = tuple(d for d in (nx, ny, nz) if d is not None)
+        for name, size in zip(("nx", "ny", "nz"), dims, strict=False):
+            if not is_int(size) or size < 1:
+                raise InvalidArgument(f"{name} must be >= 1, got {size!r}")
+        if not is_int(batch) or batch < 1:
+            raise InvalidArgument(f"batch must be >= 1, got {batch!r}")
+        chosen, src, dst = self._sides(lane, kind, real_buf, complex_buf, complex_buf_out)
+        inverse = _DIRECTION(direction) if chosen is FftKind.C2C else chosen is FftKind.C2R
+        return self._submit(FftOp(src, dst, dims, chosen, inverse, batch), timeout_secs)
+
+    def exec_typed_f32_async(
+        self, kind: str, real_buf: BufferLike | None = None, complex_buf: BufferLike | None = None,
+        complex_buf_out: BufferLike | None = None, direction: str = "forward",
+        nx: int | None = None, ny: int | None = None, nz: int | None = None, batch: int = 1, *,
+        timeout_secs: float | None = 10.0,
+    ) -> Coroutine[Any, Any, None]:
+        """The original's typed transform on f32/c64 buffers: ``kind`` r2c, c2r or c2c
+        (``complex_buf_out`` defaults to ``complex_buf``: in place), sizes ``nx, ny, nz``."""
+        return self._exec_typed("f32", kind, real_buf, complex_buf, complex_buf_out, direction,
+                                nx, ny, nz, batch, timeout_secs)
+
+    def exec_typed_f64_async(
+        self, kind: str, real_buf: BufferLike | None = None, complex_buf: BufferLike | None = None,
+        complex_buf_out: BufferLike | None = None, direction: str = "forward",
+        nx: int | None = None, ny: int | None = None, nz: int | None = None, batch: int = 1, *,
+        timeout_secs: float | None = 10.0,
+    ) -> Coroutine[Any, Any, None]:
+        """``exec_typed_f32`` on f64/c128 buffers, with kinds d2z, z2d and z2z."""
+        return self._exec_typed("f64", kind, real_buf, complex_buf, complex_buf_out, direction,
+                                nx, ny, nz, batch, timeout_secs)
+
+    exec_typed_f32 = blocking(exec_typed_f32_async)
+    exec_typed_f64 = blocking(exec_typed_f64_async)
+
+    def _plan_many(self, lane: str, real_buf: BufferLike | None, complex_buf: BufferLike | None,
+                   complex_buf_out: BufferLike | None, rank: int, n: Sequence[int],
+                   inembed: Sequence[int] | None, istride: int, idist: int,
+                   onembed: Sequence[int] | None, ostride: int, odist: int, batch: int,
+                   kind: str, direction: str,
+                   timeout_secs: float | None) -> Coroutine[Any, Any, None]:
+        chosen, src, dst = self._sides(lane, kind, real_buf, complex_buf, complex_buf_out)
+        inverse = _DIRECTION(direction) if chosen is FftKind.C2C else chosen is FftKind.C2R
+        return self._submit(FftMany(
+            src, dst, rank, tuple(n), chosen, inverse, batch,
+            None if inembed is None else tuple(inembed), istride, idist,
+            None if onembed is None else tuple(onembed), ostride, odist), timeout_secs)
+
+    def exec_plan_many_f32_async(
+        self, real_buf: BufferLike | None = None, complex_buf: BufferLike | None = None,
+        complex_buf_out: BufferLike | None = None, rank: int = 1, n: Sequence[int] = (),
+        inembed: Sequence[int] | None = None, istride: int = 1, idist: int = 0,
+        onembed: Sequence[int] | None = None, ostride: int = 1, odist: int = 0, batch: int = 1,
+        kind: str = "r2c", direction: str = "forward", *, timeout_secs: float | None = 10.0,
+    ) -> Coroutine[Any, Any, None]:
+        """The original's plan-many transform on f32/c64 buffers (``plan_many``'s layout)."""
+        return self._plan_many("f32", real_buf, complex_buf, complex_buf_out, rank, n, inembed,
+                               istride, idist, onembed, ostride, odist, batch, kind, direction,
+                               timeout_secs)
+
+    def exec_plan_many_f64_async(
+        self, real_buf: BufferLike | None = None, complex_buf: BufferLike | None = None,
+        complex_buf_out: BufferLike | None = None, rank: int = 1, n: Sequence[int] = (),
+        inembed: Sequence[int] | None = None, istride: int = 1, idist: int = 0,
+        onembed: Sequence[int] | None = None, ostride: int = 1, odist: int = 0, batch: int = 1,
+        kind: str = "d2z", direction: str = "forward", *, timeout_secs: float | None = 10.0,
+    ) -> Coroutine[Any, Any, None]:
+        """``exec_plan_many_f32`` on f64/c128 buffers, with kinds d2z, z2d and z2z."""
+        return self._plan_many("f64", real_buf, complex_buf, complex_buf_out, rank, n, inembed,
+                               istride, idist, onembed, ostride, odist, batch, kind, direction,
+                               timeout_secs)
+
+    exec_plan_many_f32 = blocking(exec_plan_many_f32_async)
+    exec_plan_many_f64 = blocking(exec_plan_many_f64_async)
+
+    # ------------------------------------------------ the original's one-shot transforms
+
+    def _one_shot(self, src: Any, dtype: DType, shape: tuple[int, ...], batch: int,
+                  kind: FftKind, inverse: bool, timeout_secs: float | None,
+                  ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
+        """Check a host array of ``batch`` items for the transform, then run it on copies."""
+        data = np.asarray(src)
+        if data.dtype != dtype.numpy:
+            raise DTypeMismatch(f"src has dtype {data.dtype}; this transform takes {dtype.value}")
+        if not is_int(batch) or batch < 1:
+            raise InvalidArgument(f"batch must be >= 1, got {batch!r}")
+        for size in shape:
+            if not is_int(size) or size < 1:
+                raise InvalidArgument(f"sizes must be >= 1, got {shape!r}")
+        real = math.prod(shape)
+        half = math.prod(shape[:-1]) * (shape[-1] // 2 + 1)
+        needed, out_len, out_dtype = {
+            FftKind.R2C: (real, half, dtype.complex), FftKind.C2R: (half, real, dtype.real),
+            FftKind.C2C: (real, real, dtype)}[kind]
+        if data.size != needed * batch:
+            raise InvalidArgument(f"src holds {data.size} values; {batch} item(s) of this "
+                                  f"transform need {needed * batch}")
+        return self._transform(data.reshape(-1), out_dtype, out_len * batch, shape, batch, kind,
+                               inverse, timeout_secs)
+
+    async def _transform(self, data: np.ndarray[Any, Any], out_dtype: DType, out_len: int,
+                         shape: tuple[int, ...], batch: int, kind: FftKind, inverse: bool,
+                         timeout_secs: float | None) -> np.ndarray[Any, Any]:
+        device = self.device
+        src = await device.allocate_async(data.size, DType.of(data.dtype),
+                                          timeout_secs=timeout_secs)
+        try:
+            dst = await device.allocate_async(out_len, out_dtype, timeout_secs=timeout_secs)
+            try:
+                await device.copy_from_numpy_async(src, data, timeout_secs=timeout_secs)
+                await self._submit(FftOp(src.ref, dst.ref, shape, kind, inverse, batch),
+                                   timeout_secs)
+                return await device.copy_to_numpy_async(dst, timeout_secs=timeout_secs)
+            finally:
+                await device.free_async(dst)
+        finally:
+            await device.free_async(src)
+
+    def forward_1d_r2c_f32_async(self, src: Any, n: int | None = None, batch: int = 1, *,
+                                 timeout_secs: float | None = 10.0,
+                                 ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
+        """The original's one-shot R2C of a float32 host array (``batch`` items of ``n``, all
+        of it by default): the complex64 half spectra, ``batch * (n // 2 + 1)`` values."""
+        size = n if n is not None else np.asarray(src).size // max(1, batch if is_int(batch) else 1)
+        return self._one_shot(src, DType.F32, (size,), batch, FftKind.R2C, False, timeout_secs)
+
+    def inverse_1d_c2r_f32_async(self, src: Any, n: int, batch: int = 1, *,
+                                 timeout_secs: float | None = 10.0,
+                                 ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
+        """The original's one-shot C2R (unnormalized) of complex64 half spectra into
+        ``batch * n`` float32 values."""
+        return self._one_shot(src, DType.C64, (n,), batch, FftKind.C2R, True, timeout_secs)
+
+    def exec_1d_c2c_f32_async(self, src: Any, direction: str = "forward", n: int | None = None,
+                              batch: int = 1, *, timeout_secs: float | None = 10.0,
+                              ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
+        """The original's one-shot C2C of a complex64 host array (``direction``: forward,
+        fwd, f, inverse, inv, backward or i; the inverse is unnormalized)."""
+        inverse = _DIRECTION(direction)
+        size = n if n is not None else np.asarray(src).size // max(1, batch if is_int(batch) else 1)
+        return self._one_shot(src, DType.C64, (size,), batch, FftKind.C2C, inverse, timeout_secs)
+
+    def forward_2d_r2c_f32_async(self, src: Any, nx: int, ny: int, *,
+                                 timeout_secs: float | None = 10.0,
+                                 ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
+        """The original's one-shot 2-D R2C of an ``nx x ny`` float32 host array (row-major):
+        ``nx * (ny // 2 + 1)`` complex64 values."""
+        return self._one_shot(src, DType.F32, (nx, ny), 1, FftKind.R2C, False, timeout_secs)
+
+    forward_1d_r2c_f32 = blocking(forward_1d_r2c_f32_async)
+    inverse_1d_c2r_f32 = blocking(inverse_1d_c2r_f32_async)
+    exec_1d_c2c_f32 = blocking(exec_1d_c2c_f32_async)
+    forward_2d_r2c_f32 = blocking(forward_2d_r2c_f32_async)
 
 
 class RngGenerator(Library):

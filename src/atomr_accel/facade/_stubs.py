@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from atomr_accel.facade._api import BlasApi, DeviceApi, SolverApi, SparseApi, TensorApi
+from atomr_accel.facade._api import (
+    BlasApi,
+    DeviceApi,
+    FftApi,
+    SolverApi,
+    SparseApi,
+    TensorApi,
+)
 from atomr_accel.facade._generate import render_stub
 
 __all__ = ["STUB", "stub"]
@@ -21,6 +28,7 @@ from typing import Any
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._faults import FaultKind
+from atomr_accel.core.ops._fft import FftKind
 from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._generate import Generated
@@ -31,4 +39,4 @@ BufferLike = GpuBuffer | GpuRef
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
-    return render_stub([BlasApi, DeviceApi, SolverApi, SparseApi, TensorApi], _HEADER)
+    return render_stub([BlasApi, DeviceApi, FftApi, SolverApi, SparseApi, TensorApi], _HEADER)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
+from atomr_accel.core._api import Form, Param
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
@@ -40,6 +41,7 @@ __all__ = [
     "r2c_output_len_2d",
     "r2c_output_len_3d",
     "r2c_output_len_many",
+    "shape_of",
 ]
 
 _COMPLEX = (DType.C64, DType.C128)
@@ -54,6 +56,18 @@ class FftKind(enum.Enum):
     C2R = "c2r"
 
     __reduce_ex__ = pickle_by_name
+
+
+def shape_of(shape: object) -> tuple[int, ...]:
+    """``shape`` as a tuple of sizes: an int is a 1-D shape (``InvalidArgument`` for neither)."""
+    if is_int(shape):
+        return (shape,)
+    if isinstance(shape, tuple | list):
+        return tuple(shape)
+    raise InvalidArgument(f"shape must be a size or a sequence of sizes, got {shape!r}")
+
+
+_SHAPE = Param("shape", parse=shape_of, annotation="int | Sequence[int]")
 
 
 def _half(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -119,6 +133,17 @@ class Fft(Op):
 
     library: ClassVar[str] = "fft"
     outputs: ClassVar[tuple[str, ...]] = ("output",)
+    api = (
+        Form("c2c", ("input", "output", _SHAPE), fixed={"kind": FftKind.C2C},
+             doc="Transform complex ``input`` into ``output`` (in place allowed; "
+             "``inverse=True``: the unnormalized inverse)."),
+        Form("r2c", ("input", "output", _SHAPE), fixed={"kind": FftKind.R2C, "inverse": False},
+             doc="Transform real ``input`` of ``shape`` forward into its half spectrum in "
+             "``output``."),
+        Form("c2r", ("input", "output", _SHAPE), fixed={"kind": FftKind.C2R, "inverse": True},
+             doc="Transform a half spectrum in ``input`` back (unnormalized) into real "
+             "``output`` of ``shape``."),
+    )
     input: GpuRef
     output: GpuRef
     shape: tuple[int, ...]
@@ -245,6 +270,7 @@ class FftMany(Op):
 
     library: ClassVar[str] = "fft"
     outputs: ClassVar[tuple[str, ...]] = ("output",)
+    api = (Form("plan_many", ("input", "output", "rank", "n", "kind")),)
     input: GpuRef
     output: GpuRef
     rank: int
