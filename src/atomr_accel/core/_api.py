@@ -99,6 +99,9 @@ class Form:
     note: str = ""
     suffixed: bool = True
     """False: the one variant of ``dtypes`` keeps ``name`` (``sgemm``)."""
+    timeout_last: bool = False
+    """True: ``timeout_secs`` follows ``params`` as the last positional parameter (the
+    original package's methods); else it is keyword-only."""
 
 
 # ------------------------------------------------- the original package's option strings
@@ -156,7 +159,7 @@ def original(name: str, params: tuple[str | Param, ...], timeout: float,
              returns: str = "None", dtypes: tuple[DType, ...] = REALS) -> Form:
     """The original package's ``name_f32`` / ``name_f64`` form of an op."""
     return Form(name, params, dtypes=dtypes, timeout=timeout, returns=returns,
-                note="The original package's form.")
+                note="The original package's form.", timeout_last=True)
 
 
 def whole_vectors(*vectors: str) -> Param:

@@ -143,6 +143,8 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
     for i, arg in enumerate(args):
         param = arg.param
         if arg.keyword_only and not star:
+            if form.timeout_last:
+                head.append("timeout_secs=_timeout")
             head.append("*")
             star = True
         if param.default is REQUIRED:
@@ -165,9 +167,10 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
             body.append(f"{targets} = {param.name}")
     for field, names in parts.items():
         body.append(f"f_{field} = ({', '.join(names)},)")
-    if not star:
+    if not star and not form.timeout_last:
         head.append("*")
-    head.append("timeout_secs=_timeout")
+    if not star or not form.timeout_last:
+        head.append("timeout_secs=_timeout")
     head.append("**unknown")
     space["_timeout"] = form.timeout
     space["_refuse"] = _refuse
@@ -243,14 +246,19 @@ def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
     run_async.__module__ = __name__
     run_async.__doc__ = _doc(op, form, dtype)
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    timeout = inspect.Parameter(
+        "timeout_secs", inspect.Parameter.POSITIONAL_OR_KEYWORD if form.timeout_last
+        else inspect.Parameter.KEYWORD_ONLY, default=form.timeout, annotation="float | None")
     for arg in args:
         kind = (inspect.Parameter.KEYWORD_ONLY if arg.keyword_only
                 else inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if arg.keyword_only and timeout.kind is not kind and timeout not in params:
+            params.append(timeout)
         default = inspect.Parameter.empty if arg.param.default is REQUIRED else arg.param.default
         params.append(inspect.Parameter(arg.param.name, kind, default=default,
                                         annotation=arg.annotation))
-    params.append(inspect.Parameter("timeout_secs", inspect.Parameter.KEYWORD_ONLY,
-                                    default=form.timeout, annotation="float | None"))
+    if timeout not in params:
+        params.append(timeout)
     signature = inspect.Signature(params, return_annotation=form.returns)
     run_async.__signature__ = signature.replace(  # type: ignore[attr-defined]
         return_annotation=f"Coroutine[Any, Any, {form.returns}]")
