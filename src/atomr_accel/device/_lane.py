@@ -67,16 +67,17 @@ class Gate:
     context: ActorRef
 
 
-def prepare(op: Op, state: DeviceState) -> Op:
+def prepare(op: Op, state: DeviceState, checked: bool = False) -> Op:
     """``op`` as the device runs it: durable buffers' refs made current, then checked and
-    validated (``checked``: its fields as declared, integer-likes made ints).
+    validated (``checked``: its fields as declared, integer-likes made ints) unless the
+    caller did so already (``checked=True``: the op ``validated`` returned).
 
     Raises ``InvalidArgument`` for bad input (a malformed op included).
     """
     recorder = state.recorder
     if recorder is not None:
         op = recorder.refresh(op)  # a durable buffer's ref from before a rebuild
-    return validated(op)
+    return op if checked else validated(op)
 
 
 def check_refs(op: Op, generation: int, state: DeviceState) -> None:
@@ -256,11 +257,12 @@ class Lane:
         stream = gate.streams.get(op.library)
         return None if stream is None else (gate, stream)
 
-    def _start(self, gate: Gate, op: Op, answer: Any) -> tuple[Op, Pending] | None:
+    def _start(self, gate: Gate, op: Op, answer: Any,
+               checked: bool) -> tuple[Op, Pending] | None:
         """Validate ``op`` (raises), register its request and check its buffers; None when a
         check failed and answered the request (counted like any failed op)."""
         state = self.state
-        op = prepare(op, state)
+        op = prepare(op, state, checked)
         pending = state.track(op, answer)
         generation = gate.generation
         try:
@@ -271,7 +273,7 @@ class Lane:
             return None
         return op, pending
 
-    def call(self, op: Op, timeout: float | None) -> Any:
+    def call(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
         """Run ``op`` and wait for it on this plain thread; its result, or ``MISS``.
 
         Raises the op's error, ``InvalidArgument`` / ``GpuRefStale`` before it
@@ -283,7 +285,7 @@ class Lane:
         gate, stream = route
         slot = _Slot()
         deadline = None if timeout is None else time.perf_counter() + timeout
-        started = self._start(gate, op, slot)
+        started = self._start(gate, op, slot, checked)
         if started is not None:
             op, pending = started
             generation = gate.generation
@@ -312,7 +314,7 @@ class Lane:
                 raise
         return slot.outcome(deadline, self.path, timeout)
 
-    async def run(self, op: Op, timeout: float | None) -> Any:
+    async def run(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
         """Run ``op`` and await it on the running loop; its result, or ``MISS``.
 
         Raises as ``call`` does.
@@ -323,7 +325,7 @@ class Lane:
         gate, stream = route
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        started = self._start(gate, op, Reply(fut, loop))
+        started = self._start(gate, op, Reply(fut, loop), checked)
         if started is None:
             return await fut
         op, pending = started

@@ -208,7 +208,8 @@ class Device(DeviceApi):
 
     # ---------------------------------------------------------------- core
 
-    async def run_async(self, op: Op, timeout_secs: float | None = None) -> Any:
+    async def run_async(self, op: Op, timeout_secs: float | None = None, *,
+                        checked: bool = False) -> Any:
         """Run any op on this device and return its result.
 
         Takes the data plane while the device is ready (the op runs on this
@@ -216,13 +217,15 @@ class Device(DeviceApi):
         actor path while its context is (re)built, where it waits in order.
         ``timeout_secs`` (default: the system's ``op_timeout``) bounds the wait:
         past it the call raises ``AskTimeout`` (the op may still run).
+        ``checked=True`` says ``op`` is what ``validated`` returned (not checked again).
         """
         if not isinstance(op, Op):
             raise InvalidArgument(f"run() takes an op, got {op!r}")
         lane = self._state.lane
         timeout = self._op_timeout if timeout_secs is None else timeout_secs
         try:
-            result = lane.call(op, timeout) if in_blocking_call() else await lane.run(op, timeout)
+            result = lane.call(op, timeout, checked) if in_blocking_call() \
+                else await lane.run(op, timeout, checked)
         except GpuRuntimeError:
             raise
         except ActorError as exc:  # the runtime's time-out of an op awaited on the data plane
@@ -243,7 +246,7 @@ class Device(DeviceApi):
 
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
-        return self.run_async(validated(op), timeout_secs)
+        return self.run_async(validated(op), timeout_secs, checked=True)
 
     def ref_of(self, buffer: BufferLike, name: str = "buffer") -> GpuRef:
         """The ``GpuRef`` of a buffer of this device (``InvalidArgument`` otherwise)."""

@@ -198,7 +198,7 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
     for j, (field, value) in enumerate(form.fixed.items()):
         space[f"_x{j}"] = value
         body.append(f"f_{field} = _x{j}")
-    call = ", ".join(f"{field}=f_{field}" for field in fields)
+    call = ", ".join(f"f_{field}" for field in fields)  # positional: the cheapest
     body.append(f"return self._submit(_op({call}), timeout_secs)")
     lines = "\n    ".join(body)
     return f"def {name}({', '.join(head)}):\n    {lines}\n", space

@@ -83,7 +83,8 @@ class GraphRecorder:
         """The ``GpuRef`` of a buffer of the device."""
         return self.device.ref_of(buffer, name)
 
-    async def run_async(self, op: Op, timeout_secs: float | None = None) -> None:
+    async def run_async(self, op: Op, timeout_secs: float | None = None, *,
+                        checked: bool = False) -> None:
         """Record ``op`` (``InvalidArgument`` if a graph cannot hold it); nothing runs, so
         ``timeout_secs`` has nothing to bound."""
         self.ops.append(check_capturable(op, len(self.ops)))

@@ -66,7 +66,7 @@ class Library:
 
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
-        return self._run(validated(op), timeout_secs)
+        return self._run(validated(op), timeout_secs, checked=True)
 
 
 _F32 = (DType.F32,)
