@@ -153,8 +153,8 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
             space[f"_d{i}"] = param.default
             head.append(f"{param.name}=_d{i}")
         names = []
-        for field in param.fields:  # a field several parameters set is the tuple of them
-            if shared[field] > 1:
+        for field in param.fields:  # a sequence field other parameters set is their tuple
+            if shared[field] > 1 or (field != param.name and _is_sequence(hints[field])):
                 parts[field].append(f"f_{field}_{len(parts[field])}")
                 names.append(parts[field][-1])
             else:
