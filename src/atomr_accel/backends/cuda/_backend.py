@@ -47,13 +47,16 @@ from atomr_accel.core._errors import (
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import (
     Axpy,
+    Copy,
     Geam,
     Gemm,
     GemmStridedBatched,
     Gemv,
     Ger,
     Nrm2,
+    Rot,
     Scal,
+    Swap,
     Syrk,
     Trsm,
 )
@@ -83,8 +86,8 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
 }
 
 _QUEUES_ONLY: frozenset[type[Op]] = frozenset({
-    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, CopyBuffer, Fft, RngFill,
-    LaunchKernel, LaunchGraph,
+    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, Rot, Swap, Copy, CopyBuffer,
+    Fft, RngFill, LaunchKernel, LaunchGraph,
 })
 """Ops whose handlers only queue work on the stream: an event loop may launch them itself."""
 
