@@ -17,6 +17,7 @@ import pytest
 from atomr_accel import Device, DType, InvalidArgument, System
 from atomr_accel.core import GpuRef
 from atomr_accel.core.ops._blas import Copy, Iamin, Rot, Swap
+from atomr_accel.core.ops._graph import CaptureGraph, LaunchGraph
 
 Arr = np.ndarray[Any, Any]
 DTYPES = [DType.F32, DType.F64, DType.C64, DType.C128]
@@ -234,3 +235,30 @@ def test_run_refuses_before_anything_is_written(dev: Device) -> None:
         dev.run(Swap(4, x, y))
     np.testing.assert_array_equal(download(dev, x), np.arange(1.0, 5.0))
     np.testing.assert_array_equal(download(dev, y), np.arange(1.0, 3.0))
+
+
+def _vector_ops(n: int, rx: GpuRef, ry: GpuRef, incx: int, incy: int) -> tuple[Any, ...]:
+    return (Rot(n, rx, ry, 0.8, -0.6, incx, incy), Swap(n, rx, ry, incx, incy),
+            Copy(n, ry, rx, incy, incx))
+
+
+def check_graph(dev: Device, dtype: DType) -> None:
+    """Rot, Swap and Copy recorded in a graph replay as run one by one; Iamin is refused."""
+    rng = np.random.default_rng(4)
+    n, incx, incy = 9, 2, -1
+    x, y = rand(rng, n, dtype), rand(rng, n, dtype)
+    direct = [upload(dev, strided(x, incx), dtype), upload(dev, strided(y, incy), dtype)]
+    for op in _vector_ops(n, *direct, incx, incy):
+        dev.run(op)
+    recorded = [upload(dev, strided(x, incx), dtype), upload(dev, strided(y, incy), dtype)]
+    graph = dev.run(CaptureGraph(_vector_ops(n, *recorded, incx, incy)))
+    dev.run(LaunchGraph(graph))
+    for got, want in zip(recorded, direct, strict=True):
+        np.testing.assert_array_equal(download(dev, got), download(dev, want))
+    with pytest.raises(InvalidArgument, match=r"\(Iamin\) cannot be recorded"):
+        dev.run(CaptureGraph((Iamin(n, recorded[0]),)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+def test_graphs_record_the_vector_ops(dev: Device, dtype: DType) -> None:
+    check_graph(dev, dtype)
