@@ -6,7 +6,8 @@ can replay them. Element ``i`` of a fill is element ``offset + i`` of the stream
 named by ``seed`` and ``generator``; to continue a stream, advance ``offset`` by
 the number of elements drawn so far. Filling ``n`` at offset 0 and ``n`` at
 offset ``n`` gives exactly the numbers of one fill of ``2n`` on the same
-backend. Streams differ between backends, but for the unscrambled Sobol kinds.
+backend. Streams differ between backends; only the unscrambled Sobol kinds draw
+the same words on both.
 
 Each element is drawn from one 64-bit word of its stream (see ``Generator``),
 by an inverse CDF where the distribution is not the plain word: so every
