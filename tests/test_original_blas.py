@@ -24,15 +24,19 @@ SIGNATURES = {
     "nrm2": "x n incx",
     "asum": "x n incx",
     "iamax": "x n incx",
+    "iamin": "x n incx",
+    "copy": "x y n incx incy",
+    "swap": "x y n incx incy",
+    "rot": "x y c s n incx incy",
     "gemv": "a x y m n alpha beta trans lda incx incy",
     "ger": "x y a m n alpha lda incx incy",
     "geam": "a b c m n alpha beta trans_a trans_b lda ldb ldc",
     "syrk": "a c n k alpha beta uplo trans lda ldc",
     "trsm": "a b m n alpha side uplo trans diag lda ldb",
 }
-TIMEOUTS = {"gemm": 60.0, "gemm_strided_batched": 60.0, "axpy": 10.0, "scal": 10.0,
-            "dot": 10.0, "nrm2": 10.0, "asum": 10.0, "iamax": 10.0, "gemv": 30.0, "ger": 30.0,
-            "geam": 30.0, "syrk": 30.0, "trsm": 30.0}
+TIMEOUTS = {name: 10.0 for name in SIGNATURES} | {
+    "gemm": 60.0, "gemm_strided_batched": 60.0, "gemv": 30.0, "ger": 30.0, "geam": 30.0,
+    "syrk": 30.0, "trsm": 30.0}
 TYPES = {"f32": (np.float32, 1e-5), "f64": (np.float64, 1e-12)}
 
 
@@ -120,7 +124,18 @@ def test_level_one(dev: Device, data: Data) -> None:
     data.close(call(dev, "asum", data)(x, 4, 2), np.abs(xh[:8:2]).sum())
     assert call(dev, "iamax", data)(x) == int(np.argmax(np.abs(xh))) + 1
     call(dev, "scal", data)(3.0, x)
-    data.close(data.get(x, 9), 3.0 * xh)
+    xh = 3.0 * xh
+    data.close(data.get(x, 9), xh)
+    assert call(dev, "iamin", data)(x) == int(np.argmin(np.abs(xh))) + 1
+    call(dev, "rot", data)(x, y, 0.6, 0.8)
+    xh, yh = 0.6 * xh + 0.8 * yh, 0.6 * yh - 0.8 * xh
+    data.close(data.get(x, 9), xh)
+    data.close(data.get(y, 9), yh)
+    call(dev, "swap", data)(x, y, 4, 2, 2)
+    xh[:8:2], yh[:8:2] = yh[:8:2].copy(), xh[:8:2].copy()
+    data.close(data.get(x, 9), xh)
+    call(dev, "copy", data)(x, y)
+    data.close(data.get(y, 9), xh)
 
 
 @pytest.mark.parametrize("trans", ["N", "T"])

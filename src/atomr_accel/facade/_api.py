@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from atomr_accel.facade._generate import Generated
 
-__all__ = ["BlasApi", "DeviceApi", "FftApi", "SolverApi", "SparseApi", "TensorApi"]
+__all__ = ["BlasApi", "DeviceApi", "FftApi", "RngApi", "SolverApi", "SparseApi", "TensorApi"]
 
 
 class BlasApi(Generated, handle="blas"):
@@ -17,6 +17,10 @@ class BlasApi(Generated, handle="blas"):
 
 class FftApi(Generated, handle="fft"):
     """The FFT methods (``Fft``)."""
+
+
+class RngApi(Generated, handle="rng"):
+    """The random fills (``RngGenerator``)."""
 
 
 class SolverApi(Generated, handle="solver"):

@@ -176,9 +176,14 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
     space["_refuse"] = _refuse
     known = [a.param.name for a in args]
     body.insert(0, f"if unknown:\n        _refuse({op.__name__!r}, {name!r}, unknown, {known!r})")
+    for j, (field, value) in enumerate(form.fixed.items()):
+        space[f"_x{j}"] = value
+        body.append(f"f_{field} = _x{j}")
     fields = [f.name for f in dataclasses.fields(op)]  # type: ignore[arg-type]
     for field in fields:
         hint = hints[field]
+        if field in form.fixed:
+            continue
         if _is_buffer(hint):
             dtypes = "_dtypes" if field == checked_buffer else "None"
             convert = f"self._ref(f_{field}, {field!r}, {dtypes})"
@@ -195,9 +200,6 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
             uses = ", ".join(f"f_{use}" for use in param.uses)
             field = param.fields[0]
             body.append(f"if f_{field} is None:\n        f_{field} = _f{i}({uses})")
-    for j, (field, value) in enumerate(form.fixed.items()):
-        space[f"_x{j}"] = value
-        body.append(f"f_{field} = _x{j}")
     call = ", ".join(f"f_{field}" for field in fields)  # positional: the cheapest
     body.append(f"return self._submit(_op({call}), timeout_secs)")
     lines = "\n    ".join(body)

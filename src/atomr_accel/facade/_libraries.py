@@ -7,6 +7,7 @@ fields of the op class of the same name (see ``atomr_accel.core.ops``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -28,9 +29,9 @@ from atomr_accel.core.ops._fft import (
     r2c_output_len_3d,
     r2c_output_len_many,
 )
-from atomr_accel.core.ops._rng import Distribution, RngFill
+from atomr_accel.core.ops._rng import Generator, RngFill
 from atomr_accel.core.ops._sparse import CsrMatrix
-from atomr_accel.facade._api import BlasApi, FftApi, SolverApi, SparseApi, TensorApi
+from atomr_accel.facade._api import BlasApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._portal import blocking
 
@@ -320,14 +321,16 @@ class Fft(Library, FftApi):
     forward_2d_r2c_f32 = blocking(forward_2d_r2c_f32_async)
 
 
-class RngGenerator(Library):
+class RngGenerator(Library, RngApi):
     """Fill buffers with random numbers from one seeded stream that continues fill after fill.
 
     Fills are stateless ops keyed by ``(seed, offset)``: element ``i`` of a fill
-    is element ``offset + i`` of the stream named by ``seed``. The generator
-    keeps ``offset`` (elements drawn so far) and advances it by each fill's
-    length, so two fills of ``n`` give exactly the numbers of one fill of
-    ``2n`` from a fresh generator with the same seed (on the same backend).
+    is element ``offset + i`` of the stream named by ``seed`` and the generator
+    kind (``set_generator``: philox, xorwow, mrg32k3a, mtgp32, sobol32/64 and
+    scrambled; ``Generator`` says what each backend draws). The handle keeps
+    ``offset`` (elements drawn so far) and advances it by each fill's length,
+    so two fills of ``n`` give exactly the numbers of one fill of ``2n`` from a
+    fresh generator with the same seed (on the same backend).
 
     A fill reserves its range of the stream before it is sent, so fills awaited
     concurrently (from one event loop or several threads) never overlap; they
@@ -336,72 +339,71 @@ class RngGenerator(Library):
     reserved past it, so in sequential use a failed fill skips no numbers. Else
     the range stays used and the stream has a gap there; so it does when a fill
     times out or is cancelled, since that fill may still run.
+
+    Ours (``uniform(out, low, high)``, ..., any float dtype) and the original
+    package's forms (``uniform_f32(buf, lo, hi)``, ``exponential_f64(buf, lam)``
+    with a rate, ``uniform_u32(buf)``, ``set_seed``, ``set_generator``) stand
+    side by side.
     """
 
     def __init__(self, device: Device, seed: int) -> None:
         super().__init__(device)
-        if not is_int(seed) or not 0 <= seed < 1 << 64:
-            raise InvalidArgument(f"seed must be an int in [0, 2**64), got {seed!r}")
-        self.seed = int(seed)
+        self.seed = _seed(seed)
         self.offset = 0
+        self.generator = Generator.DEFAULT
         self._lock = threading.Lock()
 
-    async def _fill(self, out: BufferLike, distribution: Distribution,
-                    params: tuple[float, ...], length: int | None) -> None:
-        """Reserve ``length`` elements of the stream, fill them, and hand them back on failure."""
-        ref = self._ref(out, "out")
-        if length is not None and (not is_int(length) or length < 0):
-            raise InvalidArgument(f"length must be a non-negative int, got {length!r}")
-        count = ref.length if length is None else int(length)
+    def set_seed_async(self, seed: int, timeout_secs: float | None = 10.0,
+                       ) -> Coroutine[Any, Any, None]:
+        """Name the stream by ``seed`` and start it again (offset 0)."""
+        chosen = _seed(seed)
+        with self._lock:
+            self.seed, self.offset = chosen, 0
+        return ready(None)
+
+    def set_generator_async(self, kind: Generator | str, timeout_secs: float | None = 10.0,
+                            ) -> Coroutine[Any, Any, None]:
+        """Draw from generator ``kind`` (the original's names, any case: default,
+        pseudo_default, philox, philox4_32_10, xorwow, mrg32k3a, mtgp32, sobol32,
+        scrambled_sobol32, sobol64, scrambled_sobol64), from the start of its stream."""
+        chosen = Generator.parse(kind)
+        with self._lock:
+            self.generator, self.offset = chosen, 0
+        return ready(None)
+
+    set_seed = blocking(set_seed_async)
+    set_generator = blocking(set_generator_async)
+
+    def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
+        """Reserve the fill's range of the stream and send it with this handle's seed and
+        generator (``InvalidArgument`` before anything is reserved)."""
+        assert isinstance(op, RngFill)
         with self._lock:
             start = self.offset
-            self.offset = start + count
+            op = validated(dataclasses.replace(op, seed=self.seed, offset=start,
+                                               generator=self.generator))
+            self.offset = start + op.count
+        return self._fill(op, start, timeout_secs)
+
+    async def _fill(self, op: RngFill, start: int, timeout_secs: float | None) -> None:
+        """Run the fill; hand its range back if it failed and no later fill reserved past it."""
         try:
-            await self._run(RngFill(ref, distribution, self.seed, start, params, length))
+            await self._run(op, timeout_secs, checked=True)
         except GpuRuntimeError:
             with self._lock:
-                if self.offset == start + count:  # no later fill has reserved past this one
+                if self.offset == start + op.count and self.seed == op.seed:
                     self.offset = start
             raise
 
-    async def uniform_async(self, out: BufferLike, low: float = 0.0, high: float = 1.0, *,
-                            length: int | None = None) -> None:
-        """Fill ``out`` (f32/f64) uniformly in ``[low, high)`` (``(low, high]`` on cuRAND)."""
-        await self._fill(out, Distribution.UNIFORM, (low, high), length)
-
-    async def normal_async(self, out: BufferLike, mean: float = 0.0, stddev: float = 1.0, *,
-                           length: int | None = None) -> None:
-        """Fill ``out`` (f32/f64) from a normal distribution."""
-        await self._fill(out, Distribution.NORMAL, (mean, stddev), length)
-
-    async def log_normal_async(self, out: BufferLike, mean: float = 0.0, stddev: float = 1.0,
-                               *, length: int | None = None) -> None:
-        """Fill ``out`` (f32/f64) with ``exp`` of normal draws of ``mean`` and ``stddev``."""
-        await self._fill(out, Distribution.LOG_NORMAL, (mean, stddev), length)
-
-    async def poisson_async(self, out: BufferLike, lam: float, *,
-                            length: int | None = None) -> None:
-        """Fill ``out`` (i32/u32) from a Poisson distribution of mean ``lam``."""
-        await self._fill(out, Distribution.POISSON, (lam,), length)
-
-    async def exponential_async(self, out: BufferLike, scale: float = 1.0, *,
-                                length: int | None = None) -> None:
-        """Fill ``out`` (f32/f64) from an exponential distribution of mean ``scale``."""
-        await self._fill(out, Distribution.EXPONENTIAL, (scale,), length)
-
-    async def bits_async(self, out: BufferLike, *, length: int | None = None) -> None:
-        """Fill ``out`` (u32) with raw 32-bit words, like ``curandGenerate``."""
-        await self._fill(out, Distribution.BITS, (), length)
-
-    uniform = blocking(uniform_async)
-    normal = blocking(normal_async)
-    log_normal = blocking(log_normal_async)
-    poisson = blocking(poisson_async)
-    exponential = blocking(exponential_async)
-    bits = blocking(bits_async)
-
     def __repr__(self) -> str:
-        return f"RngGenerator(seed={self.seed}, offset={self.offset})"
+        return (f"RngGenerator(seed={self.seed}, offset={self.offset}, "
+                f"generator={self.generator.value!r})")
+
+
+def _seed(seed: object) -> int:
+    if not is_int(seed) or not 0 <= seed < 1 << 64:
+        raise InvalidArgument(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return int(seed)
 
 
 class Solver(Library, SolverApi):

@@ -9,6 +9,7 @@ from atomr_accel.facade._api import (
     BlasApi,
     DeviceApi,
     FftApi,
+    RngApi,
     SolverApi,
     SparseApi,
     TensorApi,
@@ -39,4 +40,5 @@ BufferLike = GpuBuffer | GpuRef
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
-    return render_stub([BlasApi, DeviceApi, FftApi, SolverApi, SparseApi, TensorApi], _HEADER)
+    sets = [BlasApi, DeviceApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi]
+    return render_stub(sets, _HEADER)

@@ -23,6 +23,7 @@ from atomr_accel.core._op import Op, require
 from atomr_accel.core.ops._blas import (
     Asum,
     Axpy,
+    Copy,
     Dot,
     Geam,
     Gemm,
@@ -30,9 +31,12 @@ from atomr_accel.core.ops._blas import (
     Gemv,
     Ger,
     Iamax,
+    Iamin,
     Matrix,
     Nrm2,
+    Rot,
     Scal,
+    Swap,
     Syrk,
     Trsm,
     Vector,
@@ -42,16 +46,20 @@ __all__ = [
     "HANDLERS",
     "asum",
     "axpy",
+    "copy",
     "dot",
     "geam",
     "gemm",
     "gemv",
     "ger",
     "iamax",
+    "iamin",
     "matrix_view",
     "matrix_views",
     "nrm2",
+    "rot",
     "scal",
+    "swap",
     "syrk",
     "trsm",
     "vector_view",
@@ -181,6 +189,32 @@ def iamax(backend: ArrayBackend, op: Iamax) -> int:
     return int(backend.xp.argmax(_abs1(backend.xp, x))) + 1 if x.size else 0
 
 
+def iamin(backend: ArrayBackend, op: Iamin) -> int:
+    """Return the 1-based index of the first smallest ``|re| + |im|``, or 0 when ``n == 0``."""
+    x = vector_view(backend, op.operands()[0])
+    return int(backend.xp.argmin(_abs1(backend.xp, x))) + 1 if x.size else 0
+
+
+def rot(backend: ArrayBackend, op: Rot) -> None:
+    """Rotate in place: ``x = c x + s y`` and ``y = c y - conj(s) x``, from the old x and y."""
+    x, y = (vector_view(backend, spec) for spec in op.operands())
+    kind = x.dtype.type
+    c, s = kind(op.c), kind(op.s)
+    x[...], y[...] = c * x + s * y, c * y - s.conjugate() * x
+
+
+def swap(backend: ArrayBackend, op: Swap) -> None:
+    """Exchange x and y in place."""
+    x, y = (vector_view(backend, spec) for spec in op.operands())
+    x[...], y[...] = y.copy(), x.copy()
+
+
+def copy(backend: ArrayBackend, op: Copy) -> None:
+    """Copy x into y."""
+    x, y = (vector_view(backend, spec) for spec in op.operands())
+    y[...] = x
+
+
 def gemv(backend: ArrayBackend, op: Gemv) -> None:
     """Compute ``y = alpha * op(A) @ x + beta * y``."""
     a_spec, x_spec, y_spec = op.operands()
@@ -253,6 +287,10 @@ HANDLERS: dict[type[Op], Handler] = {
     Scal: scal,
     Asum: asum,
     Iamax: iamax,
+    Iamin: iamin,
+    Rot: rot,
+    Swap: swap,
+    Copy: copy,
     Gemv: gemv,
     Ger: ger,
     Geam: geam,

@@ -49,13 +49,16 @@ from atomr_accel.core._errors import (
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import (
     Axpy,
+    Copy,
     Geam,
     Gemm,
     GemmStridedBatched,
     Gemv,
     Ger,
     Nrm2,
+    Rot,
     Scal,
+    Swap,
     Syrk,
     Trsm,
 )
@@ -88,10 +91,11 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
 _ATTACH_FLAGS = {Attach.GLOBAL: 1, Attach.HOST: 2}  # cudaMemAttachGlobal, cudaMemAttachHost
 
 _QUEUES_ONLY: frozenset[type[Op]] = frozenset({
-    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, CopyBuffer, Fft, FftMany,
-    RngFill, LaunchKernel, LaunchGraph,
+    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, Rot, Swap, Copy, CopyBuffer,
+    Fft, FftMany, LaunchKernel, LaunchGraph,
 })
-"""Ops whose handlers only queue work on the stream: an event loop may launch them itself."""
+"""Ops whose handlers only queue work on the stream: an event loop may launch them itself
+(and most RNG fills: see ``_rng.queues_only``)."""
 
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
 _HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
@@ -261,6 +265,8 @@ class CudaBackend(Backend):
         kind = type(op)
         if kind in _QUEUES_ONLY:
             return True
+        if kind is RngFill:
+            return cuda_rng.queues_only(op)  # type: ignore[arg-type]
         if kind is Upload:
             return _is_pinned(op.data)  # type: ignore[attr-defined]
         return False

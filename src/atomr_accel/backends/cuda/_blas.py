@@ -1,7 +1,14 @@
-"""cuBLAS gemm called directly: the op's contract (column-major, lda/ldb/ldc, alpha,
-beta, strided batches) is cuBLAS's own, so no copies and no extra passes are made.
+"""cuBLAS called directly where the op's contract is cuBLAS's own, so no copies and no
+extra passes are made: gemm (column-major, lda/ldb/ldc, alpha, beta, strided batches),
+and rot, swap, copy and iamin (strided vectors; a negative increment walks the vector
+backwards from the buffer's start, as in BLAS).
 
-Every other BLAS op runs the shared array-module handlers on CuPy.
+Every handler runs on the current stream (under capture, the one the capture bound
+beforehand). cuBLAS reads the scalars from host memory (CuPy leaves its handle in host
+pointer mode) and iamin writes its index there, which waits for the result. CuPy 14
+wraps no rot, swap or copy: those, and every call under capture, go through
+``call_cublas`` on the same library and handle. Every other BLAS op runs the shared
+array-module handlers on CuPy.
 """
 
 from __future__ import annotations
@@ -16,12 +23,12 @@ from atomr_accel.backends._base import Handler
 from atomr_accel.backends.cuda._direct import call_cublas
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op
-from atomr_accel.core.ops._blas import Gemm, GemmStridedBatched
+from atomr_accel.core.ops._blas import Copy, Gemm, GemmStridedBatched, Iamin, Rot, Swap
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "gemm"]
+__all__ = ["HANDLERS", "copy", "gemm", "iamin", "rot", "swap"]
 
 _ROUTINES = {  # dtype -> (gemm, strided batched gemm, host scalar type)
     DType.F32: ("sgemm", "sgemmStridedBatched", np.float32),
@@ -53,15 +60,28 @@ def _scalar(value: complex, kind: type[Any]) -> tuple[Any, int]:
 _SCALARS: dict[tuple[type[Any], complex], tuple[Any, int]] = {}
 """Host scalars handed to cuBLAS (the array, kept alive, and its address), by type and value."""
 
+_LEVEL1 = {  # dtype -> (routine letter, host type of rot's c, of rot's s, amin routine)
+    DType.F32: ("S", np.float32, np.float32, "isamin"),
+    DType.F64: ("D", np.float64, np.float64, "idamin"),
+    DType.C64: ("C", np.float32, np.complex64, "icamin"),
+    DType.C128: ("Z", np.float64, np.complex128, "izamin"),
+}
+
+
+def _handle(backend: CudaBackend) -> int:
+    """The cuBLAS handle, bound to the current stream unless a capture bound it already."""
+    handle: int = cp.cuda.device.get_cublas_handle()
+    if not getattr(backend, "capturing", False):
+        cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    return handle
+
 
 def gemm(backend: CudaBackend, op: Gemm | GemmStridedBatched) -> None:
     """``C = alpha * op(A) @ op(B) + beta * C`` by one cuBLAS call on the current stream."""
     single, batched, scalar = _ROUTINES[op.c.dtype]
     a, b, c = op.operands()
-    handle = cp.cuda.device.get_cublas_handle()
+    handle = _handle(backend)
     capturing = getattr(backend, "capturing", False)
-    if not capturing:  # a capture bound the stream beforehand
-        cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
     _alpha, alpha = _scalar(op.alpha, scalar)
     _beta, beta = _scalar(op.beta, scalar)
     pa, pb, pc = (backend.pointer(op.a.buffer_id), backend.pointer(op.b.buffer_id),
@@ -84,5 +104,48 @@ def gemm(backend: CudaBackend, op: Gemm | GemmStridedBatched) -> None:
         getattr(cublas, single)(*head, pa, a.ld, pb, b.ld, beta, pc, c.ld)
 
 
-HANDLERS: dict[type[Op], Handler] = {Gemm: gemm, GemmStridedBatched: gemm}
+def _vectors(backend: CudaBackend, op: Rot | Swap | Copy) -> tuple[int, int, int, int, int]:
+    """``(n, x, incx, y, incy)`` of a two-vector op, with device addresses."""
+    return (op.n, backend.pointer(op.x.buffer_id), op.incx, backend.pointer(op.y.buffer_id),
+            op.incy)
+
+
+def rot(backend: CudaBackend, op: Rot) -> None:
+    """Rotate x and y in place by cuBLAS rot (crot/zrot for complex data, ``s`` made
+    complex: a real ``s`` rotates as csrot/zdrot would)."""
+    if op.n == 0:
+        return
+    letter, c_type, s_type, _ = _LEVEL1[op.x.dtype]
+    _c, c = _scalar(op.c, c_type)
+    _s, s = _scalar(op.s, s_type)
+    call_cublas(f"cublas{letter}rot_v2", _handle(backend), *_vectors(backend, op), c, s)
+
+
+def swap(backend: CudaBackend, op: Swap) -> None:
+    """Exchange x and y in place by cuBLAS swap."""
+    if op.n:
+        call_cublas(f"cublas{_LEVEL1[op.x.dtype][0]}swap_v2", _handle(backend),
+                    *_vectors(backend, op))
+
+
+def copy(backend: CudaBackend, op: Copy) -> None:
+    """Copy x into y by cuBLAS copy."""
+    if op.n:
+        call_cublas(f"cublas{_LEVEL1[op.x.dtype][0]}copy_v2", _handle(backend),
+                    *_vectors(backend, op))
+
+
+def iamin(backend: CudaBackend, op: Iamin) -> int:
+    """The 1-based index of the first smallest ``|re| + |im|`` by cuBLAS amin (0 when empty)."""
+    if op.n == 0:
+        return 0
+    index = np.zeros(1, dtype=np.int32)  # host memory: cuBLAS writes it once the result is in
+    routine = getattr(cublas, _LEVEL1[op.x.dtype][3])
+    routine(_handle(backend), op.n, backend.pointer(op.x.buffer_id), op.incx, index.ctypes.data)
+    return int(index[0])
+
+
+HANDLERS: dict[type[Op], Handler] = {
+    Gemm: gemm, GemmStridedBatched: gemm, Rot: rot, Swap: swap, Copy: copy, Iamin: iamin,
+}
 """The cuBLAS-direct handlers that replace the shared ones on CUDA."""

@@ -3,6 +3,7 @@
 * Stream capture: CuPy refuses every cuBLAS call while a stream captures (its
   ``setStream`` guard), though cuBLAS supports capture. So a gemm recorded into a graph
   calls cuBLAS directly, on a handle bound to the capturing stream before the capture.
+* Missing wrappers: CuPy 14 wraps no rot, swap or copy, so those are called here too.
 * Managed memory: CuPy's ``memPrefetchAsync``/``memAdvise`` take a device ordinal,
   which CUDA 13 no longer accepts for the host; the driver's ``cuMemPrefetchAsync_v2``
   and ``cuMemAdvise_v2`` take a location (device or host) on every CUDA 12.2+ driver.
@@ -43,13 +44,23 @@ _L = ctypes.c_longlong
 _S = ctypes.c_size_t
 _GEMM = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I]
 _GEMM_STRIDED = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _L, _P, _P, _I, _L, _I]
+_TWO_VECTORS = [_P, _I, _P, _I, _P, _I]  # handle, n, x, incx, y, incy
+_ARGTYPES = {  # routine name suffix -> argument types
+    "gemm_v2": _GEMM,
+    "gemmStridedBatched": _GEMM_STRIDED,
+    "rot_v2": [*_TWO_VECTORS, _P, _P],  # ..., c, s (host pointers)
+    "swap_v2": _TWO_VECTORS,
+    "copy_v2": _TWO_VECTORS,
+}
 
 
 @functools.cache
 def cublas_function(name: str) -> Any:
-    """A cuBLAS entry point (``"cublasSgemm_v2"``, ...) with its argument types."""
+    """A cuBLAS entry point (``"cublasSgemm_v2"``, ``"cublasDrot_v2"``, ...) with its
+    argument types."""
     function = getattr(loaded_library("libcublas"), name)
-    function.argtypes = _GEMM_STRIDED if "StridedBatched" in name else _GEMM
+    function.argtypes = next(types for suffix, types in _ARGTYPES.items()
+                             if name.endswith(suffix))
     function.restype = _I
     return function
 
@@ -58,7 +69,7 @@ def call_cublas(name: str, *args: Any) -> None:
     """Call a cuBLAS entry point and raise ``LibraryError`` for a non-zero status."""
     status = cublas_function(name)(*args)
     if status != 0:
-        raise LibraryError("cublas", int(status), f"{name} failed during stream capture")
+        raise LibraryError("cublas", int(status), f"{name} failed with status {int(status)}")
 
 
 class _Location(ctypes.Structure):

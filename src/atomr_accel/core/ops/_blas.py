@@ -11,7 +11,7 @@ Storage conventions, shared with the solver ops:
 * A vector is ``n`` elements ``inc`` apart. A negative increment walks the
   buffer backwards as in BLAS: logical element ``i`` sits at
   ``(n - 1 - i) * |inc|``. The one-vector ops (``Nrm2``, ``Scal``, ``Asum``,
-  ``Iamax``) take ``inc >= 1`` only.
+  ``Iamax``, ``Iamin``) take ``inc >= 1`` only.
 * ``trans`` alone is cuBLAS's op T; ``trans`` with ``conj`` is op C (the
   conjugate transpose, the same as T for real dtypes). ``conj`` without
   ``trans`` is refused, as cuBLAS has no such op.
@@ -57,6 +57,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "Asum",
     "Axpy",
+    "Copy",
     "Dot",
     "Geam",
     "Gemm",
@@ -64,10 +65,13 @@ __all__ = [
     "Gemv",
     "Ger",
     "Iamax",
+    "Iamin",
     "LinalgOp",
     "Matrix",
     "Nrm2",
+    "Rot",
     "Scal",
+    "Swap",
     "Syrk",
     "Trsm",
     "Vector",
@@ -515,6 +519,109 @@ class Iamax(_OneVector):
     n: int
     x: GpuRef
     incx: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Iamin(_OneVector):
+    """Return the 1-based index of the first element of smallest ``|re| + |im|`` (cuBLAS amin).
+
+    Answers 0 when ``n == 0``, as BLAS does.
+    """
+
+    library: ClassVar[str] = "blas"
+    api = (
+        Form("iamin", ("n", "x"), returns="int"),
+        _original("iamin", ("x", _whole("x"), "incx"), 10.0, "int"),
+    )
+    n: int
+    x: GpuRef
+    incx: int = 1
+
+
+class _TwoVectors(LinalgOp):
+    """Share the checks of the ops on two strided vectors of ``n`` elements: x and y."""
+
+    __slots__ = ()
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int
+    incy: int
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``."""
+        return {"n": self.n}
+
+    def operands(self) -> tuple[Vector, Vector]:
+        """Return x and y."""
+        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
+
+
+@dataclass(frozen=True, slots=True)
+class Rot(_TwoVectors):
+    """Apply a plane rotation in place: ``x = c x + s y`` and ``y = c y - conj(s) x`` (rot).
+
+    Both right-hand sides use the old x and y. ``c`` is real; ``s`` is real for
+    real dtypes and may be complex for complex ones (cuBLAS crot/zrot; a real
+    ``s`` on complex data rotates as csrot/zdrot).
+    """
+
+    library: ClassVar[str] = "blas"
+    outputs: ClassVar[tuple[str, ...]] = ("x", "y")
+    api = (
+        Form("rot", ("n", "x", "y", "c", "s")),
+        _original("rot", ("x", "y", "c", "s", _whole("x", "y"), "incx", "incy"), 10.0),
+    )
+    n: int
+    x: GpuRef
+    y: GpuRef
+    c: float
+    s: complex
+    incx: int = 1
+    incy: int = 1
+
+    def scalars(self) -> dict[str, complex]:
+        """Return ``s``."""
+        return {"s": self.s}
+
+    def check_extra(self, dtype: DType) -> None:
+        """Require a real ``c``, whatever the dtype."""
+        if type(self.c) is not float and type(self.c) is not int:
+            require_scalar("c", self.c, dtype.real)
+
+
+@dataclass(frozen=True, slots=True)
+class Swap(_TwoVectors):
+    """Exchange the elements of x and y in place (BLAS swap)."""
+
+    library: ClassVar[str] = "blas"
+    outputs: ClassVar[tuple[str, ...]] = ("x", "y")
+    api = (
+        Form("swap", ("n", "x", "y")),
+        _original("swap", ("x", "y", _whole("x", "y"), "incx", "incy"), 10.0),
+    )
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int = 1
+    incy: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Copy(_TwoVectors):
+    """Copy x into y element by element, each with its own increment (BLAS copy)."""
+
+    library: ClassVar[str] = "blas"
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = (
+        Form("copy", ("n", "x", "y")),
+        _original("copy", ("x", "y", _whole("x", "y"), "incx", "incy"), 10.0),
+    )
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int = 1
+    incy: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,14 @@ from typing import ClassVar
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op, checked, require
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
-from atomr_accel.core.ops._blas import Asum, Dot, Iamax, Nrm2
+from atomr_accel.core.ops._blas import Asum, Dot, Iamax, Iamin, Nrm2
 from atomr_accel.core.ops._kernels import LaunchKernel
 from atomr_accel.core.ops._memory import CopyBuffer
 
 __all__ = ["CaptureGraph", "DestroyGraph", "LaunchGraph", "check_capturable"]
 
 _DEVICE_ONLY_LIBRARIES = frozenset({"blas", "fft", "rng", "sparse", "tensor"})
-_HOST_RESULTS = (Asum, Dot, Iamax, Nrm2)
+_HOST_RESULTS = (Asum, Dot, Iamax, Iamin, Nrm2)
 
 
 def check_capturable(op: Op, index: int) -> Op:
@@ -33,8 +33,8 @@ def check_capturable(op: Op, index: int) -> Op:
     if not (device_only or isinstance(op, CopyBuffer | LaunchKernel)):
         raise InvalidArgument(
             f"graph op {index} ({type(op).__name__}) cannot be recorded in a graph: only "
-            "device work without a host result can (BLAS but dot/nrm2/asum/iamax, FFT, RNG, "
-            "sparse, tensor, CopyBuffer, LaunchKernel)"
+            "device work without a host result can (BLAS but dot/nrm2/asum/iamax/iamin, FFT, "
+            "RNG, sparse, tensor, CopyBuffer, LaunchKernel)"
         )
     return checked(op)
 
