@@ -134,6 +134,8 @@ def test_libraries_ready_and_handles(system: System, dev: Device) -> None:
                      "cusolver": True, "nvrtc": False, "extras": ready["extras"], "ready": True}
     assert ready["extras"] >= 2  # sparse, tensor
     assert "Blas" in repr(type(dev.blas(timeout_secs=2.0)))
+    with pytest.raises(GpuRuntimeError, match="cudnn library is not enabled"):
+        dev.cudnn(timeout_secs=2.0)
     only_fft = system.spawn_device(mock=True, libraries=["fft"])
     with pytest.raises(GpuRuntimeError, match="not enabled"):
         only_fft.blas()

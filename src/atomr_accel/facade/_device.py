@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
 
@@ -437,6 +437,12 @@ class Device(DeviceApi):
         """Return a new random generator on the stream named by ``seed``, at offset 0."""
         self._library("rng")
         return RngGenerator(self, seed)
+
+    def cudnn(self, timeout_secs: float | None = None) -> NoReturn:
+        """The original package's cuDNN handle: not in this release, so it raises
+        ``InvalidArgument`` as for any library the device does not run."""
+        self._library("cudnn")
+        raise AssertionError("unreachable: no device enables cudnn")
 
     def solver(self, timeout_secs: float | None = None) -> Solver:
         """Return the dense solver handle (getrf, potrf, gesvd, syevd, ... and batched forms)."""

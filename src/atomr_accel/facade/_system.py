@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import itertools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -138,7 +138,7 @@ class System:
         """True once ``close()`` has begun."""
         return self.actors.is_terminated
 
-    async def spawn_device_async(
+    def spawn_device_async(
         self,
         device_id: int = 0,
         name: str | None = None,
@@ -153,8 +153,9 @@ class System:
         completion: str | None = None,
         backend_options: dict[str, Any] | None = None,
         journal: JournalConfig | Journal | str | os.PathLike[str] | bool | None = None,
-    ) -> Device:
-        """Start a device and wait until its context is up.
+    ) -> Coroutine[Any, Any, Device]:
+        """Start a device and wait until its context is up (its arguments are checked when
+        called, before anything starts).
 
         ``name`` names its actor, logs and metrics (default ``device-<id>-<n>``;
         unique within the system). ``mock=True`` uses the CPU backend (NumPy/SciPy),
@@ -194,7 +195,10 @@ class System:
             raise InvalidArgument(f"name must be a non-empty str without '/', got {name!r}")
         elif any(d.ref.name == name for d in self.devices):
             raise InvalidArgument(f"this system already has a device named {name!r}")
-        state = DeviceState(device_id, name)
+        return self._spawn(config, name)
+
+    async def _spawn(self, config: DeviceConfig, name: str) -> Device:
+        state = DeviceState(config.device_id, name)
 
         async def start() -> Device:
             ref = self.actors.spawn(DeviceActor.props(config, state), name)
@@ -204,8 +208,8 @@ class System:
             device = await self._portal.acall(start())
         except ActorError as exc:  # the system closed meanwhile
             raise gpu_error_of(exc, self.actors.name, "spawn_device") from exc
-        if chosen == "cuda":
-            state.capability = cuda_capability(device_id)
+        if config.backend == "cuda":
+            state.capability = cuda_capability(config.device_id)
         try:
             await device.memory_info_async()  # waits until the context is up
         except BaseException:
