@@ -81,6 +81,16 @@ FLOAT_DTYPES: tuple[DType, ...] = (DType.F32, DType.F64, DType.C64, DType.C128)
 """The dtypes every BLAS and solver op accepts."""
 
 
+def _level1(name: str, vectors: tuple[str, ...], *, before: tuple[str, ...] = (),
+            after: tuple[str, ...] = (), returns: str = "None",
+            ours_returns: str | None = None) -> tuple[Form, Form]:
+    """A level-1 op's forms: ours, ``name(n, *before, *vectors, *after)``, and the
+    original's ``name_f32/_f64(*before, *vectors, *after, n=None, incx=1, ...)``."""
+    incs = tuple(f"inc{v}" for v in vectors)
+    return (Form(name, ("n", *before, *vectors, *after), returns=ours_returns or returns),
+            _original(name, (*before, *vectors, *after, _whole(*vectors), *incs), 10.0, returns))
+
+
 def _single_extent(name: str, rows: int, cols: int, ld: int) -> int:
     """Elements one matrix spans; checks the leading dimension (``InvalidArgument``)."""
     if type(ld) is not int or ld < 1:  # build the name only to refuse
@@ -383,10 +393,7 @@ class Axpy(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
-    api = (
-        Form("axpy", ("n", "alpha", "x", "y")),
-        _original("axpy", ("alpha", "x", "y", _whole("x", "y"), "incx", "incy"), 10.0),
-    )
+    api = _level1("axpy", ("x", "y"), before=("alpha",))
     n: int
     alpha: complex
     x: GpuRef
@@ -415,10 +422,7 @@ class Dot(LinalgOp):
     """
 
     library: ClassVar[str] = "blas"
-    api = (
-        Form("dot", ("n", "x", "y"), returns="Any"),
-        _original("dot", ("x", "y", _whole("x", "y"), "incx", "incy"), 10.0, "float"),
-    )
+    api = _level1("dot", ("x", "y"), returns="float", ours_returns="Any")
     n: int
     x: GpuRef
     y: GpuRef
@@ -461,10 +465,7 @@ class Nrm2(_OneVector):
     """Return the Euclidean norm of x as a Python float, without overflow (BLAS nrm2)."""
 
     library: ClassVar[str] = "blas"
-    api = (
-        Form("nrm2", ("n", "x"), returns="float"),
-        _original("nrm2", ("x", _whole("x"), "incx"), 10.0, "float"),
-    )
+    api = _level1("nrm2", ("x",), returns="float")
     n: int
     x: GpuRef
     incx: int = 1
@@ -476,10 +477,7 @@ class Scal(_OneVector):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("x",)
-    api = (
-        Form("scal", ("n", "alpha", "x")),
-        _original("scal", ("alpha", "x", _whole("x"), "incx"), 10.0),
-    )
+    api = _level1("scal", ("x",), before=("alpha",))
     n: int
     alpha: complex
     x: GpuRef
@@ -495,10 +493,7 @@ class Asum(_OneVector):
     """Return ``sum(|re(x)| + |im(x)|)`` as a Python float, as BLAS asum (complex: not |x|)."""
 
     library: ClassVar[str] = "blas"
-    api = (
-        Form("asum", ("n", "x"), returns="float"),
-        _original("asum", ("x", _whole("x"), "incx"), 10.0, "float"),
-    )
+    api = _level1("asum", ("x",), returns="float")
     n: int
     x: GpuRef
     incx: int = 1
@@ -512,10 +507,7 @@ class Iamax(_OneVector):
     """
 
     library: ClassVar[str] = "blas"
-    api = (
-        Form("iamax", ("n", "x"), returns="int"),
-        _original("iamax", ("x", _whole("x"), "incx"), 10.0, "int"),
-    )
+    api = _level1("iamax", ("x",), returns="int")
     n: int
     x: GpuRef
     incx: int = 1
@@ -529,10 +521,7 @@ class Iamin(_OneVector):
     """
 
     library: ClassVar[str] = "blas"
-    api = (
-        Form("iamin", ("n", "x"), returns="int"),
-        _original("iamin", ("x", _whole("x"), "incx"), 10.0, "int"),
-    )
+    api = _level1("iamin", ("x",), returns="int")
     n: int
     x: GpuRef
     incx: int = 1
@@ -568,10 +557,7 @@ class Rot(_TwoVectors):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("x", "y")
-    api = (
-        Form("rot", ("n", "x", "y", "c", "s")),
-        _original("rot", ("x", "y", "c", "s", _whole("x", "y"), "incx", "incy"), 10.0),
-    )
+    api = _level1("rot", ("x", "y"), after=("c", "s"))
     n: int
     x: GpuRef
     y: GpuRef
@@ -596,10 +582,7 @@ class Swap(_TwoVectors):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("x", "y")
-    api = (
-        Form("swap", ("n", "x", "y")),
-        _original("swap", ("x", "y", _whole("x", "y"), "incx", "incy"), 10.0),
-    )
+    api = _level1("swap", ("x", "y"))
     n: int
     x: GpuRef
     y: GpuRef
@@ -613,10 +596,7 @@ class Copy(_TwoVectors):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
-    api = (
-        Form("copy", ("n", "x", "y")),
-        _original("copy", ("x", "y", _whole("x", "y"), "incx", "incy"), 10.0),
-    )
+    api = _level1("copy", ("x", "y"))
     n: int
     x: GpuRef
     y: GpuRef
