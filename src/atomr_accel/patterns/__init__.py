@@ -2,9 +2,9 @@
 
 ``DynamicBatchingServer``, ``InferenceCascade``, ``ModelReplicaPool``,
 ``FairShareScheduler``, ``ModelHotSwapServer``, ``SpeculativeDecoder`` and
-``MoeRouter``. Start one with ``Blueprint.spawn(system, ...)`` on a running
-``ActorSystem`` or ``System.open_async`` system and await its client's
-methods on that event loop; ``Blueprint.props(...)`` spawns it under your own
+``MoeRouter``. Start one with ``Blueprint.spawn(system, ...)`` and await its
+client's methods: on the event loop of an ``ActorSystem``, on any event loop
+for a facade ``System``; ``Blueprint.props(...)`` spawns it under your own
 actor instead. Models are plain callables, sync (run on a worker thread) or
 async (awaited on the loop, e.g. running on a device). The decisions live in
 plain classes and functions without I/O: ``BatchQueue``, ``FairQueue``,

@@ -13,7 +13,6 @@ from atomr_accel.patterns._base import (
     PatternActor,
     PatternClient,
     SystemLike,
-    actor_system,
     require_positive_int,
 )
 from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
@@ -260,7 +259,7 @@ class DynamicBatchingServer(PatternClient):
         props = cls.props(batch_fn, max_batch=max_batch, max_wait=max_wait,
                           queue_capacity=queue_capacity, overflow=overflow,
                           max_concurrent_batches=max_concurrent_batches)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def submit(self, item: Any, *, timeout: float | None = None) -> Any:
         """Queue ``item`` and return its result once its batch has run.

@@ -11,7 +11,7 @@ from typing import Any
 
 from atomr_accel.actor import ActorRef, Props, Reply
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike, actor_system
+from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike
 from atomr_accel.patterns._errors import InvalidModelOutput
 from atomr_accel.patterns._worker import (
     Invoke,
@@ -173,7 +173,7 @@ class InferenceCascade(PatternClient):
               name: str | None = None) -> InferenceCascade:
         """Start a cascade in ``system`` and return its client (``InvalidArgument`` if bad)."""
         props = cls.props(stages, max_restarts=max_restarts, within=within)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def infer(self, x: Any, *, timeout: float | None = None) -> CascadeResult:
         """Run ``x`` through the cascade; return the answering stage's result.

@@ -9,7 +9,7 @@ from typing import Any
 
 from atomr_accel.actor import Props, Reply
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike, actor_system
+from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike
 from atomr_accel.patterns._errors import PatternError
 from atomr_accel.patterns._fair_queue import FairQueue, Ticket
 from atomr_accel.patterns._invoke import invoke
@@ -144,7 +144,7 @@ class FairShareScheduler(PatternClient):
         """Start a scheduler in ``system`` and return its client (``InvalidArgument`` if bad)."""
         props = cls.props(fn, weights=weights, max_in_flight=max_in_flight,
                           tenant_limits=tenant_limits, queue_capacity=queue_capacity)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def submit(self, tenant: Hashable, item: Any, *, cost: float = 1.0,
                      timeout: float | None = None) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from atomr_accel.actor import Props, Reply
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike, actor_system
+from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike
 from atomr_accel.patterns._invoke import invoke
 
 __all__ = ["HotSwapStats", "ModelHotSwapServer"]
@@ -177,7 +177,7 @@ class ModelHotSwapServer(PatternClient):
     def spawn(cls, system: SystemLike, model: Callable[..., Any], *,
               name: str | None = None) -> ModelHotSwapServer:
         """Start a server in ``system`` serving ``model`` as version 1; return its client."""
-        return cls(actor_system(system).spawn(cls.props(model), name))
+        return cls._start(system, cls.props(model), name)
 
     async def infer(self, x: Any, *, timeout: float | None = None) -> Any:
         """Return ``model(x)`` from the model current when the request arrives.

@@ -15,7 +15,6 @@ from atomr_accel.patterns._base import (
     PatternActor,
     PatternClient,
     SystemLike,
-    actor_system,
     require_positive_int,
 )
 from atomr_accel.patterns._errors import InvalidModelOutput
@@ -206,7 +205,7 @@ class MoeRouter(PatternClient):
               within: float | None = 60.0, name: str | None = None) -> MoeRouter:
         """Start a router in ``system`` and return its client (``InvalidArgument`` if bad)."""
         props = cls.props(gate, experts, top_k=top_k, max_restarts=max_restarts, within=within)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def route(self, x: Any, *, timeout: float | None = None) -> Array:
         """Return the mixture's output for ``x`` (1-D in, 1-D out; 2-D in, 2-D out).

@@ -14,7 +14,6 @@ from atomr_accel.patterns._base import (
     PatternActor,
     PatternClient,
     SystemLike,
-    actor_system,
     require_positive_int,
 )
 from atomr_accel.patterns._errors import NoReplicaAvailable, RequestRejected
@@ -227,7 +226,7 @@ class ModelReplicaPool(PatternClient):
         """Start a pool in ``system`` and return its client (``InvalidArgument`` if bad)."""
         props = cls.props(replicas, policy=policy, queue_capacity=queue_capacity,
                           max_restarts=max_restarts, within=within)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def call(self, x: Any, *, timeout: float | None = None) -> Any:
         """Run ``model(x)`` on a replica and return its result.

@@ -16,7 +16,6 @@ from atomr_accel.patterns._base import (
     PatternActor,
     PatternClient,
     SystemLike,
-    actor_system,
     require_positive_int,
 )
 from atomr_accel.patterns._errors import InvalidModelOutput
@@ -188,7 +187,7 @@ class SpeculativeDecoder(PatternClient):
               name: str | None = None) -> SpeculativeDecoder:
         """Start a decoder in ``system``; ``max_tokens`` is the default limit per request."""
         props = cls.props(draft, verifier, k=k, max_tokens=max_tokens, eos=eos)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def generate(self, prompt: Sequence[int], *, max_tokens: int | None = None,
                        timeout: float | None = None) -> Decoded:
