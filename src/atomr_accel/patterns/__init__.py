@@ -27,8 +27,18 @@ from atomr_accel.patterns._errors import (
 )
 from atomr_accel.patterns._fair_queue import FairQueue, Ticket
 from atomr_accel.patterns._fair_share import FairShareScheduler, FairShareStats
-from atomr_accel.patterns._hot_swap import HotSwapStats, ModelHotSwapServer
+from atomr_accel.patterns._hot_swap import HotSwapServer, HotSwapStats, ModelHotSwapServer
 from atomr_accel.patterns._moe import MoeRouter, RouterStats, top_k_gating
+from atomr_accel.patterns._original import (
+    OriginalDynamicBatchingServer,
+    OriginalFairShareScheduler,
+    OriginalHandle,
+    OriginalHotSwapServer,
+    OriginalInferenceCascade,
+    OriginalModelReplicaPool,
+    OriginalMoeRouter,
+    OriginalSpeculativeDecoder,
+)
 from atomr_accel.patterns._replica_pool import (
     ModelReplicaPool,
     PoolPolicy,
@@ -55,6 +65,7 @@ __all__ = [
     "FairQueue",
     "FairShareScheduler",
     "FairShareStats",
+    "HotSwapServer",
     "HotSwapStats",
     "InferenceCascade",
     "InvalidModelOutput",
@@ -63,6 +74,14 @@ __all__ = [
     "ModelSpec",
     "MoeRouter",
     "NoReplicaAvailable",
+    "OriginalDynamicBatchingServer",
+    "OriginalFairShareScheduler",
+    "OriginalHandle",
+    "OriginalHotSwapServer",
+    "OriginalInferenceCascade",
+    "OriginalModelReplicaPool",
+    "OriginalMoeRouter",
+    "OriginalSpeculativeDecoder",
     "OverflowPolicy",
     "PatternClient",
     "PatternError",

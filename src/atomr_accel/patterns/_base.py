@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Self, TypeAlias
 
 from atomr_accel.actor import POISON_PILL, Actor, ActorRef, ActorStopped, ActorSystem, Props
@@ -16,6 +17,8 @@ __all__ = [
     "PatternActor",
     "PatternClient",
     "SystemLike",
+    "is_models",
+    "own_form",
     "require_positive_int",
     "require_wait",
     "spawn_actor",
@@ -52,6 +55,31 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 async def _spawn(actors: ActorSystem, props: Props, name: str | None) -> ActorRef:
     return actors.spawn(props, name)
+
+
+def own_form(original: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
+             model: str, is_model: Callable[[Any], bool] = callable) -> bool:
+    """Whether a ``spawn(system, *args, **kwargs)`` call takes the blueprint's own form.
+
+    It does when it passes the model first after the system (positionally,
+    where ``is_model`` tells it from the original package's argument in that
+    place, or by its keyword ``model``), or when its arguments do not fit
+    ``original``, the original package's ``spawn(cls, system, ...)``; the own
+    form then says what is wrong with them. Otherwise the call is the
+    original package's form.
+    """
+    if model in kwargs or (len(args) > 0 and is_model(args[0])):
+        return True
+    try:
+        inspect.signature(original).bind(None, None, *args, **kwargs)
+    except TypeError:
+        return True
+    return False
+
+
+def is_models(value: object) -> bool:
+    """True for a collection of models (stages, replicas), not the original's name or count."""
+    return value is not None and not isinstance(value, str | int)
 
 
 def require_positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
