@@ -8,7 +8,12 @@ for a facade ``System``; ``Blueprint.props(...)`` spawns it under your own
 actor instead. Models are plain callables, sync (run on a worker thread) or
 async (awaited on the loop, e.g. running on a device). The decisions live in
 plain classes and functions without I/O: ``BatchQueue``, ``FairQueue``,
-``pick_replica``, ``accept_draft``, ``top_k_gating``. See ``docs/patterns.md``.
+``pick_replica``, ``accept_draft``, ``top_k_gating``.
+
+Given no model, ``spawn`` takes the original package's form: its signature,
+its demo model, and a handle (``OriginalDynamicBatchingServer``, ...) with its
+blocking methods. ``HotSwapServer`` is the original's name of
+``ModelHotSwapServer``. See ``docs/patterns.md``.
 """
 
 from atomr_accel.patterns._base import PatternClient
