@@ -178,6 +178,22 @@ def test_async_twins_on_the_callers_loop() -> None:
     asyncio.run(main())
 
 
+def test_a_coroutine_a_blocking_call_sends_to_the_loop_may_use_the_portal_there(
+        system: System) -> None:
+    portal = system._portal
+
+    async def on_loop() -> str:
+        return system.name
+
+    async def nested() -> str:  # runs on the loop: a portal call there awaits directly
+        return await portal.acall(on_loop())
+
+    async def facade_call() -> str:
+        return await portal.acall(nested())
+
+    assert portal.run_blocking(facade_call()) == "facade-tests"
+
+
 def test_blocking_facade_is_usable_from_many_threads(dev: Device) -> None:
     import concurrent.futures
 

@@ -69,6 +69,15 @@ from atomr_accel.facade import (
     Tensor,
 )
 from atomr_accel.facade._peer import CopyPath, PeerTopology
+from atomr_accel.patterns import (
+    DynamicBatchingServer,
+    FairShareScheduler,
+    HotSwapServer,
+    InferenceCascade,
+    ModelReplicaPool,
+    MoeRouter,
+    SpeculativeDecoder,
+)
 
 __version__ = "0.1.0"
 
@@ -86,7 +95,9 @@ __all__ = [
     "DeviceUnavailable",
     "DTypeMismatch",
     "DType",
+    "DynamicBatchingServer",
     "FaultKind",
+    "FairShareScheduler",
     "Fft",
     "GpuBuffer",
     "GpuBufferBF16",
@@ -111,8 +122,10 @@ __all__ = [
     "GraphHandle",
     "GraphRecorder",
     "GraphScript",
+    "HotSwapServer",
     "IpcMemHandle",
     "IpcOpenedMem",
+    "InferenceCascade",
     "InvalidArgument",
     "Journal",
     "JournalConfig",
@@ -123,6 +136,8 @@ __all__ = [
     "Location",
     "ManagedBufferF32",
     "Memory",
+    "ModelReplicaPool",
+    "MoeRouter",
     "Modules",
     "Nvrtc",
     "NvrtcKernel",
@@ -134,6 +149,7 @@ __all__ = [
     "RngGenerator",
     "Solver",
     "Sparse",
+    "SpeculativeDecoder",
     "Status",
     "System",
     "SystemClosed",

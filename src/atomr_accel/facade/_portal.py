@@ -72,9 +72,11 @@ class Portal:
             raise self._closed_error()
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        on_loop = _out_of_blocking_mode(coro)
         try:
-            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+            return asyncio.run_coroutine_threadsafe(on_loop, self.loop)
         except RuntimeError:  # the loop closed meanwhile
+            on_loop.close()
             coro.close()
             raise self._closed_error() from None
 
@@ -137,6 +139,17 @@ class Portal:
             future.add_done_callback(_drop)  # it may end later: nobody needs its answer
             raise self._closed_error()
         return future.result()
+
+
+async def _out_of_blocking_mode(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on the loop as an ordinary coroutine.
+
+    The loop's task copies the context of the thread that submitted it, so a
+    coroutine sent from a blocking call would otherwise run in blocking mode
+    on the loop, and a portal call it made there would be refused.
+    """
+    _BLOCKING.set(False)
+    return await coro
 
 
 def _settle(future: asyncio.Future[None]) -> None:

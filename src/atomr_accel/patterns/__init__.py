@@ -2,13 +2,18 @@
 
 ``DynamicBatchingServer``, ``InferenceCascade``, ``ModelReplicaPool``,
 ``FairShareScheduler``, ``ModelHotSwapServer``, ``SpeculativeDecoder`` and
-``MoeRouter``. Start one with ``Blueprint.spawn(system, ...)`` on a running
-``ActorSystem`` or ``System.open_async`` system and await its client's
-methods on that event loop; ``Blueprint.props(...)`` spawns it under your own
+``MoeRouter``. Start one with ``Blueprint.spawn(system, ...)`` and await its
+client's methods: on the event loop of an ``ActorSystem``, on any event loop
+for a facade ``System``; ``Blueprint.props(...)`` spawns it under your own
 actor instead. Models are plain callables, sync (run on a worker thread) or
 async (awaited on the loop, e.g. running on a device). The decisions live in
 plain classes and functions without I/O: ``BatchQueue``, ``FairQueue``,
-``pick_replica``, ``accept_draft``, ``top_k_gating``. See ``docs/patterns.md``.
+``pick_replica``, ``accept_draft``, ``top_k_gating``.
+
+Given no model, ``spawn`` takes the original package's form: its signature,
+its demo model, and a handle (``OriginalDynamicBatchingServer``, ...) with its
+blocking methods. ``HotSwapServer`` is the original's name of
+``ModelHotSwapServer``. See ``docs/patterns.md``.
 """
 
 from atomr_accel.patterns._base import PatternClient
@@ -27,8 +32,18 @@ from atomr_accel.patterns._errors import (
 )
 from atomr_accel.patterns._fair_queue import FairQueue, Ticket
 from atomr_accel.patterns._fair_share import FairShareScheduler, FairShareStats
-from atomr_accel.patterns._hot_swap import HotSwapStats, ModelHotSwapServer
+from atomr_accel.patterns._hot_swap import HotSwapServer, HotSwapStats, ModelHotSwapServer
 from atomr_accel.patterns._moe import MoeRouter, RouterStats, top_k_gating
+from atomr_accel.patterns._original import (
+    OriginalDynamicBatchingServer,
+    OriginalFairShareScheduler,
+    OriginalHandle,
+    OriginalHotSwapServer,
+    OriginalInferenceCascade,
+    OriginalModelReplicaPool,
+    OriginalMoeRouter,
+    OriginalSpeculativeDecoder,
+)
 from atomr_accel.patterns._replica_pool import (
     ModelReplicaPool,
     PoolPolicy,
@@ -55,6 +70,7 @@ __all__ = [
     "FairQueue",
     "FairShareScheduler",
     "FairShareStats",
+    "HotSwapServer",
     "HotSwapStats",
     "InferenceCascade",
     "InvalidModelOutput",
@@ -63,6 +79,14 @@ __all__ = [
     "ModelSpec",
     "MoeRouter",
     "NoReplicaAvailable",
+    "OriginalDynamicBatchingServer",
+    "OriginalFairShareScheduler",
+    "OriginalHandle",
+    "OriginalHotSwapServer",
+    "OriginalInferenceCascade",
+    "OriginalModelReplicaPool",
+    "OriginalMoeRouter",
+    "OriginalSpeculativeDecoder",
     "OverflowPolicy",
     "PatternClient",
     "PatternError",

@@ -5,14 +5,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from atomr_accel.actor import Props, Reply
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike, actor_system
+from atomr_accel.patterns._base import (
+    PatternActor,
+    PatternClient,
+    SystemLike,
+    own_form,
+)
 from atomr_accel.patterns._errors import PatternError
 from atomr_accel.patterns._fair_queue import FairQueue, Ticket
 from atomr_accel.patterns._invoke import invoke
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from atomr_accel.facade import System
+    from atomr_accel.patterns._original import OriginalFairShareScheduler
 
 __all__ = ["FairShareScheduler", "FairShareStats"]
 
@@ -122,6 +133,10 @@ class FairShareScheduler(PatternClient):
     the weights. ``fn`` may be sync (run on a worker thread) or async. Each
     tenant queues at most ``queue_capacity`` requests (``RequestRejected``
     beyond); an unknown tenant gets ``UnknownTenant``.
+
+    Given no ``fn``, ``spawn`` takes the original package's form: its echo
+    demo model behind an ``OriginalFairShareScheduler``, whose methods block
+    (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -135,16 +150,51 @@ class FairShareScheduler(PatternClient):
         return Props(_FairShareActor, fn, dict(weights), max_in_flight,
                      None if tenant_limits is None else dict(tenant_limits), queue_capacity)
 
+    @overload
     @classmethod
     def spawn(cls, system: SystemLike, fn: Callable[[Any], Any], *,
               weights: Mapping[Hashable, float], max_in_flight: int,
               tenant_limits: Mapping[Hashable, int] | None = None,
               queue_capacity: int | None = 1024, name: str | None = None,
-              ) -> FairShareScheduler:
-        """Start a scheduler in ``system`` and return its client (``InvalidArgument`` if bad)."""
+              ) -> FairShareScheduler: ...
+
+    @overload
+    @classmethod
+    def spawn(cls, system: System, tenants: Iterable[tuple[int, float]], max_in_flight: int = 4,
+              name: str | None = None) -> OriginalFairShareScheduler: ...
+
+    @classmethod
+    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
+              ) -> FairShareScheduler | OriginalFairShareScheduler:
+        """Start a FairShareScheduler in ``system`` and return its client, in one of two forms.
+
+        ``spawn(system, fn, *, weights, max_in_flight, tenant_limits=None,
+        queue_capacity=1024, name=None)`` shares ``fn`` and returns this class's
+        client. Raises ``InvalidArgument`` for a bad setting.
+
+        ``spawn(system, tenants, max_in_flight=4, name=None)``, the original
+        package's form (no ``fn``; ``tenants`` a list of ``(id, weight)``;
+        ``system`` a facade ``System``), shares the echo and returns an
+        ``OriginalFairShareScheduler``: ``submit(tenant, payload,
+        timeout_secs=5.0)`` blocks and returns the payload's bytes as a list
+        of ints.
+        """
+        from atomr_accel.patterns._original import spawn_fair_share  # late: it imports this module
+
+        if own_form(spawn_fair_share, args, kwargs, "fn"):
+            return cls._spawn(system, *args, **kwargs)
+        return spawn_fair_share(cls, system, *args, **kwargs)
+
+    @classmethod
+    def _spawn(cls, system: SystemLike, fn: Callable[[Any], Any], *,
+               weights: Mapping[Hashable, float], max_in_flight: int,
+               tenant_limits: Mapping[Hashable, int] | None = None,
+               queue_capacity: int | None = 1024, name: str | None = None,
+               ) -> FairShareScheduler:
+        """The blueprint's own ``spawn`` form."""
         props = cls.props(fn, weights=weights, max_in_flight=max_in_flight,
                           tenant_limits=tenant_limits, queue_capacity=queue_capacity)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def submit(self, tenant: Hashable, item: Any, *, cost: float = 1.0,
                      timeout: float | None = None) -> Any:

@@ -6,14 +6,23 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from atomr_accel.actor import Props, Reply
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import PatternActor, PatternClient, SystemLike, actor_system
+from atomr_accel.patterns._base import (
+    PatternActor,
+    PatternClient,
+    SystemLike,
+    own_form,
+)
 from atomr_accel.patterns._invoke import invoke
 
-__all__ = ["HotSwapStats", "ModelHotSwapServer"]
+if TYPE_CHECKING:
+    from atomr_accel.facade import System
+    from atomr_accel.patterns._original import OriginalHotSwapServer
+
+__all__ = ["HotSwapServer", "HotSwapStats", "ModelHotSwapServer"]
 
 _log = logging.getLogger("atomr_accel.patterns")
 
@@ -164,6 +173,11 @@ class ModelHotSwapServer(PatternClient):
     a swap. Calls run concurrently; models may be sync (run on a worker
     thread) or async. The server owns its models: it closes each one it
     retires, and all it holds when it stops.
+
+    Given no model, ``spawn`` takes the original package's form: its
+    version-tagged echo models behind an ``OriginalHotSwapServer``, whose
+    methods block (see ``spawn`` and docs/patterns.md). ``HotSwapServer`` is
+    the original package's name of this class.
     """
 
     @staticmethod
@@ -173,11 +187,41 @@ class ModelHotSwapServer(PatternClient):
             raise InvalidArgument(f"model must be callable, got {model!r}")
         return Props(_HotSwapActor, model)
 
+    @overload
     @classmethod
     def spawn(cls, system: SystemLike, model: Callable[..., Any], *,
-              name: str | None = None) -> ModelHotSwapServer:
-        """Start a server in ``system`` serving ``model`` as version 1; return its client."""
-        return cls(actor_system(system).spawn(cls.props(model), name))
+              name: str | None = None) -> ModelHotSwapServer: ...
+
+    @overload
+    @classmethod
+    def spawn(cls, system: System, name: str | None = None) -> OriginalHotSwapServer: ...
+
+    @classmethod
+    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
+              ) -> ModelHotSwapServer | OriginalHotSwapServer:
+        """Start a ModelHotSwapServer in ``system`` and return its client, in one of two forms.
+
+        ``spawn(system, model, *, name=None)`` serves ``model`` as version 1
+        and returns this class's client.
+
+        ``spawn(system, name=None)``, the original package's form (no model;
+        ``system`` a facade ``System``; the class is also named
+        ``HotSwapServer``), serves version-tagged echo models and returns an
+        ``OriginalHotSwapServer``: ``serve(payload, timeout_secs=5.0)`` returns
+        the payload's bytes plus the generation byte (``b"x"``: ``[120, 0]``),
+        ``swap(timeout_secs=5.0)`` the new generation (1, 2, ...).
+        """
+        from atomr_accel.patterns._original import spawn_hot_swap  # late: it imports this module
+
+        if own_form(spawn_hot_swap, args, kwargs, "model"):
+            return cls._spawn(system, *args, **kwargs)
+        return spawn_hot_swap(cls, system, *args, **kwargs)
+
+    @classmethod
+    def _spawn(cls, system: SystemLike, model: Callable[..., Any], *,
+               name: str | None = None) -> ModelHotSwapServer:
+        """The blueprint's own ``spawn`` form."""
+        return cls._start(system, cls.props(model), name)
 
     async def infer(self, x: Any, *, timeout: float | None = None) -> Any:
         """Return ``model(x)`` from the model current when the request arrives.
@@ -204,3 +248,7 @@ class ModelHotSwapServer(PatternClient):
         """Version, in-flight calls, draining versions and counters."""
         stats: HotSwapStats = await self._ask(_GetStats(), None)
         return stats
+
+
+HotSwapServer = ModelHotSwapServer
+"""The original package's name of ``ModelHotSwapServer``."""

@@ -6,7 +6,7 @@ import asyncio
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -16,11 +16,15 @@ from atomr_accel.patterns._base import (
     PatternActor,
     PatternClient,
     SystemLike,
-    actor_system,
+    own_form,
     require_positive_int,
 )
 from atomr_accel.patterns._errors import InvalidModelOutput
 from atomr_accel.patterns._invoke import invoke
+
+if TYPE_CHECKING:
+    from atomr_accel.facade import System
+    from atomr_accel.patterns._original import OriginalSpeculativeDecoder
 
 __all__ = ["Decoded", "DecoderStats", "SpeculativeDecoder", "accept_draft"]
 
@@ -170,6 +174,10 @@ class SpeculativeDecoder(PatternClient):
     ``accept_draft``). Decoding stops after ``max_tokens`` new tokens or at
     ``eos``. Both models may be sync (run on a worker thread) or async; a bad
     output fails the request with ``InvalidModelOutput``.
+
+    Given no draft and verifier, ``spawn`` takes the original package's form:
+    its demo draft and verifier behind an ``OriginalSpeculativeDecoder``,
+    whose methods block (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -182,13 +190,47 @@ class SpeculativeDecoder(PatternClient):
         require_positive_int("max_tokens", max_tokens)
         return Props(_DecoderActor, draft, verifier, k, max_tokens, eos)
 
+    @overload
     @classmethod
     def spawn(cls, system: SystemLike, draft: DraftFn, verifier: VerifierFn, *, k: int,
               max_tokens: int, eos: int | None = None,
-              name: str | None = None) -> SpeculativeDecoder:
-        """Start a decoder in ``system``; ``max_tokens`` is the default limit per request."""
+              name: str | None = None) -> SpeculativeDecoder: ...
+
+    @overload
+    @classmethod
+    def spawn(cls, system: System, k: int = 4, max_total_tokens: int = 64,
+              name: str | None = None) -> OriginalSpeculativeDecoder: ...
+
+    @classmethod
+    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
+              ) -> SpeculativeDecoder | OriginalSpeculativeDecoder:
+        """Start a SpeculativeDecoder in ``system`` and return its client, in one of two forms.
+
+        ``spawn(system, draft, verifier, *, k, max_tokens, eos=None,
+        name=None)`` decodes with ``draft`` and ``verifier`` and returns this
+        class's client; ``max_tokens`` is the default limit per request.
+        Raises ``InvalidArgument`` for a bad setting.
+
+        ``spawn(system, k=4, max_total_tokens=64, name=None)``, the original
+        package's form (no models; ``system`` a facade ``System``), drafts
+        ``last+1 ... last+k`` with a verifier that accepts it and returns an
+        ``OriginalSpeculativeDecoder``: ``decode(prompt, budget=64,
+        timeout_secs=5.0)`` blocks and returns ``(tokens, iterations,
+        accepted)``.
+        """
+        from atomr_accel.patterns._original import spawn_speculative  # late: it imports this module
+
+        if own_form(spawn_speculative, args, kwargs, "draft"):
+            return cls._spawn(system, *args, **kwargs)
+        return spawn_speculative(cls, system, *args, **kwargs)
+
+    @classmethod
+    def _spawn(cls, system: SystemLike, draft: DraftFn, verifier: VerifierFn, *, k: int,
+               max_tokens: int, eos: int | None = None,
+               name: str | None = None) -> SpeculativeDecoder:
+        """The blueprint's own ``spawn`` form."""
         props = cls.props(draft, verifier, k=k, max_tokens=max_tokens, eos=eos)
-        return cls(actor_system(system).spawn(props, name))
+        return cls._start(system, props, name)
 
     async def generate(self, prompt: Sequence[int], *, max_tokens: int | None = None,
                        timeout: float | None = None) -> Decoded:
