@@ -228,4 +228,5 @@ def test_blocking_place_runs_work_on_the_chosen_device() -> None:
         dev.copy_from_numpy(buf, np.arange(256, dtype=np.float32))
         assert dev.copy_to_numpy(buf).sum() == 255 * 256 / 2
         other = devs[1] if dev is devs[0] else devs[0]
-        assert system.placement(policy="memory_fit").pick(1024) is other  # dev holds 1 KiB
+        dev.allocate_f32(16 << 20)  # 64 MiB: far more than the host's free memory moves by
+        assert system.placement(policy="memory_fit").pick(1024) is other
