@@ -61,12 +61,13 @@ async def test_an_op_in_flight_and_every_later_call_get_system_closed(isolation:
     with pytest.raises(SystemClosed) as in_flight:  # not the fault, not Unrecoverable
         await slow
     assert in_flight.value.name == "closing"
-    later = [dev.allocate_f32_async(4), dev.copy_to_numpy_async(buf), dev.stats_async(),
-             dev.memory_info_async(), placement.pick_async(), system.spawn_device_async(mock=True),
-             system.copy_between_async(buf, buf)]
+    later = [lambda: dev.allocate_f32_async(4), lambda: dev.copy_to_numpy_async(buf),
+             dev.stats_async, dev.memory_info_async, placement.pick_async,
+             lambda: system.spawn_device_async(mock=True),
+             lambda: system.copy_between_async(buf, buf)]
     for call in later:
-        with pytest.raises(SystemClosed):
-            await call
+        with pytest.raises(SystemClosed):  # when called (checked at once) or when awaited
+            await call()
 
 
 def test_a_blocking_call_after_close_gets_system_closed() -> None:
