@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -33,7 +34,8 @@ from atomr_accel.facade._portal import blocking
 __all__ = ["Generated", "Method", "declared_ops", "methods_for", "render_stub"]
 
 
-def declared_ops() -> list[type[Op]]:
+@functools.cache
+def declared_ops() -> tuple[type[Op], ...]:
     """Every op class (of every module of ``atomr_accel.core.ops``) that declares forms."""
     for info in pkgutil.iter_modules(_ops_package.__path__):
         importlib.import_module(f"{_ops_package.__name__}.{info.name}")
@@ -46,7 +48,7 @@ def declared_ops() -> list[type[Op]]:
         # a slotted dataclass replaces its class: only the module's own one counts
         if cls.__dict__.get("api") and getattr(module, cls.__name__, None) is cls:
             found.append(cls)
-    return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+    return tuple(sorted(found, key=lambda c: (c.__module__, c.__qualname__)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,8 +235,19 @@ def _doc(op: type[Op], form: Form, dtype: DType | None) -> str:
     return "\n\n".join([text, *extra])
 
 
+_HINTS: dict[type[Op], dict[str, Any]] = {}
+
+
+def _hints(op: type[Op]) -> dict[str, Any]:
+    """The declared field types of ``op`` (read once per class)."""
+    hints = _HINTS.get(op)
+    if hints is None:
+        hints = _HINTS[op] = typing.get_type_hints(op)
+    return hints
+
+
 def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
-    hints = typing.get_type_hints(op)
+    hints = _hints(op)
     args = _args(op, form, hints)
     name = form.name if dtype is None or not form.suffixed else f"{form.name}_{dtype.value}"
     buffers = [a.param.fields[0] for a in args if _is_buffer(hints[a.param.fields[0]])]
