@@ -179,9 +179,9 @@ class Pending:
                 self.made = result  # released if the answer never reaches its asker
         if self.abandoned:
             state.release(result)
-        self.reply.set_result(result)
-        if self.observers:
+        if self.observers:  # first: once its asker hears back, the op is counted
             self._notify(None)
+        self.reply.set_result(result)
 
     def fail(self, error: BaseException) -> None:
         """Answer with ``error`` (ignored if already answered); any thread."""
@@ -194,14 +194,14 @@ class Pending:
                 state.out_of_memory += 1
             if state.recorder is not None:
                 state.recorder.completed(self, None, error)
-        self.reply.set_exception(error)
         if isinstance(error, OutOfMemory):
             _log.warning("device %s: out of memory: %s", state.name, error, extra={
                 "event": "out_of_memory", "device": state.name,
                 "device_id": state.device_id, "requested": error.requested,
                 "available": error.available})
-        if self.observers:
+        if self.observers:  # first: once its asker hears back, the op is counted
             self._notify(error)
+        self.reply.set_exception(error)
 
     def _notify(self, error: BaseException | None) -> None:
         seconds = time.perf_counter() - self.started
