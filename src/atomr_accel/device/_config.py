@@ -50,6 +50,8 @@ class DeviceConfig:
     backend_options: dict[str, Any] = field(default_factory=dict)
     host_factory: Callable[[BackendSpec], ContextHost] | None = None
     journal: JournalConfig | None = None
+    standby: int = 0
+    """Spare contexts kept started (0 or 1; process isolation only): see ``_standby``."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ("thread", "process"):
@@ -65,6 +67,11 @@ class DeviceConfig:
             raise InvalidArgument(f"device_id must be >= 0, got {self.device_id}")
         if self.completion is not None and self.backend != "cuda":
             raise InvalidArgument("completion strategies apply to the CUDA backend only")
+        if self.standby not in (0, 1) or isinstance(self.standby, bool):
+            raise InvalidArgument(f"standby must be 0 or 1, got {self.standby!r}")
+        if self.standby and self.isolation != "process":
+            raise InvalidArgument("a standby context needs isolation='process' (a thread "
+                                  "host rebuilds in place)")
         if self.stash_capacity < 0 or self.max_restarts < 0 or self.within <= 0:
             raise InvalidArgument("stash_capacity and max_restarts must be >= 0, within > 0")
 

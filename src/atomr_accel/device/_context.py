@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from atomr_accel.actor import Actor, Directive, OneForOneStrategy, Props
@@ -20,6 +21,8 @@ from atomr_accel.device._state import DeviceState
 from atomr_accel.hosts._base import ContextHost
 
 __all__ = ["ContextActor"]
+
+_log = logging.getLogger(__name__)
 
 
 class ContextActor(Actor):
@@ -45,13 +48,24 @@ class ContextActor(Actor):
         state = self.state
         state.generation += 1
         self.generation = state.generation
-        host = self.config.make_host()
-        try:
-            await host.start()
-        except BaseException as exc:
-            state.start_error = exc
-            await host.close()
-            raise
+        standby = state.standby
+        host = None if standby is None else await standby.take()
+        if host is None:
+            host = self.config.make_host()
+            try:
+                await host.start()
+            except BaseException as exc:
+                state.start_error = exc
+                await host.close()
+                raise
+        elif standby is not None and self.generation > 1:
+            waited = standby.last_switch_ms or 0.0
+            _log.info("device %s: generation %d runs on the standby context (waited %.1f ms)",
+                      state.name, self.generation, waited, extra={
+                          "event": "standby_switch", "device": state.name,
+                          "generation": self.generation, "ms": waited})
+        if standby is not None:
+            standby.replenish()
         state.start_error = None
         state.host_pid = host.pid
         self.host = host

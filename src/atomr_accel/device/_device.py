@@ -39,6 +39,7 @@ from atomr_accel.device._messages import (
     WatchGeneration,
 )
 from atomr_accel.device._replay import Compact, DeviceRecorder, MarkDurable, Recovered
+from atomr_accel.device._standby import Standby
 from atomr_accel.device._state import DeviceState, DeviceStats, Status
 from atomr_accel.device._supervision import device_decider
 
@@ -100,6 +101,8 @@ class DeviceActor(Actor):
                 self.state.start_error = exc
                 self._stop_serving()
                 return
+        if self.config.standby and self.state.standby is None:
+            self.state.standby = Standby(self.config.make_host)
         props = Props(ContextActor, self.config, self.state)
         self.context_ref = self.context.watch(self.context.spawn(props, "context"))
 
@@ -334,6 +337,9 @@ class DeviceActor(Actor):
             journal_error=None if error is None else str(error),
             active_streams=len(self.config.libraries) if self.config.backend == "cuda" else 0,
             compute_capability=state.capability,
+            standby_ready=None if state.standby is None else state.standby.ready,
+            standby_pid=None if state.standby is None else state.standby.pid,
+            standby_switches=0 if state.standby is None else state.standby.switches,
         )
 
     def _log_event(self, level: int, event: str, message: str, *args: Any) -> None:
@@ -359,5 +365,7 @@ class DeviceActor(Actor):
         self._cancel_compaction()
         if not self.restarting:
             self.state.shut(self.stopped_error or self._stopped_error())
+            if self.state.standby is not None:
+                await self.state.standby.close()
         if not self.restarting and self.state.recorder is not None:
             await self.state.recorder.close_async()

@@ -25,6 +25,7 @@ from atomr_accel.hosts._base import Ticket
 
 if TYPE_CHECKING:
     from atomr_accel.device._replay import DeviceRecorder
+    from atomr_accel.device._standby import Standby
 
 __all__ = ["Answer", "DeviceState", "DeviceStats", "OpObserver", "Pending", "Status"]
 
@@ -260,6 +261,14 @@ class DeviceStats:
     """Streams the context runs ops on (one per library on CUDA; 0 on the CPU backend)."""
     compute_capability: tuple[int, int] = (0, 0)
     """The GPU's compute capability, ``(9, 0)`` on an H100; ``(0, 0)`` on the CPU backend."""
+    standby_ready: bool | None = None
+    """None without a standby (``spawn_device(standby=1)``); else whether a started spare
+    context waits (False while one starts)."""
+    standby_pid: int | None = None
+    """The worker process of the waiting spare context: it holds a context of its own
+    (on CUDA, its context's memory on the GPU)."""
+    standby_switches: int = 0
+    """Rebuilds that took the spare context instead of starting one."""
 
     @property
     def free_bytes(self) -> int:
@@ -307,6 +316,8 @@ class DeviceState:
         self.out_of_memory = 0
         self.host_pid: int | None = None
         """Process the current context lives in (a worker's pid on the process host)."""
+        self.standby: Standby | None = None
+        """The device's spare context, with ``spawn_device(standby=1)``."""
         self.capability: tuple[int, int] = (0, 0)
         """The GPU's compute capability, once the facade has read it (CUDA devices)."""
         self.start_error: BaseException | None = None

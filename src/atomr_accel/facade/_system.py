@@ -153,6 +153,7 @@ class System:
         completion: str | None = None,
         backend_options: dict[str, Any] | None = None,
         journal: JournalConfig | Journal | str | os.PathLike[str] | bool | None = None,
+        standby: int = 0,
     ) -> Coroutine[Any, Any, Device]:
         """Start a device and wait until its context is up (its arguments are checked when
         called, before anything starts).
@@ -171,6 +172,9 @@ class System:
         True for ``$ATOMR_ACCEL_JOURNAL`` or a temporary SQLite file, an SQLite
         path, ``":memory:"``, a ``postgresql://`` URL, a shared ``Journal`` or a
         ``JournalConfig``; it is what keeps durable buffers across rebuilds.
+        ``standby=1`` (process isolation) keeps a spare worker with its context
+        started, so a rebuild takes it at once instead of starting a process; it
+        costs that worker's memory (and on CUDA its context on the GPU).
         """
         if self.closed:
             raise SystemClosed(self.actors.name, "spawn_device")
@@ -188,6 +192,7 @@ class System:
             completion=completion,
             backend_options=options,
             journal=JournalConfig.of(journal),
+            standby=standby,
         )
         if name is None:
             name = f"device-{device_id}-{next(self._names)}"
