@@ -197,6 +197,28 @@ async def test_a_kernel_write_is_ordered_before_a_reader_on_another_stream(
 
 
 @gpu
+async def test_an_illegal_address_with_a_standby_keeps_durable_data(tmp_path: Path) -> None:
+    """The faulting launch gets ContextPoisoned; the next op on a durable buffer runs on
+    the standby context, on the buffer restored from the journal."""
+    data = np.random.default_rng(6).standard_normal(1024)
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(
+            mock=False, isolation="process", standby=1, journal=":memory:",
+            backend_options={"kernel_cache_dir": str(tmp_path)})
+        while not (await dev.stats_async()).standby_ready:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        x = await dev.allocate_f64_async(1024, durable=True)
+        await dev.copy_from_numpy_async(x, data)
+        poke = await dev.nvrtc().compile_async(SOURCE, "poke", defines={"OFFSET": "0"})
+        with pytest.raises(ContextPoisoned):
+            await poke.launch_async(1, 1, np.uint64(16))
+        await dev.blas().scal_async(1024, 2.0, x)  # on the standby, x restored first
+        np.testing.assert_allclose(await dev.copy_to_numpy_async(x), 2.0 * data, rtol=1e-15)
+        stats = await dev.stats_async()
+        assert stats.generation == 2 and stats.standby_switches == 1
+
+
+@gpu
 async def test_an_illegal_address_kernel_poisons_only_its_worker(tmp_path: Path) -> None:
     """Real recovery: the caller gets ContextPoisoned, a fresh worker serves the next op."""
     async with await System.open_async("t") as system:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr_accel import ContextPoisoned, System
+from atomr_accel import System
 from atomr_accel.hosts import _process
 from atomr_accel.hosts._shm import SEGMENT_PREFIX, SHM_ENV, live_segments, shm_dir
 
@@ -247,8 +247,9 @@ def test_a_download_the_parent_cannot_hold_is_out_of_memory(mode: str) -> None:
 
 def test_a_reply_reader_that_fails_loses_the_context_not_the_device(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reading one of the worker's reply frames fails: the worker is killed, the request it
-    held is answered, supervision rebuilds the context, the device serves again."""
+    """Reading one of the worker's reply frames fails: the worker is killed, supervision
+    rebuilds the context, and the request it held (an allocation: it touches no buffer, so
+    it may run twice) runs again there; the device serves again."""
     real_read = _process._read
     armed = False
 
@@ -265,8 +266,8 @@ def test_a_reply_reader_that_fails_loses_the_context_not_the_device(
         dev = system.spawn_device(mock=True, isolation="process")
         first = dev.stats().host_pid
         armed = True
-        with pytest.raises(ContextPoisoned, match="replies could not be read"):
-            asyncio.run(dev.allocate_f32_async(8))  # answered by a frame on stdout
+        again = asyncio.run(dev.allocate_f32_async(8))  # answered by a frame on stdout
+        assert len(again) == 8 and again.generation == 2 and dev.stats().reruns == 1
         buf = dev.allocate_f32(4)  # the rebuilt context serves
         dev.copy_from_numpy(buf, np.arange(4, dtype=np.float32))
         np.testing.assert_array_equal(dev.copy_to_numpy(buf), np.arange(4))

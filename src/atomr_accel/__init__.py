@@ -22,6 +22,7 @@ from atomr_accel.core import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    WorkerLost,
 )
 from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.core.ops._memory import Advice, Location
@@ -155,4 +156,5 @@ __all__ = [
     "SystemClosed",
     "Tensor",
     "Unrecoverable",
+    "WorkerLost",
 ]

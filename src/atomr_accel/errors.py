@@ -14,6 +14,7 @@ from atomr_accel.core._errors import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    WorkerLost,
 )
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "WorkerLost",
 ]

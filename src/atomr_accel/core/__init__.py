@@ -15,6 +15,7 @@ from atomr_accel.core._errors import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    WorkerLost,
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
@@ -38,4 +39,5 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "WorkerLost",
 ]

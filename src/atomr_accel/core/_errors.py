@@ -46,6 +46,7 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "WorkerLost",
     "gpu_error_of",
 ]
 
@@ -70,6 +71,11 @@ class ContextPoisoned(GpuRuntimeError):
     Supervision restarts the context on this error (a fresh worker process on
     the process host).
     """
+
+
+class WorkerLost(ContextPoisoned):
+    """The context's worker process died (killed, or crashed): the context is gone, as with
+    ``ContextPoisoned``, but no op is known to have caused it."""
 
 
 class OutOfMemory(GpuRuntimeError):

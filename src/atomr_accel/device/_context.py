@@ -129,7 +129,7 @@ class ContextActor(Actor):
             error = Unrecoverable(f"device {device} stopped" + (f": {failure}" if failure else ""))
         error.__cause__ = failure
         self.state.lane.close(self.generation)
-        self.state.fail_launched(self.generation, error)
+        self.state.fail_launched(self.generation, error, rerun=isinstance(error, ContextPoisoned))
         if self.host is not None:
             _forget_pid(self.state, self.generation)
             await self.host.close()

@@ -90,6 +90,8 @@ class DeviceActor(Actor):
         self.state.device = self.context.self_ref
         self.state.status = Status.STARTING
         self.context_ref: ActorRef | None = None
+        self.reruns_told = 0
+        """``state.reruns`` as last logged."""
 
     async def pre_start(self) -> None:
         """Open the journal (if the config names one), then start the context."""
@@ -164,6 +166,10 @@ class DeviceActor(Actor):
         """The context of ``generation`` is up (and durable buffers whole): run what waits."""
         self.state.status = Status.READY
         self._log_event(logging.INFO, "context_ready", "context generation %d is up", generation)
+        reran, self.reruns_told = self.state.reruns - self.reruns_told, self.state.reruns
+        if reran:
+            self._log_event(logging.INFO, "ops_rerun", "generation %d runs again %d op(s) "
+                            "the last context died under", generation, reran)
         recorder = self.state.recorder
         if recorder is not None:
             recorder.serve(generation)
@@ -340,6 +346,7 @@ class DeviceActor(Actor):
             standby_ready=None if state.standby is None else state.standby.ready,
             standby_pid=None if state.standby is None else state.standby.pid,
             standby_switches=0 if state.standby is None else state.standby.switches,
+            reruns=state.reruns,
         )
 
     def _log_event(self, level: int, event: str, message: str, *args: Any) -> None:

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.actor._deadlines import Deadlines
-from atomr_accel.core._errors import AskTimeout, GpuRefStale, GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import (
+    AskTimeout,
+    GpuRefStale,
+    GpuRuntimeError,
+    InvalidArgument,
+    WorkerLost,
+)
 from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._graph import CaptureGraph
@@ -139,13 +145,20 @@ def finish(pending: Pending, generation: int, result: Any, error: BaseException 
     """Answer ``pending`` with how its op ended on ``generation`` (any thread).
 
     An error that ends the generation goes to ``fatal`` first, so the data
-    plane is closed before the caller hears of the error.
+    plane is closed before the caller hears of the error. The op that caused
+    it fails; another op the fault caught runs again on the next context where
+    it can (``Pending.rerun``).
     """
     if error is None:
         pending.succeed(answer_of(pending.op, result, generation, pending.state))
         return
     if isinstance(error, GpuRuntimeError) and ends_generation(error):
         fatal(error)
+        # The op that caused the fault (the first to report it) fails; the others, and all
+        # of them when the worker was lost, run again on the next context where they can.
+        caused = not isinstance(error, WorkerLost) and pending.state.blame(generation)
+        if not caused and pending.rerun(generation):
+            return
     pending.fail(error)
 
 

@@ -17,6 +17,7 @@ from atomr_accel.actor import ActorRef
 from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef
+from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.core.ops._graph import DestroyGraph
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
 from atomr_accel.device._lane import Lane
@@ -78,11 +79,13 @@ class Pending:
 
     ``launched`` is set when it is handed to a host (for ``generation``); a
     request not launched when its context goes down is dispatched again to the
-    next generation, so it is never lost and never runs twice.
+    next generation, so it is never lost and never runs twice. One that was
+    launched there runs again on the next generation instead of failing when
+    it can (``rerun``): once at most, and never the op that caused the fault.
     """
 
     __slots__ = ("_state", "abandoned", "generation", "launched", "made", "observers", "op",
-                 "reply", "seq", "started")
+                 "reply", "reran", "seq", "started")
 
     def __init__(self, state: DeviceState, op: Op, reply: Answer) -> None:
         self._state = state
@@ -99,6 +102,8 @@ class Pending:
         """Its asker is gone: what the op makes is released when it completes."""
         self.made: Any = None
         """What it made (a buffer, a graph), kept until its asker has it."""
+        self.reran = False
+        """It was launched again after its context died under it (``rerun``)."""
 
     @property
     def state(self) -> DeviceState:
@@ -144,6 +149,22 @@ class Pending:
         elif ask:  # the device may serve a newer context already: one message for them all
             assert state.device is not None
             state.device.tell(Redispatch())
+
+    def rerun(self, generation: int) -> bool:
+        """Its context ``generation`` died under it, through no fault of its op: launch it
+        again on the next context (transparent re-execution) when it may run twice: its
+        buffers are all durable (restored before it runs, as a whole, from the journal)
+        and it holds no kernel or graph of the dead context. Once at most. Answers
+        whether it will run again; if not, the caller fails it."""
+        state = self._state
+        with state.lock:
+            if (self.reran or not self.launched or self.generation != generation
+                    or self not in state.pending or not state.rerunnable(self.op)):
+                return False
+            self.reran = True
+            state.reruns += 1
+        self.unclaim(generation)
+        return True
 
     def abandon(self) -> None:
         """Its asker is gone (cancelled, or timed out): a request not launched yet is dropped,
@@ -269,6 +290,9 @@ class DeviceStats:
     (on CUDA, its context's memory on the GPU)."""
     standby_switches: int = 0
     """Rebuilds that took the spare context instead of starting one."""
+    reruns: int = 0
+    """Requests run again on a new context after theirs died under them (their buffers
+    durable, their op not the cause)."""
 
     @property
     def free_bytes(self) -> int:
@@ -316,6 +340,10 @@ class DeviceState:
         self.out_of_memory = 0
         self.host_pid: int | None = None
         """Process the current context lives in (a worker's pid on the process host)."""
+        self.reruns = 0
+        """Requests run again on a new context after theirs died under them."""
+        self._blamed: set[int] = set()
+        """Generations whose fault an op has been blamed for (``blame``)."""
         self.standby: Standby | None = None
         """The device's spare context, with ``spawn_device(standby=1)``."""
         self.capability: tuple[int, int] = (0, 0)
@@ -440,12 +468,37 @@ class DeviceState:
         free, total, allocated_then = self._memory
         return max(0, min(total, free - (self.bytes_allocated - allocated_then))), total
 
-    def fail_launched(self, generation: int, error: BaseException) -> None:
-        """Fail every request launched on ``generation`` (it died with that context)."""
+    def fail_launched(self, generation: int, error: BaseException, rerun: bool = False) -> None:
+        """Fail every request launched on ``generation`` (it died with that context); with
+        ``rerun``, those that can run again on the next context do (``Pending.rerun``)."""
         with self.lock:
             doomed = [p for p in self.pending if p.launched and p.generation == generation]
         for pending in doomed:
-            pending.fail(error)
+            if not (rerun and pending.rerun(generation)):
+                pending.fail(error)
+
+    def rerunnable(self, op: Op) -> bool:
+        """Whether ``op`` may run again on a new context after its own died under it: not a
+        fault injected on purpose, no kernel or graph handle, every buffer durable."""
+        if isinstance(op, InjectFault) or op.handles():
+            return False
+        refs = op.refs()
+        if not refs:
+            return True
+        recorder = self.recorder
+        if recorder is None:
+            return False
+        durable, canonical = recorder.durable, recorder.canonical
+        return all(canonical.get(ref, ref) in durable for ref in refs)
+
+    def blame(self, generation: int) -> bool:
+        """True for the first op to report the fault that ended ``generation``: the one that
+        caused it (it fails, never re-run); False for every later one."""
+        with self.lock:
+            if generation in self._blamed:
+                return False
+            self._blamed.add(generation)
+            return True
 
     def unlaunched(self) -> list[Pending]:
         """Requests dispatched but not yet launched, oldest first."""

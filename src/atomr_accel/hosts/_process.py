@@ -28,7 +28,12 @@ import numpy as np
 
 import atomr_accel
 from atomr_accel.backends._spin import wait_until
-from atomr_accel.core._errors import ContextPoisoned, DeviceUnavailable, GpuRuntimeError
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    DeviceUnavailable,
+    GpuRuntimeError,
+    WorkerLost,
+)
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Download, Upload
 from atomr_accel.hosts._base import (
@@ -403,7 +408,7 @@ class ProcessHost(ContextHost):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         code = await proc.wait()
-        self._fail_all(ContextPoisoned(
+        self._fail_all(WorkerLost(
             f"context worker {self.pid} for {self.spec.name} device {self.spec.device_id} "
             f"died (exit code {code}){why}"
         ))

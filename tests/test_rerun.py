@@ -1,0 +1,169 @@
+"""Transparent re-execution: an op its context died under runs again on the next context,
+once, when every buffer it touches is durable and it did not cause the fault."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from atomr_accel import (
+    ContextPoisoned,
+    Device,
+    FaultKind,
+    GpuRefStale,
+    System,
+    WorkerLost,
+)
+
+pytestmark = pytest.mark.anyio
+N = 1 << 16  # 512 KiB of f64: the asks outlast the kill
+
+
+async def durable_pair(dev: Device) -> tuple[object, object]:
+    x = await dev.allocate_f64_async(N, durable=True)
+    y = await dev.allocate_f64_async(N, durable=True)
+    await dev.copy_from_numpy_async(x, np.ones(N))
+    await dev.copy_from_numpy_async(y, np.zeros(N))
+    return x, y
+
+
+async def until_in_flight(dev: Device, count: int) -> None:
+    while (await dev.stats_async()).in_flight < count:  # noqa: ASYNC110 - polls the public API
+        await asyncio.sleep(0.001)
+
+
+async def until_generation(dev: Device, generation: int) -> None:
+    while (await dev.stats_async()).generation < generation:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("standby", [0, 1])
+async def test_a_killed_worker_loses_no_op_on_durable_buffers(standby: int) -> None:
+    async with await System.open_async("rerun") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", journal=":memory:",
+                                              standby=standby, max_restarts=10)
+        x, y = await durable_pair(dev)
+        blas = dev.blas()
+        asks = [asyncio.ensure_future(blas.axpy_async(N, 1.0, x, y)) for _ in range(1000)]
+        await until_in_flight(dev, 50)
+        pid = (await dev.stats_async()).host_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        results = await asyncio.gather(*asks, return_exceptions=True)
+        assert [r for r in results if r is not None] == []  # no caller saw an error
+        await until_generation(dev, 2)
+        np.testing.assert_array_equal(await dev.copy_to_numpy_async(y), np.full(N, 1000.0))
+        stats = await dev.stats_async()
+        assert stats.generation == 2 and stats.restarts == 1 and stats.in_flight == 0
+
+
+async def test_an_op_running_when_its_worker_dies_runs_again_once() -> None:
+    """Long gemms keep the worker busy, so the kill lands inside one (up to three tries)."""
+    n = 384
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    async with await System.open_async("rerun") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", journal=":memory:",
+                                              max_restarts=10)
+        da = await dev.allocate_f64_async(n * n, durable=True)
+        db = await dev.allocate_f64_async(n * n, durable=True)
+        dc = await dev.allocate_f64_async(n * n, durable=True)
+        await dev.copy_from_numpy_async(da, a.reshape(-1, order="F"))
+        await dev.copy_from_numpy_async(db, b.reshape(-1, order="F"))
+        done = 0
+        for _ in range(3):
+            asks = [asyncio.ensure_future(dev.blas().gemm_async(da, db, dc, n, n, n, beta=1.0))
+                    for _ in range(30)]
+            await until_in_flight(dev, 10)
+            pid = (await dev.stats_async()).host_pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            results = await asyncio.gather(*asks, return_exceptions=True)
+            assert [r for r in results if r is not None] == []
+            done += len(asks)
+            if (await dev.stats_async()).reruns:
+                break
+        stats = await dev.stats_async()
+        assert stats.reruns >= 1
+        got = (await dev.copy_to_numpy_async(dc)).reshape((n, n), order="F")
+        np.testing.assert_allclose(got, done * (a @ b), rtol=1e-9, atol=1e-9)  # each once
+
+
+def test_blocking_callers_lose_no_op_on_durable_buffers_either() -> None:
+    with System.open("rerun") as system:
+        dev = system.spawn_device(mock=True, isolation="process", journal=":memory:",
+                                  max_restarts=10)
+        x = dev.allocate_f64(N, durable=True)
+        y = dev.allocate_f64(N, durable=True)
+        dev.copy_from_numpy(x, np.ones(N))
+        dev.copy_from_numpy(y, np.zeros(N))
+        errors: list[BaseException] = []
+        started = threading.Barrier(9)
+
+        def work() -> None:
+            started.wait()
+            for _ in range(100):
+                try:
+                    dev.blas().axpy(N, 1.0, x, y)
+                except BaseException as exc:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        started.wait()
+        pid = dev.stats().host_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        np.testing.assert_array_equal(dev.copy_to_numpy(y), np.full(N, 800.0))
+        assert dev.stats().generation == 2
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_the_op_that_poisons_fails_once_and_the_ops_around_it_succeed(isolation: str) -> None:
+    async with await System.open_async("rerun") as system:
+        dev = await system.spawn_device_async(mock=True, isolation=isolation, journal=":memory:",
+                                              max_restarts=10)
+        x, y = await durable_pair(dev)
+        blas = dev.blas()
+        before = [asyncio.ensure_future(blas.axpy_async(N, 1.0, x, y)) for _ in range(50)]
+        fault = asyncio.ensure_future(dev.inject_fault_async(FaultKind.POISON))
+        after = [asyncio.ensure_future(blas.axpy_async(N, 1.0, x, y)) for _ in range(50)]
+        results = await asyncio.gather(*before, fault, *after, return_exceptions=True)
+        failed = [r for r in results if r is not None]
+        assert len(failed) == 1 and isinstance(failed[0], ContextPoisoned)
+        assert not isinstance(failed[0], WorkerLost)
+        assert results[50] is failed[0]  # the fault, and nothing else
+        np.testing.assert_array_equal(await dev.copy_to_numpy_async(y), np.full(N, 100.0))
+        assert (await dev.stats_async()).generation == 2
+
+
+async def test_ops_on_buffers_that_are_not_durable_fail_as_before() -> None:
+    n = 384  # long gemms: work is left when the kill lands
+    async with await System.open_async("rerun") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", journal=":memory:",
+                                              max_restarts=10)
+        da = await dev.allocate_f64_async(n * n)
+        dc = await dev.allocate_f64_async(n * n)
+        await dev.copy_from_numpy_async(da, np.random.default_rng(4).standard_normal(n * n))
+        asks = [asyncio.ensure_future(dev.blas().gemm_async(da, da, dc, n, n, n, beta=1.0))
+                for _ in range(30)]
+        await until_in_flight(dev, 10)
+        pid = (await dev.stats_async()).host_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        results = await asyncio.gather(*asks, return_exceptions=True)
+        failures = [r for r in results if r is not None]
+        assert failures and all(isinstance(r, ContextPoisoned | GpuRefStale) for r in failures)
+        await until_generation(dev, 2)
+        with pytest.raises(GpuRefStale):
+            await dev.copy_to_numpy_async(dc)
+        assert (await dev.stats_async()).reruns == 0
