@@ -11,6 +11,7 @@ devices must serve and no worker process or shared-memory segment may be left.
 
     python benchmarks/chaos_soak.py [--asks 100000] [--duration 120] [--seed N]
                                     [--clients 32] [--cuda] [--poison inject|kernel]
+                                    [--standby] [--durable]
 
 ``--cuda`` runs the devices on CUDA (process host only: a thread host cannot
 recover a CUDA context). ``--poison kernel`` poisons the context for real with
@@ -69,6 +70,10 @@ class SoakConfig:
     cuda: bool = False
     poison: str = "inject"
     op_timeout: float = 30.0
+    standby: bool = False
+    """Process-host devices keep a warm standby context (``spawn_device(standby=1)``)."""
+    durable: bool = False
+    """The jobs' own buffers are durable too: their ops run again after a rebuild."""
 
     @property
     def isolations(self) -> tuple[str, ...]:
@@ -128,7 +133,8 @@ class Target:
         options = {} if cfg.cuda else {"capacity": CAPACITY}
         dev = await system.spawn_device_async(
             mock=not cfg.cuda, isolation=isolation, journal=":memory:",
-            max_restarts=1_000_000, within=60.0, backend_options=options)
+            max_restarts=1_000_000, within=60.0, backend_options=options,
+            standby=int(cfg.standby and isolation == "process"))
         base_data = np.random.default_rng(cfg.seed).standard_normal(N)
         base = await dev.allocate_f64_async(N, durable=True)
         ones = await dev.allocate_f64_async(N, durable=True)
@@ -187,9 +193,10 @@ async def gemm_job(soak: Soak, t: Target, rng: random.Random) -> None:
     data = np.random.default_rng(rng.getrandbits(32))
     a_np, b_np = data.standard_normal((n, n)), data.standard_normal((n, n))
     dev = t.dev
-    a = await soak.ask("allocate", lambda: dev.allocate_f64_async(n * n))
-    b = await soak.ask("allocate", lambda: dev.allocate_f64_async(n * n))
-    c = await soak.ask("allocate", lambda: dev.allocate_f64_async(n * n))
+    durable = soak.cfg.durable
+    a = await soak.ask("allocate", lambda: dev.allocate_f64_async(n * n, durable=durable))
+    b = await soak.ask("allocate", lambda: dev.allocate_f64_async(n * n, durable=durable))
+    c = await soak.ask("allocate", lambda: dev.allocate_f64_async(n * n, durable=durable))
     await soak.ask("upload", lambda: dev.copy_from_numpy_async(a, a_np))
     await soak.ask("upload", lambda: dev.copy_from_numpy_async(b, b_np))
     await soak.ask("gemm", lambda: dev.blas().matmul_async(a, b, c, n, n, n))
@@ -203,8 +210,9 @@ async def fft_job(soak: Soak, t: Target, rng: random.Random) -> None:
     """A real-to-complex FFT compared with ``numpy.fft.rfft``."""
     x_np = np.random.default_rng(rng.getrandbits(32)).standard_normal(64)
     dev = t.dev
-    x = await soak.ask("allocate", lambda: dev.allocate_f64_async(64))
-    y = await soak.ask("allocate", lambda: dev.allocate_async(33, "c128"))
+    durable = soak.cfg.durable
+    x = await soak.ask("allocate", lambda: dev.allocate_f64_async(64, durable=durable))
+    y = await soak.ask("allocate", lambda: dev.allocate_async(33, "c128", durable=durable))
     await soak.ask("upload", lambda: dev.copy_from_numpy_async(x, x_np))
     await soak.ask("fft", lambda: dev.fft().r2c_async(x, y, 64))
     out = await soak.ask("download", lambda: dev.copy_to_numpy_async(y))
@@ -385,10 +393,15 @@ def main() -> None:
     parser.add_argument("--cuda", action="store_true", help="CUDA devices (process host)")
     parser.add_argument("--poison", choices=("inject", "kernel"), default="inject",
                         help="kernel: a real illegal-address kernel (CUDA only)")
+    parser.add_argument("--standby", action="store_true",
+                        help="a warm standby context on the process-host device")
+    parser.add_argument("--durable", action="store_true",
+                        help="the jobs' buffers are durable too (their ops run again)")
     parser.add_argument("--out", default="benchmarks/results/chaos_soak.json")
     args = parser.parse_args()
     cfg = SoakConfig(asks=args.asks, seed=args.seed, clients=args.clients,
-                     duration=args.duration, cuda=args.cuda, poison=args.poison)
+                     duration=args.duration, cuda=args.cuda, poison=args.poison,
+                     standby=args.standby, durable=args.durable)
     print(f"chaos soak: seed {cfg.seed}, {cfg.asks} asks, {cfg.clients} clients, "
           f"devices {', '.join(cfg.isolations)}{' on CUDA' if cfg.cuda else ''}")
     report = asyncio.run(soak(cfg))
