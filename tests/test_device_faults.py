@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _procs import process_gone
 
 from atomr_accel import (
     ContextPoisoned,
@@ -43,14 +44,6 @@ HOSTS = ["thread", "process"]
 def segments() -> list[str]:
     """Shared-memory segments this process holds by name (memfds, files in /dev/shm)."""
     return live_segments()
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "zombie" in status.read()
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.parametrize("isolation", HOSTS)

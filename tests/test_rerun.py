@@ -37,6 +37,16 @@ async def until_in_flight(dev: Device, count: int) -> None:
         await asyncio.sleep(0.001)
 
 
+async def kill_worker_while_busy(dev: Device, asks: list[asyncio.Future[None]],
+                                 busy: int) -> list[object]:
+    """SIGKILL the worker once ``busy`` requests are in flight; every ask's outcome."""
+    await until_in_flight(dev, busy)
+    pid = (await dev.stats_async()).host_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    return await asyncio.gather(*asks, return_exceptions=True)
+
+
 async def until_generation(dev: Device, generation: int) -> None:
     while (await dev.stats_async()).generation < generation:  # noqa: ASYNC110
         await asyncio.sleep(0.005)
@@ -50,11 +60,7 @@ async def test_a_killed_worker_loses_no_op_on_durable_buffers(standby: int) -> N
         x, y = await durable_pair(dev)
         blas = dev.blas()
         asks = [asyncio.ensure_future(blas.axpy_async(N, 1.0, x, y)) for _ in range(1000)]
-        await until_in_flight(dev, 50)
-        pid = (await dev.stats_async()).host_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        results = await asyncio.gather(*asks, return_exceptions=True)
+        results = await kill_worker_while_busy(dev, asks, 50)
         assert [r for r in results if r is not None] == []  # no caller saw an error
         await until_generation(dev, 2)
         np.testing.assert_array_equal(await dev.copy_to_numpy_async(y), np.full(N, 1000.0))
@@ -79,11 +85,7 @@ async def test_an_op_running_when_its_worker_dies_runs_again_once() -> None:
         for _ in range(3):
             asks = [asyncio.ensure_future(dev.blas().gemm_async(da, db, dc, n, n, n, beta=1.0))
                     for _ in range(30)]
-            await until_in_flight(dev, 10)
-            pid = (await dev.stats_async()).host_pid
-            assert pid is not None
-            os.kill(pid, signal.SIGKILL)
-            results = await asyncio.gather(*asks, return_exceptions=True)
+            results = await kill_worker_while_busy(dev, asks, 10)
             assert [r for r in results if r is not None] == []
             done += len(asks)
             if (await dev.stats_async()).reruns:
@@ -156,11 +158,7 @@ async def test_ops_on_buffers_that_are_not_durable_fail_as_before() -> None:
         await dev.copy_from_numpy_async(da, np.random.default_rng(4).standard_normal(n * n))
         asks = [asyncio.ensure_future(dev.blas().gemm_async(da, da, dc, n, n, n, beta=1.0))
                 for _ in range(30)]
-        await until_in_flight(dev, 10)
-        pid = (await dev.stats_async()).host_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        results = await asyncio.gather(*asks, return_exceptions=True)
+        results = await kill_worker_while_busy(dev, asks, 10)
         failures = [r for r in results if r is not None]
         assert failures and all(isinstance(r, ContextPoisoned | GpuRefStale) for r in failures)
         await until_generation(dev, 2)

@@ -9,16 +9,9 @@ import time
 
 import numpy as np
 import pytest
+from _procs import process_gone
 
 from atomr_accel import Device, GpuRefStale, InvalidArgument, System, Unrecoverable
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "zombie" in status.read()
-    except FileNotFoundError:
-        return True
 
 
 def until(check: object, seconds: float = 30.0) -> None:
