@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -207,10 +208,15 @@ CASES: dict[str, tuple[type[GpuRuntimeError], Case]] = {
 
 
 def _intact(e: Env, generation: int) -> None:
-    """Nothing lost: the sentinel buffer holds what it held, on the same context."""
+    """Nothing lost: the sentinel buffer holds what it held, on the same context, and no
+    request stays in flight (one whose caller has just heard back may take a moment to
+    leave the books: a lost one never does)."""
     np.testing.assert_array_equal(e.dev.copy_to_numpy(e.f64), SENTINEL)
     assert e.dev.generation == generation
-    assert e.dev.stats().in_flight == 0
+    deadline = time.monotonic() + 5.0
+    while e.dev.stats().in_flight:
+        assert time.monotonic() < deadline, f"a request stays in flight: {e.dev.stats()}"
+        time.sleep(0.01)
 
 
 def test_the_table_is_large() -> None:
@@ -291,6 +297,10 @@ def test_a_blocking_call_interrupted_by_a_signal_loses_nothing(env: Env) -> None
     buf = dev.allocate_f64(4)
     dev.copy_from_numpy(buf, np.arange(4.0))
     assert dev.blas().asum(4, buf) == 6.0
+    deadline = time.monotonic() + 10.0
+    while dev.stats().in_flight:  # the interrupted op ends (its second of work) and settles
+        assert time.monotonic() < deadline, "the interrupted op never settled"
+        time.sleep(0.01)
     _intact(env, generation)
 
 
