@@ -72,10 +72,12 @@ class Standby:
             return None
         try:  # it may have died while it waited, unnoticed yet: it must answer first
             await asyncio.wait_for(host.submit(MemoryInfo()), _PING_SECONDS)
-        except Exception as exc:
-            _log.warning("the standby context does not answer (%s); starting another", exc)
+        except BaseException as exc:  # cancelled too: the host must not outlive its taker
             with contextlib.suppress(Exception):
                 await host.close()
+            if not isinstance(exc, Exception):
+                raise
+            _log.warning("the standby context does not answer (%s); starting another", exc)
             return None
         self.switches += 1
         self.last_switch_ms = (time.perf_counter() - began) * 1e3
