@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import DTypeMismatch
 from atomr_accel.core._ref import GpuRef
 
 if TYPE_CHECKING:
@@ -177,6 +179,15 @@ class GpuBufferC128(GpuBuffer):
 _BY_DTYPE: dict[DType, type[GpuBuffer]] = {
     cls.dtype_class: cls for cls in GpuBuffer.__subclasses__() if cls.dtype_class is not None
 }
+
+
+def typed_ref(ref: GpuRef, name: str, dtypes: Iterable[DType] | None) -> GpuRef:
+    """``ref``, if it holds one of ``dtypes`` (any dtype for None); ``DTypeMismatch`` (an
+    ``InvalidArgument`` and a ``TypeError``) otherwise."""
+    if dtypes is not None and ref.dtype not in (allowed := tuple(dtypes)):
+        names = "/".join(d.value for d in allowed)
+        raise DTypeMismatch(f"{name} holds {ref.dtype.value}; this call needs {names}")
+    return ref
 
 
 def buffer_for(device: Device, ref: GpuRef) -> GpuBuffer:

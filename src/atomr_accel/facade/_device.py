@@ -42,6 +42,7 @@ from atomr_accel.facade._api import DeviceApi
 from atomr_accel.facade._buffers import (
     GpuBuffer,
     buffer_for,
+    typed_ref,
 )
 from atomr_accel.facade._graphs import GraphRecorder
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
@@ -238,11 +239,7 @@ class Device(DeviceApi):
     run = blocking(run_async)
 
     def _ref(self, buffer: BufferLike, name: str, dtypes: Iterable[DType] | None = None) -> GpuRef:
-        ref = self.ref_of(buffer, name)
-        if dtypes is not None and ref.dtype not in (allowed := tuple(dtypes)):
-            names = "/".join(d.value for d in allowed)
-            raise DTypeMismatch(f"{name} holds {ref.dtype.value}; this call needs {names}")
-        return ref
+        return typed_ref(self.ref_of(buffer, name), name, dtypes)
 
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""

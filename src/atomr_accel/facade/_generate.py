@@ -66,7 +66,6 @@ class Method:
     what the stub needs (parameters as written, the result's type)."""
 
     name: str
-    handle: str
     run_async: Callable[..., Any]
     run: Callable[..., Any]
     signature: inspect.Signature
@@ -279,7 +278,7 @@ def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
         return_annotation=f"Coroutine[Any, Any, {form.returns}]")
     run = blocking(run_async)
     run.__signature__ = signature  # type: ignore[attr-defined]
-    return Method(name, form.handle or op.library, run_async, run, signature, form.returns)
+    return Method(name, run_async, run, signature, form.returns)
 
 
 def methods_for(handle: str) -> Iterator[Method]:

@@ -32,7 +32,7 @@ from atomr_accel.core.ops._fft import (
 from atomr_accel.core.ops._rng import Generator, RngFill
 from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._api import BlasApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi
-from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._buffers import GpuBuffer, typed_ref
 from atomr_accel.facade._portal import blocking
 
 if TYPE_CHECKING:
@@ -59,11 +59,7 @@ class Library:
         """Run an op on the device (awaited: the device's own coroutine, no extra frame)."""
 
     def _ref(self, buffer: BufferLike, name: str, dtypes: Iterable[DType] | None = None) -> GpuRef:
-        ref = self.device.ref_of(buffer, name)
-        if dtypes is not None and ref.dtype not in (allowed := tuple(dtypes)):
-            names = "/".join(d.value for d in allowed)
-            raise DTypeMismatch(f"{name} holds {ref.dtype.value}; this call needs {names}")
-        return ref
+        return typed_ref(self.device.ref_of(buffer, name), name, dtypes)
 
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
@@ -105,6 +101,24 @@ _LANES = {  # the original's kind names per precision: (kind, real dtype, comple
 }
 
 
+def _lane_kind(lane: str, kind: object) -> FftKind:
+    """The op's kind for one of the original's kind names on ``lane`` (any case)."""
+    kinds = _LANES[lane][0]
+    chosen = kinds.get(kind.lower()) if isinstance(kind, str) else None
+    if chosen is None:
+        raise InvalidArgument(f"kind must be one of {', '.join(kinds)} on the {lane} lane, "
+                              f"got {kind!r}")
+    return chosen
+
+
+def _length(src: Any, n: int | None, batch: object) -> Any:
+    """A 1-D one-shot transform's length: ``n``, or all of ``src`` shared by ``batch`` items
+    (``_one_shot`` checks what this answers)."""
+    if n is not None:
+        return n
+    return np.asarray(src).size // (batch if is_int(batch) and batch > 0 else 1)
+
+
 class Fft(Library, FftApi):
     """FFTs on one device, cuFFT conventions: unnormalized inverse, contiguous C-order batches.
 
@@ -132,13 +146,11 @@ class Fft(Library, FftApi):
 
     def _sides(self, lane: str, kind: str, real_buf: BufferLike | None,
                complex_buf: BufferLike | None, complex_buf_out: BufferLike | None,
-               ) -> tuple[FftKind, GpuRef, GpuRef]:
-        """The op's kind, input and output for the original's kind name and buffers."""
-        kinds, real, complex_ = _LANES[lane]
-        chosen = kinds.get(kind.lower()) if isinstance(kind, str) else None
-        if chosen is None:
-            raise InvalidArgument(f"kind must be one of {', '.join(kinds)} on the {lane} lane, "
-                                  f"got {kind!r}")
+               direction: str) -> tuple[FftKind, GpuRef, GpuRef, bool]:
+        """The op's kind, input, output and direction for the original's kind name, buffers
+        and direction (``InvalidArgument`` for a kind of another lane or a missing buffer)."""
+        chosen = _lane_kind(lane, kind)
+        _, real, complex_ = _LANES[lane]
         needed = {FftKind.R2C: ("real_buf", "complex_buf"), FftKind.C2R: ("complex_buf",
                   "real_buf"), FftKind.C2C: ("complex_buf",)}[chosen]
         given = {"real_buf": real_buf, "complex_buf": complex_buf}
@@ -150,21 +162,19 @@ class Fft(Library, FftApi):
             assert buffer is not None
             return self._ref(buffer, name, (dtype,))
         if chosen is FftKind.R2C:
-            return chosen, ref("real_buf", real), ref("complex_buf", complex_)
+            return chosen, ref("real_buf", real), ref("complex_buf", complex_), False
         if chosen is FftKind.C2R:
-            return chosen, ref("complex_buf", complex_), ref("real_buf", real)
+            return chosen, ref("complex_buf", complex_), ref("real_buf", real), True
         out = complex_buf if complex_buf_out is None else complex_buf_out
         assert out is not None
-        return chosen, ref("complex_buf", complex_), self._ref(out, "complex_buf_out", (complex_,))
+        return (chosen, ref("complex_buf", complex_),
+                self._ref(out, "complex_buf_out", (complex_,)), _DIRECTION(direction))
 
     def _exec_typed(self, lane: str, kind: str, real_buf: BufferLike | None,
                     complex_buf: BufferLike | None, complex_buf_out: BufferLike | None,
                     direction: str, nx: int | None, ny: int | None, nz: int | None, batch: int,
                     timeout_secs: float | None) -> Coroutine[Any, Any, None]:
-        kinds = _LANES[lane][0]
-        if not (isinstance(kind, str) and kind.lower() in kinds):
-            raise InvalidArgument(f"kind must be one of {', '.join(kinds)} on the {lane} lane, "
-                                  f"got {kind!r}")
+        _lane_kind(lane, kind)  # the first check, as in the original
         if nx is None:
             raise InvalidArgument("nx is required")
         dims = tuple(d for d in (nx, ny, nz) if d is not None)
@@ -173,8 +183,8 @@ class Fft(Library, FftApi):
                 raise InvalidArgument(f"{name} must be >= 1, got {size!r}")
         if not is_int(batch) or batch < 1:
             raise InvalidArgument(f"batch must be >= 1, got {batch!r}")
-        chosen, src, dst = self._sides(lane, kind, real_buf, complex_buf, complex_buf_out)
-        inverse = _DIRECTION(direction) if chosen is FftKind.C2C else chosen is FftKind.C2R
+        chosen, src, dst, inverse = self._sides(lane, kind, real_buf, complex_buf,
+                                                complex_buf_out, direction)
         return self._submit(FftOp(src, dst, dims, chosen, inverse, batch), timeout_secs)
 
     def exec_typed_f32_async(
@@ -207,8 +217,8 @@ class Fft(Library, FftApi):
                    onembed: Sequence[int] | None, ostride: int, odist: int, batch: int,
                    kind: str, direction: str,
                    timeout_secs: float | None) -> Coroutine[Any, Any, None]:
-        chosen, src, dst = self._sides(lane, kind, real_buf, complex_buf, complex_buf_out)
-        inverse = _DIRECTION(direction) if chosen is FftKind.C2C else chosen is FftKind.C2R
+        chosen, src, dst, inverse = self._sides(lane, kind, real_buf, complex_buf,
+                                                complex_buf_out, direction)
         return self._submit(FftMany(
             src, dst, rank, tuple(n), chosen, inverse, batch,
             None if inembed is None else tuple(inembed), istride, idist,
@@ -289,8 +299,8 @@ class Fft(Library, FftApi):
                                  ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
         """The original's one-shot R2C of a float32 host array (``batch`` items of ``n``, all
         of it by default): the complex64 half spectra, ``batch * (n // 2 + 1)`` values."""
-        size = n if n is not None else np.asarray(src).size // max(1, batch if is_int(batch) else 1)
-        return self._one_shot(src, DType.F32, (size,), batch, FftKind.R2C, False, timeout_secs)
+        return self._one_shot(src, DType.F32, (_length(src, n, batch),), batch, FftKind.R2C,
+                              False, timeout_secs)
 
     def inverse_1d_c2r_f32_async(self, src: Any, n: int, batch: int = 1, *,
                                  timeout_secs: float | None = 10.0,
@@ -304,9 +314,8 @@ class Fft(Library, FftApi):
                               ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
         """The original's one-shot C2C of a complex64 host array (``direction``: forward,
         fwd, f, inverse, inv, backward or i; the inverse is unnormalized)."""
-        inverse = _DIRECTION(direction)
-        size = n if n is not None else np.asarray(src).size // max(1, batch if is_int(batch) else 1)
-        return self._one_shot(src, DType.C64, (size,), batch, FftKind.C2C, inverse, timeout_secs)
+        return self._one_shot(src, DType.C64, (_length(src, n, batch),), batch, FftKind.C2C,
+                              _DIRECTION(direction), timeout_secs)
 
     def forward_2d_r2c_f32_async(self, src: Any, nx: int, ny: int, *,
                                  timeout_secs: float | None = 10.0,

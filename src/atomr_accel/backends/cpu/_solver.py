@@ -219,24 +219,28 @@ def _gesvd_one(a: Array, s: Array, u: Array | None, vt: Array | None) -> int:
     return int(info)
 
 
-def gesvd(backend: CpuBackend, op: Gesvd | GesvdBatched) -> None:
-    """Decompose each matrix as ``U @ diag(s) @ VT``, full U and VT where asked for."""
+def _each_svd(backend: CpuBackend, op: Gesvd | GesvdBatched | GesvdjBatched,
+              right: GpuRef | None,
+              one: Callable[[Array, Array, Array | None, Array | None], int]) -> list[int]:
+    """Run ``one(a, s, u, right)`` on each matrix of a (batched) SVD op; each one's status.
+    ``right`` is the op's optional right factor (VT, or V), after the optional U."""
     specs = iter(op.operands())
     a_spec = next(specs)
     mats = matrix_views(backend, a_spec)
     us = None if op.u is None else matrix_views(backend, next(specs))
-    vts = None if op.vt is None else matrix_views(backend, next(specs))
+    rights = None if right is None else matrix_views(backend, next(specs))
     k = min(a_spec.rows, a_spec.cols)
     s = backend.array(op.s.buffer_id)
-    infos = [
-        _gesvd_one(
-            mats[i],
-            s[i * k : (i + 1) * k],
-            None if us is None else us[i],
-            None if vts is None else vts[i],
-        )
+    return [
+        one(mats[i], s[i * k : (i + 1) * k], None if us is None else us[i],
+            None if rights is None else rights[i])
         for i in range(a_spec.batch)
     ]
+
+
+def gesvd(backend: CpuBackend, op: Gesvd | GesvdBatched) -> None:
+    """Decompose each matrix as ``U @ diag(s) @ VT``, full U and VT where asked for."""
+    infos = _each_svd(backend, op, op.vt, _gesvd_one)
     raise_first("gesvd", infos, isinstance(op, GesvdBatched))
 
 
@@ -261,23 +265,7 @@ def _gesvdj_one(a: Array, s: Array, u: Array | None, v: Array | None) -> int:
 
 def gesvdj(backend: CpuBackend, op: GesvdjBatched) -> None:
     """Decompose each matrix as ``U @ diag(s) @ V.H`` (economy U and V) with NumPy's SVD."""
-    specs = iter(op.operands())
-    a_spec = next(specs)
-    mats = matrix_views(backend, a_spec)
-    us = None if op.u is None else matrix_views(backend, next(specs))
-    vs = None if op.v is None else matrix_views(backend, next(specs))
-    k = min(a_spec.rows, a_spec.cols)
-    s = backend.array(op.s.buffer_id)
-    infos = [
-        _gesvdj_one(
-            mats[i],
-            s[i * k : (i + 1) * k],
-            None if us is None else us[i],
-            None if vs is None else vs[i],
-        )
-        for i in range(a_spec.batch)
-    ]
-    report(backend, "gesvdj", infos, op.info, True)
+    report(backend, "gesvdj", _each_svd(backend, op, op.v, _gesvdj_one), op.info, True)
 
 
 def _syevd_one(a: Array, w: Array, upper: bool, vectors: bool) -> int:

@@ -70,6 +70,12 @@ def shape_of(shape: object) -> tuple[int, ...]:
 _SHAPE = Param("shape", parse=shape_of, annotation="int | Sequence[int]")
 
 
+def _runs_inverse(kind: FftKind, inverse: bool | None) -> bool:
+    """The direction a transform runs: ``inverse``, or the kind's own when None (inverse for
+    C2R only)."""
+    return kind is FftKind.C2R if inverse is None else inverse
+
+
 def _half(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The complex side of an R2C/C2R transform of ``shape``: the last axis halved, plus one."""
     return (*shape[:-1], shape[-1] // 2 + 1)
@@ -154,9 +160,7 @@ class Fft(Op):
     @property
     def is_inverse(self) -> bool:
         """True when the transform runs in the inverse (unnormalized) direction."""
-        if self.inverse is None:
-            return self.kind is FftKind.C2R
-        return self.inverse
+        return _runs_inverse(self.kind, self.inverse)
 
     @property
     def complex_shape(self) -> tuple[int, ...]:
@@ -288,9 +292,7 @@ class FftMany(Op):
     @property
     def is_inverse(self) -> bool:
         """True when the transform runs in the inverse (unnormalized) direction."""
-        if self.inverse is None:
-            return self.kind is FftKind.C2R
-        return self.inverse
+        return _runs_inverse(self.kind, self.inverse)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
