@@ -159,6 +159,8 @@ def finish(pending: Pending, generation: int, result: Any, error: BaseException 
         caused = not isinstance(error, WorkerLost) and pending.state.blame(generation)
         if not caused and pending.rerun(generation):
             return
+        pending.fail(error, generation)  # unless handed on to the next context meanwhile
+        return
     pending.fail(error)
 
 

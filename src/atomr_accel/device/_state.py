@@ -205,10 +205,14 @@ class Pending:
             self._notify(None)
         self.reply.set_result(result)
 
-    def fail(self, error: BaseException) -> None:
-        """Answer with ``error`` (ignored if already answered); any thread."""
+    def fail(self, error: BaseException, generation: int | None = None) -> None:
+        """Answer with ``error`` (ignored if already answered); any thread. With
+        ``generation``, the error is that of a run on it: ignored unless the request is
+        still launched there (it may have been handed on to the next context already)."""
         state = self._state
         with state.lock:
+            if generation is not None and not (self.launched and self.generation == generation):
+                return
             if state.pending.pop(self, None) is None:
                 return
             state.failed += 1
@@ -475,7 +479,7 @@ class DeviceState:
             doomed = [p for p in self.pending if p.launched and p.generation == generation]
         for pending in doomed:
             if not (rerun and pending.rerun(generation)):
-                pending.fail(error)
+                pending.fail(error, generation)
 
     def rerunnable(self, op: Op) -> bool:
         """Whether ``op`` may run again on a new context after its own died under it: not a
