@@ -126,7 +126,7 @@ def test_buffers_of_another_device_are_refused(system: System, dev: Device) -> N
 
 def test_unknown_or_disabled_libraries_are_refused(system: System) -> None:
     with pytest.raises(InvalidArgument, match="unknown library"):
-        system.spawn_device(mock=True, libraries=["blas", "cudnn"])
+        system.spawn_device(mock=True, libraries=["blas", "cudnnn"])
     only_fft = system.spawn_device(mock=True, libraries=["fft"])
     a = only_fft.allocate_f32(4)
     with pytest.raises(InvalidArgument, match="not enabled"):

@@ -72,6 +72,7 @@ from atomr_accel.core.ops._fft import Fft, FftKind, FftMany
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
 from atomr_accel.core.ops._ipc import BufferAddress, IpcGetHandle, IpcOpenHandle
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
+from atomr_accel.core.ops._libraries import LibraryAvailable
 from atomr_accel.core.ops._memory import (
     Advice,
     Advise,
@@ -251,6 +252,7 @@ EXAMPLES: list[Any] = [
     Download(_buf(F32, 8), 2, None),
     CopyBuffer(_buf(F32, 8), _buf(F32, 8, 2), 4, 1, 2),
     MemoryInfo(),
+    LibraryAvailable("cudnn"),
     CanAccessPeer((0, 1)),
     EnablePeerAccess((1,)),
     ExportBuffer(_buf(F32, 8), ipc=True),

@@ -130,12 +130,15 @@ def test_stats_is_a_device_load(dev: Device) -> None:
 
 def test_libraries_ready_and_handles(system: System, dev: Device) -> None:
     ready = dev.libraries_ready()
-    assert ready == {"blas": True, "cudnn": False, "cufft": True, "curand": True,
+    assert ready == {"blas": True, "cudnn": True, "cufft": True, "curand": True,
                      "cusolver": True, "nvrtc": False, "extras": ready["extras"], "ready": True}
     assert ready["extras"] >= 2  # sparse, tensor
     assert "Blas" in repr(type(dev.blas(timeout_secs=2.0)))
+    assert repr(dev.cudnn(timeout_secs=2.0)).startswith("Cudnn(")
+    assert dev.cudnn().is_available(timeout_secs=2.0)  # the CPU backend runs it on NumPy
+    no_cudnn = system.spawn_device(mock=True, libraries=["blas"])
     with pytest.raises(GpuRuntimeError, match="cudnn library is not enabled"):
-        dev.cudnn(timeout_secs=2.0)
+        no_cudnn.cudnn(timeout_secs=2.0)
     only_fft = system.spawn_device(mock=True, libraries=["fft"])
     with pytest.raises(GpuRuntimeError, match="not enabled"):
         only_fft.blas()

@@ -21,6 +21,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import ContextPoisoned, InvalidArgument, OutOfMemory, Unrecoverable
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
+from atomr_accel.core.ops._libraries import LibraryAvailable
 from atomr_accel.core.ops._memory import (
     Advice,
     Advise,
@@ -138,6 +139,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def memory_info(self) -> tuple[int, int]:
         """Return ``(free_bytes, total_bytes)`` of the device."""
+
+    def library_available(self, library: str) -> bool:
+        """Whether ``library``'s ops can run here (the CPU backend runs every library)."""
+        return True
 
     def prefetch(self, buffer_id: int, location: Location) -> None:
         """Migrate a managed buffer; a no-op where host and device memory are one (CPU)."""
@@ -258,6 +263,10 @@ def _memory_info(backend: Backend, op: MemoryInfo) -> tuple[int, int]:
     return backend.memory_info()
 
 
+def _library_available(backend: Backend, op: LibraryAvailable) -> bool:
+    return backend.library_available(op.name)
+
+
 def _inject_fault(backend: Backend, op: InjectFault) -> None:
     if op.delay:
         time.sleep(op.delay)
@@ -278,6 +287,7 @@ MEMORY_HANDLERS: dict[type[Op], Handler] = {
     Download: _download,
     CopyBuffer: _copy,
     MemoryInfo: _memory_info,
+    LibraryAvailable: _library_available,
     Prefetch: _prefetch,
     Advise: _advise,
     InjectFault: _inject_fault,

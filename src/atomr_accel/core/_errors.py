@@ -10,7 +10,8 @@ Hierarchy::
     ├── Unrecoverable       the device cannot serve any more (Stop)
     ├── GpuRefStale         a handle from an older context generation was used
     ├── LibraryError        a library call failed (library name + status)
-    │   └── KernelCompileError  NVRTC rejected a kernel; ``log`` holds the compiler's log
+    │   ├── KernelCompileError  NVRTC rejected a kernel; ``log`` holds the compiler's log
+    │   └── LibraryUnavailable  an optional library's Python package is not installed
     ├── DeviceUnavailable   no such device or backend on this machine
     ├── QueueFull           the device's rebuild queue is full
     ├── InvalidArgument     bad dtype, length, shape or option (also ValueError)
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidArgument",
     "KernelCompileError",
     "LibraryError",
+    "LibraryUnavailable",
     "OutOfMemory",
     "QueueFull",
     "SystemClosed",
@@ -122,6 +124,19 @@ class KernelCompileError(LibraryError):
         where = f" {name!r}" if name else ""
         super().__init__("nvrtc", status, f"kernel{where} did not compile:\n{log.strip()}")
         self.log = log
+
+
+class LibraryUnavailable(LibraryError):
+    """An optional library cannot run here: ``package`` (the Python package it needs) is
+    not installed or does not load; ``extra`` names the pyproject extra that installs it."""
+
+    def __init__(self, library: str, package: str, extra: str, reason: str = "") -> None:
+        why = f" ({reason})" if reason else ""
+        super().__init__(library, "unavailable",
+                         f"it needs the Python package {package!r}{why}; "
+                         f"install it with: pip install 'atomr-accel[{extra}]'")
+        self.package = package
+        self.extra = extra
 
 
 class QueueFull(GpuRuntimeError):

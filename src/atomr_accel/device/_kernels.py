@@ -15,7 +15,10 @@ from atomr_accel.hosts._base import ContextHost, refusal_of
 __all__ = [
     "KERNEL_ACTORS",
     "BlasActor",
+    "BlasLtActor",
+    "CudnnActor",
     "FftActor",
+    "FlashAttnActor",
     "GraphActor",
     "KernelActor",
     "ModuleActor",
@@ -135,9 +138,27 @@ class GraphActor(KernelActor):
     library: ClassVar[str] = "graph"
 
 
+class CudnnActor(KernelActor):
+    """cuDNN-shaped deep-learning ops: convolutions, pooling, normalizations, RNNs, ..."""
+
+    library: ClassVar[str] = "cudnn"
+
+
+class FlashAttnActor(KernelActor):
+    """Scaled-dot-product attention: forward, backward, paged KV caches, ragged batches."""
+
+    library: ClassVar[str] = "flashattn"
+
+
+class BlasLtActor(KernelActor):
+    """cuBLASLt-shaped matmuls with fused epilogues (bias, ReLU, GELU and their gradients)."""
+
+    library: ClassVar[str] = "blaslt"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
-                NvrtcActor, ModuleActor, GraphActor)
+                NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor)
 }
 """Library name -> kernel actor class."""

@@ -18,6 +18,7 @@ from atomr_accel.facade._buffers import (
     GpuBufferU64,
 )
 from atomr_accel.facade._device import Device
+from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
 from atomr_accel.facade._graphs import Graph, GraphRecorder
 from atomr_accel.facade._kernel_args import KernelArg
@@ -46,8 +47,11 @@ from atomr_accel.facade._system import System
 
 __all__ = [
     "Blas",
+    "BlasLt",
+    "Cudnn",
     "Device",
     "Fft",
+    "FlashAttn",
     "GpuBuffer",
     "GpuBufferBF16",
     "GpuBufferC64",

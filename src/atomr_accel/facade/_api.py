@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from atomr_accel.facade._generate import Generated
 
-__all__ = ["BlasApi", "DeviceApi", "FftApi", "RngApi", "SolverApi", "SparseApi", "TensorApi"]
+__all__ = [
+    "BlasApi", "BlasLtApi", "CudnnApi", "DeviceApi", "FftApi", "FlashAttnApi", "RngApi",
+    "SolverApi", "SparseApi", "TensorApi",
+]
 
 
 class BlasApi(Generated, handle="blas"):
@@ -33,6 +36,18 @@ class SparseApi(Generated, handle="sparse"):
 
 class TensorApi(Generated, handle="tensor"):
     """The tensor methods (``Tensor``)."""
+
+
+class CudnnApi(Generated, handle="cudnn"):
+    """The cuDNN methods (``Cudnn``)."""
+
+
+class FlashAttnApi(Generated, handle="flashattn"):
+    """The attention methods (``FlashAttn``)."""
+
+
+class BlasLtApi(Generated, handle="blaslt"):
+    """The fused-matmul methods (``BlasLt``)."""
 
 
 class DeviceApi(Generated, handle="device"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from atomr_accel.facade._buffers import (
     buffer_for,
     typed_ref,
 )
+from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graphs import GraphRecorder
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
@@ -435,11 +436,20 @@ class Device(DeviceApi):
         self._library("rng")
         return RngGenerator(self, seed)
 
-    def cudnn(self, timeout_secs: float | None = None) -> NoReturn:
-        """The original package's cuDNN handle: not in this release, so it raises
-        ``InvalidArgument`` as for any library the device does not run."""
+    def cudnn(self, timeout_secs: float | None = None) -> Cudnn:
+        """Return the cuDNN handle (conv2d, pooling, softmax, normalizations, RNNs, attention)."""
         self._library("cudnn")
-        raise AssertionError("unreachable: no device enables cudnn")
+        return Cudnn(self)
+
+    def flashattn(self, timeout_secs: float | None = None) -> FlashAttn:
+        """Return the attention handle (scaled-dot-product attention forward and backward)."""
+        self._library("flashattn")
+        return FlashAttn(self)
+
+    def blaslt(self, timeout_secs: float | None = None) -> BlasLt:
+        """Return the fused-matmul handle (matmul with bias/ReLU/GELU epilogues)."""
+        self._library("blaslt")
+        return BlasLt(self)
 
     def solver(self, timeout_secs: float | None = None) -> Solver:
         """Return the dense solver handle (getrf, potrf, gesvd, syevd, ... and batched forms)."""

@@ -7,8 +7,11 @@ from pathlib import Path
 
 from atomr_accel.facade._api import (
     BlasApi,
+    BlasLtApi,
+    CudnnApi,
     DeviceApi,
     FftApi,
+    FlashAttnApi,
     RngApi,
     SolverApi,
     SparseApi,
@@ -40,5 +43,6 @@ BufferLike = GpuBuffer | GpuRef
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
-    sets = [BlasApi, DeviceApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi]
+    sets = [BlasApi, BlasLtApi, CudnnApi, DeviceApi, FftApi, FlashAttnApi, RngApi, SolverApi,
+            SparseApi, TensorApi]
     return render_stub(sets, _HEADER)

@@ -11,13 +11,18 @@ import scipy.sparse
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
 from atomr_accel.backends.cpu import (
+    _attention,
     _blas,
+    _blaslt,
+    _dnn,
     _fft,
     _graph,
     _ipc,
     _kernels,
+    _norm,
     _peer,
     _rng,
+    _rnn,
     _solver,
     _sparse,
     _tensor,
@@ -61,6 +66,11 @@ class CpuBackend(Backend):
         | _kernels.HANDLERS
         | _peer.HANDLERS
         | _ipc.HANDLERS
+        | _blaslt.HANDLERS
+        | _dnn.HANDLERS
+        | _norm.HANDLERS
+        | _rnn.HANDLERS
+        | _attention.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:

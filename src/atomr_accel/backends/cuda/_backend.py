@@ -21,18 +21,24 @@ import cupy as cp
 import numpy as np
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
+from atomr_accel.backends._optional import unavailable
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends.cpu import _blas as shared_blas
 from atomr_accel.backends.cpu import _fft as shared_fft
 from atomr_accel.backends.cpu import _sparse as shared_sparse
+from atomr_accel.backends.cuda import _attention as cuda_attention
 from atomr_accel.backends.cuda import _blas as cuda_blas
+from atomr_accel.backends.cuda import _blaslt as cuda_blaslt
 from atomr_accel.backends.cuda import _direct as direct
+from atomr_accel.backends.cuda import _dnn as cuda_dnn
 from atomr_accel.backends.cuda import _fft as cuda_fft
 from atomr_accel.backends.cuda import _graph as cuda_graph
 from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
+from atomr_accel.backends.cuda import _norm as cuda_norm
 from atomr_accel.backends.cuda import _peer as cuda_peer
 from atomr_accel.backends.cuda import _rng as cuda_rng
+from atomr_accel.backends.cuda import _rnn as cuda_rnn
 from atomr_accel.backends.cuda import _solver as cuda_solver
 from atomr_accel.backends.cuda import _tensor as cuda_tensor
 from atomr_accel.backends.cuda._completion import event_done, make_completion
@@ -174,6 +180,10 @@ class CudaBackend(Backend):
         """True while a graph capture records ops (see ``_graph.py``)."""
         self.fft_plans = cuda_fft.PlanCache()
         """cuFFT plans of ``FftMany`` transforms, by layout and stream (see ``_fft.py``)."""
+
+    def library_available(self, library: str) -> bool:
+        """False when a Python package that ``library`` needs here does not import."""
+        return unavailable(library) is None
 
     # ----------------------------------------------------------------- streams
 
@@ -496,5 +506,10 @@ CudaBackend.handlers = (
     | cuda_graph.HANDLERS
     | cuda_peer.HANDLERS
     | cuda_ipc.HANDLERS
+    | cuda_blaslt.HANDLERS
+    | cuda_dnn.HANDLERS
+    | cuda_norm.HANDLERS
+    | cuda_rnn.HANDLERS
+    | cuda_attention.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

@@ -1,0 +1,5 @@
+"""The original package's ``atomr_accel.cudnn`` module: the ``Cudnn`` handle."""
+
+from atomr_accel.facade._dnn import Cudnn
+
+__all__ = ["Cudnn"]

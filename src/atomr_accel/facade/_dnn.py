@@ -1,0 +1,57 @@
+"""Deep-learning handles: ``Cudnn``, ``FlashAttn`` and ``BlasLt``.
+
+Their methods come from the ops' declarations (``atomr_accel.core.ops``). On
+CUDA they run on NVIDIA's Python libraries, which are optional: ``Cudnn`` and
+``FlashAttn`` on the cuDNN frontend (``pip install 'atomr-accel[cudnn]'``),
+``BlasLt`` on nvmath-python (``pip install 'atomr-accel[blaslt]'``). Without
+them ``is_available()`` is False and every call raises ``LibraryUnavailable``
+naming the package. The CPU backend runs them all on NumPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, ClassVar
+
+from atomr_accel.core.ops._libraries import LibraryAvailable
+from atomr_accel.facade._api import BlasLtApi, CudnnApi, FlashAttnApi
+from atomr_accel.facade._libraries import Library
+from atomr_accel.facade._portal import blocking
+
+__all__ = ["BlasLt", "Cudnn", "FlashAttn", "OptionalLibrary"]
+
+
+class OptionalLibrary(Library):
+    """A handle whose library may need an optional Python package on CUDA."""
+
+    library: ClassVar[str]
+
+    def is_available_async(self, timeout_secs: float | None = None,
+                           ) -> Coroutine[Any, Any, bool]:
+        """Whether this library can run on the device (asked of its context)."""
+        return self._submit(LibraryAvailable(self.library), timeout_secs)
+
+    is_available = blocking(is_available_async)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device.device_id})"
+
+
+class Cudnn(OptionalLibrary, CudnnApi):
+    """cuDNN on one device: convolutions, pooling, softmax, activations, normalizations,
+    dropout, LRN, RNNs and multi-head attention, in the original package's names."""
+
+    library: ClassVar[str] = "cudnn"
+
+
+class FlashAttn(OptionalLibrary, FlashAttnApi):
+    """Scaled-dot-product attention on one device: causal and sliding-window masks, ALiBi,
+    sink tokens, MQA/GQA, ragged batches and paged KV caches."""
+
+    library: ClassVar[str] = "flashattn"
+
+
+class BlasLt(OptionalLibrary, BlasLtApi):
+    """Matmuls with fused epilogues (bias, ReLU, GELU and their gradients) on one device."""
+
+    library: ClassVar[str] = "blaslt"
