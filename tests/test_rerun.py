@@ -1,5 +1,6 @@
-"""Transparent re-execution: an op its context died under runs again on the next context,
-once, when every buffer it touches is durable and it did not cause the fault."""
+"""Transparent re-execution: an op its context died under runs again on the next context
+(once a generation, a few times at most), when every buffer it touches is durable and it did
+not cause the fault."""
 
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ from atomr_accel import (
     Device,
     FaultKind,
     GpuRefStale,
+    Status,
     System,
     WorkerLost,
 )
+from atomr_accel.core.ops._faults import InjectFault
+from atomr_accel.core.ops._memory import MemoryInfo
+from atomr_accel.device._state import RERUN_LIMIT, DeviceState
 
 pytestmark = pytest.mark.anyio
 N = 1 << 16  # 512 KiB of f64: the asks outlast the kill
@@ -48,7 +53,11 @@ async def kill_worker_while_busy(dev: Device, asks: list[asyncio.Future[None]],
 
 
 async def until_generation(dev: Device, generation: int) -> None:
-    while (await dev.stats_async()).generation < generation:  # noqa: ASYNC110
+    """Wait until the device serves context ``generation`` (or a later one)."""
+    while True:
+        stats = await dev.stats_async()
+        if stats.generation >= generation and stats.status is Status.READY:
+            return
         await asyncio.sleep(0.005)
 
 
@@ -94,6 +103,39 @@ async def test_an_op_running_when_its_worker_dies_runs_again_once() -> None:
         assert stats.reruns >= 1
         got = (await dev.copy_to_numpy_async(dc)).reshape((n, n), order="F")
         np.testing.assert_allclose(got, done * (a @ b), rtol=1e-9, atol=1e-9)  # each once
+
+
+async def test_ops_outlive_workers_killed_in_quick_succession() -> None:
+    """The second kill lands while the first one's ops run again: they run a third time.
+    Long gemms keep the worker busy, so each kill lands inside some."""
+    n = 384
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    async with await System.open_async("rerun") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", journal=":memory:",
+                                              max_restarts=10)
+        da = await dev.allocate_f64_async(n * n, durable=True)
+        db = await dev.allocate_f64_async(n * n, durable=True)
+        dc = await dev.allocate_f64_async(n * n, durable=True)
+        await dev.copy_from_numpy_async(da, a.reshape(-1, order="F"))
+        await dev.copy_from_numpy_async(db, b.reshape(-1, order="F"))
+        asks = [asyncio.ensure_future(dev.blas().gemm_async(da, db, dc, n, n, n, beta=1.0))
+                for _ in range(60)]
+        for generation in (1, 2):
+            await until_in_flight(dev, 10)
+            served = (await dev.stats_async()).completed
+            while (await dev.stats_async()).completed < served + 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+            stats = await dev.stats_async()
+            assert stats.generation == generation and stats.host_pid is not None
+            os.kill(stats.host_pid, signal.SIGKILL)
+            await until_generation(dev, generation + 1)
+        results = await asyncio.gather(*asks, return_exceptions=True)
+        assert [r for r in results if r is not None] == []  # no caller saw an error
+        got = (await dev.copy_to_numpy_async(dc)).reshape((n, n), order="F")
+        np.testing.assert_allclose(got, 60 * (a @ b), rtol=1e-9, atol=1e-9)  # each once
+        stats = await dev.stats_async()
+        assert stats.generation == 3 and stats.in_flight == 0
 
 
 def test_blocking_callers_lose_no_op_on_durable_buffers_either() -> None:
@@ -165,3 +207,41 @@ async def test_ops_on_buffers_that_are_not_durable_fail_as_before() -> None:
         with pytest.raises(GpuRefStale):
             await dev.copy_to_numpy_async(dc)
         assert (await dev.stats_async()).reruns == 0
+
+
+class _Reply:
+    """An answer slot that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.told: list[object] = []
+
+    def set_result(self, value: object) -> None:
+        self.told.append(value)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.told.append(exc)
+
+
+def test_a_request_runs_again_once_a_generation_and_a_few_times_at_most() -> None:
+    state = DeviceState(0)
+    pending = state.track(MemoryInfo(), _Reply())  # no buffers: it may always run again
+    for generation in range(1, RERUN_LIMIT + 1):
+        assert pending.claim(generation)
+        assert pending.rerun(generation)
+        assert not pending.rerun(generation)  # once a generation
+    assert pending.claim(RERUN_LIMIT + 1)
+    assert not pending.rerun(RERUN_LIMIT + 1)  # every context it ran on died: it may be why
+    assert state.reruns == RERUN_LIMIT
+
+
+def test_an_op_that_may_not_run_again_takes_the_blame_whoever_reports_first() -> None:
+    state = DeviceState(0)
+    library_op = state.track(MemoryInfo(), _Reply())
+    fault = state.track(InjectFault(FaultKind.POISON), _Reply())
+    assert library_op.claim(1) and fault.claim(1)
+    assert not state.blame(1, library_op)  # reported first, yet the fault is the suspect
+    assert state.blame(1, fault)
+    lone = state.track(MemoryInfo(), _Reply())
+    assert lone.claim(2)
+    assert state.blame(2, lone)  # no suspect: the first to report is blamed
+    assert not state.blame(2, lone)  # once a generation

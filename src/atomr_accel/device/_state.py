@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from atomr_accel.device._replay import DeviceRecorder
     from atomr_accel.device._standby import Standby
 
-__all__ = ["Answer", "DeviceState", "DeviceStats", "OpObserver", "Pending", "Status"]
+__all__ = [
+    "RERUN_LIMIT", "Answer", "DeviceState", "DeviceStats", "OpObserver", "Pending", "Status",
+]
 
 _log = logging.getLogger("atomr_accel.device")
 
@@ -70,6 +72,10 @@ class OpObserver(Protocol):
         """It was answered after ``seconds``: with a result (``error`` None) or ``error``."""
 
 
+RERUN_LIMIT = 3
+"""How many times one request may run again on a new context after its own died under it."""
+
+
 class AbandonedRequest(Exception):
     """What observers hear of a request dropped before it ran because its asker was gone."""
 
@@ -81,11 +87,12 @@ class Pending:
     request not launched when its context goes down is dispatched again to the
     next generation, so it is never lost and never runs twice. One that was
     launched there runs again on the next generation instead of failing when
-    it can (``rerun``): once at most, and never the op that caused the fault.
+    it can (``rerun``): once a generation, ``RERUN_LIMIT`` times at most, and
+    never the op that caused the fault.
     """
 
     __slots__ = ("_state", "abandoned", "generation", "launched", "made", "observers", "op",
-                 "reply", "reran", "seq", "started")
+                 "reply", "reruns", "seq", "started")
 
     def __init__(self, state: DeviceState, op: Op, reply: Answer) -> None:
         self._state = state
@@ -102,8 +109,8 @@ class Pending:
         """Its asker is gone: what the op makes is released when it completes."""
         self.made: Any = None
         """What it made (a buffer, a graph), kept until its asker has it."""
-        self.reran = False
-        """It was launched again after its context died under it (``rerun``)."""
+        self.reruns = 0
+        """How many times it was launched again after its context died under it (``rerun``)."""
 
     @property
     def state(self) -> DeviceState:
@@ -154,14 +161,16 @@ class Pending:
         """Its context ``generation`` died under it, through no fault of its op: launch it
         again on the next context (transparent re-execution) when it may run twice: its
         buffers are all durable (restored before it runs, as a whole, from the journal)
-        and it holds no kernel or graph of the dead context. Once at most. Answers
-        whether it will run again; if not, the caller fails it."""
+        and it holds no kernel or graph of the dead context. Once a generation (it is
+        launched once on each), ``RERUN_LIMIT`` times in all: an op that every context it
+        runs on dies under may be what kills them. Answers whether it will run again; if
+        not, the caller fails it."""
         state = self._state
         with state.lock:
-            if (self.reran or not self.launched or self.generation != generation
+            if (self.reruns >= RERUN_LIMIT or not self.launched or self.generation != generation
                     or self not in state.pending or not state.rerunnable(self.op)):
                 return False
-            self.reran = True
+            self.reruns += 1
             state.reruns += 1
         self.unclaim(generation)
         return True
@@ -495,11 +504,20 @@ class DeviceState:
         durable, canonical = recorder.durable, recorder.canonical
         return all(canonical.get(ref, ref) in durable for ref in refs)
 
-    def blame(self, generation: int) -> bool:
-        """True for the first op to report the fault that ended ``generation``: the one that
-        caused it (it fails, never re-run); False for every later one."""
+    def blame(self, generation: int, pending: Pending) -> bool:
+        """Whether ``pending``, reporting the fault that ended ``generation``, caused it (it
+        fails, never re-run). One request a generation is blamed: the first to report the
+        fault, unless a request that may not run again (a kernel or graph launch, an op on
+        buffers that are not durable, an injected fault) was in flight there too: such an
+        op is the likelier cause, and the requests that may run again are then all
+        innocent. Ops on CUDA streams report a sticky fault in whatever order their events
+        are polled, so the first to report is often not the one that caused it."""
         with self.lock:
             if generation in self._blamed:
+                return False
+            suspects = [p for p in self.pending if p.launched and p.generation == generation
+                        and not self.rerunnable(p.op)]
+            if suspects and pending not in suspects:
                 return False
             self._blamed.add(generation)
             return True
