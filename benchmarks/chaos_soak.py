@@ -93,6 +93,8 @@ class SoakReport:
     wrong: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     timeouts: int = 0
+    stuck: list[str] = field(default_factory=list)
+    """Requests a device held for more than ``STUCK_SECONDS``, as the watchdog saw them."""
     seconds: float = 0.0
     worker_pids: set[int] = field(default_factory=set)
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -107,7 +109,8 @@ class SoakReport:
         return {"seed": self.seed, "asks": self.asks, "answered": self.answered,
                 "ok": self.ok, "errors": dict(self.errors), "faults": dict(self.faults),
                 "wrong": self.wrong[:20], "unexpected": self.unexpected[:20],
-                "timeouts": self.timeouts, "seconds": self.seconds, "devices": self.devices,
+                "timeouts": self.timeouts, "stuck": self.stuck[:20], "seconds": self.seconds,
+                "devices": self.devices,
                 "worker_pids": len(self.worker_pids)}
 
 
@@ -314,6 +317,36 @@ async def injector(soak: Soak, done: asyncio.Event) -> None:
         await inject(soak, t, rng.choice(kinds))
 
 
+STUCK_SECONDS = 10.0
+"""A request a device holds this long is reported by the watchdog (with how it stands)."""
+
+
+async def watchdog(soak: Soak, done: asyncio.Event) -> None:
+    """Report requests held for more than ``STUCK_SECONDS``: where each stands (launched,
+    on which generation, re-runs) and where its device stands, to tell a hang's cause."""
+    seen: dict[int, float] = {}
+    reported: set[int] = set()
+    while not done.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), 1.0)
+        now = time.monotonic()
+        for t in soak.targets:
+            state = t.dev._state  # a diagnostic: the device's own books
+            with state.lock:
+                held = list(state.pending)
+            recorder = state.recorder
+            for p in held:
+                first = seen.setdefault(id(p), now)
+                if now - first > STUCK_SECONDS and id(p) not in reported:
+                    reported.add(id(p))
+                    soak.report.stuck.append(
+                        f"{t.name}: {type(p.op).__name__} launched={p.launched} "
+                        f"on generation {p.generation} (device: {state.generation}, "
+                        f"{state.status.value}, serving "
+                        f"{None if recorder is None else recorder.serving}), "
+                        f"reruns={p.reruns}, held {now - first:.0f} s")
+
+
 async def final_check(soak: Soak, t: Target) -> None:
     """With the faults stopped: the device serves, durable buffers hold what they must."""
     dev, report = t.dev, soak.report
@@ -349,9 +382,11 @@ async def soak(cfg: SoakConfig) -> SoakReport:
         run = Soak(cfg, report, targets)
         done = asyncio.Event()
         faults = asyncio.create_task(injector(run, done))
+        watch = asyncio.create_task(watchdog(run, done))
         await asyncio.gather(*(client(run, i) for i in range(cfg.clients)))
         done.set()
         await faults
+        await watch
         for t in targets:
             await final_check(run, t)
     report.seconds = time.monotonic() - start
@@ -412,13 +447,14 @@ def main() -> None:
         *[[f"error {k}", v] for k, v in sorted(report.errors.items())],
         *[[f"fault {k}", v] for k, v in sorted(report.faults.items())],
         ["wrong results", len(report.wrong)], ["unexpected errors", len(report.unexpected)],
-        ["ask timeouts (hangs)", report.timeouts], ["asks / s", report.asks / report.seconds],
+        ["ask timeouts (hangs)", report.timeouts], ["requests held > 10 s", len(report.stuck)],
+        ["asks / s", report.asks / report.seconds],
         ["leaked workers", len(leaked_pids)], ["leaked shm segments", len(leaked_shm)],
     ])
     print_table("devices at the end", ["device", "generation", "restarts", "increments"],
                 [[k, v["generation"], v["restarts"], v["increments"]]
                  for k, v in report.devices.items()])
-    for line in report.wrong[:10] + report.unexpected[:10]:
+    for line in report.wrong[:10] + report.unexpected[:10] + report.stuck[:10]:
         print("!", line)
     write_json(args.out, {"benchmark": "chaos_soak", "cuda": cfg.cuda, "poison": cfg.poison,
                           "clients": cfg.clients, **report.summary(),
