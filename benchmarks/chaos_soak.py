@@ -11,7 +11,7 @@ devices must serve and no worker process or shared-memory segment may be left.
 
     python benchmarks/chaos_soak.py [--asks 100000] [--duration 120] [--seed N]
                                     [--clients 32] [--cuda] [--poison inject|kernel]
-                                    [--standby] [--durable]
+                                    [--standby] [--durable] [--fault-interval LOW HIGH]
 
 ``--cuda`` runs the devices on CUDA (process host only: a thread host cannot
 recover a CUDA context). ``--poison kernel`` poisons the context for real with
@@ -89,6 +89,8 @@ class SoakReport:
     asks: int = 0
     ok: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    failed_asks: Counter[str] = field(default_factory=Counter)
+    """Failed asks by what was asked and the error's type (``"gemm: WorkerLost"``)."""
     faults: Counter[str] = field(default_factory=Counter)
     wrong: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
@@ -107,7 +109,8 @@ class SoakReport:
     def summary(self) -> dict[str, Any]:
         """The report as plain data (for JSON)."""
         return {"seed": self.seed, "asks": self.asks, "answered": self.answered,
-                "ok": self.ok, "errors": dict(self.errors), "faults": dict(self.faults),
+                "ok": self.ok, "errors": dict(self.errors),
+                "failed_asks": dict(self.failed_asks), "faults": dict(self.faults),
                 "wrong": self.wrong[:20], "unexpected": self.unexpected[:20],
                 "timeouts": self.timeouts, "stuck": self.stuck[:20], "seconds": self.seconds,
                 "devices": self.devices,
@@ -174,6 +177,7 @@ class Soak:
             raise Abort from None
         except ALLOWED as exc:
             self.report.errors[type(exc).__name__] += 1
+            self.report.failed_asks[f"{what}: {type(exc).__name__}"] += 1
             if durable and isinstance(exc, GpuRefStale):
                 self.report.unexpected.append(f"{what} on a durable buffer: {exc!r}")
             raise Abort from None
@@ -432,11 +436,15 @@ def main() -> None:
                         help="a warm standby context on the process-host device")
     parser.add_argument("--durable", action="store_true",
                         help="the jobs' buffers are durable too (their ops run again)")
+    parser.add_argument("--fault-interval", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                        default=SoakConfig.fault_interval,
+                        help="seconds between one fault's answer and the next fault")
     parser.add_argument("--out", default="benchmarks/results/chaos_soak.json")
     args = parser.parse_args()
     cfg = SoakConfig(asks=args.asks, seed=args.seed, clients=args.clients,
                      duration=args.duration, cuda=args.cuda, poison=args.poison,
-                     standby=args.standby, durable=args.durable)
+                     standby=args.standby, durable=args.durable,
+                     fault_interval=tuple(args.fault_interval))
     print(f"chaos soak: seed {cfg.seed}, {cfg.asks} asks, {cfg.clients} clients, "
           f"devices {', '.join(cfg.isolations)}{' on CUDA' if cfg.cuda else ''}")
     report = asyncio.run(soak(cfg))
@@ -456,6 +464,8 @@ def main() -> None:
                  for k, v in report.devices.items()])
     for line in report.wrong[:10] + report.unexpected[:10] + report.stuck[:10]:
         print("!", line)
+    for what, count in report.failed_asks.most_common(10):
+        print(f"failed: {what} x{count}")
     write_json(args.out, {"benchmark": "chaos_soak", "cuda": cfg.cuda, "poison": cfg.poison,
                           "clients": cfg.clients, **report.summary(),
                           "leaked_workers": leaked_pids, "leaked_segments": leaked_shm})
