@@ -3,6 +3,7 @@ spare one already started, the next op is served at once, and a new spare starts
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -97,3 +98,41 @@ def test_without_a_standby_stats_say_none() -> None:
         stats = system.spawn_device(mock=True, isolation="process").stats()
         assert stats.standby_ready is None and stats.standby_pid is None
         assert stats.standby_switches == 0
+
+
+@pytest.mark.anyio
+async def test_watchers_and_metrics_hear_of_the_switch_and_the_reruns() -> None:
+    from atomr_accel.actor.testkit import TestProbe
+    from atomr_accel.device import GenerationChanged, WatchGeneration
+    from atomr_accel.telemetry._metrics import DeviceCollector
+
+    async with await System.open_async("standby") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", standby=1,
+                                              journal=":memory:")
+        while not (await dev.stats_async()).standby_ready:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        probe = TestProbe(system.actors)
+        dev.ref.tell(WatchGeneration(probe.ref))
+        assert (await probe.expect_message_type(GenerationChanged)).standby_ms is None
+        x = await dev.allocate_f64_async(1 << 16, durable=True)
+        await dev.copy_from_numpy_async(x, np.ones(1 << 16))
+        asks = [asyncio.ensure_future(dev.blas().scal_async(1 << 16, 1.0, x))
+                for _ in range(300)]
+        while (await dev.stats_async()).in_flight < 50:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+        pid = (await dev.stats_async()).host_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        assert [r for r in await asyncio.gather(*asks, return_exceptions=True)
+                if r is not None] == []
+        changed = await probe.expect_message_type(GenerationChanged)
+        stats = await dev.stats_async()
+        assert changed.generation == 2 and changed.standby_ms is not None
+        assert changed.standby_ms == stats.standby_switch_ms and changed.reruns == stats.reruns
+        collector = DeviceCollector()
+        collector.update("dev", stats)
+        figures = {sample.name: sample.value for family in collector.collect()
+                   for sample in family.samples}
+        assert figures["atomr_device_standby_switches_total"] == 1
+        assert figures["atomr_device_reruns_total"] == stats.reruns
+        assert figures["atomr_device_standby_switch_seconds"] == stats.standby_switch_ms / 1e3

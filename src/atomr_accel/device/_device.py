@@ -92,6 +92,8 @@ class DeviceActor(Actor):
         self.context_ref: ActorRef | None = None
         self.reruns_told = 0
         """``state.reruns`` as last logged."""
+        self.switches_told = 0
+        """The standby's switches as last told to watchers."""
 
     async def pre_start(self) -> None:
         """Open the journal (if the config names one), then start the context."""
@@ -170,6 +172,9 @@ class DeviceActor(Actor):
         if reran:
             self._log_event(logging.INFO, "ops_rerun", "generation %d runs again %d op(s) "
                             "the last context died under", generation, reran)
+        standby, standby_ms = self.state.standby, None
+        if standby is not None and standby.switches != self.switches_told:
+            self.switches_told, standby_ms = standby.switches, standby.last_switch_ms
         recorder = self.state.recorder
         if recorder is not None:
             recorder.serve(generation)
@@ -177,8 +182,9 @@ class DeviceActor(Actor):
         self.context.unstash_all()
         if self.gate is not None and self.gate.generation == generation:
             self.state.lane.open(self.gate)  # takes nothing while what was queued is in flight
+        changed = GenerationChanged(self.config.device_id, generation, standby_ms, reran)
         for watcher in self.watchers:
-            watcher.tell(GenerationChanged(self.config.device_id, generation))
+            watcher.tell(changed)
 
     def _dispatch_unlaunched(self) -> None:
         """Send the requests not launched yet (queued in old mailboxes, held during a
@@ -346,6 +352,7 @@ class DeviceActor(Actor):
             standby_ready=None if state.standby is None else state.standby.ready,
             standby_pid=None if state.standby is None else state.standby.pid,
             standby_switches=0 if state.standby is None else state.standby.switches,
+            standby_switch_ms=None if state.standby is None else state.standby.last_switch_ms,
             reruns=state.reruns,
         )
 

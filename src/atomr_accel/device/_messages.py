@@ -72,6 +72,11 @@ class GenerationChanged:
 
     device_id: int
     generation: int
+    standby_ms: float | None = None
+    """How long the rebuild waited for the warm standby context it switched to (None: this
+    context was not a standby)."""
+    reruns: int = 0
+    """Requests the last context died under that this one runs again."""
 
 
 @dataclass(frozen=True, slots=True)

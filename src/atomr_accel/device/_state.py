@@ -303,6 +303,8 @@ class DeviceStats:
     (on CUDA, its context's memory on the GPU)."""
     standby_switches: int = 0
     """Rebuilds that took the spare context instead of starting one."""
+    standby_switch_ms: float | None = None
+    """How long the last such rebuild waited for the spare (None before the first)."""
     reruns: int = 0
     """Requests run again on a new context after theirs died under them (their buffers
     durable, their op not the cause)."""

@@ -94,8 +94,11 @@ class DeviceCollector:
     ``atomr_device_generation``, ``atomr_device_restarts_total``,
     ``atomr_device_queue_depth``, ``atomr_device_in_flight``,
     ``atomr_device_bytes_allocated``, ``atomr_device_memory_free_bytes``,
-    ``atomr_device_memory_total_bytes``. Collected on the scraping thread from
-    the last snapshot, never by asking a device.
+    ``atomr_device_memory_total_bytes``, ``atomr_device_reruns_total`` (requests run
+    again after their context died), ``atomr_device_standby_switches_total``,
+    ``atomr_device_standby_switch_seconds`` (the last switch's wait) and
+    ``atomr_device_standby_ready`` (devices with a standby only). Collected on the
+    scraping thread from the last snapshot, never by asking a device.
     """
 
     def __init__(self) -> None:
@@ -130,6 +133,20 @@ class DeviceCollector:
                                labels=["device"]), lambda s: s.memory_free),
             (GaugeMetricFamily("atomr_device_memory_total_bytes", "Total device memory.",
                                labels=["device"]), lambda s: s.memory_total),
+            (CounterMetricFamily("atomr_device_reruns",
+                                 "Requests run again after their context died under them.",
+                                 labels=["device"]), lambda s: s.reruns),
+            (CounterMetricFamily("atomr_device_standby_switches",
+                                 "Rebuilds that switched to the warm standby context.",
+                                 labels=["device"]),
+             lambda s: None if s.standby_ready is None else s.standby_switches),
+            (GaugeMetricFamily("atomr_device_standby_switch_seconds",
+                               "How long the last standby switch waited for the standby.",
+                               labels=["device"]),
+             lambda s: None if s.standby_switch_ms is None else s.standby_switch_ms / 1e3),
+            (GaugeMetricFamily("atomr_device_standby_ready",
+                               "1 while a started standby context waits.", labels=["device"]),
+             lambda s: None if s.standby_ready is None else float(s.standby_ready)),
         ]
         for family, value in families:
             for device, stats in snapshot.items():
