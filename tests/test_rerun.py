@@ -75,6 +75,11 @@ async def test_a_killed_worker_loses_no_op_on_durable_buffers(standby: int) -> N
         np.testing.assert_array_equal(await dev.copy_to_numpy_async(y), np.full(N, 1000.0))
         stats = await dev.stats_async()
         assert stats.generation == 2 and stats.restarts == 1 and stats.in_flight == 0
+        if standby:  # the switch took the spare; a new one starts in the background
+            assert stats.standby_switches == 1
+            while not (await dev.stats_async()).standby_ready:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            assert (await dev.stats_async()).standby_pid not in (None, stats.host_pid)
 
 
 async def test_an_op_running_when_its_worker_dies_runs_again_once() -> None:
