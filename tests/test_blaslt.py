@@ -11,6 +11,7 @@ and the device keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import math
 from collections.abc import Iterator
@@ -229,6 +230,23 @@ def test_backward_in_low_precision_matches_reference(dev: Device, dtype: DType) 
     want = (a @ b - c) * slope
     assert error(download(dev, dd).reshape(M, N), want) < TOL[dtype]
     assert error(download(dev, db), want.sum(axis=0)) < 4 * TOL[dtype]
+
+
+def test_async_calls_in_flight_together(dev: Device) -> None:
+    rng = np.random.default_rng(4)
+    a, b, bias = rand(rng, (M, K), DType.F32), rand(rng, (K, N), DType.F32), rand(
+        rng, (N,), DType.F32)
+    blaslt = dev.blaslt()
+    da, db, dbias = (upload(dev, x, DType.F32) for x in (a, b, bias))
+    outs = [dev.allocate(M * N, DType.F32) for _ in range(3)]
+
+    async def together() -> list[str]:
+        return list(await asyncio.gather(*(blaslt.matmul_async(da, db, d, M, N, K, "bias_gelu",
+                                                               bias=dbias) for d in outs)))
+
+    assert asyncio.run(together()) == ["numpy"] * 3
+    for d in outs:
+        assert error(download(dev, d).reshape(M, N), gelu_tanh(a @ b + bias)) < TOL[DType.F32]
 
 
 def test_typed_variants_and_is_available(dev: Device) -> None:

@@ -13,6 +13,7 @@ measured errors go to ``$BLASLT_ERRORS`` (a JSON path) when it is set.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -245,6 +246,27 @@ def test_a_cached_plan_serves_new_buffers(devices: tuple[Device, Device]) -> Non
         z = data["a"] @ data["b"] + data["bias"]
         want = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
         assert error(f"reuse {seed} bf16", got, want) < TOL[DType.BF16]
+
+
+def test_async_calls_in_flight_together(devices: tuple[Device, Device]) -> None:
+    """``matmul_async`` from a user's own loop: the ops run on threads other than the
+    blocking caller's (cuda.core must be ready in each)."""
+    cuda, _ = devices
+    data = data_for(13, DType.BF16)
+    blaslt = cuda.blaslt()
+    a, b = upload(cuda, data["a"], DType.BF16), upload(cuda, data["b"], DType.BF16)
+    bias = upload(cuda, data["bias"], DType.BF16)
+    outs = [cuda.allocate(M * N, DType.BF16) for _ in range(4)]
+
+    async def together() -> list[str]:
+        return list(await asyncio.gather(*(blaslt.matmul_async(a, b, d, M, N, K, "bias_relu",
+                                                               bias=bias) for d in outs)))
+
+    assert asyncio.run(together()) == ["nvmath"] * 4
+    want = np.maximum(data["a"] @ data["b"] + data["bias"], 0)
+    for i, d in enumerate(outs):
+        got = download(cuda, d).reshape(M, N)
+        assert error(f"async {i} bf16", got, want) < TOL[DType.BF16]
 
 
 def test_odd_shapes(devices: tuple[Device, Device]) -> None:

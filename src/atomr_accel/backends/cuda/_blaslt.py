@@ -15,17 +15,19 @@ layout, epilogue, compute type and stream and kept in a small LRU cache per
 context (``PlanCache``); a call points the cached object at its buffers with
 ``reset_operands_unchecked`` (the key guarantees the shapes and strides that
 ``reset_operands`` would check), runs ``execute`` on the op's stream and
-releases the operands, so the cache holds no buffer alive. Planning runs on a
-private stream of the cache, so its wait for the heuristic query never waits
-for the op's stream. nvmath writes an auxiliary output (ReLU mask, GELU input,
-bias gradient) into a fresh array of its own; the handler copies it into the
-op's buffer on the op's stream (one device copy). Nothing here synchronizes
-the device. Handlers answer ``"nvmath"``.
+releases the operands, so the cache holds no buffer alive. cuda.core, under
+nvmath, is initialized once in each thread that runs an op
+(``_cuda_core_ready``). Planning runs on a private stream of the cache, so its
+wait for the heuristic query never waits for the op's stream. nvmath writes
+an auxiliary output (ReLU mask, GELU input, bias gradient) into a fresh array
+of its own; the handler copies it into the op's buffer on the op's stream (one
+device copy). Nothing here synchronizes the device. Handlers answer ``"nvmath"``.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -55,6 +57,27 @@ def _advanced() -> Any:
     """``nvmath.linalg.advanced`` (raises ``LibraryUnavailable`` when nvmath is missing)."""
     require("blaslt")
     return importlib.import_module("nvmath.linalg.advanced")
+
+
+_THREAD = threading.local()
+
+
+def _cuda_core_ready(device_id: int) -> None:
+    """Initialize cuda.core's ``Device(device_id)`` in this thread, once per thread.
+
+    nvmath works through cuda.core, whose device objects are per thread and refuse
+    work ("Device 0 is not yet initialized") until ``set_current()`` ran in that
+    thread; nvmath caches stream wrappers across threads, and our ops run on
+    whichever thread queues them (the host's, or an event loop's for async calls).
+    The CUDA runtime already has this device current here (the backend saw to it),
+    so making its primary context current changes nothing else.
+    """
+    ready: set[int] | None = getattr(_THREAD, "devices", None)
+    if ready is None:
+        ready = _THREAD.devices = set()
+    if device_id not in ready:
+        importlib.import_module("cuda.core").Device(device_id).set_current()
+        ready.add(device_id)
 
 
 def _nvmath_epilog(epilogue: Epilogue, with_aux: bool) -> str | None:
@@ -151,6 +174,7 @@ def _run(backend: Any, op: FusedMatmul | FusedMatmulGrad, epilog_inputs: dict[st
     key = (type(op), op.d.dtype, m, n, k, op.trans_a, op.trans_b, op.epilogue, with_aux, tf32,
            stream.ptr)
     cache = plans_of(backend)
+    _cuda_core_ready(backend.device_id)
     mm = cache.get(key)
     alpha, beta = float(op.alpha), float(op.beta)
     if mm is None:
