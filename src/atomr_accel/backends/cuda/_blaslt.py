@@ -173,12 +173,12 @@ def _run(backend: Any, op: FusedMatmul | FusedMatmulGrad, epilog_inputs: dict[st
     tf32 = op.allow_tf32 and op.d.dtype is DType.F32
     key = (type(op), op.d.dtype, m, n, k, op.trans_a, op.trans_b, op.epilogue, with_aux, tf32,
            stream.ptr)
-    cache = plans_of(backend)
+    advanced = _advanced()  # LibraryUnavailable first, where nvmath is missing
     _cuda_core_ready(backend.device_id)
+    cache = plans_of(backend)
     mm = cache.get(key)
     alpha, beta = float(op.alpha), float(op.beta)
     if mm is None:
-        advanced = _advanced()
         options: dict[str, Any] = {"inplace": True}
         if tf32:
             linalg = importlib.import_module("nvmath.linalg")
