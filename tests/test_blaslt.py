@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from atomr_accel import Device, DType, InvalidArgument, System
-from atomr_accel.core.ops._blaslt import aux_len, gelu_aux_ld, relu_aux_ld
+from atomr_accel.blaslt import aux_len, gelu_aux_ld, relu_aux_ld
 
 Arr = np.ndarray[Any, Any]
 TOL = {DType.F64: 1e-12, DType.F32: 2e-6, DType.F16: 2e-3, DType.BF16: 1.6e-2}

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from atomr_accel import Device, DType, InvalidArgument, System
-from atomr_accel.core.ops._blaslt import aux_len, gelu_aux_ld, relu_aux_ld
+from atomr_accel.blaslt import aux_len, gelu_aux_ld, relu_aux_ld
 
 pytestmark = pytest.mark.gpu
 
