@@ -67,6 +67,7 @@ from atomr_accel.core.ops._blas import (
     Vector,
     require_scalar,
 )
+from atomr_accel.core.ops._blaslt import Epilogue, FusedMatmul, FusedMatmulGrad
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._fft import Fft, FftKind, FftMany
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
@@ -265,6 +266,10 @@ EXAMPLES: list[Any] = [
     CsrSpMM(_csr(7), _buf(F32, 12, 2), _buf(F32, 15, 3), 3, ldc=5),
     Contract(_buf(F32, 6), "ab", (2, 3), _buf(F32, 12, 2), "bc", (3, 4), _buf(F32, 8, 3), "ac",
              (2, 4), alpha=1.5),
+    FusedMatmul(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3, Epilogue.BIAS_GELU,
+                bias=_buf(F32, 4, 4), aux=_buf(F32, 16, 5), beta=0.5),
+    FusedMatmulGrad(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3,
+                    Epilogue.DRELU_BGRAD, aux=_buf(DType.U8, 32, 5), bias_grad=_buf(F32, 4, 4)),
 ]
 
 

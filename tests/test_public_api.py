@@ -11,6 +11,7 @@ PACKAGES = [
     "atomr_accel",
     "atomr_accel.actor",
     "atomr_accel.actor.testkit",
+    "atomr_accel.blaslt",
     "atomr_accel.cli",
     "atomr_accel.core",
     "atomr_accel.device",
