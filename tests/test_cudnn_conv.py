@@ -518,3 +518,267 @@ def test_op_is_checked_when_built_directly() -> None:
     with pytest.raises(InvalidArgument, match="stride"):
         Conv2dForward(ref, ref, ref, (1, 2, 5, 5), (3, 2, 3, 3), (1, 3, 3, 3),
                       stride=(0, 1)).validate()
+
+
+# ========================================================================= GPU
+
+
+@pytest.fixture(scope="module")
+def gpu(system: System) -> Device:
+    return system.spawn_device(mock=False)
+
+
+def torch_or_none() -> Any:
+    """PyTorch on CUDA with TF32 off, or None where it does not import."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch
+
+
+def twin(gpu: Device, dev: Device, dtype: DType, inputs: list[Arr], outputs: list[int],
+         call: Callable[..., str], out_dtypes: list[DType] | None = None,
+         ) -> tuple[str, list[Arr], list[Arr]]:
+    """Run ``call(cudnn, *inputs, *outputs)`` on the GPU in ``dtype`` and on the CPU in f64
+    (same rounded inputs); answer the GPU's path and both devices' outputs in float64."""
+    results = []
+    path = ""
+    for device, kind in ((gpu, dtype), (dev, DType.F64)):
+        bufs = [put(device, a, kind) for a in inputs]
+        kinds = out_dtypes or [kind] * len(outputs)
+        outs = [device.allocate(n, kind if k is not DType.U8 else k)
+                for n, k in zip(outputs, kinds, strict=True)]
+        answer = call(device.cudnn(), *bufs, *outs)
+        if device is gpu:
+            path = answer
+        results.append([np.asarray(device.copy_to_numpy(b)).astype(np.float64) for b in outs])
+    return path, results[0], results[1]
+
+
+GPU_TOL = {DType.F32: 5e-3, DType.F16: 3e-3, DType.BF16: 2e-2}
+GPU_EW_TOL = {DType.F32: 1e-5, DType.F16: 2e-3, DType.BF16: 1.5e-2}
+GPU_CONV = [(0, "NCHW", DType.F32), (1, "NCHW", DType.F32), (2, "NCHW", DType.F32),
+            (3, "NCHW", DType.F32), (0, "NHWC", DType.F32), (1, "NHWC", DType.F32),
+            (2, "NHWC", DType.F32), (3, "NHWC", DType.F32), (0, "NHWC", DType.F16),
+            (1, "NHWC", DType.F16), (0, "NHWC", DType.BF16), (1, "NHWC", DType.BF16),
+            (3, "NHWC", DType.BF16), (2, "NCHW", DType.BF16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("case", "layout", "dtype"), GPU_CONV)
+def test_gpu_conv2d_against_cpu_and_torch(gpu: Device, dev: Device, case: int, layout: str,
+                                          dtype: DType) -> None:
+    rng = np.random.default_rng(case)
+    x, w, dy, y_shape, opts = _conv_case(CONV_CASES[case], rng, dtype)
+    sx, sw, sdy = stored(x, layout), stored(w, layout), stored(dy, layout)
+    tol = GPU_TOL[dtype]
+
+    def fwd(c: Any, bx: Any, bw: Any, by: Any) -> str:
+        return str(c.conv2d_fwd(bx, bw, by, x.shape, w.shape, y_shape, **opts, layout=layout))
+
+    def dgrad(c: Any, bdy: Any, bw: Any, bdx: Any) -> str:
+        return str(c.conv2d_bwd_data(bdy, bw, bdx, y_shape, w.shape, x.shape, **opts,
+                                     layout=layout))
+
+    def wgrad(c: Any, bx: Any, bdy: Any, bdw: Any) -> str:
+        return str(c.conv2d_bwd_filter(bx, bdy, bdw, x.shape, y_shape, w.shape, **opts,
+                                       layout=layout))
+
+    got = {}
+    for name, inputs, size, call, shape in (
+        ("y", [sx, sw], dy.size, fwd, sdy.shape),
+        ("dx", [sdy, sw], x.size, dgrad, sx.shape),
+        ("dw", [sx, sdy], w.size, wgrad, sw.shape),
+    ):
+        path, (on_gpu,), (on_cpu,) = twin(gpu, dev, dtype, inputs, [size], call)
+        assert path == "cudnn-graph"
+        close(on_gpu, on_cpu, tol)
+        got[name] = logical(on_gpu.reshape(shape), layout)
+    torch = torch_or_none()
+    if torch is None:
+        return
+    tx = torch.tensor(x, dtype=torch.float32, device="cuda", requires_grad=True)
+    tw = torch.tensor(w, dtype=torch.float32, device="cuda", requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, stride=opts["stride"], padding=opts["pad"],
+                                    dilation=opts["dilation"], groups=opts["groups"])
+    ty.backward(torch.tensor(dy, dtype=torch.float32, device="cuda"))
+    for name, t in (("y", ty), ("dx", tx.grad), ("dw", tw.grad)):
+        close(got[name], t.detach().double().cpu().numpy(), tol)
+
+
+@pytest.mark.gpu
+def test_gpu_conv2d_blend_and_refusals(gpu: Device) -> None:
+    rng = np.random.default_rng(3)
+    x, w, _, y_shape, opts = _conv_case(CONV_CASES[0], rng, DType.F32)
+    old = rounded(rng, y_shape, DType.F32)
+    bx, bw, by = put(gpu, x, DType.F32), put(gpu, w, DType.F32), put(gpu, old, DType.F32)
+    cudnn = gpu.cudnn()
+    assert cudnn.is_available()
+    assert cudnn.conv2d_fwd_f32(bx, bw, by, x.shape, w.shape, y_shape, (1, 1), (1, 1), (1, 1),
+                                1, 0.5, 2.0) == "cudnn-graph+cupy"
+    close(get(gpu, by, y_shape), 0.5 * conv_ref(x, w, **opts) + 2.0 * old, 5e-3)
+    x64 = put(gpu, x, DType.F64)
+    with pytest.raises(InvalidArgument, match="f16, bf16 or f32"):
+        cudnn.conv2d_fwd(x64, put(gpu, w, DType.F64), gpu.allocate(old.size, DType.F64),
+                         x.shape, w.shape, y_shape, (1, 1))
+    with pytest.raises(InvalidArgument, match="y_shape"):
+        cudnn.conv2d_fwd(bx, bw, by, x.shape, w.shape, (2, 5, 6, 6), (1, 1))
+    assert cudnn.conv2d_fwd(bx, bw, by, x.shape, w.shape, y_shape, (1, 1)) == "cudnn-graph"
+    close(get(gpu, by, y_shape), conv_ref(x, w, **opts), 5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["max", "avg", "avg_exclude_padding"])
+@pytest.mark.parametrize(("layout", "dtype"), [("NCHW", DType.F32), ("NHWC", DType.BF16)])
+def test_gpu_pool2d(gpu: Device, dev: Device, mode: str, layout: str, dtype: DType) -> None:
+    rng = np.random.default_rng(5)
+    x_shape, kernel, stride, pad = (2, 8, 9, 9), (3, 3), (2, 2), (1, 1)
+    y_shape = pool_output_shape(x_shape, kernel, stride, pad)
+    x, dy = rounded(rng, x_shape, dtype), rounded(rng, y_shape, dtype)
+    sx, sdy = stored(x, layout), stored(dy, layout)
+
+    def fwd(c: Any, bx: Any, by: Any) -> str:
+        return str(c.pool2d_fwd(bx, by, x_shape, y_shape, kernel, stride, pad, mode,
+                                layout=layout))
+
+    path, (y_gpu,), (y_cpu,) = twin(gpu, dev, dtype, [sx], [dy.size], fwd)
+    assert path == "cupy"
+    close(y_gpu, y_cpu, GPU_EW_TOL[dtype])
+
+    def bwd(c: Any, bx: Any, by: Any, bdy: Any, bdx: Any) -> str:
+        return str(c.pool2d_bwd(bx, by, bdy, bdx, x_shape, y_shape, kernel, stride, pad, mode,
+                                layout=layout))
+
+    _, (dx_gpu,), (dx_cpu,) = twin(gpu, dev, dtype, [sx, y_cpu, sdy], [x.size], bwd)
+    close(dx_gpu, dx_cpu, GPU_EW_TOL[dtype])
+    torch = torch_or_none()
+    if torch is None:
+        return
+    tx = torch.tensor(x, dtype=torch.float64, device="cuda", requires_grad=True)
+    f = torch.nn.functional
+    ty = (f.max_pool2d(tx, kernel, stride, pad) if mode == "max" else
+          f.avg_pool2d(tx, kernel, stride, pad, count_include_pad=mode == "avg"))
+    ty.backward(torch.tensor(dy, dtype=torch.float64, device="cuda"))
+    close(logical(y_gpu.reshape(sdy.shape), layout), ty.detach().cpu().numpy(),
+          GPU_EW_TOL[dtype])
+    close(logical(dx_gpu.reshape(sx.shape), layout), tx.grad.cpu().numpy(), GPU_EW_TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["channel", "instance"])
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F16])
+def test_gpu_softmax(gpu: Device, dev: Device, mode: str, log: bool, dtype: DType) -> None:
+    rng = np.random.default_rng(9)
+    dims = (3, 10, 4, 5)
+    x, dy = rounded(rng, dims, dtype), rounded(rng, dims, dtype)
+
+    def fwd(c: Any, bx: Any, by: Any) -> str:
+        return str(c.softmax_fwd(bx, by, dims, mode, log=log))
+
+    path, (y_gpu,), (y_cpu,) = twin(gpu, dev, dtype, [x], [x.size], fwd)
+    assert path == "cupy"
+    close(y_gpu, y_cpu, GPU_EW_TOL[dtype])
+    y = y_cpu.reshape(dims)  # the same y on both, so backward compares like for like
+
+    def bwd(c: Any, by: Any, bdy: Any, bdx: Any) -> str:
+        return str(c.softmax_bwd(by, bdy, bdx, dims, mode, log=log))
+
+    _, (dx_gpu,), (dx_cpu,) = twin(gpu, dev, dtype, [y.astype(dtype.numpy).astype(np.float64),
+                                                     dy], [x.size], bwd)
+    close(dx_gpu, dx_cpu, GPU_EW_TOL[dtype] * 4)
+    torch = torch_or_none()
+    if torch is None:
+        return
+    t = torch.tensor(x, dtype=torch.float64, device="cuda")
+    flat = t if mode == "channel" else t.reshape(dims[0], -1)
+    out = (torch.log_softmax if log else torch.softmax)(flat, dim=1).reshape(dims)
+    close(y_gpu.reshape(dims), out.cpu().numpy(), GPU_EW_TOL[dtype])
+
+
+TORCH_ACT: dict[str, Callable[[Any, Any, float], Any]] = {
+    "relu": lambda t, f, c: f.relu(t),
+    "clipped_relu": lambda t, f, c: f.hardtanh(t, 0.0, c),
+    "sigmoid": lambda t, f, c: t.sigmoid(),
+    "tanh": lambda t, f, c: t.tanh(),
+    "gelu": lambda t, f, c: f.gelu(t),
+    "gelu_approx": lambda t, f, c: f.gelu(t, approximate="tanh"),
+    "swish": lambda t, f, c: t * (c * t).sigmoid(),
+    "silu": lambda t, f, c: f.silu(t),
+    "elu": lambda t, f, c: f.elu(t, c),
+    "softplus": lambda t, f, c: f.softplus(t),
+    "identity": lambda t, f, c: t,
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(TORCH_ACT))
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
+def test_gpu_activation(gpu: Device, dev: Device, kind: str, dtype: DType) -> None:
+    rng = np.random.default_rng(11)
+    dims = (4, 16, 33)
+    x, dy = rounded(rng, dims, dtype) * 2, rounded(rng, dims, dtype)
+    x = x.astype(dtype.numpy).astype(np.float64)
+    coef = 0.7 if kind in ("swish", "elu", "clipped_relu") else 1.0
+
+    def fwd(c: Any, bx: Any, by: Any) -> str:
+        return str(c.activation_fwd(bx, by, dims, kind, coef=coef))
+
+    def bwd(c: Any, bx: Any, bdy: Any, bdx: Any) -> str:
+        return str(c.activation_bwd(bx, bdy, bdx, dims, kind, coef=coef))
+
+    path, (y_gpu,), (y_cpu,) = twin(gpu, dev, dtype, [x], [x.size], fwd)
+    assert path == "cupy"
+    close(y_gpu, y_cpu, GPU_EW_TOL[dtype])
+    _, (dx_gpu,), (dx_cpu,) = twin(gpu, dev, dtype, [x, dy], [x.size], bwd)
+    close(dx_gpu, dx_cpu, GPU_EW_TOL[dtype])
+    torch = torch_or_none()
+    if torch is None:
+        return
+    t = torch.tensor(x, dtype=torch.float64, device="cuda", requires_grad=True)
+    out = TORCH_ACT[kind](t, torch.nn.functional, coef)
+    out.backward(torch.tensor(dy, dtype=torch.float64, device="cuda"))
+    close(y_gpu.reshape(dims), out.detach().cpu().numpy(), GPU_EW_TOL[dtype])
+    close(dx_gpu.reshape(dims), t.grad.cpu().numpy(), GPU_EW_TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_gpu_dropout_mask_is_the_cpu_mask(gpu: Device, dev: Device) -> None:
+    rng = np.random.default_rng(13)
+    count, p = 1 << 20, 0.4
+    x = rounded(rng, (count,), DType.F32)
+
+    def fwd(c: Any, bx: Any, by: Any, bm: Any) -> str:
+        return str(c.dropout_fwd(bx, by, bm, (count,), p, 2024))
+
+    path, (y_gpu, m_gpu), (y_cpu, m_cpu) = twin(gpu, dev, DType.F32, [x], [count, count], fwd,
+                                                out_dtypes=[DType.F32, DType.U8])
+    assert path == "cupy"
+    np.testing.assert_array_equal(m_gpu, m_cpu)
+    assert abs(m_gpu.mean() - (1 - p)) < 0.005
+    close(y_gpu, y_cpu, 3e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "layout"), [(5, "NCHW"), (3, "NHWC"), (4, "NCHW")])
+def test_gpu_lrn(gpu: Device, dev: Device, n: int, layout: str) -> None:
+    rng = np.random.default_rng(17)
+    dims = (2, 12, 5, 6)
+    x = rounded(rng, dims, DType.F32) * 3
+    args = (n, 0.5, 0.75, 1.0)
+
+    def fwd(c: Any, bx: Any, by: Any) -> str:
+        return str(c.lrn_fwd(bx, by, dims, *args, layout=layout))
+
+    path, (y_gpu,), (y_cpu,) = twin(gpu, dev, DType.F32, [stored(x, layout)], [x.size], fwd)
+    assert path == "cupy"
+    close(y_gpu, y_cpu, 1e-5)
+    torch = torch_or_none()
+    if torch is None or n % 2 == 0:  # torch centres an even window one channel earlier
+        return
+    t = torch.tensor(x, dtype=torch.float64, device="cuda")
+    want = torch.nn.functional.local_response_norm(t, n, 0.5, 0.75, 1.0).cpu().numpy()
+    close(logical(y_gpu.reshape(stored(x, layout).shape), layout), want, 1e-5)

@@ -7,8 +7,9 @@ graph reads and writes the buffers in place by address; each tensor is
 described by its logical ``(N, C, H, W)`` dims and the strides of its stored
 layout, which is how cuDNN itself tells NCHW from NHWC. Data are f16, bf16
 or f32, accumulated in f32; f64 convolutions are refused on CUDA
-(``InvalidArgument``) as no double-precision path is offered here. A blend other than ``alpha = 1, beta = 0`` runs the graph into a
-scratch array and blends on CuPy (``"cudnn-graph+cupy"``).
+(``InvalidArgument``) as no double-precision path is offered here. A
+blend other than ``alpha = 1, beta = 0`` runs the graph into a scratch
+array and blends on CuPy (``"cudnn-graph+cupy"``).
 
 The frontend in use has no pooling node, nor softmax, LRN or seeded-dropout
 nodes. Those ops, and the activations (element-wise, memory-bound), run the
