@@ -270,6 +270,8 @@ def test_conv2d_alpha_beta_and_original_form(dev: Device, rng: np.random.Generat
     cudnn.conv2d_fwd_f32(bx, bw, by, x.shape, w.shape, y_shape, (1, 1), (1, 1), (1, 1), 1,
                          0.5, 2.0)
     close(get(dev, by, y_shape), 0.5 * conv_ref(x, w, **opts) + 2.0 * old, 1e-5)
+    cudnn.conv2d_fwd_f32(bx, bw, by, x.shape, w.shape, y_shape, (1, 1), autotune=True)
+    close(get(dev, by, y_shape), conv_ref(x, w, **opts), 1e-5)  # the CPU ignores autotune
 
 
 def test_conv2d_backward_data_full_reference(dev: Device, rng: np.random.Generator) -> None:
@@ -628,6 +630,33 @@ def test_gpu_conv2d_blend_and_refusals(gpu: Device) -> None:
         cudnn.conv2d_fwd(bx, bw, by, x.shape, w.shape, (2, 5, 6, 6), (1, 1))
     assert cudnn.conv2d_fwd(bx, bw, by, x.shape, w.shape, y_shape, (1, 1)) == "cudnn-graph"
     close(get(gpu, by, y_shape), conv_ref(x, w, **opts), 5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_gpu_conv2d_autotune(gpu: Device, dev: Device, dtype: DType, alpha: float) -> None:
+    """The timed plan choice computes what the heuristic one does, in all three passes,
+    plain and blended."""
+    rng = np.random.default_rng(21)
+    x, w, dy, y_shape, opts = _conv_case(CONV_CASES[1], rng, dtype)
+    sx, sw, sdy = stored(x, "NHWC"), stored(w, "NHWC"), stored(dy, "NHWC")
+    common = dict(**opts, layout="NHWC", autotune=True, alpha=alpha)
+
+    def fwd(c: Any, bx: Any, bw: Any, by: Any) -> str:
+        return str(c.conv2d_fwd(bx, bw, by, x.shape, w.shape, y_shape, **common))
+
+    def dgrad(c: Any, bdy: Any, bw: Any, bdx: Any) -> str:
+        return str(c.conv2d_bwd_data(bdy, bw, bdx, y_shape, w.shape, x.shape, **common))
+
+    def wgrad(c: Any, bx: Any, bdy: Any, bdw: Any) -> str:
+        return str(c.conv2d_bwd_filter(bx, bdy, bdw, x.shape, y_shape, w.shape, **common))
+
+    for inputs, size, call in (([sx, sw], dy.size, fwd), ([sdy, sw], x.size, dgrad),
+                               ([sx, sdy], w.size, wgrad)):
+        path, (on_gpu,), (on_cpu,) = twin(gpu, dev, dtype, inputs, [size], call)
+        assert path == ("cudnn-graph" if alpha == 1.0 else "cudnn-graph+cupy")
+        close(on_gpu, on_cpu, GPU_TOL[dtype])
 
 
 @pytest.mark.gpu

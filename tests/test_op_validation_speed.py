@@ -285,7 +285,7 @@ EXAMPLES: list[Any] = [
     Contract(_buf(F32, 6), "ab", (2, 3), _buf(F32, 12, 2), "bc", (3, 4), _buf(F32, 8, 3), "ac",
              (2, 4), alpha=1.5),
     Conv2dForward(_buf(F32, 150), _buf(F32, 108, 2), _buf(F32, 72, 3), (2, 3, 5, 5),
-                  (4, 3, 3, 3), (2, 4, 3, 3), layout=Layout.NHWC),
+                  (4, 3, 3, 3), (2, 4, 3, 3), layout=Layout.NHWC, autotune=True),
     Conv2dBackwardData(_buf(BF16, 80), _buf(BF16, 72, 2), _buf(BF16, 200, 3), (2, 4, 2, 5),
                        (4, 2, 3, 3), (2, 4, 5, 5), (0, 1), (2, 1), groups=2),
     Conv2dBackwardFilter(_buf(F64, 150), _buf(F64, 72, 2), _buf(F64, 108, 3), (2, 3, 5, 5),

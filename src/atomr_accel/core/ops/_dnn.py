@@ -267,6 +267,12 @@ class Conv2dForward(Op):
     splits the channels into that many independent convolutions. ``layout``
     (``"NCHW"`` or ``"NHWC"``) says how all three buffers are stored. Answers
     ``"cudnn-graph"`` (cuDNN's ``conv_fprop``) on CUDA, ``"numpy"`` on the CPU.
+
+    ``autotune=True`` (CUDA): the first call of a shape times cuDNN's leading
+    candidate plans on the op's own buffers and keeps the fastest, as
+    ``torch.backends.cudnn.benchmark`` does; that first call waits for its
+    stream once. Without it the heuristics' first plan that builds runs. The
+    CPU ignores the option.
     """
 
     library: ClassVar[str] = "cudnn"
@@ -285,6 +291,7 @@ class Conv2dForward(Op):
     alpha: float = 1.0
     beta: float = 0.0
     layout: Layout = Layout.NCHW
+    autotune: bool = False
 
     @property
     def geometry(self) -> ConvGeometry:
@@ -329,6 +336,7 @@ class Conv2dBackwardData(Op):
     alpha: float = 1.0
     beta: float = 0.0
     layout: Layout = Layout.NCHW
+    autotune: bool = False
 
     @property
     def geometry(self) -> ConvGeometry:
@@ -373,6 +381,7 @@ class Conv2dBackwardFilter(Op):
     alpha: float = 1.0
     beta: float = 0.0
     layout: Layout = Layout.NCHW
+    autotune: bool = False
 
     @property
     def geometry(self) -> ConvGeometry:
