@@ -68,6 +68,24 @@ from atomr_accel.core.ops._blas import (
     require_scalar,
 )
 from atomr_accel.core.ops._blaslt import Epilogue, FusedMatmul, FusedMatmulGrad
+from atomr_accel.core.ops._dnn import (
+    Activation,
+    ActivationBackward,
+    ActivationForward,
+    Conv2dBackwardData,
+    Conv2dBackwardFilter,
+    Conv2dForward,
+    DropoutBackward,
+    DropoutForward,
+    Layout,
+    LrnForward,
+    Pool2dBackward,
+    Pool2dForward,
+    PoolMode,
+    SoftmaxBackward,
+    SoftmaxForward,
+    SoftmaxMode,
+)
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._fft import Fft, FftKind, FftMany
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
@@ -116,6 +134,7 @@ from atomr_accel.core.ops._sparse import CsrMatrix, CsrSpMM, CsrSpMV
 from atomr_accel.core.ops._tensor import Contract
 
 F32, F64, C64, C128, I32 = DType.F32, DType.F64, DType.C64, DType.C128, DType.I32
+F16, BF16, U8 = DType.F16, DType.BF16, DType.U8
 
 
 class _Int(int):
@@ -270,6 +289,24 @@ EXAMPLES: list[Any] = [
                 bias=_buf(F32, 4, 4), aux=_buf(F32, 16, 5), beta=0.5),
     FusedMatmulGrad(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3,
                     Epilogue.DRELU_BGRAD, aux=_buf(DType.U8, 32, 5), bias_grad=_buf(F32, 4, 4)),
+    Conv2dForward(_buf(F32, 150), _buf(F32, 108, 2), _buf(F32, 72, 3), (2, 3, 5, 5),
+                  (4, 3, 3, 3), (2, 4, 3, 3), layout=Layout.NHWC, autotune=True),
+    Conv2dBackwardData(_buf(BF16, 80), _buf(BF16, 72, 2), _buf(BF16, 200, 3), (2, 4, 2, 5),
+                       (4, 2, 3, 3), (2, 4, 5, 5), (0, 1), (2, 1), groups=2),
+    Conv2dBackwardFilter(_buf(F64, 150), _buf(F64, 72, 2), _buf(F64, 108, 3), (2, 3, 5, 5),
+                         (2, 4, 3, 3), (4, 3, 3, 3), alpha=0.5, beta=1.0),
+    Pool2dForward(_buf(F32, 96), _buf(F32, 24, 2), (2, 3, 4, 4), (2, 3, 2, 2)),
+    Pool2dBackward(_buf(F16, 96), _buf(F16, 24, 2), _buf(F16, 24, 3), _buf(F16, 96, 4),
+                   (2, 3, 4, 4), (2, 3, 2, 2), (3, 3), (1, 1), (0, 0),
+                   PoolMode.AVG_EXCLUDE_PADDING),
+    SoftmaxForward(_buf(F32, 40), _buf(F32, 40, 2), (4, 10), SoftmaxMode.INSTANCE, log=True),
+    SoftmaxBackward(_buf(F32, 40), _buf(F32, 40, 2), _buf(F32, 40, 3), (4, 10)),
+    ActivationForward(_buf(F32, 12), _buf(F32, 12), (3, 4), Activation.ELU, coef=0.5),
+    ActivationBackward(_buf(F32, 12), _buf(F32, 12, 2), _buf(F32, 12, 3), (12,),
+                       Activation.GELU),
+    DropoutForward(_buf(F32, 8), _buf(F32, 8, 2), _buf(U8, 8, 3), (2, 4), 0.25, 42),
+    DropoutBackward(_buf(F32, 8), _buf(U8, 8, 2), _buf(F32, 8, 3), (8,), 0.25),
+    LrnForward(_buf(F32, 24), _buf(F32, 24, 2), (1, 6, 2, 2), n=3, layout=Layout.NHWC),
 ]
 
 

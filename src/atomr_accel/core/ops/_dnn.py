@@ -1,5 +1,759 @@
-"""cuDNN-shaped convolutions, pooling, softmax, activations, LRN and dropout."""
+"""cuDNN-shaped convolutions, pooling, softmax, activations, LRN and dropout.
+
+Conventions shared by every op here:
+
+* Image shapes are always the logical ``(N, C, H, W)``, whatever the layout;
+  ``layout`` says how the buffer stores them: ``"NCHW"`` (row-major N, C, H,
+  W) or ``"NHWC"`` (channels last). Filters are given as the logical
+  ``(K, C / groups, R, S)``; a ``"NCHW"`` filter is stored KCRS, an
+  ``"NHWC"`` one KRSC (cuDNN's two filter formats).
+* ``alpha`` and ``beta`` blend as in cuDNN: ``out = alpha * result + beta *
+  out``; with ``beta == 0`` the output is only written.
+* Data are f16, bf16, f32 or f64 (one dtype for every float buffer of an op;
+  the dropout mask is u8). The CPU computes f16/bf16 in f32; the CUDA backend
+  runs f16/bf16/f32 convolutions through cuDNN graphs with f32 accumulation.
+* Each handler answers the name of the path that ran: ``"cudnn-graph"`` for
+  cuDNN frontend graphs, ``"cupy"`` for the composed CUDA path, ``"numpy"`` on
+  the CPU.
+
+The ``_f32`` forms keep the original package's names, argument order, option
+strings and defaults (``conv2d_fwd_f32(x, w, y, x_shape, w_shape, y_shape,
+pad=(0, 0), stride=(1, 1), dilation=(1, 1), groups=1, alpha=1.0, beta=0.0,
+timeout_secs=60.0)``); the unsuffixed forms take any of the four dtypes.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import enum
+import math
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+from atomr_accel.core._api import Form, Param, choice
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import pickle_by_name
+from atomr_accel.core._op import (
+    Op,
+    is_int,
+    positive_ints,
+    require,
+    require_dtype,
+    require_len,
+    require_numbers,
+    require_same_dtype,
+)
+from atomr_accel.core._ref import GpuRef
+
+__all__ = [
+    "DNN_DTYPES",
+    "Activation",
+    "ActivationBackward",
+    "ActivationForward",
+    "Conv2dBackwardData",
+    "Conv2dBackwardFilter",
+    "Conv2dForward",
+    "ConvGeometry",
+    "DropoutBackward",
+    "DropoutForward",
+    "Layout",
+    "LrnForward",
+    "Pool2dBackward",
+    "Pool2dForward",
+    "PoolMode",
+    "SoftmaxBackward",
+    "SoftmaxForward",
+    "SoftmaxMode",
+    "conv_output_shape",
+    "image_dims",
+    "pool_output_shape",
+]
+
+DNN_DTYPES = (DType.F16, DType.BF16, DType.F32, DType.F64)
+"""The data dtypes these ops take."""
+
+_TIMEOUT = 60.0
+"""The original package's ``ts=60.0``."""
+
+
+class Layout(enum.Enum):
+    """How an image buffer stores its logical ``(N, C, H, W)``: NCHW or NHWC (channels last)."""
+
+    NCHW = "NCHW"
+    NHWC = "NHWC"
+
+    __reduce_ex__ = pickle_by_name
+
+
+class PoolMode(enum.Enum):
+    """Max pooling, or the mean over the window counting padding or not (cuDNN's three)."""
+
+    MAX = "max"
+    AVG_INCLUDE_PADDING = "avg_include_padding"
+    AVG_EXCLUDE_PADDING = "avg_exclude_padding"
+
+    __reduce_ex__ = pickle_by_name
+
+
+class SoftmaxMode(enum.Enum):
+    """Softmax over C for each (n, h, w) (``channel``) or over C*H*W for each n (``instance``)."""
+
+    CHANNEL = "channel"
+    INSTANCE = "instance"
+
+    __reduce_ex__ = pickle_by_name
+
+
+class Activation(enum.Enum):
+    """An element-wise activation; ``coef`` sets three of them (see ``ActivationForward``)."""
+
+    RELU = "relu"
+    CLIPPED_RELU = "clipped_relu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    GELU = "gelu"
+    GELU_APPROX = "gelu_approx"
+    SWISH = "swish"
+    ELU = "elu"
+    SOFTPLUS = "softplus"
+    IDENTITY = "identity"
+
+    __reduce_ex__ = pickle_by_name
+
+
+_pool_mode = choice("mode", {
+    "max": PoolMode.MAX,
+    "avg": PoolMode.AVG_INCLUDE_PADDING,
+    "average": PoolMode.AVG_INCLUDE_PADDING,
+    "averageinclude": PoolMode.AVG_INCLUDE_PADDING,
+    "avg_include_padding": PoolMode.AVG_INCLUDE_PADDING,
+    "avg_exclude_padding": PoolMode.AVG_EXCLUDE_PADDING,
+})
+"""The original's pool modes: ``max``; ``avg``, ``average`` and ``AverageInclude`` average
+counting the padding (cuDNN's AVERAGE_COUNT_INCLUDE_PADDING); ``avg_exclude_padding``
+averages the in-bounds elements only."""
+_softmax_mode = choice("mode", {"channel": SoftmaxMode.CHANNEL, "instance": SoftmaxMode.INSTANCE})
+_ACTIVATION_NAMES: dict[str | bool, Activation] = {a.value: a for a in Activation}
+_activation = choice("kind", _ACTIVATION_NAMES | {"silu": Activation.SWISH})
+"""Every activation by name; ``silu`` is ``swish`` (with ``coef`` 1, its default)."""
+
+
+def _nchw(name: str, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """``shape`` as four positive ints ``(N, C, H, W)`` (``InvalidArgument`` otherwise)."""
+    if not (isinstance(shape, tuple) and len(shape) == 4):
+        raise InvalidArgument(f"{name} must be 4 sizes (N, C, H, W), got {shape!r}")
+    if not positive_ints(*shape) and not all(is_int(e) and e >= 1 for e in shape):
+        raise InvalidArgument(f"{name} must be positive ints, got {shape!r}")
+    n, c, h, w = shape
+    return n, c, h, w
+
+
+def _pair(name: str, value: tuple[int, ...], least: int) -> tuple[int, int]:
+    """``value`` as two ints >= ``least`` (``InvalidArgument`` otherwise)."""
+    if not (isinstance(value, tuple) and len(value) == 2
+            and all(is_int(v) and v >= least for v in value)):
+        raise InvalidArgument(f"{name} must be two ints >= {least}, got {value!r}")
+    return value[0], value[1]
+
+
+def _dims(name: str, dims: tuple[int, ...]) -> int:
+    """Check an element-wise op's ``dims`` (1 to 8 positive sizes); answer their product."""
+    if not (isinstance(dims, tuple) and 1 <= len(dims) <= 8):
+        raise InvalidArgument(f"{name} must be 1 to 8 sizes, got {dims!r}")
+    if not positive_ints(*dims) and not all(is_int(e) and e >= 1 for e in dims):
+        raise InvalidArgument(f"{name} must be positive ints, got {dims!r}")
+    return math.prod(dims)
+
+
+def image_dims(dims: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """Softmax's and LRN's ``dims``: ``(N, C)``, ``(N, C, H)`` or ``(N, C, H, W)``, padded
+    with 1s to four."""
+    if not (isinstance(dims, tuple) and 2 <= len(dims) <= 4):
+        raise InvalidArgument(f"dims must be (N, C), (N, C, H) or (N, C, H, W), got {dims!r}")
+    return _nchw("dims", (*dims, *(1,) * (4 - len(dims))))
+
+
+def _distinct(out: tuple[str, GpuRef], *inputs: tuple[str, GpuRef]) -> None:
+    """The output must not share a buffer with any input."""
+    name, ref = out
+    key = (ref.device_id, ref.buffer_id)
+    for other, r in inputs:
+        if (r.device_id, r.buffer_id) == key:
+            raise InvalidArgument(f"{name} must not share a buffer with {other}")
+
+
+def _data(alpha: float, beta: float, **refs: GpuRef) -> DType:
+    """Every buffer holds one float dtype of ``DNN_DTYPES``; alpha and beta are real numbers."""
+    first = next(iter(refs))
+    require_dtype(refs[first], DNN_DTYPES, first)
+    dtype = require_same_dtype(**refs)
+    require_numbers(dtype, alpha=alpha, beta=beta)
+    return dtype
+
+
+# ----------------------------------------------------------------- convolutions
+
+
+class ConvGeometry(NamedTuple):
+    """A checked 2-D convolution: image, filter and output shapes (logical) and its options."""
+
+    x_shape: tuple[int, int, int, int]
+    w_shape: tuple[int, int, int, int]
+    y_shape: tuple[int, int, int, int]
+    pad: tuple[int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+
+    @classmethod
+    def of(cls, x_shape: tuple[int, ...], w_shape: tuple[int, ...], pad: tuple[int, ...],
+           stride: tuple[int, ...], dilation: tuple[int, ...], groups: int,
+           x_name: str = "x_shape", w_name: str = "w_shape") -> ConvGeometry:
+        """Check the options and shapes (``InvalidArgument``) and derive the output shape."""
+        n, c, h, w = _nchw(x_name, x_shape)
+        k, cg, r, s = _nchw(w_name, w_shape)
+        p = _pair("pad", pad, 0)
+        st = _pair("stride", stride, 1)
+        d = _pair("dilation", dilation, 1)
+        require(is_int(groups) and groups >= 1, f"groups must be a positive int, got {groups!r}")
+        if c != cg * groups:
+            raise InvalidArgument(f"the image has {c} channels but the filter takes {cg} per "
+                                  f"group x {groups} groups = {cg * groups}")
+        require(k % groups == 0, f"the filter's {k} outputs do not split into {groups} groups")
+        y = conv_output_shape((n, c, h, w), (k, cg, r, s), p, st, d)
+        if y[2] < 1 or y[3] < 1:
+            raise InvalidArgument(f"the (dilated) {r}x{s} filter does not fit the padded "
+                                  f"{h}x{w} image")
+        return cls((n, c, h, w), (k, cg, r, s), y, p, st, d, groups)
+
+
+def conv_output_shape(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+                      pad: tuple[int, ...] = (0, 0), stride: tuple[int, ...] = (1, 1),
+                      dilation: tuple[int, ...] = (1, 1)) -> tuple[int, int, int, int]:
+    """The logical output shape of a 2-D convolution: ``(N, K, P, Q)`` with
+    ``P = (H + 2 * pad_h - dilation_h * (R - 1) - 1) // stride_h + 1`` (and Q alike)."""
+    n, _, h, w = x_shape
+    k, _, r, s = w_shape
+    p = (h + 2 * pad[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    q = (w + 2 * pad[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return n, k, p, q
+
+
+def _same_shape(name: str, given: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    if tuple(given) != tuple(expected):
+        raise InvalidArgument(f"{name} is {given!r} but this convolution's is {expected!r}")
+
+
+_CONV_OPTIONS = ("pad", "stride", "dilation", "groups", "alpha", "beta")
+
+
+def _conv_forms(name: str, params: tuple[str, ...]) -> tuple[Form, Form]:
+    """The unsuffixed form (any float dtype) and the original's ``name_f32``."""
+    every = (*params, *_CONV_OPTIONS)
+    return (Form(name, every, timeout=_TIMEOUT, returns="str", timeout_last=True),
+            Form(name, every, dtypes=(DType.F32,), timeout=_TIMEOUT, returns="str",
+                 timeout_last=True, note="The original package's form."))
+
+
+@dataclass(frozen=True, slots=True)
+class Conv2dForward(Op):
+    """Convolve: ``y = alpha * conv2d(x, w) + beta * y`` (cross-correlation, as cuDNN and
+    PyTorch compute it).
+
+    ``x`` holds the image ``x_shape = (N, C, H, W)``, ``w`` the filter
+    ``w_shape = (K, C / groups, R, S)``, ``y`` the output ``y_shape``, which
+    must be ``conv_output_shape(x_shape, w_shape, pad, stride, dilation)``.
+    ``pad``, ``stride`` and ``dilation`` are (height, width) pairs; ``groups``
+    splits the channels into that many independent convolutions. ``layout``
+    (``"NCHW"`` or ``"NHWC"``) says how all three buffers are stored. Answers
+    ``"cudnn-graph"`` (cuDNN's ``conv_fprop``) on CUDA, ``"numpy"`` on the CPU.
+
+    ``autotune=True`` (CUDA): the first call of a shape times cuDNN's leading
+    candidate plans on the op's own buffers and keeps the fastest, as
+    ``torch.backends.cudnn.benchmark`` does; that first call waits for its
+    stream once. Without it the heuristics' first plan that builds runs. The
+    CPU ignores the option.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = _conv_forms("conv2d_fwd", ("x", "w", "y", "x_shape", "w_shape", "y_shape"))
+    x: GpuRef
+    w: GpuRef
+    y: GpuRef
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    y_shape: tuple[int, ...]
+    pad: tuple[int, ...] = (0, 0)
+    stride: tuple[int, ...] = (1, 1)
+    dilation: tuple[int, ...] = (1, 1)
+    groups: int = 1
+    alpha: float = 1.0
+    beta: float = 0.0
+    layout: Layout = Layout.NCHW
+    autotune: bool = False
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        """The checked geometry (raises ``InvalidArgument``)."""
+        return ConvGeometry.of(self.x_shape, self.w_shape, self.pad, self.stride, self.dilation,
+                               self.groups)
+
+    def validate(self) -> None:
+        geo = self.geometry
+        _same_shape("y_shape", self.y_shape, geo.y_shape)
+        _data(self.alpha, self.beta, x=self.x, w=self.w, y=self.y)
+        require_len(self.x, math.prod(geo.x_shape), "x")
+        require_len(self.w, math.prod(geo.w_shape), "w")
+        require_len(self.y, math.prod(geo.y_shape), "y")
+        _distinct(("y", self.y), ("x", self.x), ("w", self.w))
+
+
+@dataclass(frozen=True, slots=True)
+class Conv2dBackwardData(Op):
+    """The gradient of a convolution with respect to its image: ``dx = alpha * conv2d^T(dy,
+    w) + beta * dx``.
+
+    ``dx_shape`` is the image's ``(N, C, H, W)``; ``dy_shape`` must be the
+    forward convolution's output shape for it (``conv_output_shape(dx_shape,
+    w_shape, pad, stride, dilation)``). Options and layouts as for
+    ``Conv2dForward``. Answers ``"cudnn-graph"`` (``conv_dgrad``) or ``"numpy"``.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("dx",)
+    api = _conv_forms("conv2d_bwd_data", ("dy", "w", "dx", "dy_shape", "w_shape", "dx_shape"))
+    dy: GpuRef
+    w: GpuRef
+    dx: GpuRef
+    dy_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    dx_shape: tuple[int, ...]
+    pad: tuple[int, ...] = (0, 0)
+    stride: tuple[int, ...] = (1, 1)
+    dilation: tuple[int, ...] = (1, 1)
+    groups: int = 1
+    alpha: float = 1.0
+    beta: float = 0.0
+    layout: Layout = Layout.NCHW
+    autotune: bool = False
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        """The checked geometry of the forward convolution (raises ``InvalidArgument``)."""
+        return ConvGeometry.of(self.dx_shape, self.w_shape, self.pad, self.stride,
+                               self.dilation, self.groups, x_name="dx_shape")
+
+    def validate(self) -> None:
+        geo = self.geometry
+        _same_shape("dy_shape", self.dy_shape, geo.y_shape)
+        _data(self.alpha, self.beta, dy=self.dy, w=self.w, dx=self.dx)
+        require_len(self.dy, math.prod(geo.y_shape), "dy")
+        require_len(self.w, math.prod(geo.w_shape), "w")
+        require_len(self.dx, math.prod(geo.x_shape), "dx")
+        _distinct(("dx", self.dx), ("dy", self.dy), ("w", self.w))
+
+
+@dataclass(frozen=True, slots=True)
+class Conv2dBackwardFilter(Op):
+    """The gradient of a convolution with respect to its filter: ``dw = alpha * sum_n
+    x (*) dy + beta * dw``.
+
+    ``dw_shape`` is the filter's ``(K, C / groups, R, S)``; ``dy_shape`` must be
+    the forward output shape for ``x_shape`` and ``dw_shape``. Options and
+    layouts as for ``Conv2dForward``. Answers ``"cudnn-graph"`` (``conv_wgrad``)
+    or ``"numpy"``.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("dw",)
+    api = _conv_forms("conv2d_bwd_filter", ("x", "dy", "dw", "x_shape", "dy_shape", "dw_shape"))
+    x: GpuRef
+    dy: GpuRef
+    dw: GpuRef
+    x_shape: tuple[int, ...]
+    dy_shape: tuple[int, ...]
+    dw_shape: tuple[int, ...]
+    pad: tuple[int, ...] = (0, 0)
+    stride: tuple[int, ...] = (1, 1)
+    dilation: tuple[int, ...] = (1, 1)
+    groups: int = 1
+    alpha: float = 1.0
+    beta: float = 0.0
+    layout: Layout = Layout.NCHW
+    autotune: bool = False
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        """The checked geometry of the forward convolution (raises ``InvalidArgument``)."""
+        return ConvGeometry.of(self.x_shape, self.dw_shape, self.pad, self.stride,
+                               self.dilation, self.groups, w_name="dw_shape")
+
+    def validate(self) -> None:
+        geo = self.geometry
+        _same_shape("dy_shape", self.dy_shape, geo.y_shape)
+        _data(self.alpha, self.beta, x=self.x, dy=self.dy, dw=self.dw)
+        require_len(self.x, math.prod(geo.x_shape), "x")
+        require_len(self.dy, math.prod(geo.y_shape), "dy")
+        require_len(self.dw, math.prod(geo.w_shape), "dw")
+        _distinct(("dw", self.dw), ("x", self.x), ("dy", self.dy))
+
+
+# ---------------------------------------------------------------------- pooling
+
+
+def pool_output_shape(x_shape: tuple[int, ...], kernel: tuple[int, ...] = (2, 2),
+                      stride: tuple[int, ...] = (2, 2), pad: tuple[int, ...] = (0, 0),
+                      ) -> tuple[int, int, int, int]:
+    """The logical output shape of 2-D pooling: ``(N, C, (H + 2 * pad_h - kernel_h) //
+    stride_h + 1, ...)``."""
+    n, c, h, w = x_shape
+    return (n, c, (h + 2 * pad[0] - kernel[0]) // stride[0] + 1,
+            (w + 2 * pad[1] - kernel[1]) // stride[1] + 1)
+
+
+def _pool_geometry(x_shape: tuple[int, ...], y_shape: tuple[int, ...], kernel: tuple[int, ...],
+                   stride: tuple[int, ...], pad: tuple[int, ...]) -> tuple[int, int]:
+    """Check a pooling's shapes and window; answer the elements of x and of y."""
+    x = _nchw("x_shape", x_shape)
+    k = _pair("kernel", kernel, 1)
+    _pair("stride", stride, 1)
+    p = _pair("pad", pad, 0)
+    require(p[0] < k[0] and p[1] < k[1], f"pad {pad!r} must be smaller than the kernel {kernel!r}")
+    want = pool_output_shape(x, k, stride, p)
+    require(want[2] >= 1 and want[3] >= 1, f"the {k[0]}x{k[1]} window does not fit the image")
+    if tuple(y_shape) != want:
+        raise InvalidArgument(f"y_shape is {y_shape!r} but this pooling's is {want!r}")
+    return math.prod(x), math.prod(want)
+
+
+_POOL_OPTIONS = ("kernel", "stride", "pad", Param("mode", "max", parse=_pool_mode,
+                                                   annotation="str"), "alpha", "beta")
+
+
+def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form, Form]:
+    """An op's unsuffixed form and its ``name_f32``, both with the original's 60 s timeout."""
+    return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),
+            Form(name, params, dtypes=(DType.F32,), timeout=_TIMEOUT, returns="str",
+                 timeout_last=True, note="The original package's form."))
+
+
+@dataclass(frozen=True, slots=True)
+class Pool2dForward(Op):
+    """Pool each channel's image over ``kernel`` windows ``stride`` apart, after ``pad``:
+    ``y = alpha * pool(x) + beta * y``.
+
+    ``mode`` is ``"max"`` (padding never wins), ``"avg"`` / ``"average"`` /
+    ``"AverageInclude"`` (the window's sum over kernel_h * kernel_w, padding
+    counted as zeros) or ``"avg_exclude_padding"`` (the mean of the in-bounds
+    elements). ``y_shape`` must be ``pool_output_shape(x_shape, kernel, stride,
+    pad)``; ``pad`` must be smaller than ``kernel``. Answers ``"cupy"`` on CUDA
+    (the frontend has no pooling node) and ``"numpy"`` on the CPU.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = _forms("pool2d_fwd", ("x", "y", "x_shape", "y_shape", *_POOL_OPTIONS))
+    x: GpuRef
+    y: GpuRef
+    x_shape: tuple[int, ...]
+    y_shape: tuple[int, ...]
+    kernel: tuple[int, ...] = (2, 2)
+    stride: tuple[int, ...] = (2, 2)
+    pad: tuple[int, ...] = (0, 0)
+    mode: PoolMode = PoolMode.MAX
+    alpha: float = 1.0
+    beta: float = 0.0
+    layout: Layout = Layout.NCHW
+
+    def validate(self) -> None:
+        nx, ny = _pool_geometry(self.x_shape, self.y_shape, self.kernel, self.stride, self.pad)
+        _data(self.alpha, self.beta, x=self.x, y=self.y)
+        require_len(self.x, nx, "x")
+        require_len(self.y, ny, "y")
+        _distinct(("y", self.y), ("x", self.x))
+
+
+@dataclass(frozen=True, slots=True)
+class Pool2dBackward(Op):
+    """The gradient of ``Pool2dForward``: ``dx = alpha * pool^T(dy) + beta * dx``.
+
+    Max pooling sends each window's gradient to the first maximum of the
+    window (row-major order), recomputed from ``x``; ``y`` (the forward
+    output, as cuDNN's signature has it) must hold ``y_shape`` elements but is
+    not read. Averages spread ``dy`` evenly over the window (over its
+    in-bounds elements for ``"avg_exclude_padding"``). Answers ``"cupy"`` or
+    ``"numpy"``.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("dx",)
+    api = _forms("pool2d_bwd", ("x", "y", "dy", "dx", "x_shape", "y_shape", *_POOL_OPTIONS))
+    x: GpuRef
+    y: GpuRef
+    dy: GpuRef
+    dx: GpuRef
+    x_shape: tuple[int, ...]
+    y_shape: tuple[int, ...]
+    kernel: tuple[int, ...] = (2, 2)
+    stride: tuple[int, ...] = (2, 2)
+    pad: tuple[int, ...] = (0, 0)
+    mode: PoolMode = PoolMode.MAX
+    alpha: float = 1.0
+    beta: float = 0.0
+    layout: Layout = Layout.NCHW
+
+    def validate(self) -> None:
+        nx, ny = _pool_geometry(self.x_shape, self.y_shape, self.kernel, self.stride, self.pad)
+        _data(self.alpha, self.beta, x=self.x, y=self.y, dy=self.dy, dx=self.dx)
+        require_len(self.x, nx, "x")
+        require_len(self.y, ny, "y")
+        require_len(self.dy, ny, "dy")
+        require_len(self.dx, nx, "dx")
+        _distinct(("dx", self.dx), ("x", self.x), ("y", self.y), ("dy", self.dy))
+
+
+# ---------------------------------------------------------------------- softmax
+
+_SOFTMAX_OPTIONS = (Param("mode", "channel", parse=_softmax_mode, annotation="str"),
+                    "alpha", "beta")
+
+
+@dataclass(frozen=True, slots=True)
+class SoftmaxForward(Op):
+    """Softmax (or log-softmax with ``log=True``): ``y = alpha * softmax(x) + beta * y``.
+
+    ``dims`` is ``(N, C)``, ``(N, C, H)`` or ``(N, C, H, W)`` (missing sizes
+    are 1). ``mode="channel"`` normalizes over C for each (n, h, w);
+    ``"instance"`` over C*H*W for each n. Computed stably (the maximum is
+    subtracted first). ``y`` may be ``x``. Answers ``"cupy"`` or ``"numpy"``.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = _forms("softmax_fwd", ("x", "y", "dims", *_SOFTMAX_OPTIONS))
+    x: GpuRef
+    y: GpuRef
+    dims: tuple[int, ...]
+    mode: SoftmaxMode = SoftmaxMode.CHANNEL
+    alpha: float = 1.0
+    beta: float = 0.0
+    log: bool = False
+    layout: Layout = Layout.NCHW
+
+    def validate(self) -> None:
+        count = math.prod(image_dims(self.dims))
+        _data(self.alpha, self.beta, x=self.x, y=self.y)
+        require_len(self.x, count, "x")
+        require_len(self.y, count, "y")
+
+
+@dataclass(frozen=True, slots=True)
+class SoftmaxBackward(Op):
+    """The gradient of ``SoftmaxForward`` from its output ``y``: ``dx = alpha * (y * (dy -
+    sum(dy * y)))`` (``log=True``: ``dy - exp(y) * sum(dy)``) ``+ beta * dx``, the sums over
+    the mode's axes. Answers ``"cupy"`` or ``"numpy"``."""
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("dx",)
+    api = _forms("softmax_bwd", ("y", "dy", "dx", "dims", *_SOFTMAX_OPTIONS))
+    y: GpuRef
+    dy: GpuRef
+    dx: GpuRef
+    dims: tuple[int, ...]
+    mode: SoftmaxMode = SoftmaxMode.CHANNEL
+    alpha: float = 1.0
+    beta: float = 0.0
+    log: bool = False
+    layout: Layout = Layout.NCHW
+
+    def validate(self) -> None:
+        count = math.prod(image_dims(self.dims))
+        _data(self.alpha, self.beta, y=self.y, dy=self.dy, dx=self.dx)
+        for name, ref in (("y", self.y), ("dy", self.dy), ("dx", self.dx)):
+            require_len(ref, count, name)
+        _distinct(("dx", self.dx), ("y", self.y))
+
+
+# ------------------------------------------------------------------ activations
+
+_ACTIVATION_OPTIONS = (Param("kind", "relu", parse=_activation, annotation="str"),
+                       "alpha", "beta")
+
+
+def _coef(kind: Activation, coef: float) -> None:
+    if not (isinstance(coef, int | float) and not isinstance(coef, bool) and math.isfinite(coef)):
+        raise InvalidArgument(f"coef must be a finite number, got {coef!r}")
+    if kind is Activation.CLIPPED_RELU and coef <= 0:
+        raise InvalidArgument(f"clipped_relu's coef (its ceiling) must be > 0, got {coef!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationForward(Op):
+    """Apply an activation element-wise: ``y = alpha * f(x) + beta * y``.
+
+    ``kind``: ``relu``; ``clipped_relu`` (``min(max(x, 0), coef)``, cuDNN's
+    CLIPPED_RELU); ``sigmoid``; ``tanh``; ``gelu`` (exact, with erf);
+    ``gelu_approx`` (the tanh approximation); ``swish`` / ``silu`` (``x *
+    sigmoid(coef * x)``, cuDNN's swish beta); ``elu`` (``x`` for x > 0, else
+    ``coef * (exp(x) - 1)``, cuDNN's ELU alpha); ``softplus`` (``log(1 +
+    exp(x))``); ``identity``. ``coef`` defaults to 1. ``dims`` are any 1 to 8
+    sizes (only their product matters). ``y`` may be ``x``. Answers ``"cupy"``
+    or ``"numpy"``.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = _forms("activation_fwd", ("x", "y", "dims", *_ACTIVATION_OPTIONS))
+    x: GpuRef
+    y: GpuRef
+    dims: tuple[int, ...]
+    kind: Activation = Activation.RELU
+    alpha: float = 1.0
+    beta: float = 0.0
+    coef: float = 1.0
+
+    def validate(self) -> None:
+        count = _dims("dims", self.dims)
+        _coef(self.kind, self.coef)
+        _data(self.alpha, self.beta, x=self.x, y=self.y)
+        require_len(self.x, count, "x")
+        require_len(self.y, count, "y")
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationBackward(Op):
+    """The gradient of ``ActivationForward`` from its input: ``dx = alpha * f'(x) * dy +
+    beta * dx`` (relu's derivative at 0 is 0). ``dx`` may be ``dy``. Answers ``"cupy"`` or
+    ``"numpy"``."""
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("dx",)
+    api = _forms("activation_bwd", ("x", "dy", "dx", "dims", *_ACTIVATION_OPTIONS))
+    x: GpuRef
+    dy: GpuRef
+    dx: GpuRef
+    dims: tuple[int, ...]
+    kind: Activation = Activation.RELU
+    alpha: float = 1.0
+    beta: float = 0.0
+    coef: float = 1.0
+
+    def validate(self) -> None:
+        count = _dims("dims", self.dims)
+        _coef(self.kind, self.coef)
+        _data(self.alpha, self.beta, x=self.x, dy=self.dy, dx=self.dx)
+        for name, ref in (("x", self.x), ("dy", self.dy), ("dx", self.dx)):
+            require_len(ref, count, name)
+        _distinct(("dx", self.dx), ("x", self.x))
+
+
+# ---------------------------------------------------------------------- dropout
+
+
+def _probability(p: float) -> None:
+    if not (isinstance(p, int | float) and not isinstance(p, bool) and 0.0 <= p < 1.0):
+        raise InvalidArgument(f"probability must be a number in [0, 1), got {p!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DropoutForward(Op):
+    """Drop each element with ``probability`` and scale the kept ones by ``1 / (1 -
+    probability)``: ``y = x * mask / (1 - p)``; ``mask`` (u8) gets 1 where kept, 0 where
+    dropped.
+
+    The mask is a function of ``(seed, index)`` alone: element ``i`` is kept
+    when the top 24 bits of ``splitmix64(splitmix64(seed) + i)`` are at least
+    ``round(p * 2**24)``. The same seed gives the same mask, bit for bit, on
+    the CPU and on CUDA. Answers ``"cupy"`` or ``"numpy"``.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("y", "mask")
+    api = _forms("dropout_fwd", ("x", "y", "mask", "dims", "probability", "seed"))
+    x: GpuRef
+    y: GpuRef
+    mask: GpuRef
+    dims: tuple[int, ...]
+    probability: float = 0.5
+    seed: int = 0
+
+    def validate(self) -> None:
+        count = _dims("dims", self.dims)
+        _probability(self.probability)
+        require(is_int(self.seed) and 0 <= self.seed < 2**64,
+                f"seed must be an int in [0, 2**64), got {self.seed!r}")
+        _data(0.0, 0.0, x=self.x, y=self.y)
+        require_dtype(self.mask, (DType.U8,), "mask")
+        for name, ref in (("x", self.x), ("y", self.y), ("mask", self.mask)):
+            require_len(ref, count, name)
+
+
+@dataclass(frozen=True, slots=True)
+class DropoutBackward(Op):
+    """The gradient of ``DropoutForward``: ``dx = dy * mask / (1 - probability)``, with the
+    u8 ``mask`` the forward pass wrote. Answers ``"cupy"`` or ``"numpy"``."""
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("dx",)
+    api = _forms("dropout_bwd", ("dy", "mask", "dx", "dims", "probability"))
+    dy: GpuRef
+    mask: GpuRef
+    dx: GpuRef
+    dims: tuple[int, ...]
+    probability: float = 0.5
+
+    def validate(self) -> None:
+        count = _dims("dims", self.dims)
+        _probability(self.probability)
+        _data(0.0, 0.0, dy=self.dy, dx=self.dx)
+        require_dtype(self.mask, (DType.U8,), "mask")
+        for name, ref in (("dy", self.dy), ("mask", self.mask), ("dx", self.dx)):
+            require_len(ref, count, name)
+
+
+# -------------------------------------------------------------------------- LRN
+
+LRN_MAX_N = 16
+"""cuDNN's largest LRN window."""
+
+
+@dataclass(frozen=True, slots=True)
+class LrnForward(Op):
+    """Cross-channel local response normalization, as cuDNN defines it:
+    ``y = alpha * x / (lrn_k + lrn_alpha / n * sum(x_j ** 2))^lrn_beta + beta * y``.
+
+    The sum runs over the channels ``j`` in ``[c - floor((n - 1) / 2), c + n -
+    1 - floor((n - 1) / 2)]`` that exist (cuDNN's lookBehind / lookAhead), at
+    the same (n, h, w). As in cuDNN, ``1 <= n <= 16``, ``lrn_k >= 1e-5`` and
+    ``lrn_beta >= 0.01``. ``dims`` as for softmax. Answers ``"cupy"`` or
+    ``"numpy"``.
+    """
+
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = _forms("lrn_fwd", ("x", "y", "dims", "n", "lrn_alpha", "lrn_beta", "lrn_k", "alpha",
+                             "beta"))
+    x: GpuRef
+    y: GpuRef
+    dims: tuple[int, ...]
+    n: int = 5
+    lrn_alpha: float = 1e-4
+    lrn_beta: float = 0.75
+    lrn_k: float = 2.0
+    alpha: float = 1.0
+    beta: float = 0.0
+    layout: Layout = Layout.NCHW
+
+    def validate(self) -> None:
+        count = math.prod(image_dims(self.dims))
+        require(is_int(self.n) and 1 <= self.n <= LRN_MAX_N,
+                f"n must be an int in [1, {LRN_MAX_N}], got {self.n!r}")
+        dtype = _data(self.alpha, self.beta, x=self.x, y=self.y)
+        require_numbers(dtype, lrn_alpha=self.lrn_alpha, lrn_beta=self.lrn_beta,
+                        lrn_k=self.lrn_k)
+        require(self.lrn_k >= 1e-5, f"lrn_k must be >= 1e-5, got {self.lrn_k!r}")
+        require(self.lrn_beta >= 0.01, f"lrn_beta must be >= 0.01, got {self.lrn_beta!r}")
+        require_len(self.x, count, "x")
+        require_len(self.y, count, "y")
+        _distinct(("y", self.y), ("x", self.x))
