@@ -2,25 +2,39 @@
 
 A cuDNN frontend graph is described, validated, lowered and planned once for a
 shape, dtype and set of options (tens of milliseconds), then executed many
-times (microseconds). ``run(backend, key, build, arrays)`` keeps the graphs of
-one backend in a small LRU cache under ``key`` (everything the graph depends
-on), builds a missing one with ``build(handle) -> Built``, points the
-backend's cuDNN handle at the current stream and executes the graph on
-``arrays`` (CuPy arrays or device addresses, in the order of ``Built.tensors``)
-with a workspace taken from CuPy's stream-ordered pool.
+times (microseconds of GPU work). ``run(backend, key, build, arrays)`` keeps
+the graphs of one backend in a small LRU cache under ``key`` (everything the
+graph depends on), builds a missing one with ``build(handle) -> Built``,
+points a cuDNN handle at the current stream and executes the graph on
+``arrays`` (CuPy arrays or device addresses, in the order of
+``Built.tensors``) with a workspace kept per stream.
+
+The frontend's ``execute`` inspects every operand in Python on every call
+(tens to hundreds of microseconds, more than many convolutions take on the
+GPU). So for a graph that runs on the cuDNN backend a built entry keeps what
+the frontend's own last step needs (its lowered graph, the operands' order
+by uid, the plan's index) and hands the lowered graph the operands' addresses
+in that order directly. A graph this does not apply to (a Python engine, a
+frontend without those internals) takes the public ``execute``.
+
+Handles are per thread (a blocking caller's thread may run an op as well as
+the host's), each pointed at the stream of the op it runs.
 
 ``data_type(dtype)`` maps our dtypes to the frontend's.
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cupy as cp
+import numpy as np
 
 from atomr_accel.backends._optional import require
 from atomr_accel.core._dtype import DType
@@ -44,36 +58,93 @@ def data_type(dtype: DType) -> Any:
     return found
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Built:
     """A built graph and its tensors, in the order ``run`` receives their arrays."""
 
     graph: Any
     tensors: tuple[Any, ...]
+    workspace: int = -1
+    """Workspace bytes (read once, on the first run)."""
+    direct: Any = field(default=None, repr=False)
+    """``(lowered execute, operand order, plan index)`` once known; False: not available."""
+
+
+def _direct(built: Built) -> Any:
+    """What a direct launch of ``built`` needs, or False when it must take ``execute``."""
+    graph = built.graph
+    try:
+        if graph.selected_engine is not None:  # a Python engine: the frontend runs it
+            return False
+        uids = graph._variant_pack_uids()
+        mine = [tensor.uid for tensor in built.tensors]
+        if not uids or any(uid not in mine for uid in uids):
+            return False
+        plans = graph._plans
+        config = graph._materialize_backend_plan(graph._plan_index) if plans else None
+        index = -1 if config is None or config.cpp_index is None else int(config.cpp_index)
+        order = tuple(mine.index(uid) for uid in uids)
+        return graph._lowered_graph._execute_with_raw_ptrs, order, index
+    except Exception:  # another frontend release: keep to its public execute
+        return False
 
 
 class GraphCache:
-    """The ``size`` most recently used built graphs of one backend, and its cuDNN handle."""
+    """The ``size`` most recently used built graphs of one backend, its cuDNN handles (one a
+    thread) and a workspace a stream."""
 
     def __init__(self, size: int = 64) -> None:
         self._graphs: OrderedDict[Hashable, Built] = OrderedDict()
         self._size = size
-        self._handle: Any = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._workspaces: dict[int, Any] = {}
 
     def handle(self) -> Any:
-        """The backend's cuDNN handle, made on first use."""
-        if self._handle is None:
-            self._handle = frontend().create_handle()
-        return self._handle
+        """This thread's cuDNN handle, made on first use."""
+        handle = getattr(self._local, "handle", None)
+        if handle is None:
+            handle = self._local.handle = frontend().create_handle()
+            self._local.stream = None
+        return handle
+
+    def on_stream(self, stream: int) -> Any:
+        """This thread's handle, pointed at ``stream`` (a CUDA stream address)."""
+        handle = self.handle()
+        if self._local.stream != stream:
+            frontend().set_stream(handle=handle, stream=stream)
+            self._local.stream = stream
+        return handle
+
+    def backend_handle(self) -> int:
+        """This thread's handle as the address the lowered graph takes."""
+        raw = getattr(self._local, "raw", None)
+        if raw is None:
+            convert = importlib.import_module("cudnn._handle").to_backend_handle
+            raw = self._local.raw = int(convert(self.handle()) or 0)
+        return int(raw)
+
+    def workspace(self, stream: int, size: int) -> Any:
+        """A device buffer of at least ``size`` bytes for work queued on ``stream`` (work on
+        one stream runs in order, so its graphs share one)."""
+        with self._lock:
+            held = self._workspaces.get(stream)
+            if held is None or held.nbytes < size:
+                held = self._workspaces[stream] = cp.empty(max(size, 1), dtype=cp.uint8)
+            return held
 
     def get(self, key: Hashable, build: Callable[[Any], Built]) -> Built:
         """The graph under ``key``, built by ``build(handle)`` on a miss."""
-        built = self._graphs.pop(key, None)
-        if built is None:
-            built = build(self.handle())
-        self._graphs[key] = built
-        if len(self._graphs) > self._size:
-            self._graphs.popitem(last=False)
+        with self._lock:
+            built = self._graphs.get(key)
+            if built is not None:
+                self._graphs.move_to_end(key)
+                return built
+        built = build(self.handle())
+        with self._lock:
+            self._graphs[key] = built
+            if len(self._graphs) > self._size:
+                self._graphs.popitem(last=False)
         return built
 
     def __len__(self) -> int:
@@ -81,14 +152,22 @@ class GraphCache:
 
 
 _CACHES: weakref.WeakKeyDictionary[Any, GraphCache] = weakref.WeakKeyDictionary()
+_CACHES_LOCK = threading.Lock()
 
 
 def cache_of(backend: Any) -> GraphCache:
     """The graph cache of ``backend`` (one per context; it goes with the backend)."""
     cache = _CACHES.get(backend)
     if cache is None:
-        cache = _CACHES[backend] = GraphCache()
+        with _CACHES_LOCK:
+            cache = _CACHES.get(backend)
+            if cache is None:
+                cache = _CACHES[backend] = GraphCache()
     return cache
+
+
+def _address(array: Any) -> int:
+    return array if type(array) is int else int(array.data.ptr)
 
 
 def run(backend: Any, key: Hashable, build: Callable[[Any], Built],
@@ -99,10 +178,30 @@ def run(backend: Any, key: Hashable, build: Callable[[Any], Built],
     built = cache.get(key, build)
     if len(arrays) != len(built.tensors):
         raise InvalidArgument(f"the graph takes {len(built.tensors)} tensors, got {len(arrays)}")
-    handle = cache.handle()
-    cudnn = frontend()
-    cudnn.set_stream(handle=handle, stream=cp.cuda.get_current_stream().ptr)
-    size = built.graph.get_workspace_size()
-    workspace = cp.empty(max(size, 1), dtype=cp.uint8)  # the frontend refuses an empty one
+    stream = cp.cuda.get_current_stream().ptr
+    handle = cache.on_stream(stream)
+    if built.workspace < 0:
+        built.workspace = int(built.graph.get_workspace_size())
+    workspace = cache.workspace(stream, built.workspace)
+    if built.direct is None:
+        built.direct = _direct(built)
+        if built.direct:
+            try:  # the first direct launch: a frontend whose internals differ refuses it
+                _launch(built, arrays, workspace, cache)
+                return built
+            except (TypeError, AttributeError):
+                built.direct = False
+    if built.direct:
+        _launch(built, arrays, workspace, cache)
+        return built
     built.graph.execute(dict(zip(built.tensors, arrays, strict=True)), workspace, handle=handle)
     return built
+
+
+def _launch(built: Built, arrays: Sequence[Any], workspace: Any, cache: GraphCache) -> None:
+    """Hand the lowered graph the operands' addresses in its own order."""
+    execute, order, index = built.direct
+    addresses = np.fromiter((_address(arrays[i]) for i in order), dtype=np.uintp,
+                            count=len(order))
+    execute(addresses.ctypes.data, len(order), workspace.data.ptr, cache.backend_handle(),
+            index)
