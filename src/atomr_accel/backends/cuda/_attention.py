@@ -272,8 +272,9 @@ def sdpa_forward(backend: Any, op: SdpaForward | MultiHeadAttnForward) -> str:
     arrays: list[Any] = [_ptr(backend, r) for r in (op.q, op.k, op.v, op.o)]
     if cfg.stats:
         arrays.append(_ptr(backend, op.stats))
+    held = _lengths(backend, op, cfg)  # alive until the graph is queued
     graphs.run(backend, cfg, lambda handle: _build(cfg, handle),
-               arrays + _lengths(backend, op, cfg))
+               arrays + [int(a.data.ptr) for a in held])
     return _GRAPH
 
 
@@ -285,8 +286,9 @@ def sdpa_backward(backend: Any, op: SdpaBackward | MultiHeadAttnBackward) -> str
         return shared.sdpa_backward(backend, op)
     arrays: list[Any] = [_ptr(backend, r) for r in (op.q, op.k, op.v, op.o, op.stats, op.do,
                                                     op.dq, op.dk, op.dv)]
+    held = _lengths(backend, op, cfg)  # alive until the graph is queued
     graphs.run(backend, cfg, lambda handle: _build(cfg, handle),
-               arrays + _lengths(backend, op, cfg))
+               arrays + [int(a.data.ptr) for a in held])
     return _GRAPH
 
 
