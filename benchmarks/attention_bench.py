@@ -68,6 +68,33 @@ def torch_seconds(torch: Any, fn: Callable[[], Any], reps: int) -> float:
     return float(start.elapsed_time(end)) / 1e3 / reps
 
 
+def direct_cudnn(torch: Any, s: int, causal: bool, reps: int) -> tuple[float, float]:
+    """Seconds per forward and per backward of the same cuDNN graphs executed directly on
+    torch tensors (no device actor): the library's own floor, CUDA events."""
+    import cudnn
+
+    from atomr_accel.backends.cuda._attention import Config, _build
+    from atomr_accel.core.ops._attention import AttnLayout
+
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    tensors = [torch.randn(B, H, s, D, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+    stats = torch.empty(B, H, s, device="cuda", dtype=torch.float32)
+    q, k, v, o, do, dq, dk, dv = tensors
+    times = []
+    for backward, data in ((False, (q, k, v, o, stats)),
+                           (True, (q, k, v, o, stats, do, dq, dk, dv))):
+        cfg = Config(backward, DType.BF16, B, H, H, s, s, D, AttnLayout.BHSD, causal, 0, False,
+                     D ** -0.5, True)
+        built = _build(cfg, handle)
+        ws = torch.empty(max(built.graph.get_workspace_size(), 1), device="cuda",
+                         dtype=torch.uint8)
+        pack = dict(zip(built.tensors, [t.data_ptr() for t in data], strict=True))
+        times.append(torch_seconds(torch, lambda built=built, pack=pack, ws=ws: (
+            built.graph.execute(pack, ws.data_ptr(), handle=handle)), reps))
+    return times[0], times[1]
+
+
 def one_length(dev: Any, torch: Any, s: int, rng: np.random.Generator,
                ) -> tuple[list[dict[str, Any]], str]:
     """Forward and backward of ours and torch's flash attention at sequence length ``s``."""
@@ -99,10 +126,12 @@ def one_length(dev: Any, torch: Any, s: int, rng: np.random.Generator,
             out = sdpa(tq, tk, tv, is_causal=causal)
             torch_b = torch_seconds(torch, lambda out=out: torch.autograd.grad(
                 out, (tq, tk, tv), tdo, retain_graph=True), reps)
-        for kind, ours, theirs, work in (("fwd", ours_f, torch_f, flops),
-                                         ("bwd", ours_b, torch_b, 2.5 * flops)):
+        direct_f, direct_b = direct_cudnn(torch, s, causal, reps)
+        for kind, ours, theirs, direct, work in (("fwd", ours_f, torch_f, direct_f, flops),
+                                                 ("bwd", ours_b, torch_b, direct_b, 2.5 * flops)):
             rows.append({"seq": s, "causal": causal, "pass": kind, "ours_ms": ours * 1e3,
-                         "torch_ms": theirs * 1e3, "ours_tflops": work / ours / 1e12,
+                         "torch_ms": theirs * 1e3, "cudnn_direct_ms": direct * 1e3,
+                         "ours_tflops": work / ours / 1e12,
                          "torch_tflops": work / theirs / 1e12, "ratio": theirs / ours,
                          "path": "/".join(sorted(paths))})
     for buf in (q, k, v, do, o, dq, dk, dv, stats):
@@ -118,6 +147,10 @@ def training(dev: Any, torch: Any, seqs: list[int]) -> tuple[list[dict[str, Any]
     for s in seqs:
         more, data = one_length(dev, torch, s, rng)
         rows += more
+        for r in more:  # progress, in case the run is cut short
+            print(f"seq {s} causal {r['causal']} {r['pass']}: ours {r['ours_tflops']:.0f} "
+                  f"torch {r['torch_tflops']:.0f} TFLOP/s, direct {r['cudnn_direct_ms']:.3f} ms",
+                  flush=True)
         torch.cuda.empty_cache()
     return rows, data
 
@@ -154,6 +187,38 @@ def decode(dev: Any) -> dict[str, Any]:
     return out
 
 
+def paths(dev: Any) -> list[list[str]]:
+    """The path each feature takes here (bf16 unless named; 2 x 8/2 heads x 256 x 128)."""
+    fa, b, hq, hkv, s, d = dev.flashattn(), 2, 8, 2, 256, 128
+    rng = np.random.default_rng(2)
+    (q, _), (k, _), (v, _), (do, _) = (fill(dev, b * h * s * d, rng) for h in (hq, hkv, hkv, hq))
+    out_buf, dq, dk, dv = (dev.allocate(b * h * s * d, DType.BF16) for h in (hq, hq, hkv, hkv))
+    stats = dev.allocate_f32(b * hq * s)
+    cu = dev.allocate(b + 1, DType.I32)
+    dev.copy_from_numpy(cu, np.array([0, 200, 456], dtype=np.int32))
+    ragged = {"layout": "thd", "cu_seqlens_q": cu, "cu_seqlens_kv": cu}
+    cases = {"causal": {"causal": True}, "bshd causal": {"causal": True, "layout": "bshd"},
+             "window 64": {"window": 64}, "causal window 64": {"causal": True, "window": 64},
+             "alibi causal": {"causal": True, "alibi": True}, "alibi": {"alibi": True},
+             "sinks 4, window 64": {"causal": True, "window": 64, "sink_tokens": 4},
+             "ragged causal": ragged | {"causal": True}}
+    out = []
+    for name, options in cases.items():
+        row = [name]
+        for run in (lambda o=options: fa.forward(q, k, v, out_buf, b, hq, hkv, s, s, d,
+                                                 stats=stats, **o),
+                    lambda o=options: fa.backward(q, k, v, out_buf, do, stats, dq, dk, dv, b, hq,
+                                                  hkv, s, s, d, **o)):
+            try:
+                row.append(run())
+            except Exception as exc:  # a failure is a finding of this table
+                row.append(f"{type(exc).__name__}: {str(exc)[:60]}")
+        out.append(row)
+    for buf in (q, k, v, do, out_buf, dq, dk, dv, stats, cu):
+        dev.free(buf)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--long", action="store_true", help="add sequence 16k")
@@ -165,20 +230,25 @@ def main() -> None:
     began = time.perf_counter()
     with System.open("attention-bench") as system:
         dev = system.spawn_device(mock=False)
-        rows, data = training(dev, torch, seqs)
+        coverage = paths(dev)
+        print_table("Path per feature (bf16, batch 2, 8/2 heads, 256 tokens, d 128)",
+                    ["feature", "forward", "backward"], coverage)
         steps = decode(dev)
+        print_table("Decode, batch 32, 8k context, 32/8 heads, d 128, blocks of 64 (per step, "
+                    "us; goal paged <= 1.2x contiguous)",
+                    ["cache", "pipelined us", "blocking us", "path"],
+                    [[name, steps[f"{name}_us"], steps[f"{name}_blocking_us"],
+                      steps[f"{name}_path"]] for name in ("contiguous", "paged")]
+                    + [["ratio", steps["ratio"], "", ""]])
+        rows, data = training(dev, torch, seqs)
     print_table(f"Attention bf16, batch {B}, {H} heads, head_dim {D} ({data} data): ours vs "
                 "torch flash (TFLOP/s; ratio = ours / torch, goal >= 0.95)",
-                ["seq", "causal", "pass", "ours ms", "torch ms", "ours TF/s", "torch TF/s",
-                 "ratio", "path"],
+                ["seq", "causal", "pass", "ours ms", "torch ms", "cudnn direct ms", "ours TF/s",
+                 "torch TF/s", "ratio", "path"],
                 [[r["seq"], r["causal"], r["pass"], r["ours_ms"], r["torch_ms"],
-                  r["ours_tflops"], r["torch_tflops"], r["ratio"], r["path"]] for r in rows])
-    print_table("Decode, batch 32, 8k context, 32/8 heads, d 128, blocks of 64 (per step, us; "
-                "goal paged <= 1.2x contiguous)",
-                ["cache", "pipelined us", "blocking us", "path"],
-                [[name, steps[f"{name}_us"], steps[f"{name}_blocking_us"], steps[f"{name}_path"]]
-                 for name in ("contiguous", "paged")] + [["ratio", steps["ratio"], "", ""]])
-    write_json(args.json, {"training": rows, "decode": steps, "data": data,
+                  r["cudnn_direct_ms"], r["ours_tflops"], r["torch_tflops"], r["ratio"],
+                  r["path"]] for r in rows])
+    write_json(args.json, {"training": rows, "decode": steps, "data": data, "paths": coverage,
                            "seconds": time.perf_counter() - began})
 
 

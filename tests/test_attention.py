@@ -525,3 +525,38 @@ def test_gpu_multihead_attention_f32_and_capability(gpu: tuple[Any, Any]) -> Non
     assert cuda.flashattn().forward_f16("sm_90", 128, 4) == "cudnn-graph"
     assert cuda.flashattn().forward_f16(sink_tokens=4, mask="causal_sliding_window",
                                         window=64) == "cupy-composed"
+
+
+@pytest.mark.gpu
+def test_gpu_bshd_and_ragged_backward_vs_cpu(gpu: tuple[Any, Any]) -> None:
+    cuda, cpu = gpu
+    rng = np.random.default_rng(12)
+    dtype, b, hq, hkv, d = DType.F16, 3, 8, 2, 64
+    lens_q, lens_kv = [70, 128, 5], [90, 128, 40]
+    sq = skv = 128
+    q, do = (rand(rng, b, hq, sq, d).astype(np.float16).astype(np.float64) for _ in range(2))
+    k, v = (rand(rng, b, hkv, skv, d).astype(np.float16).astype(np.float64) for _ in range(2))
+    cases = [("bshd", [sq] * b, [skv] * b), ("thd", lens_q, lens_kv)]
+    for layout, lq, lkv in cases:
+        results = []
+        for dev, dt in ((cuda, dtype), (cpu, DType.F64)):
+            fa = dev.flashattn()
+            if layout == "thd":
+                stored = [_pack(q, lq), _pack(k, lkv), _pack(v, lkv), _pack(do, lq)]
+                extra = {"cu_seqlens_q": put(dev, np.cumsum([0, *lq]), DType.I32),
+                         "cu_seqlens_kv": put(dev, np.cumsum([0, *lkv]), DType.I32)}
+            else:
+                stored = [x.transpose(0, 2, 1, 3) for x in (q, k, v, do)]
+                extra = {}
+            bufs = [put(dev, x, dt) for x in stored]
+            o, stats = dev.allocate(stored[0].size, dt), dev.allocate_f32(b * hq * sq)
+            grads = [dev.allocate(x.size, dt) for x in stored[:3]]
+            fa.forward(*bufs[:3], o, b, hq, hkv, sq, skv, d, stats=stats, causal=True,
+                       layout=layout, **extra)
+            fa.backward(*bufs[:3], o, bufs[3], stats, *grads, b, hq, hkv, sq, skv, d,
+                        causal=True, layout=layout, **extra)
+            shapes = [stored[0].shape] + [x.shape for x in stored[:3]]
+            results.append([get(dev, g, shape) for g, shape in zip([o, *grads], shapes,
+                                                                   strict=True)])
+        for got, want in zip(*results, strict=True):
+            close(got, want, 2 * GPU_TOL[dtype])
