@@ -317,6 +317,17 @@ def test_cudnn_multihead_attention_forward_and_builder_backward(dev: Any) -> Non
                       [q, k, v], do)
     for buf, x, want_g in zip((dq, dk, dv), (q, k, v), g, strict=True):
         np.testing.assert_allclose(get(dev, buf, x.shape), want_g, atol=1e-4)
+    again = MultiHeadAttnBwdInputs()  # no statistics: they are computed again
+    for name, value in (("q", bq), ("k", bk), ("v", bv), ("o", o), ("do", bdo), ("dq", dq),
+                        ("dk", dk), ("dv", dv), ("batch", b), ("seq_q", sq), ("seq_kv", skv),
+                        ("heads_q", hq), ("heads_kv", hkv), ("head_dim", d)):
+        getattr(again, f"set_{name}")(value)
+    again.set_mask("causal")
+    again.set_dropout(p)
+    again.set_dropout_seed(seed)
+    cudnn.multihead_attn_bwd_f32(again)
+    for buf, x, want_g in zip((dq, dk, dv), (q, k, v), g, strict=True):
+        np.testing.assert_allclose(get(dev, buf, x.shape), want_g, atol=1e-4)
 
 
 def test_builder_refuses_a_bad_mask_and_missing_inputs(dev: Any) -> None:

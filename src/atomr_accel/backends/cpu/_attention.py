@@ -43,11 +43,10 @@ __all__ = [
     "backward",
     "dropout_keep",
     "forward",
-    "mha_backward",
-    "mha_forward",
     "problem_of",
     "sdpa_backward",
     "sdpa_forward",
+    "support",
     "write",
 ]
 
@@ -374,10 +373,6 @@ def sdpa_backward(backend: ArrayBackend, op: SdpaBackward | MultiHeadAttnBackwar
     return _name(backend)
 
 
-mha_forward = sdpa_forward
-mha_backward = sdpa_backward
-
-
 def support(backend: ArrayBackend, op: SdpaSupport) -> str:
     """Every valid configuration runs on the CPU backend."""
     return "numpy"
@@ -387,6 +382,6 @@ HANDLERS: dict[type[Op], Handler] = {
     SdpaForward: sdpa_forward,
     SdpaBackward: sdpa_backward,
     SdpaSupport: support,
-    MultiHeadAttnForward: mha_forward,
-    MultiHeadAttnBackward: mha_backward,
+    MultiHeadAttnForward: sdpa_forward,
+    MultiHeadAttnBackward: sdpa_backward,
 }

@@ -364,9 +364,8 @@ class SdpaBackward(Attention):
         return AttentionMask(self.causal, self.window, self.sink_tokens, self.alibi)
 
     def validate(self) -> None:
-        dtype = self.check_shapes()
+        self.check_shapes()
         require_same_dtype(q=self.q, o=self.o, do=self.do, dq=self.dq, dk=self.dk, dv=self.dv)
-        del dtype
         for name in ("q", "o", "do", "dq"):
             self.check_dense(getattr(self, name), self.heads_q, self.seq_q, name)
         for name in ("k", "v", "dk", "dv"):
