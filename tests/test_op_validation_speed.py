@@ -43,6 +43,14 @@ from atomr_accel.core._op import (
     require_positive,
     require_same_dtype,
 )
+from atomr_accel.core.ops._attention import (
+    AttnMask,
+    MultiHeadAttnBackward,
+    MultiHeadAttnForward,
+    SdpaBackward,
+    SdpaForward,
+    SdpaSupport,
+)
 from atomr_accel.core.ops._blas import (
     FLOAT_DTYPES,
     Asum,
@@ -135,6 +143,7 @@ from atomr_accel.core.ops._tensor import Contract
 
 F32, F64, C64, C128, I32 = DType.F32, DType.F64, DType.C64, DType.C128, DType.I32
 F16, BF16, U8 = DType.F16, DType.BF16, DType.U8
+F16, BF16 = DType.F16, DType.BF16
 
 
 class _Int(int):
@@ -307,6 +316,16 @@ EXAMPLES: list[Any] = [
     DropoutForward(_buf(F32, 8), _buf(F32, 8, 2), _buf(U8, 8, 3), (2, 4), 0.25, 42),
     DropoutBackward(_buf(F32, 8), _buf(U8, 8, 2), _buf(F32, 8, 3), (8,), 0.25),
     LrnForward(_buf(F32, 24), _buf(F32, 24, 2), (1, 6, 2, 2), n=3, layout=Layout.NHWC),
+    SdpaForward(_buf(BF16, 64), _buf(BF16, 128, 2), _buf(BF16, 128, 3), _buf(BF16, 64, 4), 1, 2,
+                1, 4, 16, 8, stats=_buf(F32, 8, 5), causal=True, window=4, sink_tokens=1,
+                block_table=_buf(I32, 2, 6), context_lens=_buf(I32, 1, 7), block_size=8),
+    SdpaBackward(*(_buf(F16, 64, i) for i in range(1, 6)), _buf(F32, 8, 9),
+                 *(_buf(F16, 64, i) for i in range(6, 9)), 1, 2, 2, 4, 4, 8, causal=True),
+    SdpaSupport("sm_90", 128, 4, AttnMask.CAUSAL_SLIDING_WINDOW, 256, False, 4),
+    MultiHeadAttnForward(*(_buf(F32, 64, i) for i in range(1, 5)), 1, 4, 4, 2, 2, 8,
+                         mask=AttnMask.CAUSAL, dropout=0.1, dropout_seed=3),
+    MultiHeadAttnBackward(*(_buf(F32, 64, i) for i in range(1, 9)), 1, 4, 4, 2, 1, 8,
+                          mask=AttnMask.SLIDING_WINDOW, window=2),
 ]
 
 

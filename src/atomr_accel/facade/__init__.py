@@ -1,5 +1,6 @@
 """The Python facade: ``System``, ``Device``, typed buffers and library handles."""
 
+from atomr_accel.facade._attn_inputs import MultiHeadAttnBwdInputs
 from atomr_accel.facade._buffers import (
     GpuBuffer,
     GpuBufferBF16,
@@ -79,6 +80,7 @@ __all__ = [
     "ManagedBufferF32",
     "Memory",
     "Modules",
+    "MultiHeadAttnBwdInputs",
     "Nvrtc",
     "NvrtcKernel",
     "Placement",

@@ -31,6 +31,7 @@ from typing import Any
 
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._attention import AttnLayout, AttnMask
 from atomr_accel.core.ops._dnn import Layout
 from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.core.ops._fft import FftKind
