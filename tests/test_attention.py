@@ -11,6 +11,7 @@ paged calls must equal the reference on the gathered dense data. GPU tests
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -508,6 +509,17 @@ def test_gpu_paged_and_ragged_equal_the_reference(gpu: tuple[Any, Any]) -> None:
     assert ran == "cudnn-graph"
     want, _ = reference(q, dense_k, dense_v, [1] * b, ctx)
     close(get(cuda, o, q.shape), want, GPU_TOL[dtype])
+    bad = table.copy()
+    bad[1, 0] = blocks  # one past the cache, in a block sequence 1 uses
+    before = get(cuda, o, q.shape)
+    call = functools.partial(
+        fa.forward, put(cuda, q, dtype), put(cuda, cache_k, dtype), put(cuda, cache_v, dtype), o,
+        b, hq, hkv, 1, seq_kv, d, block_table=put(cuda, bad, DType.I32),
+        context_lens=put(cuda, np.array(ctx), DType.I32), block_size=bs)
+    with pytest.raises(InvalidArgument, match="names block"):
+        call()
+    np.testing.assert_array_equal(get(cuda, o, q.shape), before)  # nothing written
+    assert call(check_table=False) == "cudnn-graph"  # trusted: clamped on the device
     lens = [100, 37, 128]
     cu = put(cuda, np.cumsum([0, *lens]), DType.I32)
     x = [rand(rng, 3, h, 128, d).astype(dtype.numpy).astype(np.float64) for h in (hq, hkv, hkv)]

@@ -245,8 +245,9 @@ def _paged(backend: ArrayBackend, op: SdpaForward, ref: GpuRef, check: bool,
     table = backend.array(op.block_table.buffer_id)[:op.batch * op.max_blocks].reshape(
         op.batch, op.max_blocks).astype(xp.int64)
     lens = backend.array(op.context_lens.buffer_id)[:op.batch].astype(xp.int64)
-    if check:
-        _check_table(np.asarray(table), np.asarray(lens), op)
+    if check or op.check_table:  # on CUDA: read back on the op's stream
+        host = np.asarray if xp is np else xp.asnumpy
+        check_table(host(table), host(lens), op)
     s = xp.arange(op.seq_kv)
     blocks = xp.clip(table[:, s // bs], 0, nb - 1)  # (B, Skv)
     if op.layout is AttnLayout.BSHD:
@@ -256,8 +257,8 @@ def _paged(backend: ArrayBackend, op: SdpaForward, ref: GpuRef, check: bool,
     return x.transpose(0, 2, 1, 3).astype(dtype), lens
 
 
-def _check_table(table: np.ndarray[Any, Any], lens: np.ndarray[Any, Any],
-                 op: SdpaForward) -> None:
+def check_table(table: np.ndarray[Any, Any], lens: np.ndarray[Any, Any],
+                op: SdpaForward) -> None:
     """Refuse context lengths outside ``[0, seq_kv]`` and used blocks outside the cache."""
     if (lens < 0).any() or (lens > op.seq_kv).any():
         raise InvalidArgument(f"context_lens must lie in [0, {op.seq_kv}], got {lens.tolist()}")

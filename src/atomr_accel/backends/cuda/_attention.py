@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import cupy as cp
+import numpy as np
 
 from atomr_accel.backends._base import Handler
 from atomr_accel.backends.cpu import _attention as shared
@@ -258,6 +259,9 @@ def _lengths(backend: Any, op: Attention, cfg: Config) -> list[Any]:
         assert op.context_lens is not None and op.block_table is not None
         lens = backend.array(op.context_lens.buffer_id)[:op.batch]
         table = backend.array(op.block_table.buffer_id)[:op.batch * op.max_blocks]
+        if op.check_table:  # read back on the op's stream: a bad entry is refused, not run
+            shared.check_table(cp.asnumpy(table).reshape(op.batch, op.max_blocks)
+                               .astype(np.int64), cp.asnumpy(lens).astype(np.int64), op)
         arrays += [cp.full(op.batch, op.seq_q, dtype=cp.int32),
                    cp.clip(lens, 0, op.seq_kv), cp.clip(table, 0, op.num_blocks - 1)]
     return arrays

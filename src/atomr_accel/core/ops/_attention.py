@@ -229,9 +229,13 @@ class SdpaForward(Attention):
     head_dim)`` for ``"bhsd"``, ``(blocks, block_size, heads_kv, head_dim)`` for
     ``"bshd"``), sequence ``b`` reads its token ``t`` from block
     ``block_table[b, t // block_size]``, and ``context_lens`` (i32, ``batch``)
-    give its length (at most ``seq_kv``). The table is device data: the CPU
-    backend refuses an entry outside the cache (``InvalidArgument``), the CUDA
-    backend clamps it into the cache without a report. ``alibi_slopes`` (f32,
+    give its length (at most ``seq_kv``). The table and the lengths are device
+    data, read back and checked before the op runs (``check_table``, the
+    default): an entry outside the cache or a length outside ``[0, seq_kv]``
+    is an ``InvalidArgument``, and nothing is written. On CUDA that check waits
+    for the op's stream once; ``check_table=False`` skips it (a decode loop
+    whose tables are trusted keeps its calls pipelined), and the CUDA backend
+    then clamps an entry outside the cache into it. ``alibi_slopes`` (f32,
     ``heads_q``) replaces the default ALiBi slopes. Answers the path that ran:
     ``"cudnn-graph"`` (cuDNN SDPA, f16/bf16), ``"cupy-composed"`` (CuPy matmuls
     and softmax: f32/f64 data, sink tokens, caller slopes, or a configuration
@@ -264,6 +268,7 @@ class SdpaForward(Attention):
     block_table: GpuRef | None = None
     context_lens: GpuRef | None = None
     block_size: int = 0
+    check_table: bool = True
 
     def attention_mask(self) -> AttentionMask:
         return AttentionMask(self.causal, self.window, self.sink_tokens, self.alibi)
