@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, ClassVar
 
+from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._libraries import LibraryAvailable
 from atomr_accel.facade._api import BlasLtApi, CudnnApi, FlashAttnApi
 from atomr_accel.facade._libraries import Library
 from atomr_accel.facade._portal import blocking
+from atomr_accel.facade._rnn_inputs import RnnBwdInputs
 
 __all__ = ["BlasLt", "Cudnn", "FlashAttn", "OptionalLibrary"]
 
@@ -42,6 +44,28 @@ class Cudnn(OptionalLibrary, CudnnApi):
     dropout, LRN, RNNs and multi-head attention, in the original package's names."""
 
     library: ClassVar[str] = "cudnn"
+
+    def rnn_bwd_async(self, inputs: RnnBwdInputs, timeout_secs: float | None = 60.0,
+                      ) -> Coroutine[Any, Any, str]:
+        """RNN backward from the builder ``inputs`` (f32 or f64): ``dx``, ``dweights``,
+        ``dh_in``, ``dc_in``; consumes ``inputs``; answers the path that ran."""
+        return self._rnn_bwd(inputs, None, timeout_secs)
+
+    rnn_bwd = blocking(rnn_bwd_async)
+
+    def rnn_bwd_f32_async(self, inputs: RnnBwdInputs, timeout_secs: float | None = 60.0,
+                          ) -> Coroutine[Any, Any, str]:
+        """The original's RNN backward from the builder ``inputs`` (f32 buffers): ``dx``,
+        ``dweights``, ``dh_in``, ``dc_in``; consumes ``inputs``; answers the path."""
+        return self._rnn_bwd(inputs, (DType.F32,), timeout_secs)
+
+    rnn_bwd_f32 = blocking(rnn_bwd_f32_async)
+
+    def _rnn_bwd(self, inputs: RnnBwdInputs, dtypes: tuple[DType, ...] | None,
+                 timeout_secs: float | None) -> Coroutine[Any, Any, str]:
+        running = self._submit(inputs.build(self._ref, dtypes), timeout_secs)
+        inputs.consume()
+        return running
 
 
 class FlashAttn(OptionalLibrary, FlashAttnApi):
