@@ -175,8 +175,12 @@ class RnnBwdInputs:
         x, weights, dy, dx, dw = (refs.pop(name) for name in _REQUIRED)
         assert x is not None and weights is not None and dy is not None  # required above
         assert dx is not None and dw is not None
-        return RnnBwd(x, weights, dy, dx, dw, **refs, mode=self._mode,
-                      direction=self._direction, dropout=self._dropout, **self._sizes)
+        sizes = self._sizes
+        return RnnBwd(x, weights, dy, dx, dw, refs["h_in"], refs["c_in"], refs["y"],
+                      refs["h_out"], refs["c_out"], refs["dh_out"], refs["dc_out"],
+                      refs["dh_in"], refs["dc_in"], self._mode, self._direction,
+                      sizes["num_layers"], sizes["input_size"], sizes["hidden_size"],
+                      sizes["seq_length"], sizes["batch_size"], self._dropout)
 
     def consume(self) -> None:
         """Mark these inputs taken by a call."""

@@ -119,14 +119,14 @@ class NormLayout(NamedTuple):
         return math.prod(self.param_shape)
 
     @property
-    def count(self) -> int:
+    def size(self) -> int:
         """Elements of ``x``."""
         return math.prod(self.view)
 
     @property
     def group_size(self) -> int:
         """Elements each statistic is taken over."""
-        return self.count // self.stat_count
+        return self.size // self.stat_count
 
     @property
     def param_reduce(self) -> tuple[int, ...]:
@@ -178,7 +178,7 @@ def _require_data(layout: NormLayout, **refs: GpuRef) -> DType:
     require_dtype(refs[first], DATA_DTYPES, first)
     dtype = require_same_dtype(**refs)
     for name, ref in refs.items():
-        require_len(ref, layout.count, name)
+        require_len(ref, layout.size, name)
     return dtype
 
 
@@ -440,7 +440,8 @@ class NormBwd(Op):
     def validate(self) -> None:
         layout = self.layout
         dtype = _require_data(layout, x=self.x, dy=self.dy, dx=self.dx)
-        _require_params(dtype, layout.param_count, scale=self.scale, dscale=self.dscale, dbias=self.dbias)
+        _require_params(dtype, layout.param_count, scale=self.scale, dscale=self.dscale,
+                        dbias=self.dbias)
         _require_params(dtype, layout.stat_count, mean=self.mean, var=self.var)
         _require_epsilon(self.epsilon)
         if self.mode is NormMode.RMS:

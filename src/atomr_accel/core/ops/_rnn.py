@@ -17,9 +17,10 @@ Layout (time-major, as cuDNN's and PyTorch's default), row-major buffers:
 Cells, as PyTorch and cuDNN define them (``*`` elementwise):
 
 * RNN: ``h' = tanh(W_ih x + b_ih + W_hh h + b_hh)`` (or ``relu``);
-* LSTM: ``i, f, g, o = σ, σ, tanh, σ`` of the four gate pre-activations,
+* LSTM: ``i, f, g, o = sigmoid, sigmoid, tanh, sigmoid`` of the four gate
+  pre-activations,
   ``c' = f * c + i * g``, ``h' = o * tanh(c')``;
-* GRU: ``r, z = σ(...)``, ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``,
+* GRU: ``r, z = sigmoid(...)``, ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``,
   ``h' = (1 - z) * n + z * h``.
 
 The backward (``RnnBwd``) recomputes the forward's gate activations from ``x``,
