@@ -438,15 +438,15 @@ class NormBwd(Op):
         return norm_layout(self.mode, self.dims, self.norm_axes, self.groups)
 
     def validate(self) -> None:
-        layout = self.layout
-        dtype = _require_data(layout, x=self.x, dy=self.dy, dx=self.dx)
-        _require_params(dtype, layout.param_count, scale=self.scale, dscale=self.dscale,
-                        dbias=self.dbias)
-        _require_params(dtype, layout.stat_count, mean=self.mean, var=self.var)
-        _require_epsilon(self.epsilon)
         if self.mode is NormMode.RMS:
             require(self.mean is None, "an rms norm has no mean: pass mean=None")
         else:
             require((self.mean is None) == (self.var is None),
                     "pass both mean and var (the saved statistics), or neither to recompute "
                     "them")
+        layout = self.layout
+        dtype = _require_data(layout, x=self.x, dy=self.dy, dx=self.dx)
+        _require_params(dtype, layout.param_count, scale=self.scale, dscale=self.dscale,
+                        dbias=self.dbias)
+        _require_params(dtype, layout.stat_count, mean=self.mean, var=self.var)
+        _require_epsilon(self.epsilon)
