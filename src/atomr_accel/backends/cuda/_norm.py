@@ -18,6 +18,7 @@ factor are scalars baked into the graph (part of its cache key).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -49,6 +50,8 @@ GRAPH_DTYPES = (DType.F16, DType.BF16, DType.F32)
 
 REFUSED: set[Hashable] = set()
 """Keys of graphs the frontend refused in this process: those shapes run composed."""
+
+_LOG = logging.getLogger(__name__)
 
 Spec = tuple[str, tuple[int, ...], DType]
 """A graph tensor: its name, 4-D dims (row-major) and dtype."""
@@ -100,8 +103,10 @@ def _attempt(backend: ArrayBackend, key: Hashable, io: DType, inputs: Sequence[S
                    [a.data.ptr for a in arrays])
     except LibraryUnavailable:
         raise
-    except Exception:  # the frontend refused the graph (not supported, or no engine)
+    except Exception as exc:  # the frontend refused the graph (not supported, or no engine)
         REFUSED.add(key)
+        _LOG.warning("cuDNN refused the %s graph; it runs composed: %s: %s", key,
+                     type(exc).__name__, str(exc)[:300])
         return False
     return True
 
