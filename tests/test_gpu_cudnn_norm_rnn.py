@@ -125,8 +125,8 @@ def _run_norm(dev: Device, name: str, dims: tuple[int, ...], extra: dict[str, An
                               norm_axes=extra.get("norm_axes", 1),
                               groups=extra.get("groups", 1))
     out["dx"] = get(dev, dx, dims)
-    out["dscale"] = get(dev, ds, (ds.length,))
-    out["dbias"] = get(dev, db, (db.length,))
+    out["dscale"] = get(dev, ds, (len(ds),))
+    out["dbias"] = get(dev, db, (len(db),))
     return f"{path}/{bwd_path}", out
 
 

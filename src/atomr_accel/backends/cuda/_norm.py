@@ -13,7 +13,7 @@ the refusal costs one attempt.
 
 Graph tensors are 4-D: batch and instance norm see ``x`` as ``(N, C, S, 1)``,
 layer and RMS norm as ``(M, K, 1, 1)``; epsilon and the running average
-factor are scalars baked into the graph (part of its cache key).
+factor are f32 pass-by-value scalars, read from the host at each execution.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import cupy as cp
+import numpy as np
 
 from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.backends.cpu import _norm as shared
@@ -68,17 +69,20 @@ def _strides(dims: tuple[int, ...]) -> list[int]:
     return out[::-1]
 
 
-def _builder(io: DType, inputs: Sequence[Spec], node: Node) -> Callable[[Any], graphs.Built]:
-    """Build a graph of ``inputs`` and ``node``'s operation; its tensors are the inputs, then
-    the outputs ``node`` answers."""
+def _builder(io: DType, inputs: Sequence[Spec], scalars: Sequence[str],
+             node: Node) -> Callable[[Any], graphs.Built]:
+    """Build a graph of ``inputs``, the f32 host ``scalars`` (pass-by-value) and ``node``'s
+    operation; its tensors are the inputs, the scalars, then the outputs ``node`` answers."""
 
     def build(handle: Any) -> graphs.Built:
         cudnn = graphs.frontend()
-        g = cudnn.pygraph(io_data_type=graphs.data_type(io),
-                          intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        f32 = cudnn.data_type.FLOAT
+        g = cudnn.pygraph(io_data_type=graphs.data_type(io), intermediate_data_type=f32,
+                          compute_data_type=f32, handle=handle)
         ins = {name: g.tensor(name=name, dim=list(dims), stride=_strides(dims),
                               data_type=graphs.data_type(dtype)) for name, dims, dtype in inputs}
+        ins.update({name: g.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1],
+                                   is_pass_by_value=True, data_type=f32) for name in scalars})
         outs = node(cudnn, g, ins)
         for tensor, dtype in outs:
             tensor.set_output(True).set_data_type(graphs.data_type(dtype))
@@ -93,14 +97,18 @@ def _builder(io: DType, inputs: Sequence[Spec], node: Node) -> Callable[[Any], g
 
 
 def _attempt(backend: ArrayBackend, key: Hashable, io: DType, inputs: Sequence[Spec],
-             node: Node, arrays: Sequence[Any]) -> bool:
-    """Run the graph under ``key`` on ``arrays`` (device arrays, inputs then outputs); False
-    when it is refused (now or before), so the caller composes instead."""
+             node: Node, arrays: Sequence[Any], scalars: dict[str, float] | None = None) -> bool:
+    """Run the graph under ``key`` on ``arrays`` (device arrays: the inputs, then the
+    outputs) and the host ``scalars``; False when it is refused (now or before), so the
+    caller composes instead."""
     if io not in GRAPH_DTYPES or key in REFUSED:
         return False
+    scalars = scalars or {}
+    host = [np.full((1, 1, 1, 1), value, np.float32) for value in scalars.values()]
+    pointers = [a.data.ptr for a in arrays]
+    pointers[len(inputs):len(inputs)] = [h.ctypes.data for h in host]  # read at execute
     try:
-        graphs.run(backend, key, _builder(io, inputs, node),
-                   [a.data.ptr for a in arrays])
+        graphs.run(backend, key, _builder(io, inputs, tuple(scalars), node), pointers)
     except LibraryUnavailable:
         raise
     except Exception as exc:  # the frontend refused the graph (not supported, or no engine)
@@ -118,10 +126,6 @@ def _whole(backend: ArrayBackend, ref: GpuRef, count: int) -> Any:
 def _or_temp(backend: ArrayBackend, ref: GpuRef | None, count: int) -> Any:
     """The buffer of ``ref``, or a scratch f32 array of ``count`` when it is None."""
     return cp.empty(count, cp.float32) if ref is None else _whole(backend, ref, count)
-
-
-def _scalar(cudnn: Any, g: Any, value: float) -> Any:
-    return g.tensor_scalar(float(value), cudnn.data_type.FLOAT)
 
 
 _F32 = DType.F32
@@ -161,7 +165,7 @@ def batch_norm(backend: ArrayBackend, op: BatchNorm) -> str:
     def train(cudnn: Any, g: Any, t: dict[str, Any]) -> list[tuple[Any, DType]]:
         outs = g.batchnorm(input=t["x"], scale=t["scale"], bias=t["bias"],
                            in_running_mean=t.get("rm"), in_running_var=t.get("rv"),
-                           epsilon=_scalar(cudnn, g, eps), momentum=_scalar(cudnn, g, factor))
+                           epsilon=t["epsilon"], momentum=t["momentum"])
         bound = [(outs[0], io), (outs[1], _F32), (outs[2], _F32)]
         return bound + ([(outs[3], _F32), (outs[4], _F32)] if running else [])
 
@@ -173,8 +177,8 @@ def batch_norm(backend: ArrayBackend, op: BatchNorm) -> str:
         specs += [("rm", pd, _F32), ("rv", pd, _F32)]
         arrays += [rm, rv]
         outputs += [rm, rv]  # cuDNN updates the running statistics in place
-    if _attempt(backend, ("bn-train", io, xd, eps, factor, running), io, specs, train,
-                arrays + outputs):
+    if _attempt(backend, ("bn-train", io, xd, running), io, specs, train, arrays + outputs,
+                {"epsilon": eps, "momentum": factor}):
         return "cudnn-graph"
     return shared.batch_norm(backend, op)
 
@@ -189,7 +193,7 @@ def _stats_graph(backend: ArrayBackend, kind: str, op: LayerNorm | InstanceNorm,
         make = g.layernorm if kind == "layernorm" else g.instancenorm
         y, mean, inv = make(norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
                             input=t["x"], scale=t["scale"], bias=t["bias"],
-                            epsilon=_scalar(cudnn, g, eps))
+                            epsilon=t["epsilon"])
         return [(y, io), (mean, _F32), (inv, _F32)]
 
     specs = [("x", xd, io), ("scale", pd, _F32), ("bias", pd, _F32)]
@@ -197,7 +201,7 @@ def _stats_graph(backend: ArrayBackend, kind: str, op: LayerNorm | InstanceNorm,
               _whole(backend, op.bias, layout.param_count), _whole(backend, op.y, count),
               _or_temp(backend, op.saved_mean, layout.stat_count),
               _or_temp(backend, op.saved_var, layout.stat_count)]
-    return _attempt(backend, (kind, io, xd, eps), io, specs, node, arrays)
+    return _attempt(backend, (kind, io, xd), io, specs, node, arrays, {"epsilon": eps})
 
 
 def layer_norm(backend: ArrayBackend, op: LayerNorm) -> str:
@@ -234,7 +238,7 @@ def rms_norm(backend: ArrayBackend, op: RmsNorm) -> str:
     def node(cudnn: Any, g: Any, t: dict[str, Any]) -> list[tuple[Any, DType]]:
         y, inv = g.rmsnorm(norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
                            input=t["x"], scale=t["scale"], bias=t.get("bias"),
-                           epsilon=_scalar(cudnn, g, eps))
+                           epsilon=t["epsilon"])
         return [(y, io), (inv, _F32)]
 
     specs = [("x", (m, k, 1, 1), io), ("scale", (1, k, 1, 1), _F32)]
@@ -243,7 +247,8 @@ def rms_norm(backend: ArrayBackend, op: RmsNorm) -> str:
         specs.append(("bias", (1, k, 1, 1), _F32))
         arrays.append(_whole(backend, op.bias, k))
     arrays += [_whole(backend, op.y, m * k), _or_temp(backend, op.saved_var, m)]
-    if _attempt(backend, ("rmsnorm", io, m, k, eps, has_bias), io, specs, node, arrays):
+    if _attempt(backend, ("rmsnorm", io, m, k, has_bias), io, specs, node, arrays,
+                {"epsilon": eps}):
         return "cudnn-graph"
     return shared.rms_norm(backend, op)
 
