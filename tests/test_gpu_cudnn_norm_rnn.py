@@ -196,6 +196,33 @@ def test_norms_match_pytorch(devs: tuple[Device, Device]) -> None:
             assert rel(got[key].reshape(want.shape), want) <= 1e-4, (name, key)
 
 
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F16], ids=lambda d: d.value)
+def test_batch_norm_inference(devs: tuple[Device, Device], dtype: DType) -> None:
+    """Inference (running statistics) against the CPU backend and ``F.batch_norm``."""
+    gpu, cpu = devs
+    dims = (8, 16, 12, 10)
+    data = _norm_data("batch_norm", dims, {}, 5)
+    data["x"] = data["x"].astype(dtype.numpy).astype(np.float64)
+    results = {}
+    for dev, dt in ((gpu, dtype), (cpu, DType.F64)):
+        p = param(dt)
+        y = dev.allocate(data["x"].size, dt)
+        path = dev.cudnn().batch_norm(put(dev, data["x"], dt), y, put(dev, data["scale"], p),
+                                      put(dev, data["bias"], p), dims, put(dev, data["rm"], p),
+                                      put(dev, data["rv"], p), phase="eval")
+        results[dev.backend] = get(dev, y, dims)
+        PATHS.setdefault(f"batch_norm inference {dt.value} on {dev.backend}", set()).add(path)
+    assert rel(results["cuda"], results["cpu"]) <= TOL[dtype]
+    torch = torch_or_none()
+    if torch is not None:
+        from torch.nn import functional
+
+        t = {k: torch.tensor(v, dtype=torch.float64, device="cuda") for k, v in data.items()}
+        want = functional.batch_norm(t["x"], t["rm"], t["rv"], t["scale"], t["bias"],
+                                     training=False, eps=1e-5)
+        assert rel(results["cuda"], want.cpu().numpy()) <= TOL[dtype]
+
+
 # -------------------------------------------------------------------- RNNs
 
 
