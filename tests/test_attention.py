@@ -310,6 +310,11 @@ def test_cudnn_multihead_attention_forward_and_builder_backward(dev: Any) -> Non
     inputs.set_dropout(p)
     inputs.set_dropout_seed(seed)
     assert "MultiHeadAttnBwdInputs(batch=1" in repr(inputs) and not inputs.is_consumed()
+    inputs.set_dq(dev.allocate_f64(q.size))  # refused, and the builder can be fixed
+    with pytest.raises(GpuRuntimeError):
+        cudnn.multihead_attn_bwd_f32(inputs)
+    assert not inputs.is_consumed()
+    inputs.set_dq(dq)
     assert cudnn.multihead_attn_bwd_f32(inputs) == "numpy"
     assert inputs.is_consumed()
     with pytest.raises(InvalidArgument):

@@ -113,6 +113,16 @@ from atomr_accel.core.ops._memory import (
     Prefetch,
     Upload,
 )
+from atomr_accel.core.ops._norm import (
+    BatchNorm,
+    GroupNorm,
+    InstanceNorm,
+    LayerNorm,
+    NormBwd,
+    NormMode,
+    NormPhase,
+    RmsNorm,
+)
 from atomr_accel.core.ops._peer import (
     CanAccessPeer,
     EnablePeerAccess,
@@ -121,6 +131,7 @@ from atomr_accel.core.ops._peer import (
     PeerSource,
 )
 from atomr_accel.core.ops._rng import Distribution, RngFill
+from atomr_accel.core.ops._rnn import RnnBwd, RnnDirection, RnnFwd, RnnMode
 from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,
@@ -326,6 +337,23 @@ EXAMPLES: list[Any] = [
                          mask=AttnMask.CAUSAL, dropout=0.1, dropout_seed=3),
     MultiHeadAttnBackward(*(_buf(F32, 64, i) for i in range(1, 9)), 1, 4, 4, 2, 1, 8,
                           mask=AttnMask.SLIDING_WINDOW, window=2),
+    BatchNorm(_buf(F32, 24), _buf(F32, 24, 2), _buf(F32, 3, 3), _buf(F32, 3, 4), (2, 3, 4),
+              _buf(F32, 3, 5), _buf(F32, 3, 6), phase=NormPhase.INFERENCE),
+    LayerNorm(_buf(DType.BF16, 24), _buf(DType.BF16, 24, 2), _buf(F32, 12, 3), _buf(F32, 12, 4),
+              (2, 3, 4), 2, _buf(F32, 2, 5), _buf(F32, 2, 6), 1e-3),
+    InstanceNorm(_buf(F64, 24), _buf(F64, 24, 2), _buf(F64, 3, 3), _buf(F64, 3, 4), (2, 3, 4)),
+    GroupNorm(_buf(F32, 32), _buf(F32, 32, 2), _buf(F32, 4, 3), _buf(F32, 4, 4), (2, 4, 4), 2,
+              _buf(F32, 4, 5)),
+    RmsNorm(_buf(DType.F16, 24), _buf(DType.F16, 24, 2), _buf(F32, 4, 3), (6, 4), 1,
+            _buf(F32, 6, 4)),
+    NormBwd(_buf(F32, 24), _buf(F32, 24, 2), _buf(F32, 4, 3), None, _buf(F32, 6, 4),
+            _buf(F32, 24, 5), _buf(F32, 4, 6), None, (6, 4), NormMode.RMS),
+    RnnFwd(_buf(F32, 12), None, _buf(F32, 2 * (4 * 2 * 5 + 16), 2), _buf(F32, 24, 3),
+           _buf(F32, 8, 4), None, _buf(F32, 8, 5), RnnMode.LSTM, RnnDirection.BI, 1, 3, 2, 2,
+           2),
+    RnnBwd(_buf(F64, 12), _buf(F64, 42, 2), _buf(F64, 8, 3), _buf(F64, 12, 4),
+           _buf(F64, 42, 5), dh_in=_buf(F64, 4, 6), mode=RnnMode.GRU, input_size=3,
+           hidden_size=2, seq_length=2, batch_size=2),
 ]
 
 
@@ -589,6 +617,7 @@ _VALUES: list[Any] = [
     PeerSource(1, 0, C64, 4, 64, None, 0),
     *DType,
     *FftKind, *Distribution, *FaultKind, *Location, *Advice,
+    *NormMode, *NormPhase, *RnnMode, *RnnDirection,
 ]
 
 

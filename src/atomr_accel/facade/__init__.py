@@ -44,6 +44,7 @@ from atomr_accel.facade._memory import (
     ipc_open_mem_handle_async,
 )
 from atomr_accel.facade._placement import Placement
+from atomr_accel.facade._rnn_inputs import RnnBwdInputs
 from atomr_accel.facade._system import System
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "NvrtcKernel",
     "Placement",
     "RngGenerator",
+    "RnnBwdInputs",
     "Solver",
     "Sparse",
     "System",

@@ -9,10 +9,13 @@ consumed builder cannot be passed again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core.ops._attention import AttnMask
+from atomr_accel.core.ops._attention import AttnMask, MultiHeadAttnBackward
+from atomr_accel.facade._rnn_inputs import RefOf
 
 __all__ = ["MultiHeadAttnBwdInputs"]
 
@@ -128,17 +131,29 @@ class MultiHeadAttnBwdInputs:
         """Whether a backward call has taken these inputs."""
         return self._consumed
 
-    def take(self) -> dict[str, Any]:
-        """Mark the inputs consumed and return them (buffers and options by field name);
-        raises ``InvalidArgument`` when consumed already or a required one is unset."""
+    def build(self, ref_of: RefOf, dtypes: Iterable[DType] | None) -> MultiHeadAttnBackward:
+        """The ``MultiHeadAttnBackward`` op of these inputs, its buffers turned into refs by
+        ``ref_of`` (the handle's check, limited to ``dtypes``); raises ``InvalidArgument``
+        when consumed already or a required one is unset."""
         if self._consumed:
             raise InvalidArgument("this MultiHeadAttnBwdInputs was consumed by a backward call")
         missing = [n for n in (*_BUFFERS[:-1], *_SIZES) if n not in self._values]
         if missing:
             raise InvalidArgument(f"MultiHeadAttnBwdInputs has no {', '.join(missing)}: "
                                   f"call set_{missing[0]}()")
+        values = self._values
+        q, k, v, o, do, dq, dk, dv = (ref_of(values[name], name, dtypes)
+                                      for name in _BUFFERS[:-1])
+        stats = values["stats"]
+        return MultiHeadAttnBackward(
+            q, k, v, o, do, dq, dk, dv, values["batch"], values["seq_q"], values["seq_kv"],
+            values["heads_q"], values["heads_kv"], values["head_dim"],
+            None if stats is None else ref_of(stats, "stats", dtypes), values["mask"],
+            values["window"], values["scale"], values["dropout"], values["dropout_seed"])
+
+    def consume(self) -> None:
+        """Mark these inputs taken by a call."""
         self._consumed = True
-        return dict(self._values)
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{n}={self._values[n]}" for n in _SIZES if n in self._values)

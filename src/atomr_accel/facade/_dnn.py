@@ -15,17 +15,19 @@ from typing import Any, ClassVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core.ops._attention import MultiHeadAttnBackward
 from atomr_accel.core.ops._libraries import LibraryAvailable
 from atomr_accel.facade._api import BlasLtApi, CudnnApi, FlashAttnApi
 from atomr_accel.facade._attn_inputs import MultiHeadAttnBwdInputs
 from atomr_accel.facade._libraries import Library
 from atomr_accel.facade._portal import blocking
+from atomr_accel.facade._rnn_inputs import RnnBwdInputs
 
 __all__ = ["BlasLt", "Cudnn", "FlashAttn", "OptionalLibrary"]
 
 _F32 = (DType.F32,)
-_ATTN_BUFFERS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+
+Builder = MultiHeadAttnBwdInputs | RnnBwdInputs
+"""The original's argument builders of the two backward calls that take one."""
 
 
 class OptionalLibrary(Library):
@@ -56,20 +58,36 @@ class Cudnn(OptionalLibrary, CudnnApi):
         """Multi-head attention backward from a ``MultiHeadAttnBwdInputs`` (consumed by the
         call): writes ``dq``, ``dk``, ``dv``; f32 buffers. Runs ``MultiHeadAttnBackward``;
         answers the path that ran."""
-        if not isinstance(inputs, MultiHeadAttnBwdInputs):
-            raise InvalidArgument(f"inputs must be a MultiHeadAttnBwdInputs, got {inputs!r}")
-        values = inputs.take()
-        refs = {name: self._ref(values[name], name, _F32) for name in _ATTN_BUFFERS}
-        stats = values["stats"]
-        op = MultiHeadAttnBackward(
-            refs["q"], refs["k"], refs["v"], refs["o"], refs["do"], refs["dq"], refs["dk"],
-            refs["dv"], values["batch"], values["seq_q"], values["seq_kv"], values["heads_q"],
-            values["heads_kv"], values["head_dim"],
-            None if stats is None else self._ref(stats, "stats", _F32), values["mask"],
-            values["window"], values["scale"], values["dropout"], values["dropout_seed"])
-        return self._submit(op, timeout_secs)
+        return self._from_builder(inputs, MultiHeadAttnBwdInputs, _F32, timeout_secs)
 
     multihead_attn_bwd_f32 = blocking(multihead_attn_bwd_f32_async)
+
+    def rnn_bwd_async(self, inputs: RnnBwdInputs, timeout_secs: float | None = 60.0,
+                      ) -> Coroutine[Any, Any, str]:
+        """RNN backward from the builder ``inputs`` (f32 or f64): ``dx``, ``dweights``,
+        ``dh_in``, ``dc_in``; consumes ``inputs``; answers the path that ran."""
+        return self._from_builder(inputs, RnnBwdInputs, None, timeout_secs)
+
+    rnn_bwd = blocking(rnn_bwd_async)
+
+    def rnn_bwd_f32_async(self, inputs: RnnBwdInputs, timeout_secs: float | None = 60.0,
+                          ) -> Coroutine[Any, Any, str]:
+        """The original's RNN backward from the builder ``inputs`` (f32 buffers): ``dx``,
+        ``dweights``, ``dh_in``, ``dc_in``; consumes ``inputs``; answers the path."""
+        return self._from_builder(inputs, RnnBwdInputs, _F32, timeout_secs)
+
+    rnn_bwd_f32 = blocking(rnn_bwd_f32_async)
+
+    def _from_builder(self, inputs: Builder, kind: type[Builder],
+                      dtypes: tuple[DType, ...] | None,
+                      timeout_secs: float | None) -> Coroutine[Any, Any, str]:
+        """Run the op a builder (the original's ``*BwdInputs``) makes; it is consumed once the
+        op is accepted, so a builder refused for bad input can be fixed and passed again."""
+        if not isinstance(inputs, kind):
+            raise InvalidArgument(f"inputs must be a {kind.__name__}, got {inputs!r}")
+        running = self._submit(inputs.build(self._ref, dtypes), timeout_secs)
+        inputs.consume()
+        return running
 
 
 class FlashAttn(OptionalLibrary, FlashAttnApi):
