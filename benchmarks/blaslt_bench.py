@@ -178,6 +178,15 @@ def main() -> None:
 
     rows["direct nvmath, back to back"] = event_samples(direct, reps, warm)
     rows["direct nvmath, execute + synchronize"] = wall_samples(synced(direct), reps, warm)
+
+    def rebound() -> None:  # our handler's pattern: operands bound, run, released per call
+        mm.reset_operands_unchecked(a=cb.T, b=ca.T, c=cd.T, alpha=1.0, beta=0.0,
+                                    epilog_inputs={"bias": cbias})
+        mm.execute(stream=stream)
+        mm.release_operands()
+
+    rows["direct nvmath, operands reset + released per call"] = event_samples(rebound, reps,
+                                                                              warm)
     stream.synchronize()
     direct_d = cp.asnumpy(cd[:64]).astype(np.float64)
     mm.free()
