@@ -1,0 +1,550 @@
+"""SharedGpuStateCoordinator: write and read leases on shared device state, with fencing
+tokens, lease expiry, FIFO waiters and release on the holder's death."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, Final
+
+from atomr_accel.actor import ActorRef, Props, Reply, Terminated
+from atomr_accel.agents._twin_client import TwinClient, blocking_twin, check_timeout
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
+from atomr_accel.patterns._base import PatternActor, SystemLike, require_wait
+from atomr_accel.patterns._invoke import invoke
+
+__all__ = [
+    "CoordinatorStats",
+    "LeaseError",
+    "LeaseInfo",
+    "LeaseOwnerStopped",
+    "LeaseTimeout",
+    "SharedGpuStateCoordinator",
+    "StaleLeaseToken",
+]
+
+WRITE: Final = "write"
+READ: Final = "read"
+LEASE_SECS: Final = 30.0
+"""Default lease time: a lease not renewed for this long expires."""
+ACQUIRE_TIMEOUT: Final = 10.0
+"""The original's ``acquire_write`` time-out default, seconds."""
+CALL_TIMEOUT: Final = 5.0
+"""Time-out of the coordinator's quick calls (release, renew, check, stats)."""
+_ANSWER_GRACE: Final = 5.0
+"""How much longer than an acquire's own time-out its ask waits (the coordinator answers
+a time-out itself, with ``LeaseTimeout``)."""
+
+
+class LeaseError(GpuRuntimeError):
+    """Base of the coordinator's errors."""
+
+
+class LeaseTimeout(LeaseError, TimeoutError):
+    """An acquire waited ``timeout_secs`` without getting its lease; the queue behind it
+    is unchanged."""
+
+
+class StaleLeaseToken(LeaseError):
+    """A token that is not a live lease (released, expired, its owner dead, never issued,
+    or of the wrong kind): whoever holds it may not touch the shared state."""
+
+    def __init__(self, token: object, why: str) -> None:
+        super().__init__(f"lease token {token!r} is stale: {why}")
+        self.token = token
+
+
+class LeaseOwnerStopped(LeaseError):
+    """The actor given as an acquire's ``owner`` stopped before the lease was granted."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A live lease: its token, holder, kind (``"write"`` or ``"read"``) and the seconds
+    left before it expires (on the coordinator's clock)."""
+
+    token: int
+    agent_id: str | int
+    mode: str
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStats:
+    """The coordinator's state and counters.
+
+    ``writer`` is the write lease's token (None when none is held), ``readers``
+    the read leases' tokens, ``waiting`` the queued acquires, ``last_token``
+    the newest token issued. Counters: leases ``granted``, ``expired``,
+    ``released`` by their holders, released because their ``owner`` died
+    (``owner_releases``), releases of stale tokens (``stale_releases``,
+    no-ops), acquires that timed out (``timeouts``) and stale tokens refused
+    by ``check``, ``renew`` and ``fenced`` (``refused``).
+    """
+
+    writer: int | None
+    readers: tuple[int, ...]
+    waiting: int
+    last_token: int
+    granted: int
+    expired: int
+    released: int
+    owner_releases: int
+    stale_releases: int
+    timeouts: int
+    refused: int
+
+
+class _Lease:
+    __slots__ = ("agent_id", "expires_at", "mode", "owner", "pinned", "token")
+
+    def __init__(self, token: int, agent_id: str | int, mode: str, owner: ActorRef | None,
+                 expires_at: float) -> None:
+        self.token = token
+        self.agent_id = agent_id
+        self.mode = mode
+        self.owner = owner
+        self.expires_at = expires_at
+        self.pinned = 0  # fenced calls running under it: it does not expire meanwhile
+
+
+@dataclass(slots=True)
+class _Waiter:
+    id: int
+    agent_id: str | int
+    mode: str
+    owner: ActorRef | None
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class _Acquire:
+    agent_id: str | int
+    mode: str
+    owner: ActorRef | None
+    timeout_secs: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Release:
+    token: int
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Renew:
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Fenced:
+    token: int
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _FencedDone:
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class _GiveUp:
+    waiter_id: int
+    timed_out: bool
+
+
+class _Sweep:
+    __slots__ = ()
+
+
+class _GetStats:
+    __slots__ = ()
+
+
+_SWEEP: Final = _Sweep()
+
+
+class _CoordinatorActor(PatternActor):
+    def __init__(self, lease_secs: float, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.lease_secs = lease_secs
+        self.clock = clock
+        self.leases: dict[int, _Lease] = {}
+        self.writer: int | None = None
+        self.queue: deque[_Waiter] = deque()
+        self.waiter_ids = count(1)
+        self.last_token = 0
+        self.owners: dict[ActorRef, int] = {}  # leases and waiters per watched owner
+        self.granted = self.expired = self.released = self.owner_releases = 0
+        self.stale_releases = self.timeouts = self.refused = 0
+
+    async def pre_start(self) -> None:
+        """Sweep expired leases periodically, so waiters move on without other traffic."""
+        self.context.schedule_repeatedly(min(self.lease_secs / 4, 1.0), _SWEEP, key="sweep")
+
+    async def receive(self, message: Any) -> Any:
+        """Expire what is due, then handle one request."""
+        self._sweep()
+        answer: Any = None
+        cls = type(message)
+        if cls is _Acquire:
+            self._acquire(message)
+        elif cls is _Release:
+            answer = self._release(message.token, message.mode)
+        elif cls is _Renew or cls is _Check:
+            self._renew_or_check(message)
+        elif cls is _Fenced:
+            self._fenced(message)
+        elif cls is _FencedDone:
+            lease = self.leases.get(message.token)
+            if lease is not None:
+                lease.pinned -= 1
+                lease.expires_at = max(lease.expires_at, self.clock() + self.lease_secs)
+        elif cls is _GiveUp:
+            self._give_up(message.waiter_id, message.timed_out)
+        elif cls is Terminated:
+            self._owner_stopped(message.ref)
+        elif cls is _GetStats:
+            answer = self._stats()
+        elif cls is not _Sweep:
+            self.unhandled(message)
+        self._grant()
+        return answer
+
+    # -------------------------------------------------------------- acquiring
+
+    def _acquire(self, request: _Acquire) -> None:
+        reply = self.context.defer_reply()
+        waiter = _Waiter(next(self.waiter_ids), request.agent_id, request.mode, request.owner,
+                         reply)
+        if request.owner is not None:
+            self._hold_owner(request.owner)
+        self.queue.append(waiter)
+        me = self.context.self_ref
+        self.context.schedule_once(request.timeout_secs, _GiveUp(waiter.id, True),
+                                   key=("acquire", waiter.id))
+        reply.when_abandoned(lambda: me.tell(_GiveUp(waiter.id, False)))
+
+    def _grant(self) -> None:
+        """Serve the queue's head while it fits: FIFO, readers together, a writer alone."""
+        while self.queue:
+            waiter = self.queue[0]
+            if waiter.reply.done():  # its asker gave up; _GiveUp is on its way
+                self._drop_waiter(waiter)
+                continue
+            if self.writer is not None or (waiter.mode == WRITE and self.leases):
+                return
+            self._drop_waiter(waiter)
+            self.last_token += 1
+            token = self.last_token
+            lease = _Lease(token, waiter.agent_id, waiter.mode, waiter.owner,
+                           self.clock() + self.lease_secs)
+            self.leases[token] = lease
+            if waiter.mode == WRITE:
+                self.writer = token
+            if waiter.owner is not None:
+                self._hold_owner(waiter.owner)
+            self.granted += 1
+            waiter.reply.set_result(token)
+
+    def _drop_waiter(self, waiter: _Waiter) -> None:
+        self.queue.remove(waiter)
+        self.context.cancel_timer(("acquire", waiter.id))
+        if waiter.owner is not None:
+            self._let_owner_go(waiter.owner)
+
+    def _give_up(self, waiter_id: int, timed_out: bool) -> None:
+        for waiter in self.queue:
+            if waiter.id == waiter_id:
+                self._drop_waiter(waiter)
+                if timed_out:
+                    self.timeouts += 1
+                    waiter.reply.set_exception(LeaseTimeout(
+                        f"{waiter.mode} lease for agent {waiter.agent_id!r} not granted in time "
+                        f"(held: {self._holders()})"))
+                return
+
+    # ------------------------------------------------------ leases and tokens
+
+    def _renew_or_check(self, request: _Renew | _Check) -> None:
+        """Answer the lease's info (renewed first for ``_Renew``), or ``StaleLeaseToken``
+        (a refusal is an answer, not a failure of the coordinator)."""
+        reply = self.context.defer_reply()
+        try:
+            lease = self._live(request.token)
+        except StaleLeaseToken as exc:
+            reply.set_exception(exc)
+            return
+        if type(request) is _Renew:
+            lease.expires_at = self.clock() + self.lease_secs
+        reply.set_result(self._info(lease))
+
+    def _live(self, token: int) -> _Lease:
+        lease = self.leases.get(token)
+        if lease is None:
+            self.refused += 1
+            raise StaleLeaseToken(token, self._why_not(token))
+        return lease
+
+    def _why_not(self, token: int) -> str:
+        if 0 < token <= self.last_token:
+            return "it was released or expired"
+        return "no lease has had it"
+
+    def _info(self, lease: _Lease) -> LeaseInfo:
+        return LeaseInfo(lease.token, lease.agent_id, lease.mode,
+                         max(0.0, lease.expires_at - self.clock()))
+
+    def _release(self, token: int, mode: str) -> bool:
+        lease = self.leases.get(token)
+        if lease is None or lease.mode != mode:
+            self.stale_releases += 1
+            return False
+        self._drop_lease(lease)
+        self.released += 1
+        return True
+
+    def _drop_lease(self, lease: _Lease) -> None:
+        del self.leases[lease.token]
+        if self.writer == lease.token:
+            self.writer = None
+        if lease.owner is not None:
+            self._let_owner_go(lease.owner)
+
+    def _sweep(self) -> None:
+        now = self.clock()
+        for lease in [le for le in self.leases.values() if not le.pinned and le.expires_at <= now]:
+            self._drop_lease(lease)
+            self.expired += 1
+
+    def _fenced(self, request: _Fenced) -> None:
+        reply = self.context.defer_reply()
+        try:
+            lease = self._live(request.token)
+            if lease.mode != WRITE:
+                self.refused += 1
+                raise StaleLeaseToken(request.token, "it is a read lease")
+        except StaleLeaseToken as exc:
+            reply.set_exception(exc)
+            return
+        lease.pinned += 1
+        self.start_task(self._run_fenced(request, reply))
+
+    async def _run_fenced(self, request: _Fenced, reply: Reply) -> None:
+        try:
+            result = await invoke(request.fn, *request.args)
+        except asyncio.CancelledError:
+            reply.set_exception(self.stopped_error())
+            raise
+        except Exception as exc:
+            reply.set_exception(exc)
+        else:
+            reply.set_result(result)
+        finally:
+            self.context.self_ref.tell(_FencedDone(request.token))
+
+    # ------------------------------------------------------------- owners
+
+    def _hold_owner(self, owner: ActorRef) -> None:
+        if owner not in self.owners:
+            self.owners[owner] = 0
+            self.context.watch(owner)
+        self.owners[owner] += 1
+
+    def _let_owner_go(self, owner: ActorRef) -> None:
+        left = self.owners.get(owner, 0) - 1
+        if left > 0:
+            self.owners[owner] = left
+        elif owner in self.owners:
+            del self.owners[owner]
+            self.context.unwatch(owner)
+
+    def _owner_stopped(self, owner: ActorRef) -> None:
+        self.owners.pop(owner, None)
+        for lease in [le for le in self.leases.values() if le.owner == owner]:
+            lease.owner = None
+            self._drop_lease(lease)
+            self.owner_releases += 1
+        for waiter in [w for w in self.queue if w.owner == owner]:
+            waiter.owner = None
+            self._drop_waiter(waiter)
+            waiter.reply.set_exception(LeaseOwnerStopped(
+                f"the owner {owner.path} of agent {waiter.agent_id!r}'s acquire stopped"))
+
+    # -------------------------------------------------------------- stats
+
+    def _holders(self) -> str:
+        if not self.leases:
+            return "none"
+        return ", ".join(f"{le.mode} {le.token} by {le.agent_id!r}" for le in self.leases.values())
+
+    def _stats(self) -> CoordinatorStats:
+        readers = tuple(t for t, le in self.leases.items() if le.mode == READ)
+        return CoordinatorStats(self.writer, readers, len(self.queue), self.last_token,
+                                self.granted, self.expired, self.released, self.owner_releases,
+                                self.stale_releases, self.timeouts, self.refused)
+
+    async def post_stop(self) -> None:
+        """Fail the queued acquires and running fenced calls."""
+        await super().post_stop()
+        error = self.stopped_error()
+        for waiter in self.queue:
+            waiter.reply.set_exception(error)
+        self.queue.clear()
+
+
+def _agent(agent_id: object) -> str | int:
+    if isinstance(agent_id, bool) or not isinstance(agent_id, str | int):
+        raise InvalidArgument(f"agent_id must be a str or an int, got {agent_id!r}")
+    return agent_id
+
+
+def _token(token: object) -> int:
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise InvalidArgument(f"token must be an int, got {token!r}")
+    return token
+
+
+def _owner(owner: object) -> ActorRef | None:
+    if owner is not None and not isinstance(owner, ActorRef):
+        raise InvalidArgument(f"owner must be an ActorRef or None, got {owner!r}")
+    return owner
+
+
+class SharedGpuStateCoordinator(TwinClient):
+    """Leases on shared device state: one writer or many readers at a time.
+
+    * ``acquire_write`` / ``acquire_read`` wait in one FIFO queue and return a
+      token; read leases are shared, a write lease excludes every other
+      lease. The queue's head is served as soon as it fits, and readers behind
+      a waiting writer wait behind it, so neither readers nor writers starve
+      (FIFO fairness; consecutive readers are granted together).
+    * Tokens are fencing tokens: every lease, read or write, gets a token
+      greater than every earlier one. ``check(token)`` and ``fenced(token, fn)``
+      refuse a token that is not a live lease with ``StaleLeaseToken``, so a
+      holder whose lease expired cannot write.
+    * A lease not renewed (``renew``) within ``lease_secs`` of the coordinator's
+      ``clock`` expires and the next waiter proceeds; expiry is checked on
+      every request and periodically.
+    * Given ``owner=`` (an ``ActorRef`` of the same actor system), a lease is
+      released when that actor stops (death watch), and a queued acquire fails
+      with ``LeaseOwnerStopped``.
+    * Releasing a stale or unknown token is a counted no-op.
+
+    Methods are ``name_async`` (awaitable on any event loop) with blocking
+    twins ``name`` (for a coordinator spawned in a facade ``System``).
+    """
+
+    @staticmethod
+    def props(lease_secs: float = LEASE_SECS, clock: Callable[[], float] | None = None) -> Props:
+        """Props for the coordinator actor (see ``spawn``)."""
+        require_wait("lease_secs", lease_secs)
+        if lease_secs <= 0:
+            raise InvalidArgument(f"lease_secs must be > 0, got {lease_secs!r}")
+        if clock is not None and not callable(clock):
+            raise InvalidArgument(f"clock must be a callable returning seconds, got {clock!r}")
+        return Props(_CoordinatorActor, float(lease_secs), clock or time.monotonic)
+
+    @classmethod
+    def spawn(cls, system: SystemLike, name: str | None = None, *,
+              lease_secs: float = LEASE_SECS,
+              clock: Callable[[], float] | None = None) -> SharedGpuStateCoordinator:
+        """Start a coordinator in ``system`` and return its client.
+
+        ``lease_secs``: how long a lease lives without ``renew``. ``clock``: a
+        callable returning monotonic seconds (default ``time.monotonic``);
+        tests inject one to control expiry. Acquire time-outs use real time.
+        """
+        return cls._start(system, cls.props(lease_secs, clock), name)
+
+    def acquire_write_async(self, agent_id: str | int, timeout_secs: float = ACQUIRE_TIMEOUT,
+                            *, owner: ActorRef | None = None) -> Coroutine[Any, Any, int]:
+        """Wait for the write lease; return its token (an int > 0, greater than every
+        earlier token).
+
+        Raises ``LeaseTimeout`` after ``timeout_secs`` (the queue behind keeps
+        its order), ``LeaseOwnerStopped`` if ``owner`` stops first.
+        """
+        return self._acquire(agent_id, WRITE, timeout_secs, owner)
+
+    def acquire_read_async(self, agent_id: str | int, timeout_secs: float = ACQUIRE_TIMEOUT,
+                           *, owner: ActorRef | None = None) -> Coroutine[Any, Any, int]:
+        """Wait for a shared read lease; return its token (as ``acquire_write_async``)."""
+        return self._acquire(agent_id, READ, timeout_secs, owner)
+
+    def _acquire(self, agent_id: object, mode: str, timeout_secs: object, owner: object,
+                 ) -> Coroutine[Any, Any, int]:
+        request = _Acquire(_agent(agent_id), mode, _owner(owner), check_timeout(timeout_secs))
+        return self._call(f"acquire_{mode}", request, request.timeout_secs + _ANSWER_GRACE)
+
+    def release_write_async(self, token: int,
+                            timeout_secs: float = CALL_TIMEOUT,
+                            ) -> Coroutine[Any, Any, bool]:
+        """Release the write lease ``token``; return True, or False for a stale or unknown
+        token (a counted no-op)."""
+        return self._call("release_write", _Release(_token(token), WRITE),
+                          check_timeout(timeout_secs))
+
+    def release_read_async(self, token: int,
+                           timeout_secs: float = CALL_TIMEOUT,
+                           ) -> Coroutine[Any, Any, bool]:
+        """Release the read lease ``token``; True, or False for a stale token (a no-op)."""
+        return self._call("release_read", _Release(_token(token), READ),
+                          check_timeout(timeout_secs))
+
+    def release_write(self, token: int) -> None:
+        """Release the write lease ``token`` and return at once (the original's
+        fire-and-forget); a stale token is a counted no-op."""
+        self.ref.tell(_Release(_token(token), WRITE))
+
+    def release_read(self, token: int) -> None:
+        """Release the read lease ``token`` and return at once; a stale token is a no-op."""
+        self.ref.tell(_Release(_token(token), READ))
+
+    def renew_async(self, token: int,
+                    timeout_secs: float = CALL_TIMEOUT,
+                    ) -> Coroutine[Any, Any, LeaseInfo]:
+        """Restart the lease's ``lease_secs``; return its ``LeaseInfo``.
+
+        Raises ``StaleLeaseToken`` if the lease is no longer live.
+        """
+        return self._call("renew", _Renew(_token(token)), check_timeout(timeout_secs))
+
+    def check_async(self, token: int,
+                    timeout_secs: float = CALL_TIMEOUT,
+                    ) -> Coroutine[Any, Any, LeaseInfo]:
+        """Return the live lease's ``LeaseInfo``; raise ``StaleLeaseToken`` if it is not live."""
+        return self._call("check", _Check(_token(token)), check_timeout(timeout_secs))
+
+    def fenced_async(self, token: int, fn: Callable[..., Any], *args: Any,
+                     timeout_secs: float = ACQUIRE_TIMEOUT) -> Coroutine[Any, Any, Any]:
+        """Return ``fn(*args)`` (sync on a worker thread, or async), run only if ``token``
+        is the live write lease; it does not expire while ``fn`` runs.
+
+        Raises ``StaleLeaseToken`` (``fn`` not called) otherwise, or what ``fn`` raised.
+        """
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be callable, got {fn!r}")
+        return self._call("fenced", _Fenced(_token(token), fn, args), check_timeout(timeout_secs))
+
+    def stats_async(self, timeout_secs: float = CALL_TIMEOUT,
+                    ) -> Coroutine[Any, Any, CoordinatorStats]:
+        """The coordinator's ``CoordinatorStats``."""
+        return self._call("stats", _GetStats(), check_timeout(timeout_secs))
+
+    acquire_write = blocking_twin(acquire_write_async)
+    acquire_read = blocking_twin(acquire_read_async)
+    renew = blocking_twin(renew_async)
+    check = blocking_twin(check_async)
+    fenced = blocking_twin(fenced_async)
+    stats = blocking_twin(stats_async)
