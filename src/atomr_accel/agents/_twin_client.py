@@ -44,6 +44,19 @@ class TwinClient(PatternClient):
         client._system_name = system.name
         return client
 
+    def _blocking(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        """Run ``coro`` to its end on this thread (a blocking method ``what``).
+
+        Raises ``InvalidArgument`` for a client spawned in a bare ``ActorSystem``
+        (it has no loop thread to wait on: await the ``_async`` form there).
+        """
+        portal = self._portal
+        if portal is None:
+            coro.close()
+            raise InvalidArgument(f"{type(self).__name__}.{what} blocks, which needs a facade "
+                                  f"System; in an ActorSystem await {what}_async")
+        return portal.run_blocking(coro)
+
     async def _call(self, what: str, message: Any, timeout_secs: float) -> Any:
         """Ask the blueprint actor ``message``; the runtime's errors become typed ones."""
         try:
@@ -57,19 +70,12 @@ class TwinClient(PatternClient):
 def blocking_twin(
     async_method: Callable[Concatenate[C, P], Coroutine[Any, Any, T]],
 ) -> Callable[Concatenate[C, P], T]:
-    """The blocking twin of a ``TwinClient`` method ``name_async`` (same arguments and result).
-
-    Raises ``InvalidArgument`` for a client spawned in a bare ``ActorSystem``
-    (it has no loop thread to wait on: await the ``_async`` form there).
-    """
+    """The blocking twin of a ``TwinClient`` method ``name_async`` (same arguments and
+    result; see ``TwinClient._blocking``)."""
 
     @functools.wraps(async_method)
     def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        portal = self._portal
-        if portal is None:
-            raise InvalidArgument(f"{type(self).__name__}.{name} blocks, which needs a facade "
-                                  f"System; in an ActorSystem await {async_method.__name__}")
-        return portal.run_blocking(async_method(self, *args, **kwargs))
+        return self._blocking(async_method(self, *args, **kwargs), name)
 
     name = async_method.__name__.removesuffix("_async")
     method.__name__ = name
