@@ -7,6 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atomr_accel import InvalidArgument, System
 from atomr_accel.actor import Actor, ActorSystem, Props
@@ -226,3 +228,55 @@ def test_the_originals_blocking_form_in_a_system() -> None:
             coordinator.check(token)
         coordinator.release_write(second)
         assert coordinator.stats().released == 2
+
+
+async def test_a_cancelled_acquire_leaves_the_queue_without_a_lease() -> None:
+    async with ActorSystem("t") as system:
+        coordinator = SharedGpuStateCoordinator.spawn(system)
+        held = await coordinator.acquire_write_async("holder")
+        cancelled = asyncio.ensure_future(coordinator.acquire_write_async("gone"))
+        nxt = asyncio.ensure_future(coordinator.acquire_write_async("next"))
+        await settle(coordinator)
+        cancelled.cancel()
+        await settle(coordinator)
+        assert (await coordinator.stats_async()).waiting == 1
+        await coordinator.release_write_async(held)
+        token = await nxt
+        stats = await coordinator.stats_async()
+        assert stats.writer == token and stats.granted == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from(["read", "write"]), min_size=1, max_size=12))
+def test_grants_follow_the_queue_and_a_writer_is_always_alone(modes: list[str]) -> None:
+    async def scenario() -> None:
+        async with ActorSystem("t") as system:
+            coordinator = SharedGpuStateCoordinator.spawn(system)
+            gate = await coordinator.acquire_write_async("gate")
+            granted: list[int] = []
+            holding: dict[int, str] = {}
+
+            async def agent(i: int, mode: str) -> None:
+                acquire = (coordinator.acquire_write_async if mode == "write"
+                           else coordinator.acquire_read_async)
+                token = await acquire(f"agent{i}")
+                modes_held = [*holding.values(), mode]
+                assert mode == "read" or len(modes_held) == 1  # a writer is alone
+                assert "write" not in holding.values()
+                granted.append(i)
+                holding[token] = mode
+                await asyncio.sleep(0)
+                del holding[token]
+                release = (coordinator.release_write_async if mode == "write"
+                           else coordinator.release_read_async)
+                await release(token)
+
+            tasks = []
+            for i, mode in enumerate(modes):
+                tasks.append(asyncio.ensure_future(agent(i, mode)))
+                await settle(coordinator)
+            await coordinator.release_write_async(gate)
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            assert granted == list(range(len(modes)))  # FIFO: nobody overtakes, nobody starves
+
+    asyncio.run(scenario())

@@ -296,3 +296,25 @@ async def test_the_originals_async_step() -> None:
     async with ActorSystem("t") as system:
         actor = LangGraphGpuActor.spawn(system, n_nodes=3)
         assert await actor.step_async([2.0]) == [12.0]
+
+
+async def test_a_run_out_of_time_fails_and_resumes_later() -> None:
+    release = asyncio.Event()
+    calls = 0
+
+    async def slow(state: dict[str, Any]) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return {"slow": calls}
+
+    graph = (Graph().add_node("a", put("a", 1)).add_node("slow", slow).add_edge("a", "slow")
+             .add_edge("slow", END).set_entry_point("a"))
+    async with ActorSystem("t") as system:
+        executor = LangGraphGpuActor.spawn(system, graph, max_retries=3)
+        with pytest.raises(NodeFailed) as caught:
+            await executor.step_async({}, timeout_secs=0.1)
+        assert caught.value.node == "slow" and isinstance(caught.value.__cause__, TimeoutError)
+        release.set()
+        state = await executor.resume_async(caught.value.run_id)
+        assert state["a"] == 1 and state["slow"] == 2 and calls == 2

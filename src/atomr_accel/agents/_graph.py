@@ -105,7 +105,10 @@ class Graph:
         return self
 
     def add_edge(self, a: str, b: str) -> Self:
-        """Run ``b`` after ``a`` (once all of ``b``'s active predecessors are done)."""
+        """Run ``b`` after ``a`` (once all of ``b``'s active predecessors are done);
+        ``add_edge(a, END)`` is ``set_finish_point(a)``."""
+        if b == END:
+            return self.set_finish_point(a)
         targets = self._edges.setdefault(_name(a, "an edge's source"), [])
         if _name(b, "an edge's target") not in targets:
             targets.append(b)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import TYPE_CHECKING, Any, Final, overload
 
-from atomr_accel.actor import Actor, ActorError, ActorRef, OneForOneStrategy, Props, Reply
+from atomr_accel.actor import Actor, ActorRef, OneForOneStrategy, Props, Reply
 from atomr_accel.agents._graph import END, CompiledGraph, Graph, NodeFn
 from atomr_accel.agents._twin_client import TwinClient, blocking_twin, check_timeout
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
@@ -300,20 +300,19 @@ class _GraphActor(PatternActor):
         """Call ``node`` until it succeeds, ``max_retries`` retries are spent or time is up."""
         loop = asyncio.get_running_loop()
         while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                outcome.error = outcome.error or TimeoutError(
+                    f"the run's time ran out before node {node!r} ran")
+                return
             outcome.attempts += 1
             self.node_calls += 1
-            left = deadline - loop.time()
             try:
-                if left <= 0:
-                    raise TimeoutError(f"the run's time ran out before node {node!r} ran")
                 outcome.update = await self.nodes[node].ask(_RunNode(dict(state)), timeout=left)
                 return
             except asyncio.CancelledError:
                 raise
-            except (TimeoutError, ActorError) as exc:  # out of time or node stopped
-                outcome.error = exc
-                return
-            except Exception as exc:
+            except Exception as exc:  # the node's error, or the runtime's time-out
                 outcome.error = exc
                 if outcome.attempts > self.max_retries:
                     return
@@ -352,8 +351,8 @@ class LangGraphGpuActor(TwinClient):
     * Each node runs in its own child actor, supervised by the executor: a
       node that raises is restarted and called again, up to ``max_retries``
       retries; then the run fails with ``NodeFailed`` whose ``__cause__`` is
-      the node's error. A run out of time fails the same way (its cause a
-      ``TimeoutError``).
+      the node's error. A run out of time (``timeout_secs``) fails the same
+      way, its cause the time-out.
     * After each completed node the state is checkpointed under the run's id;
       ``resume(run_id)`` continues a failed run from its last checkpoint,
       without running its completed nodes again.
