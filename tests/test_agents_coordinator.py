@@ -280,3 +280,24 @@ def test_grants_follow_the_queue_and_a_writer_is_always_alone(modes: list[str]) 
             assert granted == list(range(len(modes)))  # FIFO: nobody overtakes, nobody starves
 
     asyncio.run(scenario())
+
+
+async def test_tokens_keep_growing_across_a_restart_of_the_coordinator() -> None:
+    clock = Clock()
+    broken = False
+
+    def flaky_clock() -> float:
+        if broken:
+            raise OSError("clock source lost")
+        return clock()
+
+    async with ActorSystem("t") as system:
+        coordinator = SharedGpuStateCoordinator.spawn(system, clock=flaky_clock)
+        before = await coordinator.acquire_write_async("a")
+        broken = True
+        with pytest.raises(OSError):  # the coordinator fails and its supervisor restarts it
+            await coordinator.stats_async()
+        broken = False
+        with pytest.raises(StaleLeaseToken):  # the restart forgot every lease...
+            await coordinator.check_async(before)
+        assert await coordinator.acquire_write_async("b") > before  # ...never a token

@@ -99,6 +99,16 @@ class CoordinatorStats:
     refused: int
 
 
+class _Tokens:
+    """The last token issued; held by the Props, so a restarted coordinator (which
+    forgets its leases) still never issues a token twice."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = 0
+
+
 class _Lease:
     __slots__ = ("agent_id", "expires_at", "mode", "owner", "pinned", "token")
 
@@ -175,15 +185,15 @@ _SWEEP: Final = _Sweep()
 
 
 class _CoordinatorActor(PatternActor):
-    def __init__(self, lease_secs: float, clock: Callable[[], float]) -> None:
+    def __init__(self, lease_secs: float, clock: Callable[[], float], tokens: _Tokens) -> None:
         super().__init__()
+        self.tokens = tokens
         self.lease_secs = lease_secs
         self.clock = clock
         self.leases: dict[int, _Lease] = {}
         self.writer: int | None = None
         self.queue: deque[_Waiter] = deque()
         self.waiter_ids = count(1)
-        self.last_token = 0
         self.owners: dict[ActorRef, int] = {}  # leases and waiters per watched owner
         self.granted = self.expired = self.released = self.owner_releases = 0
         self.stale_releases = self.timeouts = self.refused = 0
@@ -245,8 +255,8 @@ class _CoordinatorActor(PatternActor):
             if self.writer is not None or (waiter.mode == WRITE and self.leases):
                 return
             self._drop_waiter(waiter)
-            self.last_token += 1
-            token = self.last_token
+            self.tokens.last += 1
+            token = self.tokens.last
             lease = _Lease(token, waiter.agent_id, waiter.mode, waiter.owner,
                            self.clock() + self.lease_secs)
             self.leases[token] = lease
@@ -297,7 +307,7 @@ class _CoordinatorActor(PatternActor):
         return lease
 
     def _why_not(self, token: int) -> str:
-        if 0 < token <= self.last_token:
+        if 0 < token <= self.tokens.last:
             return "it was released or expired"
         return "no lease has had it"
 
@@ -390,7 +400,7 @@ class _CoordinatorActor(PatternActor):
 
     def _stats(self) -> CoordinatorStats:
         readers = tuple(t for t, le in self.leases.items() if le.mode == READ)
-        return CoordinatorStats(self.writer, readers, len(self.queue), self.last_token,
+        return CoordinatorStats(self.writer, readers, len(self.queue), self.tokens.last,
                                 self.granted, self.expired, self.released, self.owner_releases,
                                 self.stale_releases, self.timeouts, self.refused)
 
@@ -453,7 +463,7 @@ class SharedGpuStateCoordinator(TwinClient):
             raise InvalidArgument(f"lease_secs must be > 0, got {lease_secs!r}")
         if clock is not None and not callable(clock):
             raise InvalidArgument(f"clock must be a callable returning seconds, got {clock!r}")
-        return Props(_CoordinatorActor, float(lease_secs), clock or time.monotonic)
+        return Props(_CoordinatorActor, float(lease_secs), clock or time.monotonic, _Tokens())
 
     @classmethod
     def spawn(cls, system: SystemLike, name: str | None = None, *,
