@@ -164,6 +164,18 @@ async def test_a_lease_does_not_expire_while_its_fenced_call_runs() -> None:
             await coordinator.check_async(token)
 
 
+async def test_a_fenced_call_past_its_time_out_unpins_the_lease() -> None:
+    clock = Clock()
+    async with ActorSystem("t") as system:
+        coordinator = SharedGpuStateCoordinator.spawn(system, lease_secs=1.0, clock=clock)
+        token = await coordinator.acquire_write_async("a")
+        with pytest.raises(LeaseTimeout):
+            await coordinator.fenced_async(token, asyncio.Event().wait, timeout_secs=0.05)
+        clock.now = 10.0
+        with pytest.raises(StaleLeaseToken):  # no longer pinned: it expired
+            await coordinator.check_async(token)
+
+
 async def test_leases_are_released_when_the_owner_actor_dies() -> None:
     async with ActorSystem("t") as system:
         coordinator = SharedGpuStateCoordinator.spawn(system)

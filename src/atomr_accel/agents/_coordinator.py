@@ -45,8 +45,8 @@ class LeaseError(GpuRuntimeError):
 
 
 class LeaseTimeout(LeaseError, TimeoutError):
-    """An acquire waited ``timeout_secs`` without getting its lease; the queue behind it
-    is unchanged."""
+    """An acquire waited ``timeout_secs`` without getting its lease (the queue behind it
+    is unchanged), or a fenced call ran past its ``timeout_secs``."""
 
 
 class StaleLeaseToken(LeaseError):
@@ -160,11 +160,13 @@ class _Fenced:
     token: int
     fn: Callable[..., Any]
     args: tuple[Any, ...]
+    timeout_secs: float
 
 
 @dataclass(frozen=True, slots=True)
 class _FencedDone:
     token: int
+    renew: bool  # the call ended in time: its lease is renewed
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +221,8 @@ class _CoordinatorActor(PatternActor):
             lease = self.leases.get(message.token)
             if lease is not None:
                 lease.pinned -= 1
-                lease.expires_at = max(lease.expires_at, self.clock() + self.lease_secs)
+                if message.renew:
+                    lease.expires_at = max(lease.expires_at, self.clock() + self.lease_secs)
         elif cls is _GiveUp:
             self._give_up(message.waiter_id, message.timed_out)
         elif cls is Terminated:
@@ -351,17 +354,21 @@ class _CoordinatorActor(PatternActor):
         self.start_task(self._run_fenced(request, reply))
 
     async def _run_fenced(self, request: _Fenced, reply: Reply) -> None:
+        limit = asyncio.timeout(request.timeout_secs)
         try:
-            result = await invoke(request.fn, *request.args)
+            async with limit:
+                result = await invoke(request.fn, *request.args)
         except asyncio.CancelledError:
             reply.set_exception(self.stopped_error())
             raise
         except Exception as exc:
-            reply.set_exception(exc)
+            reply.set_exception(LeaseTimeout(f"the fenced call under lease {request.token} ran "
+                                             f"past {request.timeout_secs} s")
+                                if limit.expired() else exc)
         else:
             reply.set_result(result)
         finally:
-            self.context.self_ref.tell(_FencedDone(request.token))
+            self.context.self_ref.tell(_FencedDone(request.token, renew=not limit.expired()))
 
     # ------------------------------------------------------------- owners
 
@@ -541,11 +548,16 @@ class SharedGpuStateCoordinator(TwinClient):
         """Return ``fn(*args)`` (sync on a worker thread, or async), run only if ``token``
         is the live write lease; it does not expire while ``fn`` runs.
 
-        Raises ``StaleLeaseToken`` (``fn`` not called) otherwise, or what ``fn`` raised.
+        Raises ``StaleLeaseToken`` (``fn`` not called) otherwise, what ``fn``
+        raised, or ``LeaseTimeout`` past ``timeout_secs`` (the lease may then
+        expire: an async ``fn`` is cancelled, a sync one cannot be stopped, so
+        keep fenced calls short).
         """
         if not callable(fn):
             raise InvalidArgument(f"fn must be callable, got {fn!r}")
-        return self._call("fenced", _Fenced(_token(token), fn, args), check_timeout(timeout_secs))
+        timeout = check_timeout(timeout_secs)
+        return self._call("fenced", _Fenced(_token(token), fn, args, timeout),
+                          timeout + _ANSWER_GRACE)
 
     def stats_async(self, timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, CoordinatorStats]:
