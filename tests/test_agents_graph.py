@@ -4,6 +4,7 @@ edges, supervised retries, checkpoints and resume, and the original's n_nodes fo
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
 from typing import Any
 
@@ -100,6 +101,26 @@ async def test_step_runs_every_node_after_its_predecessors() -> None:
         assert {k: state[k] for k in "abcd"} == {"a": "A", "b": "B", "c": "C", "d": "D"}
         assert state["input"] == 1
         assert state["trace"][0] == "a" and state["trace"][-1] == "d"
+
+
+async def test_reducers_combine_concurrent_updates_in_topological_order() -> None:
+    def note(name: str) -> Any:
+        async def node(state: dict[str, Any]) -> dict[str, Any]:
+            return {"trace": [name], "last": name}
+        return node
+
+    graph = Graph(reducers={"trace": operator.add})
+    for name in ["a", "b", "c", "d"]:
+        graph.add_node(name, note(name))
+    graph.add_edge("a", "b").add_edge("a", "c").add_edge("b", "d").add_edge("c", "d")
+    graph.set_entry_point("a").set_finish_point("d")
+    async with ActorSystem("t") as system:
+        executor = LangGraphGpuActor.spawn(system, graph)
+        for _ in range(3):
+            state = await executor.step_async({"trace": ["input"]})
+            assert state == {"trace": ["input", "a", "b", "c", "d"], "last": "d"}
+    with pytest.raises(InvalidArgument):
+        Graph(reducers={"trace": "add"})  # type: ignore[dict-item]
 
 
 async def test_independent_branches_really_run_concurrently() -> None:

@@ -9,7 +9,16 @@ from typing import Any, Final, Self, TypeAlias
 
 from atomr_accel.core._errors import InvalidArgument
 
-__all__ = ["END", "CompiledGraph", "Graph", "GraphCycleError", "NodeFn", "Router", "UnknownNode"]
+__all__ = [
+    "END",
+    "CompiledGraph",
+    "Graph",
+    "GraphCycleError",
+    "NodeFn",
+    "Reducer",
+    "Router",
+    "UnknownNode",
+]
 
 END: Final = "__end__"
 """A conditional edge's target that ends the branch (no node runs after it)."""
@@ -20,6 +29,11 @@ updates, or None for none. It may call a device (blocking calls from a sync node
 
 Router: TypeAlias = Callable[[dict[str, Any]], Any]
 """A conditional edge's router: ``router(state)`` (sync or async) returns a mapping key."""
+
+
+Reducer: TypeAlias = Callable[[Any, Any], Any]
+"""How a state key combines an update with its value: ``reducer(current, update)``
+(e.g. ``operator.add`` to append lists)."""
 
 
 class GraphCycleError(InvalidArgument):
@@ -51,7 +65,7 @@ class CompiledGraph:
     ``order`` is the deterministic topological order (ties in the order the
     nodes were added); ``edges[n]`` the plain successors of ``n``;
     ``branches[n]`` its conditional edge; ``preds[n]`` every node with an edge
-    (plain or conditional) into ``n``.
+    (plain or conditional) into ``n``; ``reducers`` the keys' reducers.
     """
 
     order: tuple[str, ...]
@@ -61,6 +75,17 @@ class CompiledGraph:
     preds: Mapping[str, tuple[str, ...]]
     entry: str
     finish: frozenset[str]
+    reducers: Mapping[str, Reducer]
+
+    def merge(self, state: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+        """``state`` with ``update`` applied: a key with a reducer (and a value) becomes
+        ``reducer(value, update[key])``, any other key is replaced."""
+        merged = dict(state)
+        for key, value in update.items():
+            reducer = self.reducers.get(key)
+            merged[key] = value if reducer is None or key not in merged else reducer(
+                merged[key], value)
+        return merged
 
     def successors(self, node: str) -> tuple[str, ...]:
         """Every node ``node`` may lead to, through plain or conditional edges."""
@@ -78,6 +103,9 @@ def _name(value: object, what: str) -> str:
 class Graph:
     """Build a DAG of nodes over a shared state dict, then ``compile()`` it.
 
+    ``reducers`` maps state keys to ``Reducer``s: a node's update to such a key
+    is combined with the value (e.g. ``{"messages": operator.add}`` appends),
+    so concurrent branches can add to one key; other keys are replaced.
     Every builder method returns the graph, so calls chain. ``compile``
     raises ``GraphCycleError`` (naming the cycle), ``UnknownNode``, or
     ``InvalidArgument`` for a missing entry or finish point, a node the entry
@@ -85,7 +113,13 @@ class Graph:
     with outgoing edges.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reducers: Mapping[str, Reducer] | None = None) -> None:
+        reducers = {} if reducers is None else reducers
+        if not isinstance(reducers, Mapping) or not all(
+                isinstance(k, str) and callable(r) for k, r in reducers.items()):
+            raise InvalidArgument(f"reducers must map state keys (str) to callables, got "
+                                  f"{reducers!r}")
+        self._reducers = dict(reducers)
         self._fns: dict[str, NodeFn] = {}
         self._edges: dict[str, list[str]] = {}
         self._branches: dict[str, _Branch] = {}
@@ -155,7 +189,7 @@ class Graph:
             raise InvalidArgument("the graph has no finish point; call set_finish_point(name)")
         preds: dict[str, list[str]] = {n: [] for n in self._fns}
         draft = CompiledGraph((), self._fns, edges, branches, {}, self._entry,
-                              frozenset(self._finish))
+                              frozenset(self._finish), self._reducers)
         for node in self._fns:
             for succ in draft.successors(node):
                 preds[succ].append(node)
@@ -164,7 +198,7 @@ class Graph:
         order = _topological(self._fns, preds, draft.successors)
         return CompiledGraph(order, dict(self._fns), edges, branches,
                              {n: tuple(p) for n, p in preds.items()}, self._entry,
-                             frozenset(self._finish))
+                             frozenset(self._finish), dict(self._reducers))
 
     def _check_names(self) -> None:
         known = self._fns

@@ -258,7 +258,7 @@ class _GraphActor(PatternActor):
                 if outcome.update is None:
                     failure = failure or (node, outcome)
                     continue
-                run.state = {**run.state, **outcome.update}
+                run.state = graph.merge(run.state, outcome.update)
                 run.done.add(node)
                 run.checkpoints.append(Checkpoint(run.run_id, node, dict(run.state)))
                 run.activated.update(graph.edges.get(node, ()))
