@@ -126,9 +126,9 @@ class DeviceStore:
             stored = data.astype(np.float32)
             query_sq = np.einsum("ij,ij->i", stored, stored).astype(np.float64)
             values = np.maximum(query_sq[:, None] - values, 0.0)
-        found = ids[columns]
-        return [list(zip(row_ids.tolist(), row_scores.tolist(), strict=True))
-                for row_ids, row_scores in zip(found, values, strict=True)]
+        return [list(zip(row_ids, row_scores, strict=True))
+                for row_ids, row_scores in zip(ids[columns].tolist(), values.tolist(),
+                                               strict=True)]
 
     async def read(self, count: int) -> F32:
         """Rows ``0 .. count-1`` downloaded as a float32 host matrix."""
