@@ -32,6 +32,7 @@ from _report import percentile, print_table, write_json
 from atomr_accel import System
 from atomr_accel.agents._gpu_index import GpuVectorIndex
 from atomr_accel.agents._index import CpuVectorIndex
+from atomr_accel.core.ops._topk import TopK
 
 Array = np.ndarray[Any, Any]
 TOP_K = 10
@@ -119,6 +120,8 @@ def gpu_rows(args: argparse.Namespace, system: System) -> tuple[list[list[Any]],
     p50_ratio = percentile(torch_1, 50) / percentile(ours_1, 50)
     qps_ratio = ours_qps / torch_qps
     rows.append(["ours / torch (speed)", "", p50_ratio, "", qps_ratio])
+    stage_rows, facts["stages"] = stages(device, index, host16, queries, batch)
+    print_table("GPU, where the time goes (p50 ms)", ["stage", "ms"], stage_rows)
     sample = queries[:32]
     ours_ids = [[i for i, _ in r] for r in index.search_batch(sample, TOP_K)]
     torch_ids = direct(sample)[0].numpy()
@@ -128,6 +131,42 @@ def gpu_rows(args: argparse.Namespace, system: System) -> tuple[list[list[Any]],
                   "torch_qps": torch_qps, "p50_speed_ratio": p50_ratio,
                   "qps_ratio": qps_ratio, "top10_agreement_with_torch": agree})
     return rows, facts
+
+
+def stages(device: Any, index: GpuVectorIndex, host16: Array, queries: Array,
+           batch: int) -> tuple[list[list[Any]], dict[str, float]]:
+    """Where a search's time goes: the actor round trip (``count()``), the matmul alone
+    (with a one-element download to wait for it) and the ``TopK`` op alone, p50 ms."""
+    n, dim = host16.shape
+    matrix = device.allocate(n * dim, "f16")
+    device.copy_from_numpy(matrix, host16.reshape(-1))
+    found: dict[str, float] = {}
+    rows = []
+    lt = device.blaslt()
+    for m, repeats in ((1, 200), (batch, 8)):
+        q = device.allocate(m * dim, "f16")
+        device.copy_from_numpy(q, queries[:m].astype(np.float16).reshape(-1))
+        scores = device.allocate(m * n, "f16")
+
+        def matmul(_: Array, q: Any = q, scores: Any = scores, m: int = m) -> None:
+            lt.matmul(q, matrix, scores, m, n, dim, trans_b=True)
+            device.copy_to_numpy(scores, 0, 1)
+
+        def top(_: Array, scores: Any = scores, m: int = m) -> None:
+            device.run(TopK(device.ref_of(scores), m, n, TOP_K))
+
+        times = {"matmul": latencies_ms(matmul, queries[:repeats], 3),
+                 "TopK": latencies_ms(top, queries[:repeats], 3)}
+        for stage, samples in times.items():
+            found[f"{stage}_m{m}_p50_ms"] = percentile(samples, 50)
+            rows.append([f"{stage}, {m} queries", percentile(samples, 50)])
+        for buffer in (q, scores):
+            device.free(buffer)
+    device.free(matrix)
+    trip = latencies_ms(lambda _: index.count(), queries[:200], 10)
+    found["actor_round_trip_p50_ms"] = percentile(trip, 50)
+    rows.append(["actor round trip (count())", percentile(trip, 50)])
+    return rows, found
 
 
 # ----------------------------------------------------------------------------- CPU

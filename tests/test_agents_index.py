@@ -375,10 +375,11 @@ def test_gpu_index_save_load_and_errors(system: System, device: Any, tmp_path: P
     assert empty.search([1, 0, 0, 0], 2) == []
 
 
-def test_top_k_op_orders_by_value_then_key(device: Any) -> None:
+@pytest.mark.parametrize("levels", [2, 4, 1000], ids=["all-spares-tie", "ties", "few-ties"])
+def test_top_k_op_orders_by_value_then_key(device: Any, levels: int) -> None:
     rng = np.random.default_rng(4)
     m, n, k = 6, 40, 5
-    x = rng.integers(0, 4, (m, n)).astype(np.float32)  # many ties
+    x = rng.integers(0, levels, (m, n)).astype(np.float32)
     keys = rng.permutation(1000)[:n].astype(np.int64)
     xb = device.allocate(m * n, "f32")
     kb = device.allocate(n, "i64")

@@ -1,9 +1,13 @@
 """Top-k selection on NumPy or CuPy arrays (``TopK``); the CUDA backend brings its own select.
 
-``top_k`` takes the ``k + 1`` largest values of each row with a partial
+``top_k`` takes the ``k + SPARE`` largest values of each row with a partial
 selection (``largest``: ``argpartition`` by default), downloads only those,
-orders them on the host by value, then key, and settles a tie between the
-``k``-th and ``k + 1``-th value with an exact pass over that row alone.
+and orders them on the host by value, then key. The ``k`` best are then
+exact unless every spare candidate ties the ``k``-th value (a column left out
+might tie it too and have a smaller key): such a row takes an exact pass over
+that row alone. Spares make that rare where low precision makes ties common
+(f16 scores of a million vectors: about one row in eight tied the ``k``-th
+and ``k + 1``-th values).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._topk import TopK
 
-__all__ = ["HANDLERS", "Largest", "argpartition_largest", "top_k"]
+__all__ = ["HANDLERS", "SPARE", "Largest", "argpartition_largest", "top_k"]
 
 Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
+SPARE = 8
+"""Candidates a row beyond the ``k`` asked for."""
 Largest = Callable[[Any, Array, int], tuple[Array, Array]]
 """``(xp, x, count) -> (values, columns)``: ``count`` largest values of each row, any order."""
 
@@ -43,7 +49,7 @@ def top_k(backend: ArrayBackend, op: TopK, largest: Largest = argpartition_large
     x = backend.array(op.x.buffer_id)[: op.m * op.n].reshape(op.m, op.n)
     keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
     k = min(op.k, op.n)
-    count = min(k + 1, op.n)
+    count = min(k + SPARE, op.n)
     values, columns = largest(xp, x, count)
     host_values = _host(xp, values).astype(np.float64)
     host_columns = _host(xp, columns).astype(np.int64)
@@ -51,8 +57,8 @@ def top_k(backend: ArrayBackend, op: TopK, largest: Largest = argpartition_large
     order = np.lexsort((host_keys, -host_values), axis=-1)
     host_values = np.take_along_axis(host_values, order, axis=1)
     host_columns = np.take_along_axis(host_columns, order, axis=1)
-    if count > k:
-        for row in np.flatnonzero(host_values[:, k] == host_values[:, k - 1]):
+    if count < op.n:
+        for row in np.flatnonzero(host_values[:, count - 1] == host_values[:, k - 1]):
             host_columns[row, :k], host_values[row, :k] = _exact_row(
                 xp, x[int(row)], keys, int(host_columns[row, k - 1]), k)
     return host_columns[:, :k], host_values[:, :k]

@@ -1,7 +1,7 @@
 """Top-k selection on CUDA: the shared ``top_k`` with a radix select where PyTorch is present.
 
 CuPy's ``argpartition`` sorts each whole row (its documented limitation), so
-when PyTorch imports, the ``k + 1`` candidates of each row come from
+when PyTorch imports, the ``k + SPARE`` candidates of each row come from
 ``torch.topk`` on a zero-copy DLPack view of the buffer, run on the op's
 stream; otherwise from ``cupy.argpartition``. Ordering and ties are the
 shared handler's (``backends.cpu._topk``).

@@ -22,9 +22,9 @@ class TopK(Op):
     Equal values are ordered by the smaller key: ``keys[j]`` (``n`` int64
     values on the device) for column ``j``, or ``j`` itself when ``keys`` is
     None. The handler answers two host arrays of shape ``m x min(k, n)``, best
-    first: the columns (int64) and their values (float64). Only those results
-    (and ``k + 1`` candidates a row) leave the device; a row whose ``k``-th and
-    ``k + 1``-th values tie takes a second, exact pass over that row.
+    first: the columns (int64) and their values (float64). Only a few
+    candidates a row (``k`` plus a few spares) leave the device; a row whose
+    spares all tie its ``k``-th value takes a second, exact pass over that row.
     """
 
     library: ClassVar[str] = "tensor"
