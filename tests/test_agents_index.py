@@ -396,3 +396,23 @@ def test_top_k_op_orders_by_value_then_key(device: Any, levels: int) -> None:
         device.run(TopK(device.ref_of(xb), m, n, 0))
     with pytest.raises(InvalidArgument, match="keys"):
         device.run(TopK(device.ref_of(xb), m, n, 2, device.ref_of(xb)))
+
+
+def test_cache_counters_are_prometheus_metrics_with_telemetry() -> None:
+    pytest.importorskip("prometheus_client")
+    with System.open("agents-cache-telemetry") as system:
+        telemetry = system.enable_telemetry(interval=None)
+        first = EmbeddingCache.spawn(system, 1, 2, name="first")
+        second = EmbeddingCache.spawn(system, 4, 2, name="second")
+        first.insert("a", [1.0, 2.0])
+        first.insert("b", [1.0, 2.0])  # evicts "a"
+        assert first.get("a") is None
+        assert first.get("b") == [1.0, 2.0]
+        second.get("x")
+        text = telemetry.render()
+    path, other = first.path, second.path
+    assert f'atomr_accel_embedding_cache_hits_total{{cache="{path}"}} 1.0' in text
+    assert f'atomr_accel_embedding_cache_misses_total{{cache="{path}"}} 1.0' in text
+    assert f'atomr_accel_embedding_cache_evictions_total{{cache="{path}"}} 1.0' in text
+    assert f'atomr_accel_embedding_cache_entries{{cache="{path}"}} 1.0' in text
+    assert f'atomr_accel_embedding_cache_misses_total{{cache="{other}"}} 1.0' in text

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
+from atomr_accel.agents._cache_metrics import CacheCounters, register
 from atomr_accel.agents._client import TIMEOUT, AgentActor, AgentClient, require_timeout
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade._portal import blocking
@@ -59,14 +60,16 @@ class _Stats:
 
 
 class _CacheActor(AgentActor):
-    def __init__(self, capacity_entries: int, capacity_bytes: int | None, dim: int) -> None:
+    def __init__(self, capacity_entries: int, capacity_bytes: int | None, dim: int,
+                 counters: CacheCounters) -> None:
         self.entries: OrderedDict[Key, np.ndarray[Any, np.dtype[np.float32]]] = OrderedDict()
         self.capacity = capacity_entries
         row_bytes = 4 * dim
         if capacity_bytes is not None:
             self.capacity = min(self.capacity, capacity_bytes // row_bytes)
         self.row_bytes = row_bytes
-        self.hits = self.misses = self.evictions = self.inserts = 0
+        self.counters = counters
+        counters.entries = 0  # a restarted actor starts empty
 
     async def handle(self, message: Any) -> Any:
         cls = type(message)
@@ -76,8 +79,9 @@ class _CacheActor(AgentActor):
             self._insert(message.key, message.row)
             return None
         if cls is _Stats:
-            return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                    "inserts": self.inserts, "entries": len(self.entries),
+            c = self.counters
+            return {"hits": c.hits, "misses": c.misses, "evictions": c.evictions,
+                    "inserts": c.inserts, "entries": len(self.entries),
                     "capacity_entries": self.capacity,
                     "bytes": len(self.entries) * self.row_bytes}
         return await super().handle(message)
@@ -85,20 +89,22 @@ class _CacheActor(AgentActor):
     def _get(self, key: Key) -> list[float] | None:
         row = self.entries.get(key)
         if row is None:
-            self.misses += 1
+            self.counters.misses += 1
             return None
-        self.hits += 1
+        self.counters.hits += 1
         self.entries.move_to_end(key)
         result: list[float] = row.tolist()
         return result
 
     def _insert(self, key: Key, row: np.ndarray[Any, np.dtype[np.float32]]) -> None:
-        self.inserts += 1
+        counters = self.counters
+        counters.inserts += 1
         self.entries[key] = row
         self.entries.move_to_end(key)
         while len(self.entries) > self.capacity:
             self.entries.popitem(last=False)
-            self.evictions += 1
+            counters.evictions += 1
+        counters.entries = len(self.entries)
 
 
 class EmbeddingCache(AgentClient):
@@ -109,10 +115,12 @@ class EmbeddingCache(AgentClient):
     most recently used, then evicts the least recently used keys while more than
     ``capacity_entries`` are held (or more than ``capacity_bytes`` of embedding
     data, 4 bytes a number, when that is given). ``stats()`` reports hits,
-    misses, evictions, inserts and entries. Embeddings are returned as lists of
-    floats (float32 values). Every call has an ``_async`` twin and takes
-    ``timeout_secs`` (default 5 s); a bad key or embedding raises
-    ``InvalidArgument``.
+    misses, evictions, inserts and entries; with ``system.enable_telemetry()``
+    called before ``spawn``, the same counters are Prometheus metrics
+    (``atomr_accel_embedding_cache_*``, see docs/agents-index.md). Embeddings
+    are returned as lists of floats (float32 values). Every call has an
+    ``_async`` twin and takes ``timeout_secs`` (default 5 s); a bad key or
+    embedding raises ``InvalidArgument``.
     """
 
     dim = 0
@@ -132,9 +140,11 @@ class EmbeddingCache(AgentClient):
         if capacity_bytes is not None and capacity_bytes < 4 * embedding_dim:
             raise InvalidArgument(f"capacity_bytes={capacity_bytes} holds no embedding of "
                                   f"{embedding_dim} float32 numbers ({4 * embedding_dim} bytes)")
-        props = Props(_CacheActor, capacity_entries, capacity_bytes, embedding_dim)
+        counters = CacheCounters()
+        props = Props(_CacheActor, capacity_entries, capacity_bytes, embedding_dim, counters)
         client: EmbeddingCache = cls._start_in(system, props, name)
         client.dim = embedding_dim
+        register(system.telemetry, client.path, counters)
         return client
 
     def get_async(self, key: Key, timeout_secs: float = TIMEOUT,
