@@ -1,0 +1,171 @@
+"""EmbeddingCache: an LRU cache of embeddings keyed by bytes or str, in an actor."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atomr_accel.actor import Props
+from atomr_accel.agents._client import TIMEOUT, AgentActor, AgentClient, require_timeout
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.facade._portal import blocking
+from atomr_accel.patterns._base import require_positive_int
+
+__all__ = ["EmbeddingCache"]
+
+Key = bytes | str
+
+
+def _key(value: object) -> Key:
+    """``value`` if it is a cache key (bytes or str; bytearray/memoryview as bytes)."""
+    if isinstance(value, bytes | str):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise InvalidArgument(f"a cache key is bytes or str, got {type(value).__name__}")
+
+
+def _row(value: object, dim: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """``value`` as a read-only float32 row of ``dim`` finite numbers (``InvalidArgument``)."""
+    try:
+        row = np.array(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"an embedding is a sequence of numbers, got {value!r:.60}") from None
+    if row.shape != (dim,):
+        raise InvalidArgument(f"an embedding has {dim} numbers, got shape {row.shape}")
+    if not np.isfinite(row).all():
+        raise InvalidArgument("an embedding must be finite (no NaN or infinity)")
+    row.flags.writeable = False
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class _Get:
+    keys: tuple[Key, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Insert:
+    key: Key
+    row: np.ndarray[Any, np.dtype[np.float32]]
+
+
+class _Stats:
+    __slots__ = ()
+
+
+class _CacheActor(AgentActor):
+    def __init__(self, capacity_entries: int, capacity_bytes: int | None, dim: int) -> None:
+        self.entries: OrderedDict[Key, np.ndarray[Any, np.dtype[np.float32]]] = OrderedDict()
+        self.capacity = capacity_entries
+        row_bytes = 4 * dim
+        if capacity_bytes is not None:
+            self.capacity = min(self.capacity, capacity_bytes // row_bytes)
+        self.row_bytes = row_bytes
+        self.hits = self.misses = self.evictions = self.inserts = 0
+
+    async def handle(self, message: Any) -> Any:
+        cls = type(message)
+        if cls is _Get:
+            return [self._get(key) for key in message.keys]
+        if cls is _Insert:
+            self._insert(message.key, message.row)
+            return None
+        if cls is _Stats:
+            return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                    "inserts": self.inserts, "entries": len(self.entries),
+                    "capacity_entries": self.capacity,
+                    "bytes": len(self.entries) * self.row_bytes}
+        return await super().handle(message)
+
+    def _get(self, key: Key) -> list[float] | None:
+        row = self.entries.get(key)
+        if row is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.entries.move_to_end(key)
+        result: list[float] = row.tolist()
+        return result
+
+    def _insert(self, key: Key, row: np.ndarray[Any, np.dtype[np.float32]]) -> None:
+        self.inserts += 1
+        self.entries[key] = row
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+            self.evictions += 1
+
+
+class EmbeddingCache(AgentClient):
+    """An LRU cache of embeddings (``dim`` float32 numbers each), keyed by bytes or str.
+
+    A ``get`` that finds its key counts a hit and makes the key the most
+    recently used; an ``insert`` stores (or replaces) the key's embedding as the
+    most recently used, then evicts the least recently used keys while more than
+    ``capacity_entries`` are held (or more than ``capacity_bytes`` of embedding
+    data, 4 bytes a number, when that is given). ``stats()`` reports hits,
+    misses, evictions, inserts and entries. Embeddings are returned as lists of
+    floats (float32 values). Every call has an ``_async`` twin and takes
+    ``timeout_secs`` (default 5 s); a bad key or embedding raises
+    ``InvalidArgument``.
+    """
+
+    dim = 0
+
+    @classmethod
+    def spawn(cls, system: Any, capacity_entries: int, embedding_dim: int,
+              capacity_bytes: int | None = None, name: str | None = None) -> EmbeddingCache:
+        """Start a cache in the facade ``system`` and return its client.
+
+        ``capacity_entries`` (>= 1) bounds the number of keys held;
+        ``capacity_bytes`` (>= 1, optional) also bounds the bytes of embedding
+        data (``4 * embedding_dim`` a key); ``name`` names its actor.
+        """
+        require_positive_int("capacity_entries", capacity_entries)
+        require_positive_int("embedding_dim", embedding_dim)
+        require_positive_int("capacity_bytes", capacity_bytes, allow_none=True)
+        if capacity_bytes is not None and capacity_bytes < 4 * embedding_dim:
+            raise InvalidArgument(f"capacity_bytes={capacity_bytes} holds no embedding of "
+                                  f"{embedding_dim} float32 numbers ({4 * embedding_dim} bytes)")
+        props = Props(_CacheActor, capacity_entries, capacity_bytes, embedding_dim)
+        client: EmbeddingCache = cls._start_in(system, props, name)
+        client.dim = embedding_dim
+        return client
+
+    def get_async(self, key: Key, timeout_secs: float = TIMEOUT,
+                  ) -> Coroutine[Any, Any, list[float] | None]:
+        """The embedding stored for ``key`` (a hit), or None (a miss)."""
+        message = _Get((_key(key),))
+        return self._first(message, require_timeout(timeout_secs))
+
+    async def _first(self, message: _Get, timeout: float) -> list[float] | None:
+        rows: list[list[float] | None] = await self._call(message, timeout, "get")
+        return rows[0]
+
+    def get_many_async(self, keys: Iterable[Key], timeout_secs: float = TIMEOUT,
+                       ) -> Coroutine[Any, Any, list[list[float] | None]]:
+        """The embeddings stored for ``keys``, in order (None for each miss), in one request."""
+        if isinstance(keys, bytes | str):
+            raise InvalidArgument("get_many takes a sequence of keys, not one key")
+        message = _Get(tuple(_key(key) for key in keys))
+        return self._call(message, require_timeout(timeout_secs), "get_many")
+
+    def insert_async(self, key: Key, value: Sequence[float] | Any,
+                     timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
+        """Store ``value`` (``embedding_dim`` numbers) for ``key`` as its most recent use."""
+        message = _Insert(_key(key), _row(value, self.dim))
+        return self._call(message, require_timeout(timeout_secs), "insert")
+
+    def stats_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, dict[str, int]]:
+        """Counters: hits, misses, evictions, inserts, entries, capacity_entries, bytes."""
+        return self._call(_Stats(), require_timeout(timeout_secs), "stats")
+
+    get = blocking(get_async)
+    get_many = blocking(get_many_async)
+    insert = blocking(insert_async)
+    stats = blocking(stats_async)
