@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -11,11 +10,12 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from atomr_accel.actor import ActorError, Props, Reply
+from atomr_accel.agents._client import AgentClient, require_system, require_timeout
 from atomr_accel.agents._embedder import HashedTfidfEmbedder
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, gpu_error_of
 from atomr_accel.facade import System
 from atomr_accel.facade._portal import blocking
-from atomr_accel.patterns._base import PatternActor, PatternClient, require_positive_int
+from atomr_accel.patterns._base import PatternActor, require_positive_int
 from atomr_accel.patterns._invoke import invoke
 
 __all__ = [
@@ -62,7 +62,8 @@ class RagResult(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class RagStats:
     """Counters of a pipeline: documents held; queries answered and failed; queries whose
-    embedding was a cache hit; embed calls made for queries and the queries they embedded."""
+    embedding was a cache hit; embed calls made for queries and the queries they embedded;
+    queries now waiting for the next embed call."""
 
     documents: int
     queries: int
@@ -70,6 +71,7 @@ class RagStats:
     cache_hits: int
     embed_calls: int
     embedded: int
+    waiting: int
 
 
 def extractive_answer(query: str, passages: list[str]) -> str:
@@ -144,7 +146,8 @@ class _RagActor(PatternActor):
             self.start_task(self._add(message, self.context.defer_reply()))
         elif cls is _GetStats:
             return RagStats(len(self.setup.texts), self.queries, self.failed,
-                            self.cache_hits, self.embed_calls, self.embedded)
+                            self.cache_hits, self.embed_calls, self.embedded,
+                            len(self.pending))
         else:
             self.unhandled(message)
         return None
@@ -268,13 +271,6 @@ def _typed(exc: Exception) -> GpuRuntimeError:
     return error
 
 
-def _timeout(name: str, value: object) -> float:
-    if (not isinstance(value, int | float) or isinstance(value, bool)
-            or not math.isfinite(value) or value <= 0):
-        raise InvalidArgument(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 def _text(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(f"a query or document text must be a non-blank str, "
@@ -288,7 +284,7 @@ def _id(value: object) -> int:
     return int(value)
 
 
-class RagPipeline(PatternClient):
+class RagPipeline(AgentClient):
     """Answer a query from the documents most like it: embed, retrieve, generate.
 
     ``add_documents(ids, texts)`` embeds the texts (the built-in embedder first
@@ -313,8 +309,6 @@ class RagPipeline(PatternClient):
     Spawn one with ``RagPipeline.spawn``.
     """
 
-    _system_name = ""
-
     @classmethod
     def spawn(cls, system: System, cache: Any, index: Any, embedding_dim: int,
               timeout_secs: float = 5.0, name: str | None = None, *,
@@ -328,9 +322,7 @@ class RagPipeline(PatternClient):
         ``embedding_dim`` numbers per text; ``generate(query, passages)`` a str.
         Bad arguments raise ``InvalidArgument``.
         """
-        if not isinstance(system, System):
-            raise InvalidArgument(f"RagPipeline runs in a System (System.open), "
-                                  f"got {type(system).__name__}")
+        facade = require_system(system)
         require_positive_int("embedding_dim", embedding_dim)
         for role, part, methods in (("cache", cache, ("get_async", "insert_async")),
                                     ("index", index, ("insert_many_async", "search_async"))):
@@ -340,21 +332,12 @@ class RagPipeline(PatternClient):
         for role, fn in (("embed", embed), ("generate", generate)):
             if fn is not None and not callable(fn):
                 raise InvalidArgument(f"{role} must be callable, got {fn!r:.60}")
-        if name is not None and not isinstance(name, str):
-            raise InvalidArgument(f"name must be a str or None, got {name!r}")
         setup = _Setup(cache, index, embedding_dim,
-                       embed if embed is not None else HashedTfidfEmbedder(system, embedding_dim),
+                       embed if embed is not None else HashedTfidfEmbedder(facade, embedding_dim),
                        generate if generate is not None else extractive_answer,
-                       _timeout("timeout_secs", timeout_secs), {})
-        client = cls._start(system, Props(_RagActor, setup), name)
-        client._system_name = system.name
+                       require_timeout(timeout_secs), {})
+        client: RagPipeline = cls._start_in(facade, Props(_RagActor, setup), name)
         return client
-
-    async def _call(self, message: Any, timeout_secs: float, what: str) -> Any:
-        try:
-            return await self._ask(message, timeout_secs)
-        except ActorError as exc:
-            raise gpu_error_of(exc, self._system_name, what) from exc
 
     def add_documents_async(self, ids: Sequence[int], texts: Sequence[str],
                             timeout_secs: float = 60.0) -> Coroutine[Any, Any, int]:
@@ -371,7 +354,7 @@ class RagPipeline(PatternClient):
             raise InvalidArgument(f"{len(id_list)} ids for {len(text_list)} texts")
         if len(set(id_list)) != len(id_list):
             raise InvalidArgument("ids must be distinct within one add_documents call")
-        timeout = _timeout("timeout_secs", timeout_secs)
+        timeout = require_timeout(timeout_secs)
         return self._call(_Add(id_list, text_list, timeout), timeout, "add_documents")
 
     def query_async(self, text: str, k: int = 5, timeout_secs: float = 10.0,
@@ -384,12 +367,12 @@ class RagPipeline(PatternClient):
         ``EmbedFailed`` or ``GenerateFailed``, past ``timeout_secs`` ``AskTimeout``.
         """
         require_positive_int("k", k)
-        return self._call(_Query(_text(text), k), _timeout("timeout_secs", timeout_secs),
+        return self._call(_Query(_text(text), k), require_timeout(timeout_secs),
                           "query")
 
     async def stats_async(self, timeout_secs: float = 5.0) -> RagStats:
         """The pipeline's counters (see ``RagStats``)."""
-        stats: RagStats = await self._call(_GetStats(), _timeout("timeout_secs", timeout_secs),
+        stats: RagStats = await self._call(_GetStats(), require_timeout(timeout_secs),
                                            "stats")
         return stats
 
