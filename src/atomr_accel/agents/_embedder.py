@@ -23,7 +23,7 @@ It needs no model and no download. What it computes for a text, exactly:
    document is learned, ``N = df = 0`` and every ``idf`` is 1 (plain sublinear term
    frequency). Each group's weights are scaled to unit L2 norm and then by the
    group's weight: words 1.0, bigrams 0.5, character n-grams 1.0.
-4. **Signed hashing** into ``buckets`` (default 8192) slots: a feature adds its weight
+4. **Signed hashing** into ``buckets`` (default 4096) slots: a feature adds its weight
    to slot ``(id >> 1) mod buckets``, negated when ``id`` is odd.
 5. **Projection on the device**: the ``texts x buckets`` matrix times a fixed
    ``buckets x embedding_dim`` matrix of N(0, 1/embedding_dim) draws (NumPy's PCG64
@@ -43,6 +43,7 @@ import asyncio
 import functools
 import hashlib
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -140,6 +141,16 @@ class _Learned:
     generation: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Workspace:
+    """The embedder's device and buffers: the projection matrix, features in, embeddings out."""
+
+    device: Device
+    projection: GpuBuffer
+    x: GpuBuffer
+    y: GpuBuffer
+
+
 class HashedTfidfEmbedder:
     """The built-in embedder: hashed word/bigram/char n-gram TF-IDF, projected on a device.
 
@@ -152,16 +163,17 @@ class HashedTfidfEmbedder:
 
     The projection runs as ``gemm_f32`` on ``device``, a ``Device`` of the facade
     ``system`` (any backend); without one, a CPU-backend device with the BLAS
-    library is spawned in ``system`` on first use. Featurising runs on a worker
-    thread. Calls may overlap, from one event loop at a time (the system's, in a
-    ``RagPipeline``).
+    library is spawned in ``system`` on first use. Each batch of at most
+    ``batch_rows`` texts is featurised and projected on a worker thread, with the
+    device's blocking calls. Calls may overlap, from one event loop at a time (the
+    system's, in a ``RagPipeline``); their device work runs one batch at a time.
 
     ``embedding_dim``, ``buckets`` and ``batch_rows`` are ints >= 1 and ``seed`` an
     int >= 0 (``InvalidArgument`` otherwise); a non-str text is an ``InvalidArgument``.
     """
 
     def __init__(self, system: System, embedding_dim: int, device: Device | None = None, *,
-                 buckets: int = 8192, seed: int = 0, batch_rows: int = 256) -> None:
+                 buckets: int = 4096, seed: int = 0, batch_rows: int = 256) -> None:
         if not isinstance(system, System):
             raise InvalidArgument(f"system must be a System (System.open), "
                                   f"got {type(system).__name__}")
@@ -177,11 +189,9 @@ class HashedTfidfEmbedder:
         self.seed = seed
         self.batch_rows = batch_rows
         self._learned = _Learned(np.zeros(DF_SLOTS, np.int32), 0, 0)
-        self._projection: GpuBuffer | None = None
-        self._x: GpuBuffer | None = None
-        self._y: GpuBuffer | None = None
-        self._workspace_rows = 0
-        self._device_lock = asyncio.Lock()
+        self._buffers: _Workspace | None = None
+        self._setup_lock = asyncio.Lock()
+        self._workspace_lock = threading.Lock()
 
     @property
     def documents(self) -> int:
@@ -208,52 +218,49 @@ class HashedTfidfEmbedder:
             counted[rows], learned, self.buckets))
 
     async def _embed(self, count: int, featurise: Callable[[slice], Array]) -> Array:
-        """Project ``featurise(rows)`` (run on a worker thread) chunk by chunk; normalise."""
+        """Featurise and project chunk by chunk, each on a worker thread; normalise."""
+        workspace = await self._workspace()
         out = np.empty((count, self.embedding_dim), np.float32)
         for start in range(0, count, self.batch_rows):
             rows = slice(start, min(start + self.batch_rows, count))
-            x = await asyncio.to_thread(featurise, rows)
-            out[rows] = await self._project(x)
+            out[rows] = await asyncio.to_thread(self._project, workspace, featurise, rows)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         unit: Array = np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
         return unit
 
-    async def _project(self, x: Array) -> Array:
-        """``x @ P`` by one device gemm (column-major: ``Y^T = P^T X^T``).
+    def _project(self, workspace: _Workspace, featurise: Callable[[slice], Array],
+                 rows: slice) -> Array:
+        """``featurise(rows) @ P`` by one device gemm (column-major: ``Y^T = P^T X^T``).
 
-        The projection matrix and two workspace buffers stay on the device; the
-        workspace grows (doubling, up to ``batch_rows`` rows) when a batch needs more.
+        Runs on a worker thread with the device's blocking calls, which run each
+        op on this thread: no hand-off to the event loop or the device's thread.
         """
-        rows, dim = len(x), self.embedding_dim
-        async with self._device_lock:
-            if self.device is None:
-                self.device = await self.system.spawn_device_async(mock=True,
-                                                                   libraries=["blas"])
-            device = self.device
-            if self._projection is None:
-                rng = np.random.default_rng(self.seed)
-                matrix = rng.standard_normal((self.buckets, dim)) / np.sqrt(dim)
-                self._projection = await device.allocate_async(self.buckets * dim)
-                await device.copy_from_numpy_async(self._projection, matrix.astype(np.float32))
-            if rows > self._workspace_rows:
-                await self._grow(rows)
-            assert self._x is not None and self._y is not None
-            await device.copy_from_numpy_async(self._x, x, offset=0)
-            await device.blas().gemm_f32_async(self._projection, self._x, self._y,
-                                               m=dim, n=rows, k=self.buckets)
-            return await device.copy_to_numpy_async(self._y, 0, rows * dim, shape=(rows, dim))
+        x = featurise(rows)
+        count, dim, device = len(x), self.embedding_dim, workspace.device
+        with self._workspace_lock:
+            device.copy_from_numpy(workspace.x, x, offset=0)
+            device.blas().gemm_f32(workspace.projection, workspace.x, workspace.y,
+                                   m=dim, n=count, k=self.buckets)
+            return device.copy_to_numpy(workspace.y, 0, count * dim, shape=(count, dim))
 
-    async def _grow(self, rows: int) -> None:
-        assert self.device is not None
-        capacity = min(self.batch_rows, max(rows, 2 * self._workspace_rows))
-        for old in (self._x, self._y):
-            if old is not None:
-                await self.device.free_async(old)
-        self._x = self._y = None
-        self._workspace_rows = 0
-        self._x = await self.device.allocate_async(capacity * self.buckets)
-        self._y = await self.device.allocate_async(capacity * self.embedding_dim)
-        self._workspace_rows = capacity
+    async def _workspace(self) -> _Workspace:
+        """The device buffers, made on first use: the projection matrix (uploaded once)
+        and room for ``batch_rows`` texts' features and embeddings."""
+        async with self._setup_lock:
+            if self._buffers is None:
+                device = self.device or await self.system.spawn_device_async(
+                    mock=True, libraries=["blas"])
+                self.device = device
+                dim = self.embedding_dim
+                matrix = np.random.default_rng(self.seed).standard_normal((self.buckets, dim))
+                projection = await device.allocate_async(self.buckets * dim)
+                await device.copy_from_numpy_async(
+                    projection, (matrix / np.sqrt(dim)).astype(np.float32))
+                self._buffers = _Workspace(
+                    device, projection,
+                    await device.allocate_async(self.batch_rows * self.buckets),
+                    await device.allocate_async(self.batch_rows * dim))
+            return self._buffers
 
     def __repr__(self) -> str:
         return (f"HashedTfidfEmbedder(dim={self.embedding_dim}, buckets={self.buckets}, "

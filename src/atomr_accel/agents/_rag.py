@@ -74,11 +74,12 @@ class RagStats:
     waiting: int
 
 
-def extractive_answer(query: str, passages: list[str]) -> str:
+async def extractive_answer(query: str, passages: list[str]) -> str:
     """The default ``generate``: extractive, no language model.
 
     Returns the retrieved passages themselves, best first, separated by a blank
     line (the empty string when nothing was retrieved); ``query`` is not used.
+    A coroutine function, so the pipeline runs it on its event loop.
     """
     return "\n\n".join(passages)
 
@@ -174,8 +175,12 @@ class _RagActor(PatternActor):
             vector = np.asarray(cached, dtype=np.float32)
         else:
             vector = await self._embed_query(query.text)
-            await setup.cache.insert_async(key, vector, setup.timeout)
-        hits = await setup.index.search_async(vector, query.k, setup.timeout)
+        search = setup.index.search_async(vector, query.k, setup.timeout)
+        if cached is None:  # cache the embedding while the index searches
+            _, hits = await asyncio.gather(
+                setup.cache.insert_async(key, vector, setup.timeout), search)
+        else:
+            hits = await search
         sources = [int(id) for id, _ in hits]
         passages = [setup.texts[id] for id in sources if id in setup.texts]
         try:
