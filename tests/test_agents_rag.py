@@ -126,7 +126,9 @@ async def test_queries_arriving_during_an_embed_call_are_embedded_together() -> 
         first = asyncio.ensure_future(rag.query_async("the first query", k=1))
         await asyncio.wait_for(entered.wait(), 10)
         texts = [f"query number {i}" for i in range(8)] + ["query number 0"]
-        rest = [asyncio.ensure_future(rag.query_async(text, k=1)) for text in texts]
+        ks = [1 + i % 4 for i in range(len(texts))]  # one search_batch of k=4, cut per query
+        rest = [asyncio.ensure_future(rag.query_async(text, k=k))
+                for text, k in zip(texts, ks, strict=True)]
         for _ in range(10_000):  # until all 9 wait behind the running embed call
             if (await rag.stats_async()).waiting == len(texts):
                 break
@@ -134,9 +136,13 @@ async def test_queries_arriving_during_an_embed_call_are_embedded_together() -> 
         gate.set()
         results = await asyncio.gather(first, *rest)
         assert calls == [["the first query"], [f"query number {i}" for i in range(8)]]
-        assert all(len(sources) == 1 and not cached for _, sources, cached in results)
+        assert [len(sources) for _, sources, _ in results] == [1, *ks]
+        assert not any(cached for _, _, cached in results)
+        for (_, sources, _), k, text in zip(results[1:], ks, texts, strict=True):
+            assert sources == (await rag.query_async(text, k=k)).sources  # alone, cached
         stats = await rag.stats_async()
-        assert (stats.embed_calls, stats.embedded, stats.queries) == (2, 10, 10)
+        assert (stats.embed_calls, stats.embedded) == (2, 10)
+        assert (stats.queries, stats.cache_hits) == (19, 9)
 
 
 @pytest.mark.anyio

@@ -29,6 +29,10 @@ __all__ = [
 ]
 
 Array = np.ndarray[Any, Any]
+Hits = list[tuple[int, float]]
+_Waiting = tuple[str, int, "asyncio.Future[tuple[Array, Hits]]"]
+"""A query waiting for an embed call: its text, its k and the future of its embedding and
+nearest documents."""
 Embed = Callable[[list[str]], Any]
 """``embed(texts) -> matrix``: one row of ``embedding_dim`` numbers per text (sync or async)."""
 Generate = Callable[[str, list[str]], Any]
@@ -97,7 +101,10 @@ class _Index(Protocol):
                           ) -> Coroutine[Any, Any, Any]: ...
 
     def search_async(self, query: Any, top_k: int, timeout_secs: float = ...,
-                     ) -> Coroutine[Any, Any, list[tuple[int, float]]]: ...
+                     ) -> Coroutine[Any, Any, Hits]: ...
+
+    def search_batch_async(self, queries: Any, top_k: int, timeout_secs: float = ...,
+                           ) -> Coroutine[Any, Any, list[Hits]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +141,7 @@ class _RagActor(PatternActor):
     def __init__(self, setup: _Setup) -> None:
         super().__init__()
         self.setup = setup
-        self.pending: list[tuple[str, asyncio.Future[Array]]] = []
+        self.pending: list[_Waiting] = []
         self.embedding = False
         self.queries = self.failed = self.cache_hits = self.embed_calls = self.embedded = 0
 
@@ -173,14 +180,10 @@ class _RagActor(PatternActor):
         if cached is not None:
             self.cache_hits += 1
             vector = np.asarray(cached, dtype=np.float32)
+            hits = await setup.index.search_async(vector, query.k, setup.timeout)
         else:
-            vector = await self._embed_query(query.text)
-        search = setup.index.search_async(vector, query.k, setup.timeout)
-        if cached is None:  # cache the embedding while the index searches
-            _, hits = await asyncio.gather(
-                setup.cache.insert_async(key, vector, setup.timeout), search)
-        else:
-            hits = await search
+            vector, hits = await self._embed_and_search(query.text, query.k)
+            await setup.cache.insert_async(key, vector, setup.timeout)
         sources = [int(id) for id, _ in hits]
         passages = [setup.texts[id] for id in sources if id in setup.texts]
         try:
@@ -200,36 +203,50 @@ class _RagActor(PatternActor):
             return f"{embed.generation}\x1f{text}"
         return text
 
-    def _embed_query(self, text: str) -> asyncio.Future[Array]:
-        """Queue ``text`` for the next embed call; start one if none runs."""
-        future: asyncio.Future[Array] = asyncio.get_running_loop().create_future()
-        self.pending.append((text, future))
+    def _embed_and_search(self, text: str, k: int) -> asyncio.Future[tuple[Array, Hits]]:
+        """Queue ``text`` for the next embed call (start one if none runs); the future
+        gets its embedding and its ``k`` nearest documents."""
+        future: asyncio.Future[tuple[Array, Hits]] = asyncio.get_running_loop().create_future()
+        self.pending.append((text, k, future))
         if not self.embedding:
             self.embedding = True
             self.start_task(self._embed_batches())
         return future
 
     async def _embed_batches(self) -> None:
-        """Embed the queued queries, all of them in one call, until none is left."""
+        """Embed the queued queries, all of them in one call, until none is left; each
+        batch's searches go to the index as one ``search_batch`` while the next embeds."""
         try:
             while self.pending:
                 batch, self.pending = self.pending, []
-                texts = list(dict.fromkeys(text for text, _ in batch))
+                texts = list(dict.fromkeys(text for text, _, _ in batch))
                 self.embed_calls += 1
                 self.embedded += len(batch)
                 try:
                     matrix = await self._embed(texts, self.setup.timeout)
                 except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
+                    _fail(batch, exc)
                     continue
-                rows = dict(zip(texts, matrix, strict=True))
-                for text, future in batch:
-                    if not future.done():
-                        future.set_result(rows[text])
+                self.start_task(self._search_batch(batch, texts, matrix))
         finally:
             self.embedding = False
+
+    async def _search_batch(self, batch: list[_Waiting], texts: list[str],
+                            matrix: Array) -> None:
+        k = max(k for _, k, _ in batch)
+        try:
+            found = await self.setup.index.search_batch_async(matrix, k, self.setup.timeout)
+        except asyncio.CancelledError:
+            _fail(batch, self.stopped_error())
+            raise
+        except Exception as exc:
+            _fail(batch, exc)
+            return
+        rows = {text: (matrix[i], found[i]) for i, text in enumerate(texts)}
+        for text, k, future in batch:
+            if not future.done():
+                vector, hits = rows[text]
+                future.set_result((vector, hits[:k]))
 
     async def _embed(self, texts: list[str], timeout: float, *, learn: bool = False) -> Array:
         """``embed(texts)`` checked: a ``len(texts) x dim`` float32 matrix, or ``EmbedFailed``."""
@@ -263,6 +280,12 @@ class _RagActor(PatternActor):
             return
         self.setup.texts.update(zip(add.ids, add.texts, strict=True))
         reply.set_result(len(add.ids))
+
+
+def _fail(batch: list[_Waiting], exc: BaseException) -> None:
+    for _, _, future in batch:
+        if not future.done():
+            future.set_exception(exc)
 
 
 def _typed(exc: Exception) -> GpuRuntimeError:
@@ -330,7 +353,8 @@ class RagPipeline(AgentClient):
         facade = require_system(system)
         require_positive_int("embedding_dim", embedding_dim)
         for role, part, methods in (("cache", cache, ("get_async", "insert_async")),
-                                    ("index", index, ("insert_many_async", "search_async"))):
+                                    ("index", index, ("insert_many_async", "search_async",
+                                                      "search_batch_async"))):
             if not all(callable(getattr(part, method, None)) for method in methods):
                 raise InvalidArgument(f"{role} must offer {' and '.join(methods)} "
                                       f"(an EmbeddingCache / a vector index), got {part!r:.60}")
