@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 
 from atomr_accel import InvalidArgument, System
 from atomr_accel.agents._cache import EmbeddingCache
+from atomr_accel.agents._gpu_index import GpuVectorIndex
 from atomr_accel.agents._index import CpuVectorIndex
 from atomr_accel.agents._vectors import UnknownVectorId
+from atomr_accel.core.ops._topk import TopK
 
 METRICS = ("cosine", "ip", "l2")
 
@@ -311,3 +313,86 @@ def test_cache_async_twins(system: System) -> None:
 
     assert asyncio.run(use()) == [[1.0, 2.0], None]
     assert cache.path.endswith("twins")
+
+
+# ------------------------------------------------- GpuVectorIndex and TopK on the CPU backend
+
+
+@pytest.fixture(scope="module")
+def device(system: System) -> Any:
+    return system.spawn_device(mock=True)
+
+
+def fill_both(indexes: list[Any], seed: int, n: int, dim: int) -> np.ndarray[Any, Any]:
+    """The same inserts (in chunks: growth), upserts and removes on every index."""
+    rng = np.random.default_rng(seed)
+    matrix = data(seed, n, dim, integer=True)
+    ids = rng.permutation(50 * n)[:n]
+    for part in np.array_split(np.arange(n), 5):
+        for index in indexes:
+            index.insert_many(ids[part], matrix[part])
+    for victim in ids[: n // 10]:
+        for index in indexes:
+            index.remove(int(victim))
+    for index in indexes:
+        index.insert_many(ids[n // 2: n // 2 + 3], matrix[:3])
+    return data(seed + 1, 16, dim, integer=True)
+
+
+@pytest.mark.parametrize(("metric", "dtype"), [
+    ("cosine", "f32"), ("ip", "f32"), ("l2", "f32"), ("ip", "f16"), ("l2", "f16")])
+def test_gpu_index_on_the_cpu_backend_equals_the_cpu_index(
+        system: System, device: Any, metric: str, dtype: str) -> None:
+    """f16 too for ip/l2: small integers and their products are exact in float16."""
+    cpu = CpuVectorIndex.spawn(system, 16, metric)
+    gpu = GpuVectorIndex.spawn(system, device, 16, metric, dtype)
+    queries = fill_both([cpu, gpu], 11, 2500, 16)  # small integers: exact in f16 too
+    assert len(gpu) == len(cpu)
+    want = cpu.search_batch(queries, 10)
+    got = gpu.search_batch(queries, 10)
+    for g, w in zip(got, want, strict=True):
+        assert [i for i, _ in g] == [i for i, _ in w]
+        np.testing.assert_allclose([s for _, s in g], [s for _, s in w], rtol=1e-5, atol=1e-5)
+    assert gpu.search(queries[0], 3) == cpu.search(queries[0], 3)
+    gpu.stop()
+
+
+def test_gpu_index_save_load_and_errors(system: System, device: Any, tmp_path: Path) -> None:
+    gpu = GpuVectorIndex.spawn(system, device, 4, "l2")
+    gpu.insert_many([5, 6, 7], [[0, 0, 0, 1], [0, 0, 2, 0], [3, 0, 0, 0]])
+    with pytest.raises(UnknownVectorId):
+        gpu.remove(8)
+    gpu.save(tmp_path / "gpu.npz")
+    cpu = CpuVectorIndex.spawn(system, 4, "l2")
+    assert cpu.load(tmp_path / "gpu.npz") == 3
+    assert cpu.search([0, 0, 0, 0], 3) == gpu.search([0, 0, 0, 0], 3) == [
+        (5, 1.0), (6, 4.0), (7, 9.0)]
+    with pytest.raises(InvalidArgument, match="Device"):
+        GpuVectorIndex.spawn(system, object(), 4)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="dtype"):
+        GpuVectorIndex.spawn(system, device, 4, dtype="bf16")
+    empty = GpuVectorIndex.spawn(system, device, 4, "ip")
+    assert empty.search([1, 0, 0, 0], 2) == []
+
+
+@pytest.mark.parametrize("levels", [2, 4, 1000], ids=["all-spares-tie", "ties", "few-ties"])
+def test_top_k_op_orders_by_value_then_key(device: Any, levels: int) -> None:
+    rng = np.random.default_rng(4)
+    m, n, k = 6, 40, 5
+    x = rng.integers(0, levels, (m, n)).astype(np.float32)
+    keys = rng.permutation(1000)[:n].astype(np.int64)
+    xb = device.allocate(m * n, "f32")
+    kb = device.allocate(n, "i64")
+    device.copy_from_numpy(xb, x.reshape(-1))
+    device.copy_from_numpy(kb, keys)
+    columns, values = device.run(TopK(device.ref_of(xb), m, n, k, device.ref_of(kb)))
+    plain_columns, _ = device.run(TopK(device.ref_of(xb), m, n, n + 3))
+    for row in range(m):
+        order = sorted(range(n), key=lambda j: (-x[row, j], keys[j]))
+        assert columns[row].tolist() == order[:k]
+        assert values[row].tolist() == x[row, order[:k]].tolist()
+        assert plain_columns[row].tolist() == sorted(range(n), key=lambda j: (-x[row, j], j))
+    with pytest.raises(InvalidArgument, match="k must be"):
+        device.run(TopK(device.ref_of(xb), m, n, 0))
+    with pytest.raises(InvalidArgument, match="keys"):
+        device.run(TopK(device.ref_of(xb), m, n, 2, device.ref_of(xb)))

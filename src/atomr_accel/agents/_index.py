@@ -37,7 +37,7 @@ class HostStore:
         norms[:count] = self.norms[:count]
         self.matrix, self.norms = matrix, norms
 
-    async def write(self, first: int, matrix: F32) -> None:
+    async def write(self, first: int, matrix: F32, ids: I64) -> None:
         """Write ``matrix`` from row ``first`` on (and its rows' squared norms)."""
         end = first + len(matrix)
         self.matrix[first:end] = matrix

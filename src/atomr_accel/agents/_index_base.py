@@ -34,8 +34,8 @@ class Store(Protocol):
     async def reserve(self, rows: int, count: int) -> None:
         """Make room for ``rows`` rows, keeping rows ``0 .. count-1``."""
 
-    async def write(self, first: int, matrix: F32) -> None:
-        """Write ``matrix``'s rows from row ``first`` on."""
+    async def write(self, first: int, matrix: F32, ids: I64) -> None:
+        """Write ``matrix``'s rows (the vectors of ``ids``) from row ``first`` on."""
 
     async def move(self, src: int, dst: int) -> None:
         """Copy row ``src`` onto row ``dst``."""
@@ -118,10 +118,12 @@ class IndexActor(AgentActor):
                  if vector_id not in self.slots.rows]
         await self.store.reserve(self.slots.count + len(fresh), self.slots.count)
         replaced, first_new = self.slots.assign(ids)
+        held = self.slots.held()
         for position, row in replaced:
-            await self.store.write(row, matrix[position:position + 1])
+            await self.store.write(row, matrix[position:position + 1], held[row:row + 1])
         if fresh:
-            await self.store.write(first_new, matrix[fresh] if replaced else matrix)
+            await self.store.write(first_new, matrix[fresh] if replaced else matrix,
+                                   held[first_new:])
 
     async def _load(self, path: str | os.PathLike[str]) -> int:
         saved = read_index(path, self.dim)
@@ -133,7 +135,7 @@ class IndexActor(AgentActor):
         self.slots.clear()
         self.slots.assign(saved.ids.tolist())
         if count:
-            await self.store.write(0, saved.vectors)
+            await self.store.write(0, saved.vectors, saved.ids)
         return count
 
 

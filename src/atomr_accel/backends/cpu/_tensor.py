@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends.cpu import _topk
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._tensor import Contract
@@ -48,4 +49,4 @@ def contract(backend: ArrayBackend, op: Contract) -> str:
     return f"{xp.__name__}.einsum"
 
 
-HANDLERS: dict[type[Op], Handler] = {Contract: contract}
+HANDLERS: dict[type[Op], Handler] = {Contract: contract, **_topk.HANDLERS}

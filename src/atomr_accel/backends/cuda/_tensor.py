@@ -13,6 +13,7 @@ from typing import Any
 
 from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.backends.cpu import _tensor as shared_tensor
+from atomr_accel.backends.cuda import _topk
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._tensor import Contract
 
@@ -61,4 +62,4 @@ def contract(backend: ArrayBackend, op: Contract) -> str:
     return "cutensor"
 
 
-HANDLERS: dict[type[Op], Handler] = {Contract: contract}
+HANDLERS: dict[type[Op], Handler] = {Contract: contract, **_topk.HANDLERS}
