@@ -19,6 +19,7 @@ import pytest
 from atomr_accel import GpuRuntimeError, InvalidArgument, System
 from atomr_accel.agents._cache import EmbeddingCache
 from atomr_accel.agents._embedder import HashedTfidfEmbedder
+from atomr_accel.agents._gpu_index import GpuVectorIndex
 from atomr_accel.agents._index import CpuVectorIndex
 from atomr_accel.agents._rag import (
     EmbedFailed,
@@ -102,6 +103,20 @@ def test_adding_documents_renews_cached_query_embeddings_and_replaces_texts(
     answer, sources, was_cached = rag.query("bread and yeast", k=1)
     assert not was_cached  # new document frequencies: a new embedding
     assert sources == [3] and answer == "Sourdough bread rises slowly with wild yeast."
+
+
+def test_a_device_index_and_an_embedder_on_a_given_device_give_the_same_answers(
+        system: System) -> None:
+    queries = ["stock markets fell as investors worried", "the cat sat on the mat",
+               "a telescope observed a distant galaxy", "bread from flour and yeast"]
+    reference = pipeline(system)
+    device = system.spawn_device(mock=True)
+    cache = EmbeddingCache.spawn(system, 100, DIM)
+    rag = RagPipeline.spawn(system, cache, GpuVectorIndex.spawn(system, device, DIM), DIM,
+                            embed=HashedTfidfEmbedder(system, DIM, device))
+    rag.add_documents(list(DOCS), list(DOCS.values()))
+    for query in queries:
+        assert rag.query(query, k=3) == reference.query(query, k=3)
 
 
 @pytest.mark.anyio
