@@ -24,6 +24,7 @@ from atomr_accel.agents._index import CpuVectorIndex
 from atomr_accel.agents._rag import (
     EmbedFailed,
     GenerateFailed,
+    RagError,
     RagPipeline,
     RagResult,
     extractive_answer,
@@ -229,6 +230,16 @@ def test_bad_embeddings_and_slow_callables_are_typed_errors(system: System) -> N
     stalled.add_documents([1], ["the cat"])
     with pytest.raises(GenerateFailed):
         stalled.query("cat")
+
+
+def test_a_stopped_index_fails_queries_with_a_rag_error(system: System) -> None:
+    cache, index = parts(system)
+    rag = RagPipeline.spawn(system, cache, index, DIM)
+    rag.add_documents([1], ["hello world"])
+    index.stop()
+    with pytest.raises(RagError, match="stopped"):
+        rag.query("hello", timeout_secs=5.0)
+    assert rag.stats().failed == 1
 
 
 def test_bad_arguments_are_invalid_argument(system: System) -> None:

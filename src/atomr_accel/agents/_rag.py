@@ -9,10 +9,10 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from atomr_accel.actor import ActorError, Props, Reply
+from atomr_accel.actor import Props, Reply
 from atomr_accel.agents._client import AgentClient, require_system, require_timeout
 from atomr_accel.agents._embedder import HashedTfidfEmbedder
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, gpu_error_of
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import System
 from atomr_accel.facade._portal import blocking
 from atomr_accel.patterns._base import PatternActor, require_positive_int
@@ -292,8 +292,6 @@ def _typed(exc: Exception) -> GpuRuntimeError:
     """``exc`` as a ``GpuRuntimeError`` (a ``RagError`` wrapping anything untyped)."""
     if isinstance(exc, GpuRuntimeError):
         return exc
-    if isinstance(exc, ActorError):
-        return gpu_error_of(exc, "rag", "query")
     error = RagError(f"the pipeline failed: {exc!r}")
     error.__cause__ = exc
     return error
