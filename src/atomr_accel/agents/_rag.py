@@ -40,7 +40,8 @@ Generate = Callable[[str, list[str]], Any]
 
 
 class RagError(GpuRuntimeError):
-    """Base of the errors a ``RagPipeline`` raises for its user callables."""
+    """Base of a ``RagPipeline``'s own errors; raised itself for an untyped failure on the
+    way (the ``__cause__``), such as a stopped index's ``ActorStopped``."""
 
 
 class EmbedFailed(RagError):
