@@ -126,9 +126,9 @@ class DeviceStore:
             stored = data.astype(np.float32)
             query_sq = np.einsum("ij,ij->i", stored, stored).astype(np.float64)
             values = np.maximum(query_sq[:, None] - values, 0.0)
-        return [list(zip(row_ids, row_scores, strict=True))
-                for row_ids, row_scores in zip(ids[columns].tolist(), values.tolist(),
-                                               strict=True)]
+        width = columns.shape[1]
+        pairs = list(zip(ids[columns].ravel().tolist(), values.ravel().tolist(), strict=True))
+        return [pairs[first:first + width] for first in range(0, len(pairs), width)]
 
     async def read(self, count: int) -> F32:
         """Rows ``0 .. count-1`` downloaded as a float32 host matrix."""

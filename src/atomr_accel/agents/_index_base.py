@@ -22,6 +22,7 @@ from atomr_accel.agents._vectors import (
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade._portal import blocking
+from atomr_accel.patterns._base import require_positive_int
 
 __all__ = ["IndexActor", "Results", "Store", "VectorIndex"]
 
@@ -163,8 +164,7 @@ class VectorIndex(AgentClient):
 
     @staticmethod
     def _settings(dim: object, metric: object) -> tuple[int, Metric]:
-        from atomr_accel.patterns._base import require_positive_int
-
+        """``(dim, metric)`` checked (``InvalidArgument``)."""
         require_positive_int("dim", dim)
         assert isinstance(dim, int)
         return dim, metric_of(metric)
