@@ -183,7 +183,7 @@ def cpu_rows(args: argparse.Namespace, system: System) -> tuple[list[list[Any]],
     batches = [queries[i * 64:(i + 1) * 64] for i in range(8)]
     singles = queries[: args.cpu_queries]
 
-    index = CpuVectorIndex.spawn(system, dim, "ip")
+    index = CpuVectorIndex.spawn(system, dim, metric="ip")
     index.insert_many(np.arange(n), matrix, timeout_secs=60)
     ours_1 = latencies_ms(lambda q: index.search(q, TOP_K), singles, 10)
     ours_qps = qps(lambda b: index.search_batch(b, TOP_K), batches)

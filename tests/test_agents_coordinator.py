@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from atomr_accel import InvalidArgument, System
 from atomr_accel.actor import Actor, ActorSystem, Props
-from atomr_accel.agents._coordinator import (
+from atomr_accel.agents import (
     LeaseOwnerStopped,
     LeaseTimeout,
     SharedGpuStateCoordinator,

@@ -13,9 +13,16 @@ import pytest
 
 from atomr_accel import InvalidArgument, System
 from atomr_accel.actor import ActorSystem
-from atomr_accel.agents._graph import END, Graph, GraphCycleError, UnknownNode
-from atomr_accel.agents._graph_actor import LangGraphGpuActor, NodeFailed, UnknownRun
-from atomr_accel.agents._graph_original import OriginalLangGraphGpuActor
+from atomr_accel.agents import (
+    END,
+    Graph,
+    GraphCycleError,
+    LangGraphGpuActor,
+    NodeFailed,
+    OriginalLangGraphGpuActor,
+    UnknownNode,
+    UnknownRun,
+)
 
 pytestmark = pytest.mark.anyio
 

@@ -20,10 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atomr_accel import InvalidArgument, System
-from atomr_accel.agents._cache import EmbeddingCache
-from atomr_accel.agents._gpu_index import GpuVectorIndex
-from atomr_accel.agents._index import CpuVectorIndex
-from atomr_accel.agents._vectors import UnknownVectorId
+from atomr_accel.agents import CpuVectorIndex, EmbeddingCache, GpuVectorIndex, UnknownVectorId
 from atomr_accel.core.ops._topk import TopK
 
 METRICS = ("cosine", "ip", "l2")
@@ -74,7 +71,7 @@ CASES = [("cosine", False), ("ip", False), ("l2", False), ("ip", True), ("l2", T
 
 @pytest.mark.parametrize(("metric", "integer"), CASES)
 def test_search_equals_numpy_exact_top_k(system: System, metric: str, integer: bool) -> None:
-    index = CpuVectorIndex.spawn(system, 8, metric)
+    index = CpuVectorIndex.spawn(system, 8, metric=metric)
     matrix = data(1, 300, 8, integer)
     ids = [int(i) for i in np.random.default_rng(2).permutation(10_000)[:300]]
     index.insert_many(ids, matrix)
@@ -87,14 +84,14 @@ def test_search_equals_numpy_exact_top_k(system: System, metric: str, integer: b
 
 
 def test_cosine_ties_by_id(system: System) -> None:
-    index = CpuVectorIndex.spawn(system, 3, "cosine")
+    index = CpuVectorIndex.spawn(system, 3, metric="cosine")
     index.insert_many([9, 4, 7, 1], [[0, 2, 0], [0, 5, 0], [1, 0, 0], [0, 1, 0]])
     assert [i for i, _ in index.search([0, 3, 0], 2)] == [1, 4]
     assert [i for i, _ in index.search([0, 3, 0], 4)] == [1, 4, 9, 7]
 
 
 def test_upsert_remove_and_growth(system: System) -> None:
-    index = CpuVectorIndex.spawn(system, 4, "ip")
+    index = CpuVectorIndex.spawn(system, 4, metric="ip")
     rng = np.random.default_rng(5)
     model: dict[int, np.ndarray[Any, Any]] = {}
     for step in range(60):
@@ -116,7 +113,7 @@ def test_upsert_remove_and_growth(system: System) -> None:
 
 
 def test_upsert_replaces_the_vector(system: System) -> None:
-    index = CpuVectorIndex.spawn(system, 2, "l2")
+    index = CpuVectorIndex.spawn(system, 2, metric="l2")
     index.insert_many([1, 2], [[0, 0], [10, 10]])
     index.insert(1, [20, 20])
     index.insert_many([3, 2], [[5, 5], [0, 1]])
@@ -125,7 +122,7 @@ def test_upsert_replaces_the_vector(system: System) -> None:
 
 
 def test_remove_unknown_id_is_typed(system: System) -> None:
-    index = CpuVectorIndex.spawn(system, 2, "ip")
+    index = CpuVectorIndex.spawn(system, 2, metric="ip")
     index.insert(1, [1, 0])
     index.remove(1)
     with pytest.raises(UnknownVectorId) as caught:
@@ -138,14 +135,14 @@ def test_remove_unknown_id_is_typed(system: System) -> None:
 
 
 def test_top_k_beyond_the_count_returns_all(system: System) -> None:
-    index = CpuVectorIndex.spawn(system, 2, "ip")
+    index = CpuVectorIndex.spawn(system, 2, metric="ip")
     index.insert_many([3, 1, 2], [[1, 0], [2, 0], [1, 0]])
     assert index.search([1, 0], 10) == [(1, 2.0), (2, 1.0), (3, 1.0)]
 
 
 @pytest.mark.parametrize("metric", METRICS)
 def test_save_and_load_round_trip(system: System, tmp_path: Path, metric: str) -> None:
-    index = CpuVectorIndex.spawn(system, 6, metric)
+    index = CpuVectorIndex.spawn(system, 6, metric=metric)
     matrix = data(7, 50, 6, False)
     index.insert_many(range(100, 150), matrix)
     index.remove(120)
@@ -155,7 +152,7 @@ def test_save_and_load_round_trip(system: System, tmp_path: Path, metric: str) -
         assert str(saved["metric"]) == metric
         assert sorted(saved["ids"].tolist()) == [i for i in range(100, 150) if i != 120]
         assert saved["vectors"].shape == (49, 6)
-    copy = CpuVectorIndex.spawn(system, 6, metric)
+    copy = CpuVectorIndex.spawn(system, 6, metric=metric)
     copy.insert(1, matrix[0])  # load replaces the contents
     assert copy.load(str(path)) == 49
     assert len(copy) == 49
@@ -164,14 +161,14 @@ def test_save_and_load_round_trip(system: System, tmp_path: Path, metric: str) -
 
 
 def test_load_refuses_another_dim_metric_or_file(system: System, tmp_path: Path) -> None:
-    index = CpuVectorIndex.spawn(system, 3, "ip")
+    index = CpuVectorIndex.spawn(system, 3, metric="ip")
     index.insert(1, [1, 2, 3])
     path = tmp_path / "ip.npz"
     index.save(path)
     with pytest.raises(InvalidArgument, match="not of 4 numbers"):
-        CpuVectorIndex.spawn(system, 4, "ip").load(path)
+        CpuVectorIndex.spawn(system, 4, metric="ip").load(path)
     with pytest.raises(InvalidArgument, match="l2"):
-        CpuVectorIndex.spawn(system, 3, "l2").load(path)
+        CpuVectorIndex.spawn(system, 3, metric="l2").load(path)
     with pytest.raises(InvalidArgument, match="cannot read"):
         index.load(tmp_path / "missing.npz")
     other = tmp_path / "other.npz"
@@ -201,14 +198,14 @@ def test_load_refuses_another_dim_metric_or_file(system: System, tmp_path: Path)
     (lambda ix: ix.save(3), "path"),
 ])
 def test_bad_arguments_are_invalid_argument(system: System, call: Any, message: str) -> None:
-    index = CpuVectorIndex.spawn(system, 3, "cosine")
+    index = CpuVectorIndex.spawn(system, 3, metric="cosine")
     with pytest.raises(InvalidArgument, match=message):
         call(index)
 
 
 def test_bad_settings_are_invalid_argument(system: System) -> None:
     with pytest.raises(InvalidArgument, match="metric"):
-        CpuVectorIndex.spawn(system, 3, "dot")
+        CpuVectorIndex.spawn(system, 3, metric="dot")
     with pytest.raises(InvalidArgument, match="dim"):
         CpuVectorIndex.spawn(system, 0)
     with pytest.raises(InvalidArgument, match="System"):
@@ -216,7 +213,7 @@ def test_bad_settings_are_invalid_argument(system: System) -> None:
 
 
 def test_async_twins_from_a_foreign_event_loop(system: System) -> None:
-    index = CpuVectorIndex.spawn(system, 2, "ip")
+    index = CpuVectorIndex.spawn(system, 2, metric="ip")
 
     async def use() -> list[tuple[int, float]]:
         await index.insert_many_async([1, 2], [[1, 0], [0, 1]])
@@ -344,7 +341,7 @@ def fill_both(indexes: list[Any], seed: int, n: int, dim: int) -> np.ndarray[Any
 def test_gpu_index_on_the_cpu_backend_equals_the_cpu_index(
         system: System, device: Any, metric: str, dtype: str) -> None:
     """f16 too for ip/l2: small integers and their products are exact in float16."""
-    cpu = CpuVectorIndex.spawn(system, 16, metric)
+    cpu = CpuVectorIndex.spawn(system, 16, metric=metric)
     gpu = GpuVectorIndex.spawn(system, device, 16, metric, dtype)
     queries = fill_both([cpu, gpu], 11, 2500, 16)  # small integers: exact in f16 too
     assert len(gpu) == len(cpu)
@@ -363,7 +360,7 @@ def test_gpu_index_save_load_and_errors(system: System, device: Any, tmp_path: P
     with pytest.raises(UnknownVectorId):
         gpu.remove(8)
     gpu.save(tmp_path / "gpu.npz")
-    cpu = CpuVectorIndex.spawn(system, 4, "l2")
+    cpu = CpuVectorIndex.spawn(system, 4, metric="l2")
     assert cpu.load(tmp_path / "gpu.npz") == 3
     assert cpu.search([0, 0, 0, 0], 3) == gpu.search([0, 0, 0, 0], 3) == [
         (5, 1.0), (6, 4.0), (7, 9.0)]
@@ -416,3 +413,11 @@ def test_cache_counters_are_prometheus_metrics_with_telemetry() -> None:
     assert f'atomr_accel_embedding_cache_evictions_total{{cache="{path}"}} 1.0' in text
     assert f'atomr_accel_embedding_cache_entries{{cache="{path}"}} 1.0' in text
     assert f'atomr_accel_embedding_cache_misses_total{{cache="{other}"}} 1.0' in text
+
+
+def test_the_original_positional_forms_name_the_actor(system: System) -> None:
+    index = CpuVectorIndex.spawn(system, 3, "docs-index")  # spawn(system, dim, name=None)
+    cache = EmbeddingCache.spawn(system, 4, 3, "docs-cache")  # (system, entries, dim, name)
+    assert index.path.endswith("/docs-index") and cache.path.endswith("/docs-cache")
+    index.insert(7, [1.0, 0.0, 0.0])
+    assert index.search([1.0, 0.0, 0.0], 1)[0][0] == 7

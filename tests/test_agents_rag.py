@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 
 from atomr_accel import GpuRuntimeError, InvalidArgument, System
-from atomr_accel.agents._cache import EmbeddingCache
-from atomr_accel.agents._embedder import HashedTfidfEmbedder
-from atomr_accel.agents._gpu_index import GpuVectorIndex
-from atomr_accel.agents._index import CpuVectorIndex
-from atomr_accel.agents._rag import (
+from atomr_accel.agents import (
+    CpuVectorIndex,
+    EmbeddingCache,
     EmbedFailed,
     GenerateFailed,
-    RagError,
+    GpuVectorIndex,
+    HashedTfidfEmbedder,
     RagPipeline,
     RagResult,
     extractive_answer,
@@ -237,7 +236,7 @@ def test_a_stopped_index_fails_queries_with_a_rag_error(system: System) -> None:
     rag = RagPipeline.spawn(system, cache, index, DIM)
     rag.add_documents([1], ["hello world"])
     index.stop()
-    with pytest.raises(RagError, match="stopped"):
+    with pytest.raises(GpuRuntimeError, match="stopped"):
         rag.query("hello", timeout_secs=5.0)
     assert rag.stats().failed == 1
 

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from atomr_accel import System
-from atomr_accel.agents._gpu_index import GpuVectorIndex
-from atomr_accel.agents._index import CpuVectorIndex
+from atomr_accel.agents import CpuVectorIndex, GpuVectorIndex
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +31,7 @@ def gpu() -> Iterator[tuple[System, Any]]:
 
 def both(system: System, device: Any, dim: int, metric: str, dtype: str,
          matrix: np.ndarray[Any, Any]) -> tuple[CpuVectorIndex, GpuVectorIndex]:
-    cpu = CpuVectorIndex.spawn(system, dim, metric)
+    cpu = CpuVectorIndex.spawn(system, dim, metric=metric)
     cuda = GpuVectorIndex.spawn(system, device, dim, metric, dtype)
     ids = np.random.default_rng(9).permutation(10 * len(matrix))[: len(matrix)]
     for part in np.array_split(np.arange(len(matrix)), 4):  # growth on the device

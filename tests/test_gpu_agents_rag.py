@@ -17,11 +17,13 @@ from test_agents_rag import (
 )
 
 from atomr_accel import System
-from atomr_accel.agents._cache import EmbeddingCache
-from atomr_accel.agents._embedder import HashedTfidfEmbedder
-from atomr_accel.agents._gpu_index import GpuVectorIndex
-from atomr_accel.agents._index import CpuVectorIndex
-from atomr_accel.agents._rag import RagPipeline
+from atomr_accel.agents import (
+    CpuVectorIndex,
+    EmbeddingCache,
+    GpuVectorIndex,
+    HashedTfidfEmbedder,
+    RagPipeline,
+)
 
 pytestmark = pytest.mark.gpu
 

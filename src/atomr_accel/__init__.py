@@ -6,6 +6,13 @@ the CPU backend (NumPy/SciPy). See README.md and docs/.
 """
 
 from atomr_accel.actor import ActorStopped
+from atomr_accel.agents import (
+    CpuVectorIndex,
+    EmbeddingCache,
+    LangGraphGpuActor,
+    RagPipeline,
+    SharedGpuStateCoordinator,
+)
 from atomr_accel.core import (
     AskTimeout,
     ContextPoisoned,
@@ -89,6 +96,11 @@ from atomr_accel.patterns import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CpuVectorIndex",
+    "EmbeddingCache",
+    "LangGraphGpuActor",
+    "RagPipeline",
+    "SharedGpuStateCoordinator",
     "ActorStopped",
     "Advice",
     "AskTimeout",

@@ -11,9 +11,14 @@ import numpy as np
 
 from atomr_accel.actor import Props
 from atomr_accel.agents._cache_metrics import CacheCounters, register
-from atomr_accel.agents._client import TIMEOUT, AgentActor, AgentClient, require_timeout
+from atomr_accel.agents._client import (
+    TIMEOUT,
+    AgentActor,
+    AgentClient,
+    blocking_twin,
+    require_timeout,
+)
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.facade._portal import blocking
 from atomr_accel.patterns._base import require_positive_int
 
 __all__ = ["EmbeddingCache"]
@@ -127,8 +132,11 @@ class EmbeddingCache(AgentClient):
 
     @classmethod
     def spawn(cls, system: Any, capacity_entries: int, embedding_dim: int,
-              capacity_bytes: int | None = None, name: str | None = None) -> EmbeddingCache:
-        """Start a cache in the facade ``system`` and return its client.
+              name: str | None = None, *, capacity_bytes: int | None = None,
+              ) -> EmbeddingCache:
+        """Start a cache in ``system`` and return its client (the original package's
+        ``spawn(system, capacity_entries, embedding_dim, name=None)``, and ours with
+        ``capacity_bytes``).
 
         ``capacity_entries`` (>= 1) bounds the number of keys held;
         ``capacity_bytes`` (>= 1, optional) also bounds the bytes of embedding
@@ -175,7 +183,7 @@ class EmbeddingCache(AgentClient):
         """Counters: hits, misses, evictions, inserts, entries, capacity_entries, bytes."""
         return self._call(_Stats(), require_timeout(timeout_secs), "stats")
 
-    get = blocking(get_async)
-    get_many = blocking(get_many_async)
-    insert = blocking(insert_async)
-    stats = blocking(stats_async)
+    get = blocking_twin(get_async)
+    get_many = blocking_twin(get_many_async)
+    insert = blocking_twin(insert_async)
+    stats = blocking_twin(stats_async)

@@ -1,18 +1,31 @@
-"""The base of the agent blueprints' clients: blocking methods beside ``_async`` twins."""
+"""The base of the agent blueprints' clients: ``_async`` methods with blocking twins, the
+actor runtime's errors as typed ``GpuRuntimeError``s, and the actor base that answers a
+bad request without losing its state."""
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from atomr_accel.actor import Actor, Props
-from atomr_accel.actor import AskTimeout as ActorAskTimeout
-from atomr_accel.actor import SystemClosed as ActorSystemClosed
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, gpu_error_of
+from atomr_accel.actor import Actor, ActorError, ActorStopped, Props
+from atomr_accel.core._errors import (
+    GpuRuntimeError,
+    InvalidArgument,
+    Unrecoverable,
+    gpu_error_of,
+)
 from atomr_accel.facade import System
-from atomr_accel.patterns._base import PatternClient
+from atomr_accel.patterns._base import PatternClient, SystemLike
 
-__all__ = ["AgentActor", "AgentClient", "require_system", "require_timeout"]
+__all__ = [
+    "AgentActor", "AgentClient", "blocking_twin", "require_system", "require_timeout",
+]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+C = TypeVar("C", bound="AgentClient")
 
 TIMEOUT = 5.0
 """The default ``timeout_secs`` of the agent blueprints' calls, seconds."""
@@ -40,31 +53,66 @@ class AgentClient(PatternClient):
 
     Each method is written once as ``name_async``, which checks its arguments
     when called and returns a coroutine to await on any event loop; ``name``
-    is its blocking twin (any thread but the system's own loop). A time-out
-    raises ``AskTimeout`` and a closed system ``SystemClosed`` (both
-    ``GpuRuntimeError``s).
+    (``blocking_twin``) is its blocking twin, for any thread but the system's
+    own loop, and only for a blueprint spawned in a facade ``System``. A
+    time-out raises ``AskTimeout``, a stopped blueprint ``Unrecoverable`` and a
+    closed system ``SystemClosed`` (all ``GpuRuntimeError``s).
     """
 
     _system_name = ""
 
     @classmethod
-    def _start_in(cls, system: object, props: Props, name: str | None) -> Any:
-        """Spawn ``props`` in the facade ``system`` and wrap the ref."""
-        facade = require_system(system)
+    def _start_in(cls, system: SystemLike, props: Props, name: str | None) -> Self:
+        """Spawn ``props`` in ``system`` (a facade ``System`` or an ``ActorSystem``) and wrap
+        the ref, keeping the system's name for error messages."""
         if name is not None and not isinstance(name, str):
             raise InvalidArgument(f"name must be a str or None, got {name!r}")
-        client = cls._start(facade, props, name)
-        client._system_name = facade.name
+        client = cls._start(system, props, name)
+        client._system_name = system.name
         return client
 
+    def _blocking(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        """Run ``coro`` to its end on this thread (the blocking method ``what``); refused
+        with ``InvalidArgument`` for a client spawned in a bare ``ActorSystem``, which has
+        no loop thread to wait on (await ``what_async`` there)."""
+        portal = self._portal
+        if portal is None:
+            coro.close()
+            raise InvalidArgument(f"{type(self).__name__}.{what} blocks, which needs a facade "
+                                  f"System; in an ActorSystem await {what}_async")
+        return portal.run_blocking(coro)
+
     async def _call(self, message: Any, timeout_secs: float, what: str) -> Any:
-        """Ask the actor; the runtime's time-out and closed-system errors become typed ones."""
+        """Ask the actor; the runtime's errors become typed ones (a stopped blueprint:
+        ``Unrecoverable``; a closed system: ``SystemClosed``; no answer: ``AskTimeout``)."""
         try:
             return await self._ask(message, timeout_secs)
         except GpuRuntimeError:
             raise
-        except (ActorAskTimeout, ActorSystemClosed) as exc:
+        except ActorStopped as exc:
+            raise Unrecoverable(f"{what}: {type(self).__name__} at {self.path} has stopped"
+                                ) from exc
+        except ActorError as exc:
             raise gpu_error_of(exc, self._system_name, what) from exc
+
+
+def blocking_twin(
+    async_method: Callable[Concatenate[C, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[C, P], T]:
+    """The blocking twin of an ``AgentClient`` method ``name_async`` (same arguments and
+    result; see ``AgentClient._blocking``)."""
+
+    @functools.wraps(async_method)
+    def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._blocking(async_method(self, *args, **kwargs), name)
+
+    name = async_method.__name__.removesuffix("_async")
+    method.__name__ = name
+    method.__qualname__ = async_method.__qualname__.removesuffix("_async")
+    summary = (async_method.__doc__ or "").strip()
+    method.__doc__ = (f"{summary}\n\nBlocking twin of ``{async_method.__name__}``; never call "
+                      "it on the system's own event loop.")
+    return method
 
 
 class AgentActor(Actor):

@@ -12,7 +12,7 @@ from itertools import count
 from typing import Any, Final
 
 from atomr_accel.actor import ActorRef, Props, Reply, Terminated
-from atomr_accel.agents._twin_client import TwinClient, blocking_twin, check_timeout
+from atomr_accel.agents._client import AgentClient, blocking_twin, require_timeout
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.patterns._base import PatternActor, SystemLike, require_wait
 from atomr_accel.patterns._invoke import invoke
@@ -438,7 +438,7 @@ def _owner(owner: object) -> ActorRef | None:
     return owner
 
 
-class SharedGpuStateCoordinator(TwinClient):
+class SharedGpuStateCoordinator(AgentClient):
     """Leases on shared device state: one writer or many readers at a time.
 
     * ``acquire_write`` / ``acquire_read`` wait in one FIFO queue and return a
@@ -482,7 +482,7 @@ class SharedGpuStateCoordinator(TwinClient):
         callable returning monotonic seconds (default ``time.monotonic``);
         tests inject one to control expiry. Acquire time-outs use real time.
         """
-        return cls._start(system, cls.props(lease_secs, clock), name)
+        return cls._start_in(system, cls.props(lease_secs, clock), name)
 
     def acquire_write_async(self, agent_id: str | int, timeout_secs: float = ACQUIRE_TIMEOUT,
                             *, owner: ActorRef | None = None) -> Coroutine[Any, Any, int]:
@@ -501,23 +501,23 @@ class SharedGpuStateCoordinator(TwinClient):
 
     def _acquire(self, agent_id: object, mode: str, timeout_secs: object, owner: object,
                  ) -> Coroutine[Any, Any, int]:
-        request = _Acquire(_agent(agent_id), mode, _owner(owner), check_timeout(timeout_secs))
-        return self._call(f"acquire_{mode}", request, request.timeout_secs + _ANSWER_GRACE)
+        request = _Acquire(_agent(agent_id), mode, _owner(owner), require_timeout(timeout_secs))
+        return self._call(request, request.timeout_secs + _ANSWER_GRACE, f"acquire_{mode}")
 
     def release_write_async(self, token: int,
                             timeout_secs: float = CALL_TIMEOUT,
                             ) -> Coroutine[Any, Any, bool]:
         """Release the write lease ``token``; return True, or False for a stale or unknown
         token (a counted no-op)."""
-        return self._call("release_write", _Release(_token(token), WRITE),
-                          check_timeout(timeout_secs))
+        return self._call(_Release(_token(token), WRITE),
+                          require_timeout(timeout_secs), "release_write")
 
     def release_read_async(self, token: int,
                            timeout_secs: float = CALL_TIMEOUT,
                            ) -> Coroutine[Any, Any, bool]:
         """Release the read lease ``token``; True, or False for a stale token (a no-op)."""
-        return self._call("release_read", _Release(_token(token), READ),
-                          check_timeout(timeout_secs))
+        return self._call(_Release(_token(token), READ),
+                          require_timeout(timeout_secs), "release_read")
 
     def release_write(self, token: int) -> None:
         """Release the write lease ``token`` and return at once (the original's
@@ -535,13 +535,13 @@ class SharedGpuStateCoordinator(TwinClient):
 
         Raises ``StaleLeaseToken`` if the lease is no longer live.
         """
-        return self._call("renew", _Renew(_token(token)), check_timeout(timeout_secs))
+        return self._call(_Renew(_token(token)), require_timeout(timeout_secs), "renew")
 
     def check_async(self, token: int,
                     timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, LeaseInfo]:
         """Return the live lease's ``LeaseInfo``; raise ``StaleLeaseToken`` if it is not live."""
-        return self._call("check", _Check(_token(token)), check_timeout(timeout_secs))
+        return self._call(_Check(_token(token)), require_timeout(timeout_secs), "check")
 
     def fenced_async(self, token: int, fn: Callable[..., Any], *args: Any,
                      timeout_secs: float = ACQUIRE_TIMEOUT) -> Coroutine[Any, Any, Any]:
@@ -555,14 +555,14 @@ class SharedGpuStateCoordinator(TwinClient):
         """
         if not callable(fn):
             raise InvalidArgument(f"fn must be callable, got {fn!r}")
-        timeout = check_timeout(timeout_secs)
-        return self._call("fenced", _Fenced(_token(token), fn, args, timeout),
-                          timeout + _ANSWER_GRACE)
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Fenced(_token(token), fn, args, timeout),
+                          timeout + _ANSWER_GRACE, "fenced")
 
     def stats_async(self, timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, CoordinatorStats]:
         """The coordinator's ``CoordinatorStats``."""
-        return self._call("stats", _GetStats(), check_timeout(timeout_secs))
+        return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
 
     acquire_write = blocking_twin(acquire_write_async)
     acquire_read = blocking_twin(acquire_read_async)

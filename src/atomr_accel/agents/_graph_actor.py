@@ -11,8 +11,8 @@ from itertools import count
 from typing import TYPE_CHECKING, Any, Final, overload
 
 from atomr_accel.actor import Actor, ActorRef, OneForOneStrategy, Props, Reply
+from atomr_accel.agents._client import AgentClient, blocking_twin, require_timeout
 from atomr_accel.agents._graph import END, CompiledGraph, Graph, NodeFn
-from atomr_accel.agents._twin_client import TwinClient, blocking_twin, check_timeout
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.patterns._base import PatternActor, SystemLike, require_positive_int
 from atomr_accel.patterns._invoke import invoke
@@ -339,7 +339,7 @@ def _run_id(run_id: object) -> str:
     return run_id
 
 
-class LangGraphGpuActor(TwinClient):
+class LangGraphGpuActor(AgentClient):
     """A DAG executor: ``step(state)`` runs a compiled ``Graph`` once and returns the state.
 
     * Nodes run in a deterministic topological order, in waves: every node
@@ -407,7 +407,7 @@ class LangGraphGpuActor(TwinClient):
                max_retries: int = MAX_RETRIES, *, keep_runs: int = KEEP_RUNS,
                ) -> LangGraphGpuActor:
         """The blueprint's own ``spawn`` form."""
-        return cls._start(system, cls.props(graph, max_retries, keep_runs), name)
+        return cls._start_in(system, cls.props(graph, max_retries, keep_runs), name)
 
     def step_async(self, state: Mapping[str, Any], timeout_secs: float = STEP_TIMEOUT,
                    ) -> Coroutine[Any, Any, dict[str, Any]]:
@@ -416,8 +416,8 @@ class LangGraphGpuActor(TwinClient):
         Raises ``NodeFailed`` (resumable by its ``run_id``), ``InvalidArgument``
         for a router key its mapping lacks.
         """
-        timeout = check_timeout(timeout_secs)
-        return self._call("step", _Step(_state(state), timeout), timeout + _ANSWER_GRACE)
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Step(_state(state), timeout), timeout + _ANSWER_GRACE, "step")
 
     def resume_async(self, run_id: str, timeout_secs: float = STEP_TIMEOUT,
                      ) -> Coroutine[Any, Any, dict[str, Any]]:
@@ -426,19 +426,19 @@ class LangGraphGpuActor(TwinClient):
         Completed nodes are not run again; a run that had finished returns its
         state at once. Raises ``UnknownRun``, ``RunInProgress``, or as ``step``.
         """
-        timeout = check_timeout(timeout_secs)
-        return self._call("resume", _Resume(_run_id(run_id), timeout), timeout + _ANSWER_GRACE)
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Resume(_run_id(run_id), timeout), timeout + _ANSWER_GRACE, "resume")
 
     def checkpoints_async(self, run_id: str, timeout_secs: float = STEP_TIMEOUT,
                           ) -> Coroutine[Any, Any, tuple[Checkpoint, ...]]:
         """Run ``run_id``'s checkpoints, one per completed node, oldest first."""
-        return self._call("checkpoints", _GetCheckpoints(_run_id(run_id)),
-                          check_timeout(timeout_secs))
+        return self._call(_GetCheckpoints(_run_id(run_id)),
+                          require_timeout(timeout_secs), "checkpoints")
 
     def stats_async(self, timeout_secs: float = STEP_TIMEOUT,
                     ) -> Coroutine[Any, Any, GraphStats]:
         """The executor's ``GraphStats``."""
-        return self._call("stats", _GetStats(), check_timeout(timeout_secs))
+        return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
 
     step = blocking_twin(step_async)
     resume = blocking_twin(resume_async)

@@ -89,10 +89,11 @@ class CpuVectorIndex(VectorIndex):
     """
 
     @classmethod
-    def spawn(cls, system: Any, dim: int, metric: str = "cosine",
-              name: str | None = None) -> CpuVectorIndex:
-        """Start an index of ``dim``-number vectors compared by ``metric`` in the facade
-        ``system``; ``name`` names its actor."""
+    def spawn(cls, system: Any, dim: int, name: str | None = None, *,
+              metric: str = "cosine") -> CpuVectorIndex:
+        """Start an index of ``dim``-number vectors compared by ``metric`` (cosine, ip or
+        l2) in ``system``; ``name`` names its actor (the original package's
+        ``spawn(system, dim, name=None)``, with ``metric`` as a keyword)."""
         size, kind = cls._settings(dim, metric)
         props = Props(IndexActor, size, kind, functools.partial(HostStore, size, kind))
         client: CpuVectorIndex = cls._start_in(system, props, name)

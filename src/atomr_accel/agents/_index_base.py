@@ -7,7 +7,13 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from atomr_accel.agents._client import TIMEOUT, AgentActor, AgentClient, require_timeout
+from atomr_accel.agents._client import (
+    TIMEOUT,
+    AgentActor,
+    AgentClient,
+    blocking_twin,
+    require_timeout,
+)
 from atomr_accel.agents._slots import Slots
 from atomr_accel.agents._vectors import (
     F32,
@@ -21,7 +27,6 @@ from atomr_accel.agents._vectors import (
     write_index,
 )
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.facade._portal import blocking
 from atomr_accel.patterns._base import require_positive_int
 
 __all__ = ["IndexActor", "Results", "Store", "VectorIndex"]
@@ -230,14 +235,14 @@ class VectorIndex(AgentClient):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
         return self._call(_Load(path), require_timeout(timeout_secs), "load")
 
-    insert = blocking(insert_async)
-    insert_many = blocking(insert_many_async)
-    remove = blocking(remove_async)
-    search = blocking(search_async)
-    search_batch = blocking(search_batch_async)
-    count = blocking(count_async)
-    save = blocking(save_async)
-    load = blocking(load_async)
+    insert = blocking_twin(insert_async)
+    insert_many = blocking_twin(insert_many_async)
+    remove = blocking_twin(remove_async)
+    search = blocking_twin(search_async)
+    search_batch = blocking_twin(search_batch_async)
+    count = blocking_twin(count_async)
+    save = blocking_twin(save_async)
+    load = blocking_twin(load_async)
 
     def __len__(self) -> int:
         """How many ids the index holds (``count()``)."""

@@ -10,11 +10,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from atomr_accel.actor import Props, Reply
-from atomr_accel.agents._client import AgentClient, require_system, require_timeout
+from atomr_accel.agents._client import AgentClient, blocking_twin, require_system, require_timeout
 from atomr_accel.agents._embedder import HashedTfidfEmbedder
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import System
-from atomr_accel.facade._portal import blocking
 from atomr_accel.patterns._base import PatternActor, require_positive_int
 from atomr_accel.patterns._invoke import invoke
 
@@ -404,6 +403,6 @@ class RagPipeline(AgentClient):
                                            "stats")
         return stats
 
-    add_documents = blocking(add_documents_async)
-    query = blocking(query_async)
-    stats = blocking(stats_async)
+    add_documents = blocking_twin(add_documents_async)
+    query = blocking_twin(query_async)
+    stats = blocking_twin(stats_async)
