@@ -93,6 +93,13 @@ async def test_an_async_op_past_its_time_out_gets_ask_timeout(isolation: str, ti
         assert (await dev.stats_async()).status is Status.READY
 
 
+def test_a_device_starts_even_when_its_start_outlasts_the_op_timeout() -> None:
+    # A worker process takes most of a second to start; the op timeout is for ops.
+    with System.open("quick", op_timeout=0.2) as system:
+        dev = system.spawn_device(mock=True, isolation="process")
+        assert dev.stats().status is Status.READY
+
+
 def test_a_blocking_op_past_its_time_out_gets_ask_timeout() -> None:
     # Only on the process host: the thread host runs a blocking call's op on the caller's thread.
     _, timeout, delay = SLOW[1]

@@ -87,6 +87,10 @@ def check_backend_options(backend: str, options: Mapping[str, Any]) -> None:
             f"unknown {backend} backend option {unknown[0]!r}; choose from {', '.join(known)}")
 
 
+START_SECONDS = 120.0
+"""How long ``spawn_device`` waits at least for a new device's context to come up."""
+
+
 class System:
     """An actor system with devices. Open it with ``System.open(name)``.
 
@@ -215,8 +219,11 @@ class System:
             raise gpu_error_of(exc, self.actors.name, "spawn_device") from exc
         if config.backend == "cuda":
             state.capability = cuda_capability(config.device_id)
+        # Wait until the context is up: a worker process and a CUDA context take seconds,
+        # far longer than an op_timeout tuned for ops may allow.
+        start_wait = None if self._op_timeout is None else max(self._op_timeout, START_SECONDS)
         try:
-            await device.memory_info_async()  # waits until the context is up
+            await device.memory_info_async(timeout_secs=start_wait)
         except BaseException:
             await self._portal.acall(_stop(self.actors, device))
             raise
