@@ -24,7 +24,7 @@ no kernel reads outside the cache; nothing reports them.
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ import cupy as cp
 import numpy as np
 
 from atomr_accel.backends._base import Handler
+from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu import _attention as shared
 from atomr_accel.backends.cuda import _cudnn_graphs as graphs
 from atomr_accel.core._dtype import DType
@@ -217,14 +218,8 @@ def _build(cfg: Config, handle: Any) -> graphs.Built:
     return graphs.Built(g, tuple(tensors + extra))
 
 
-_DECLINED: weakref.WeakKeyDictionary[Any, set[Config]] = weakref.WeakKeyDictionary()
-
-
-def _declined(backend: Any) -> set[Config]:
-    found = _DECLINED.get(backend)
-    if found is None:
-        found = _DECLINED[backend] = set()
-    return found
+_declined: Callable[[Any], set[Config]] = per_backend(set)
+"""The configurations cuDNN declined on a backend (each is tried once)."""
 
 
 def _builds(backend: Any, cfg: Config) -> bool:
@@ -296,7 +291,8 @@ def sdpa_backward(backend: Any, op: SdpaBackward | MultiHeadAttnBackward) -> str
     return _GRAPH
 
 
-_SUPPORT: weakref.WeakKeyDictionary[Any, dict[SdpaSupport, str]] = weakref.WeakKeyDictionary()
+_support_of: Callable[[Any], dict[SdpaSupport, str]] = per_backend(dict)
+"""The answers of ``support`` on a backend, by query."""
 
 
 def support(backend: Any, op: SdpaSupport) -> str:
@@ -305,7 +301,7 @@ def support(backend: Any, op: SdpaSupport) -> str:
     here = int(cp.cuda.Device().compute_capability)  # "90" on an H100
     if here < max(80, ARCHS[op.arch]):
         return "unsupported"
-    known = _SUPPORT.setdefault(backend, {})
+    known = _support_of(backend)
     answer = known.get(op)
     if answer is None:
         mask = op.attention_mask()

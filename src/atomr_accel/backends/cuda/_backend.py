@@ -23,6 +23,7 @@ import numpy as np
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
 from atomr_accel.backends._optional import unavailable
 from atomr_accel.backends._spin import wait_until
+from atomr_accel.backends._state import Lru
 from atomr_accel.backends.cpu import _blas as shared_blas
 from atomr_accel.backends.cpu import _fft as shared_fft
 from atomr_accel.backends.cpu import _sparse as shared_sparse
@@ -178,7 +179,7 @@ class CudaBackend(Backend):
         """Loaded modules by the SHA-256 of their image."""
         self.capturing = False
         """True while a graph capture records ops (see ``_graph.py``)."""
-        self.fft_plans = cuda_fft.PlanCache()
+        self.fft_plans: Lru[Any] = Lru(16)
         """cuFFT plans of ``FftMany`` transforms, by layout and stream (see ``_fft.py``)."""
 
     def library_available(self, library: str) -> bool:

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
@@ -42,6 +40,7 @@ import cupy as cp
 
 from atomr_accel.backends._base import Handler
 from atomr_accel.backends._optional import require
+from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
@@ -107,35 +106,22 @@ def _nvmath_epilog(epilogue: Epilogue, with_aux: bool) -> str | None:
 
 class PlanCache:
     """The ``size`` most recently used planned ``Matmul`` objects of one context, each with the
-    operands it was last bound to."""
+    operands it was last bound to; an evicted plan is freed."""
 
     def __init__(self, size: int = 32) -> None:
-        self._plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self.plans: Lru[Any] = Lru(size, self._evicted)
         self._bound: dict[Hashable, tuple[Any, ...]] = {}
-        self._size = size
         self._stream: Any = None
+
+    def _evicted(self, key: Hashable, plan: Any) -> None:
+        self._bound.pop(key, None)
+        plan.free()
 
     def planning_stream(self) -> Any:
         """The private stream planning runs on (made on first use)."""
         if self._stream is None:
             self._stream = cp.cuda.Stream(non_blocking=True)
         return self._stream
-
-    def get(self, key: Hashable) -> Any:
-        """The planned object under ``key`` (most recently used now), or None."""
-        plan = self._plans.pop(key, None)
-        if plan is not None:
-            self._plans[key] = plan
-        return plan
-
-    def put(self, key: Hashable, plan: Any, bound: tuple[Any, ...]) -> None:
-        """Keep ``plan`` under ``key``, freeing the least recently used one past ``size``."""
-        self._plans[key] = plan
-        self._bound[key] = bound
-        if len(self._plans) > self._size:
-            old_key, old = self._plans.popitem(last=False)
-            del self._bound[old_key]
-            old.free()
 
     def rebind(self, key: Hashable, bound: tuple[Any, ...]) -> bool:
         """Record that the plan under ``key`` now holds ``bound``; False when it held them
@@ -146,18 +132,11 @@ class PlanCache:
         return True
 
     def __len__(self) -> int:
-        return len(self._plans)
+        return len(self.plans)
 
 
-_CACHES: weakref.WeakKeyDictionary[Any, PlanCache] = weakref.WeakKeyDictionary()
-
-
-def plans_of(backend: Any) -> PlanCache:
-    """The plan cache of ``backend`` (one per context; it goes with the backend)."""
-    cache = _CACHES.get(backend)
-    if cache is None:
-        cache = _CACHES[backend] = PlanCache()
-    return cache
+plans_of = per_backend(PlanCache)
+"""The plan cache of a backend (one per context; it goes with the backend)."""
 
 
 def _operand(backend: Any, ref: GpuRef, rows: int, cols: int, trans: bool) -> Array:
@@ -193,23 +172,26 @@ def _run(backend: Any, op: FusedMatmul | FusedMatmulGrad, epilog_inputs: dict[st
     advanced = _advanced()  # LibraryUnavailable first, where nvmath is missing
     _cuda_core_ready(backend.device_id)
     cache = plans_of(backend)
-    mm = cache.get(key)
     alpha, beta = float(op.alpha), float(op.beta)
     bound = (a_t.data.ptr, b_t.data.ptr, c_t.data.ptr, alpha, beta,
              *(view.data.ptr for view in epilog_inputs.values()))
-    if mm is None:
+
+    def plan() -> Any:
         options: dict[str, Any] = {"inplace": True}
         if tf32:
             linalg = importlib.import_module("nvmath.linalg")
             options["compute_type"] = linalg.ComputeType.COMPUTE_32F_FAST_TF32
         planning = cache.planning_stream()
-        mm = advanced.Matmul(a_t, b_t, c_t, alpha=alpha, beta=beta, options=options,
-                             stream=planning)
+        made = advanced.Matmul(a_t, b_t, c_t, alpha=alpha, beta=beta, options=options,
+                               stream=planning)
         name = _nvmath_epilog(op.epilogue, with_aux)
         epilog = None if name is None else getattr(advanced.MatmulEpilog, name)
-        mm.plan(epilog=epilog, epilog_inputs=epilog_inputs or None, stream=planning)
-        cache.put(key, mm, bound)
-    elif cache.rebind(key, bound):  # other buffers or scalars than the last call's
+        made.plan(epilog=epilog, epilog_inputs=epilog_inputs or None, stream=planning)
+        cache.rebind(key, bound)  # planned on these operands
+        return made
+
+    mm = cache.plans.get(key, plan)
+    if cache.rebind(key, bound):  # other buffers or scalars than the plan holds
         mm.reset_operands_unchecked(a=a_t, b=b_t, c=c_t, alpha=alpha, beta=beta,
                                     epilog_inputs=epilog_inputs or None)
     return mm.execute(stream=stream)

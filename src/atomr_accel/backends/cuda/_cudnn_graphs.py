@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +35,7 @@ import cupy as cp
 import numpy as np
 
 from atomr_accel.backends._optional import require
+from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 
@@ -94,8 +93,7 @@ class GraphCache:
     thread) and a workspace a stream."""
 
     def __init__(self, size: int = 64) -> None:
-        self._graphs: OrderedDict[Hashable, Built] = OrderedDict()
-        self._size = size
+        self._graphs: Lru[Built] = Lru(size)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._workspaces: dict[int, Any] = {}
@@ -134,36 +132,22 @@ class GraphCache:
             return held
 
     def get(self, key: Hashable, build: Callable[[Any], Built]) -> Built:
-        """The graph under ``key``, built by ``build(handle)`` on a miss."""
+        """The graph under ``key``, built by ``build(handle)`` on a miss (outside the lock:
+        a build takes milliseconds; if two threads build one key, the first kept wins)."""
         with self._lock:
-            built = self._graphs.get(key)
-            if built is not None:
-                self._graphs.move_to_end(key)
-                return built
-        built = build(self.handle())
+            built = self._graphs.find(key)
+        if built is not None:
+            return built
+        made = build(self.handle())
         with self._lock:
-            self._graphs[key] = built
-            if len(self._graphs) > self._size:
-                self._graphs.popitem(last=False)
-        return built
+            return self._graphs.get(key, lambda: made)
 
     def __len__(self) -> int:
         return len(self._graphs)
 
 
-_CACHES: weakref.WeakKeyDictionary[Any, GraphCache] = weakref.WeakKeyDictionary()
-_CACHES_LOCK = threading.Lock()
-
-
-def cache_of(backend: Any) -> GraphCache:
-    """The graph cache of ``backend`` (one per context; it goes with the backend)."""
-    cache = _CACHES.get(backend)
-    if cache is None:
-        with _CACHES_LOCK:
-            cache = _CACHES.get(backend)
-            if cache is None:
-                cache = _CACHES[backend] = GraphCache()
-    return cache
+cache_of = per_backend(GraphCache)
+"""The graph cache of a backend (one per context; it goes with the backend)."""
 
 
 def _address(array: Any) -> int:

@@ -17,8 +17,6 @@ cache does not promise.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from cupy.cuda import cufft
@@ -32,7 +30,7 @@ from atomr_accel.core.ops._fft import FftKind, FftMany
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "PlanCache", "fft_many"]
+__all__ = ["HANDLERS", "fft_many"]
 
 _TYPES = {  # (kind, double precision) -> cufftType
     (FftKind.C2C, False): cufft.CUFFT_C2C,
@@ -42,28 +40,6 @@ _TYPES = {  # (kind, double precision) -> cufftType
     (FftKind.R2C, True): cufft.CUFFT_D2Z,
     (FftKind.C2R, True): cufft.CUFFT_Z2D,
 }
-
-
-class PlanCache:
-    """The ``size`` most recently used cuFFT plans of one backend, by key."""
-
-    def __init__(self, size: int = 16) -> None:
-        self._plans: OrderedDict[Hashable, Any] = OrderedDict()
-        self._size = size
-
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """The plan under ``key``, made by ``make()`` on a miss; the oldest goes past ``size``."""
-        plan = self._plans.pop(key, None)
-        if plan is None:
-            plan = make()
-        self._plans[key] = plan
-        if len(self._plans) > self._size:
-            self._plans.popitem(last=False)
-        return plan
-
-    def clear(self) -> None:
-        """Drop every plan (cuFFT destroys a plan once CuPy collects it)."""
-        self._plans.clear()
 
 
 def _plan(op: FftMany) -> Any:

@@ -70,7 +70,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
@@ -78,6 +78,7 @@ import cupyx.scipy.special as cupyx_special
 from cupy.cuda import curand
 
 from atomr_accel.backends._base import Handler
+from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu._bitgen import MT_BLOCK, block_key, sobol_shift
 from atomr_accel.backends.cpu._rng import cumulative, draws
 from atomr_accel.core._op import Op
@@ -194,15 +195,13 @@ def _destroy(handle: int) -> None:
         curand.destroyGenerator(handle)
 
 
-_GENERATORS: weakref.WeakKeyDictionary[CudaBackend, dict[Generator, _Curand]] = \
-    weakref.WeakKeyDictionary()
+_generators: Callable[[Any], dict[Generator, _Curand]] = per_backend(dict)
+"""A backend's cuRAND generators, by kind."""
 
 
 def _generator(backend: CudaBackend, kind: Generator) -> _Curand:
     """The backend's generator of ``kind``, created on its first fill."""
-    kinds = _GENERATORS.get(backend)
-    if kinds is None:
-        kinds = _GENERATORS[backend] = {}
+    kinds = _generators(backend)
     gen = kinds.get(kind)
     if gen is None:
         gen = kinds[kind] = _Curand(kind)

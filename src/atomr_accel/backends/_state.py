@@ -1,0 +1,74 @@
+"""State a module keeps for each backend (one context), and a small LRU cache for it.
+
+``per_backend(make)`` returns an accessor ``of(backend)`` answering that
+backend's own ``make()``, made on first use and dropped with the backend
+(a weak key), so library handles, plans and built graphs live exactly as
+long as their context. ``Lru`` keeps the ``size`` most recently used values
+by key, telling ``evicted(key, value)`` of each one it drops.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Lru", "per_backend"]
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+def per_backend(make: Callable[[], T]) -> Callable[[Any], T]:
+    """An accessor of one ``make()`` a backend, made on first use (thread-safe)."""
+    held: weakref.WeakKeyDictionary[Any, T] = weakref.WeakKeyDictionary()
+    lock = threading.Lock()
+
+    def of(backend: Any) -> T:
+        value = held.get(backend)
+        if value is None:
+            with lock:
+                value = held.get(backend)
+                if value is None:
+                    value = held[backend] = make()
+        return value
+
+    return of
+
+
+class Lru(Generic[V]):
+    """The ``size`` most recently used values, by key; ``evicted(key, value)`` hears of each
+    value dropped past ``size``."""
+
+    def __init__(self, size: int, evicted: Callable[[Hashable, V], None] | None = None) -> None:
+        self._values: OrderedDict[Hashable, V] = OrderedDict()
+        self._size = size
+        self._evicted = evicted
+
+    def find(self, key: Hashable) -> V | None:
+        """The value under ``key`` (now the most recently used), or None."""
+        value = self._values.get(key)
+        if value is not None:
+            self._values.move_to_end(key)
+        return value
+
+    def get(self, key: Hashable, make: Callable[[], V]) -> V:
+        """The value under ``key`` (now the most recently used), made by ``make()`` on a miss."""
+        value = self.find(key)
+        if value is not None:
+            return value
+        value = self._values[key] = make()
+        if len(self._values) > self._size:
+            old_key, old = self._values.popitem(last=False)
+            if self._evicted is not None:
+                self._evicted(old_key, old)
+        return value
+
+    def clear(self) -> None:
+        """Drop every value (without telling ``evicted``)."""
+        self._values.clear()
+
+    def __len__(self) -> int:
+        return len(self._values)
