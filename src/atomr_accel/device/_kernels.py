@@ -23,6 +23,7 @@ __all__ = [
     "KernelActor",
     "ModuleActor",
     "NvrtcActor",
+    "RealtimeActor",
     "RngActor",
     "SolverActor",
     "SparseActor",
@@ -156,9 +157,16 @@ class BlasLtActor(KernelActor):
     library: ClassVar[str] = "blaslt"
 
 
+class RealtimeActor(KernelActor):
+    """Realtime simulation and frame kernels (particles, fluids, filters, ...): NVRTC on CUDA."""
+
+    library: ClassVar[str] = "realtime"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
-                NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor)
+                NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
+                RealtimeActor)
 }
 """Library name -> kernel actor class."""

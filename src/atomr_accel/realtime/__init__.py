@@ -1,0 +1,10 @@
+"""Realtime simulations and frame pipelines as supervised actors bound to a device.
+
+Each step runs as ops of the device's ``realtime`` library: NVRTC kernels on
+CUDA, NumPy on the CPU backend (the reference the GPU results are checked
+against).
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
