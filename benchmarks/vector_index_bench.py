@@ -32,7 +32,7 @@ from _report import percentile, print_table, write_json
 from atomr_accel import System
 from atomr_accel.agents._gpu_index import GpuVectorIndex
 from atomr_accel.agents._index import CpuVectorIndex
-from atomr_accel.core.ops._topk import TopK
+from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 Array = np.ndarray[Any, Any]
 TOP_K = 10
@@ -135,38 +135,56 @@ def gpu_rows(args: argparse.Namespace, system: System) -> tuple[list[list[Any]],
 
 def stages(device: Any, index: GpuVectorIndex, host16: Array, queries: Array,
            batch: int) -> tuple[list[list[Any]], dict[str, float]]:
-    """Where a search's time goes: the actor round trip (``count()``), the matmul alone
-    (with a one-element download to wait for it) and the ``TopK`` op alone, p50 ms."""
+    """Where a search's time goes, p50 ms: the ``ScoreTopK`` op alone (what a search runs on
+    the device), the ``TopK`` op alone on stored scores, direct torch's matmul alone (with a
+    synchronize), and the actor round trip (``count()``)."""
+    torch = optional("torch")
     n, dim = host16.shape
     matrix = device.allocate(n * dim, "f16")
     device.copy_from_numpy(matrix, host16.reshape(-1))
     found: dict[str, float] = {}
     rows = []
-    lt = device.blaslt()
     for m, repeats in ((1, 200), (batch, 8)):
-        q = device.allocate(m * dim, "f16")
-        device.copy_from_numpy(q, queries[:m].astype(np.float16).reshape(-1))
+        q16 = queries[:m].astype(np.float16)
         scores = device.allocate(m * n, "f16")
+        q = _uploaded(device, q16)
+        device.blaslt().matmul(q, matrix, scores, m, n, dim, trans_b=True)
 
-        def matmul(_: Array, q: Any = q, scores: Any = scores, m: int = m) -> None:
-            lt.matmul(q, matrix, scores, m, n, dim, trans_b=True)
-            device.copy_to_numpy(scores, 0, 1)
+        def fused(_: Array, q16: Array = q16) -> None:
+            device.run(ScoreTopK(q16, device.ref_of(matrix), n, dim, TOP_K))
 
         def top(_: Array, scores: Any = scores, m: int = m) -> None:
             device.run(TopK(device.ref_of(scores), m, n, TOP_K))
 
-        times = {"matmul": latencies_ms(matmul, queries[:repeats], 3),
-                 "TopK": latencies_ms(top, queries[:repeats], 3)}
+        times = {"ScoreTopK op": latencies_ms(fused, queries[:repeats], 3),
+                 "TopK op": latencies_ms(top, queries[:repeats], 3)}
+        if torch is not None:
+            weights = torch.from_numpy(host16).cuda()
+            x = torch.from_numpy(q16).cuda()
+
+            def torch_matmul(_: Array, x: Any = x, weights: Any = weights) -> None:
+                x @ weights.T
+                torch.cuda.synchronize()
+
+            times["torch matmul alone"] = latencies_ms(torch_matmul, queries[:repeats], 3)
+            del weights
         for stage, samples in times.items():
-            found[f"{stage}_m{m}_p50_ms"] = percentile(samples, 50)
+            found[f"{stage.replace(' ', '_')}_m{m}_p50_ms"] = percentile(samples, 50)
             rows.append([f"{stage}, {m} queries", percentile(samples, 50)])
-        for buffer in (q, scores):
-            device.free(buffer)
+        device.free(scores)
+        device.free(q)
     device.free(matrix)
     trip = latencies_ms(lambda _: index.count(), queries[:200], 10)
     found["actor_round_trip_p50_ms"] = percentile(trip, 50)
     rows.append(["actor round trip (count())", percentile(trip, 50)])
     return rows, found
+
+
+def _uploaded(device: Any, host: Array) -> Any:
+    """A device buffer holding ``host`` (flattened)."""
+    buffer = device.allocate(host.size, "f16")
+    device.copy_from_numpy(buffer, host.reshape(-1))
+    return buffer
 
 
 # ----------------------------------------------------------------------------- CPU

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from atomr_accel import InvalidArgument, System
 from atomr_accel.agents import CpuVectorIndex, EmbeddingCache, GpuVectorIndex, UnknownVectorId
-from atomr_accel.core.ops._topk import TopK
+from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 METRICS = ("cosine", "ip", "l2")
 
@@ -393,6 +393,64 @@ def test_top_k_op_orders_by_value_then_key(device: Any, levels: int) -> None:
         device.run(TopK(device.ref_of(xb), m, n, 0))
     with pytest.raises(InvalidArgument, match="keys"):
         device.run(TopK(device.ref_of(xb), m, n, 2, device.ref_of(xb)))
+
+
+@pytest.mark.parametrize(("n", "levels"), [(100_000, 3), (150_001, 50), (99_999, 10**6)],
+                         ids=["ties", "tail-group", "few-ties"])
+def test_top_k_of_long_rows_selects_by_groups_exactly(device: Any, n: int, levels: int) -> None:
+    """Rows of more than 4 * (k + 8) groups of 1024 columns take the two-stage selection;
+    the answer is still every row's exact best, ties by key."""
+    rng = np.random.default_rng(n)
+    m, k = 3, 7
+    x = rng.integers(0, levels, (m, n)).astype(np.float32)
+    x[1, -1] = levels + 5.0  # the best value of a row in its last column
+    keys = rng.permutation(n).astype(np.int64)
+    xb = device.allocate(m * n, "f32")
+    kb = device.allocate(n, "i64")
+    device.copy_from_numpy(xb, x.reshape(-1))
+    device.copy_from_numpy(kb, keys)
+    columns, values = device.run(TopK(device.ref_of(xb), m, n, k, device.ref_of(kb)))
+    for row in range(m):
+        order = np.lexsort((keys, -x[row]))[:k]
+        assert columns[row].tolist() == order.tolist()
+        assert values[row].tolist() == x[row, order].tolist()
+    assert columns[1, 0] == n - 1
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_score_top_k_scores_host_queries_against_device_rows(device: Any, dtype: str) -> None:
+    rng = np.random.default_rng(8)
+    n, dim, m, k = 300, 6, 4, 5
+    numpy_dtype = np.dtype(np.float32 if dtype == "f32" else np.float64)
+    matrix = rng.integers(-3, 4, (n + 20, dim)).astype(numpy_dtype)  # 20 rows past n unused
+    queries = rng.integers(-3, 4, (m, dim)).astype(numpy_dtype)
+    bias = rng.integers(-5, 6, n).astype(numpy_dtype)
+    keys = rng.permutation(10 * n)[:n].astype(np.int64)
+    mb = device.allocate(matrix.size, dtype)
+    bb = device.allocate(n, dtype)
+    kb = device.allocate(n, "i64")
+    device.copy_from_numpy(mb, matrix.reshape(-1))
+    device.copy_from_numpy(bb, bias)
+    device.copy_from_numpy(kb, keys)
+    op = ScoreTopK(queries, device.ref_of(mb), n, dim, k, device.ref_of(kb), device.ref_of(bb),
+                   2.0)
+    columns, values = device.run(op)
+    expected_scores = 2.0 * queries.astype(np.float64) @ matrix[:n].T.astype(np.float64) + bias
+    for row in range(m):
+        order = np.lexsort((keys, -expected_scores[row]))[:k]
+        assert columns[row].tolist() == order.tolist()
+        assert values[row].tolist() == expected_scores[row, order].tolist()
+    plain, _ = device.run(ScoreTopK(queries, device.ref_of(mb), n, dim, n + 1))
+    assert plain.shape == (m, n)
+    with pytest.raises(InvalidArgument, match="queries"):
+        device.run(ScoreTopK(queries[:, :3], device.ref_of(mb), n, dim, k))
+    with pytest.raises(InvalidArgument, match="dtype"):
+        device.run(ScoreTopK(queries.astype(np.float16), device.ref_of(mb), n, dim, k))
+    with pytest.raises(InvalidArgument, match="matrix needs"):
+        device.run(ScoreTopK(queries, device.ref_of(mb), n + 21, dim, k))
+    with pytest.raises(InvalidArgument, match="bias"):
+        device.run(ScoreTopK(queries, device.ref_of(mb), n, dim, k, bias=device.ref_of(kb)))
+    assert device.run(ScoreTopK(queries, device.ref_of(mb), n, dim, 1))[0].shape == (m, 1)
 
 
 def test_cache_counters_are_prometheus_metrics_with_telemetry() -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from atomr_accel import System
 from atomr_accel.agents import CpuVectorIndex, GpuVectorIndex
+from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 pytestmark = pytest.mark.gpu
 
@@ -80,3 +81,33 @@ def test_f16_recall_at_10(gpu: tuple[System, Any], metric: str) -> None:
                       for g, w in zip(got, want, strict=True)])
     print(f"f16 {metric} recall@10 = {recall:.4f}")
     assert recall >= 0.99
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_top_k_ops_on_long_rows_equal_the_cpu_backend(gpu: tuple[System, Any],
+                                                      dtype: str) -> None:
+    """Rows long enough for the two-stage selection, with many ties (small integers are
+    exact in f16): the CUDA answer is the CPU backend's, column for column."""
+    system, device = gpu
+    cpu_device = system.spawn_device(mock=True)
+    rng = np.random.default_rng(12)
+    m, n, dim, k = 5, 200_003, 4, 10
+    numpy_dtype = np.dtype(np.float16 if dtype == "f16" else np.float32)
+    matrix = rng.integers(-3, 4, (n, dim)).astype(numpy_dtype)
+    queries = rng.integers(-3, 4, (m, dim)).astype(numpy_dtype)
+    keys = rng.permutation(n).astype(np.int64)
+    answers = []
+    for dev in (device, cpu_device):
+        mb, kb = dev.allocate(n * dim, dtype), dev.allocate(n, "i64")
+        dev.copy_from_numpy(mb, matrix.reshape(-1))
+        dev.copy_from_numpy(kb, keys)
+        scored = dev.run(ScoreTopK(queries, dev.ref_of(mb), n, dim, k, dev.ref_of(kb)))
+        selected = dev.run(TopK(dev.ref_of(mb), n * dim // 1000, 1000, k, None))
+        answers.append((scored, selected))
+    for (cuda_columns, cuda_values), (cpu_columns, cpu_values) in zip(*answers, strict=True):
+        np.testing.assert_array_equal(cuda_columns, cpu_columns)
+        np.testing.assert_array_equal(cuda_values, cpu_values)
+    expected = queries.astype(np.float64) @ matrix.T.astype(np.float64)
+    for row in range(m):
+        order = np.lexsort((keys, -expected[row]))[:k]
+        assert answers[0][0][0][row].tolist() == order.tolist()

@@ -151,7 +151,7 @@ from atomr_accel.core.ops._solver import (
 )
 from atomr_accel.core.ops._sparse import CsrMatrix, CsrSpMM, CsrSpMV
 from atomr_accel.core.ops._tensor import Contract
-from atomr_accel.core.ops._topk import TopK
+from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 F32, F64, C64, C128, I32 = DType.F32, DType.F64, DType.C64, DType.C128, DType.I32
 F16, BF16, U8 = DType.F16, DType.BF16, DType.U8
@@ -307,6 +307,8 @@ EXAMPLES: list[Any] = [
     Contract(_buf(F32, 6), "ab", (2, 3), _buf(F32, 12, 2), "bc", (3, 4), _buf(F32, 8, 3), "ac",
              (2, 4), alpha=1.5),
     TopK(_buf(F32, 12), 3, 4, 2, keys=_buf(DType.I64, 4, 2)),
+    ScoreTopK(np.ones((2, 3), np.float32), _buf(F32, 12), 4, 3, 2, keys=_buf(DType.I64, 4, 2),
+              bias=_buf(F32, 4, 3), alpha=2.0),
     FusedMatmul(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3, Epilogue.BIAS_GELU,
                 bias=_buf(F32, 4, 4), aux=_buf(F32, 16, 5), beta=0.5),
     FusedMatmulGrad(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3,

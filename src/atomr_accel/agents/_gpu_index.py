@@ -13,7 +13,7 @@ from atomr_accel.agents._index_base import IndexActor, Results, VectorIndex
 from atomr_accel.agents._vectors import F32, I64, Metric
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, SystemClosed
-from atomr_accel.core.ops._topk import TopK
+from atomr_accel.core.ops._topk import ScoreTopK
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
 
@@ -28,10 +28,9 @@ class DeviceStore:
 
     Growth allocates buffers at least twice as large and copies the live rows
     device to device (``Device.copy``); inserts upload only the new rows. A
-    search uploads the queries, computes every score with one matmul on the
-    device (``BlasLt.matmul``: ``Q @ M^T``, for l2 ``2 Q @ M^T - |x|^2`` with
-    the bias epilogue) into a scores buffer, and selects each query's top-k
-    there (``TopK``), downloading only the results.
+    search is one op (``ScoreTopK``): the queries travel with it, every score
+    is one matmul on the device (``Q @ M^T``; for l2 ``2 Q @ M^T - |x|^2``),
+    each query's top-k is selected there, and only the results come back.
     """
 
     def __init__(self, device: Device, dim: int, metric: Metric, dtype: DType) -> None:
@@ -43,8 +42,6 @@ class DeviceStore:
         self.matrix: GpuBuffer | None = None
         self.keys: GpuBuffer | None = None
         self.bias: GpuBuffer | None = None
-        self.queries: GpuBuffer | None = None
-        self.scores: GpuBuffer | None = None
 
     async def reserve(self, rows: int, count: int) -> None:
         """Grow the buffers (at least doubling) when they hold fewer than ``rows`` rows."""
@@ -92,35 +89,18 @@ class DeviceStore:
         if self.bias is not None:
             await dev.copy_async(self.bias, self.bias, 1, src, dst)
 
-    async def _room(self, batch: int) -> tuple[GpuBuffer, GpuBuffer]:
-        """The query and score buffers, grown (at least doubling) to hold ``batch`` queries
-        over ``capacity`` rows."""
-        held = 0 if self.queries is None else len(self.queries) // self.dim
-        if held < batch or self.scores is None or len(self.scores) < batch * self.capacity:
-            rows = max(batch, 2 * held if held < batch else held)
-            await self._free(self.queries, self.scores)
-            self.queries = self.scores = None
-            self.queries = await self.device.allocate_async(rows * self.dim, self.dtype)
-            self.scores = await self.device.allocate_async(rows * self.capacity, self.dtype)
-        assert self.queries is not None and self.scores is not None
-        return self.queries, self.scores
-
     async def search(self, queries: F32, ids: I64, top_k: int) -> Results:
-        """Scores by one device matmul, then the device top-k; only the results come back."""
+        """Scores and the device top-k in one op (``ScoreTopK``); only the results come back."""
         count, batch = len(ids), len(queries)
         if count == 0:
             return [[] for _ in range(batch)]
         assert self.matrix is not None and self.keys is not None
         dev = self.device
-        query_buffer, scores = await self._room(batch)
         data = queries.astype(self.dtype.numpy)
-        await dev.copy_from_numpy_async(query_buffer, data, 0)
-        l2 = self.metric is Metric.L2
-        await dev.blaslt().matmul_async(
-            query_buffer, self.matrix, scores, batch, count, self.dim,
-            "bias" if l2 else "none", bias=self.bias if l2 else None,
-            alpha=2.0 if l2 else 1.0, trans_b=True)
-        op = TopK(dev.ref_of(scores), batch, count, top_k, dev.ref_of(self.keys))
+        l2 = self.bias is not None
+        op = ScoreTopK(data, dev.ref_of(self.matrix), count, self.dim, top_k,
+                       dev.ref_of(self.keys), None if self.bias is None else dev.ref_of(self.bias),
+                       2.0 if l2 else 1.0)
         columns, values = await dev.run_async(op)
         if l2:
             stored = data.astype(np.float32)
@@ -141,8 +121,8 @@ class DeviceStore:
 
     async def close(self) -> None:
         """Free every buffer."""
-        await self._free(self.matrix, self.keys, self.bias, self.queries, self.scores)
-        self.matrix = self.keys = self.bias = self.queries = self.scores = None
+        await self._free(self.matrix, self.keys, self.bias)
+        self.matrix = self.keys = self.bias = None
         self.capacity = 0
 
 
@@ -162,9 +142,9 @@ class GpuVectorIndex(VectorIndex):
 
     ``dtype`` ``"f32"`` keeps the vectors in float32 (results equal
     ``CpuVectorIndex``'s up to float32 rounding of the scores); ``"f16"`` in
-    float16 (half the memory and bandwidth; scores are float16). Scores are
-    one matmul on the device (``BlasLt.matmul``), the top-k is selected on
-    the device (``TopK``) and only the ``k`` results a query are downloaded.
+    float16 (half the memory and bandwidth; scores are float16). A search is
+    one op on the device (``ScoreTopK``: one matmul, then the top-k selected
+    there) and only the ``k`` results a query are downloaded.
     Works on every backend, the CPU backend (``mock=True``) included. See
     ``VectorIndex`` for the methods, metrics, score meaning and errors.
     """

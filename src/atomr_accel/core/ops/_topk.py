@@ -1,16 +1,27 @@
-"""Top-k selection: the ``k`` largest values of each row of a matrix, answered to the host."""
+"""Top-k selection: the ``k`` largest values of each row of a matrix, answered to the host;
+and the scoring search that feeds it (host queries against a matrix on the device)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import numpy as np
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, is_int, require_dtype, require_len
+from atomr_accel.core._op import (
+    Op,
+    is_int,
+    require,
+    require_dtype,
+    require_len,
+    require_numbers,
+    require_same_dtype,
+)
 from atomr_accel.core._ref import GpuRef
 
-__all__ = ["TopK"]
+__all__ = ["ScoreTopK", "TopK"]
 
 _DTYPES = (DType.F16, DType.F32, DType.F64)
 
@@ -44,3 +55,50 @@ class TopK(Op):
         if self.keys is not None:
             require_dtype(self.keys, (DType.I64,), "keys")
             require_len(self.keys, self.n, "keys")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreTopK(Op):
+    """Score host ``queries`` against the first ``n`` rows of ``matrix`` and answer each
+    query's ``k`` best rows, in one op.
+
+    ``queries`` is a host array of ``m x dim`` values of the matrix's dtype;
+    ``matrix`` holds ``n`` rows of ``dim`` values (row-major). The score of
+    query ``i`` and row ``j`` is ``alpha * queries[i] . matrix[j] + bias[j]``
+    (no bias when ``bias`` is None), computed on the device in the matrix's
+    dtype (f16 products accumulate in f32) and never downloaded: the answer is
+    ``TopK``'s, two host arrays ``m x min(k, n)`` (rows as int64, best first,
+    ties by ``keys``; scores as float64).
+    """
+
+    library: ClassVar[str] = "tensor"
+    queries: Any
+    matrix: GpuRef
+    n: int
+    dim: int
+    k: int
+    keys: GpuRef | None = None
+    bias: GpuRef | None = None
+    alpha: float = 1.0
+
+    def validate(self) -> None:
+        for name in ("n", "dim", "k"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 1:
+                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+        require_dtype(self.matrix, _DTYPES, "matrix")
+        require_len(self.matrix, self.n * self.dim, "matrix")
+        q = self.queries
+        require(isinstance(q, np.ndarray) and q.ndim == 2 and q.shape[0] >= 1
+                and q.shape[1] == self.dim,
+                f"queries must be a host array of shape (m, {self.dim}) with m >= 1, got "
+                f"{getattr(q, 'shape', type(q).__name__)}")
+        require(q.dtype == self.matrix.dtype.numpy,
+                f"queries have dtype {q.dtype} but the matrix holds {self.matrix.dtype.value}")
+        require_numbers(self.matrix.dtype, alpha=self.alpha)
+        if self.keys is not None:
+            require_dtype(self.keys, (DType.I64,), "keys")
+            require_len(self.keys, self.n, "keys")
+        if self.bias is not None:
+            require_same_dtype(matrix=self.matrix, bias=self.bias)
+            require_len(self.bias, self.n, "bias")
