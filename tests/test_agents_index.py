@@ -9,6 +9,7 @@ against an ``OrderedDict`` LRU model under random interleavings (hypothesis).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -451,6 +452,53 @@ def test_score_top_k_scores_host_queries_against_device_rows(device: Any, dtype:
     with pytest.raises(InvalidArgument, match="bias"):
         device.run(ScoreTopK(queries, device.ref_of(mb), n, dim, k, bias=device.ref_of(kb)))
     assert device.run(ScoreTopK(queries, device.ref_of(mb), n, dim, 1))[0].shape == (m, 1)
+
+
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_blocking_searches_stay_consistent_while_the_index_changes(
+        system: System, device: Any, kind: str) -> None:
+    """Blocking searches run on their callers' threads (no hop to the actor) while another
+    thread inserts and removes ids: every answer pairs each id with its own vector's score,
+    and a search issued after an insert returned sees that insert."""
+    dim = 8
+
+    def vector(vector_id: int) -> np.ndarray[Any, Any]:
+        return np.random.default_rng(vector_id).standard_normal(dim).astype(np.float32)
+
+    index = (CpuVectorIndex.spawn(system, dim, metric="ip") if kind == "host"
+             else GpuVectorIndex.spawn(system, device, dim, "ip"))
+    index.insert_many(range(200), np.stack([vector(i) for i in range(200)]))
+    queries = np.random.default_rng(99).standard_normal((6, dim)).astype(np.float32)
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def searcher() -> None:
+        while not stop.is_set():
+            for query, found in zip(queries, index.search_batch(queries, 5), strict=True):
+                for vector_id, score in found:
+                    expected = float(query @ vector(vector_id))
+                    if abs(score - expected) > 1e-4:
+                        failures.append(f"id {vector_id}: score {score}, its vector {expected}")
+
+    threads = [threading.Thread(target=searcher) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for round_ in range(40):
+            fresh = 1000 + round_
+            index.insert(fresh, vector(fresh))
+            held = {i for i, _ in index.search(vector(fresh), 1000)}
+            assert fresh in held and round_ in held
+            index.remove(round_)  # the last row moves into the freed one
+            assert round_ not in {i for i, _ in index.search(vector(fresh), 1000)}
+            index.insert_many([2000 + round_, 3000 + round_],
+                              np.stack([vector(2000 + round_), vector(3000 + round_)]))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not failures, failures[:5]
+    assert index.count() == 200 + 3 * 40 - 40
 
 
 def test_cache_counters_are_prometheus_metrics_with_telemetry() -> None:

@@ -83,15 +83,16 @@ def test_f16_recall_at_10(gpu: tuple[System, Any], metric: str) -> None:
     assert recall >= 0.99
 
 
-@pytest.mark.parametrize("dtype", ["f16", "f32"])
+@pytest.mark.parametrize(("dtype", "m"), [("f16", 5), ("f32", 5), ("f16", 40)])
 def test_top_k_ops_on_long_rows_equal_the_cpu_backend(gpu: tuple[System, Any],
-                                                      dtype: str) -> None:
-    """Rows long enough for the two-stage selection, with many ties (small integers are
-    exact in f16): the CUDA answer is the CPU backend's, column for column."""
+                                                      dtype: str, m: int) -> None:
+    """Rows long enough for the two-stage selection (taken on CUDA from 32 rows on), with
+    many ties (small integers are exact in f16): the CUDA answer is the CPU backend's,
+    column for column."""
     system, device = gpu
     cpu_device = system.spawn_device(mock=True)
     rng = np.random.default_rng(12)
-    m, n, dim, k = 5, 200_003, 4, 10
+    n, dim, k = 200_003, 4, 10
     numpy_dtype = np.dtype(np.float16 if dtype == "f16" else np.float32)
     matrix = rng.integers(-3, 4, (n, dim)).astype(numpy_dtype)
     queries = rng.integers(-3, 4, (m, dim)).astype(numpy_dtype)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._index_base import IndexActor, Results, VectorIndex
+from atomr_accel.agents._index_base import IndexActor, Published, Results, VectorIndex
 from atomr_accel.agents._vectors import F32, I64, Metric
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, SystemClosed
@@ -89,7 +89,8 @@ class DeviceStore:
         if self.bias is not None:
             await dev.copy_async(self.bias, self.bias, 1, src, dst)
 
-    async def search(self, queries: F32, ids: I64, top_k: int) -> Results:
+    async def search(self, queries: F32, ids: I64, top_k: int,
+                     timeout: float | None = None) -> Results:
         """Scores and the device top-k in one op (``ScoreTopK``); only the results come back."""
         count, batch = len(ids), len(queries)
         if count == 0:
@@ -101,7 +102,7 @@ class DeviceStore:
         op = ScoreTopK(data, dev.ref_of(self.matrix), count, self.dim, top_k,
                        dev.ref_of(self.keys), None if self.bias is None else dev.ref_of(self.bias),
                        2.0 if l2 else 1.0)
-        columns, values = await dev.run_async(op)
+        columns, values = await dev.run_async(op, timeout)
         if l2:
             stored = data.astype(np.float32)
             query_sq = np.einsum("ij,ij->i", stored, stored).astype(np.float64)
@@ -131,7 +132,7 @@ class _DeviceIndexActor(IndexActor):
 
     store: DeviceStore
 
-    async def post_stop(self) -> None:
+    async def release(self) -> None:
         """Free the device buffers (nothing to free once the device itself has stopped)."""
         with contextlib.suppress(SystemClosed):
             await self.store.close()
@@ -162,7 +163,8 @@ class GpuVectorIndex(VectorIndex):
         if dtype not in _DTYPES:
             raise InvalidArgument(f"dtype must be 'f32' or 'f16', got {dtype!r}")
         make_store = functools.partial(DeviceStore, device, size, kind, _DTYPES[dtype])
+        published = Published()
         client: GpuVectorIndex = cls._start_in(system, Props(_DeviceIndexActor, size, kind,
-                                                             make_store), name)
-        client._setup(size, kind)
+                                                             make_store, published), name)
+        client._setup(size, kind, published)
         return client

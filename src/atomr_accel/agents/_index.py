@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._index_base import IndexActor, Results, VectorIndex
+from atomr_accel.agents._index_base import IndexActor, Published, Results, VectorIndex
 from atomr_accel.agents._vectors import F32, I64, Metric, best_first
 
 __all__ = ["CpuVectorIndex", "HostStore"]
@@ -49,8 +49,10 @@ class HostStore:
         self.matrix[dst] = self.matrix[src]
         self.norms[dst] = self.norms[src]
 
-    async def search(self, queries: F32, ids: I64, top_k: int) -> Results:
-        """Exact top-k of each query: one matrix product, then ``best_first`` per query."""
+    async def search(self, queries: F32, ids: I64, top_k: int,
+                     timeout: float | None = None) -> Results:
+        """Exact top-k of each query: one matrix product, then ``best_first`` per query
+        (``timeout``: unused, no device work)."""
         return search_matrix(self.matrix[: len(ids)], self.norms[: len(ids)], queries, ids,
                              top_k, self.metric)
 
@@ -95,7 +97,9 @@ class CpuVectorIndex(VectorIndex):
         l2) in ``system``; ``name`` names its actor (the original package's
         ``spawn(system, dim, name=None)``, with ``metric`` as a keyword)."""
         size, kind = cls._settings(dim, metric)
-        props = Props(IndexActor, size, kind, functools.partial(HostStore, size, kind))
+        published = Published()
+        props = Props(IndexActor, size, kind, functools.partial(HostStore, size, kind),
+                      published)
         client: CpuVectorIndex = cls._start_in(system, props, name)
-        client._setup(size, kind)
+        client._setup(size, kind, published)
         return client

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,9 +28,10 @@ from atomr_accel.agents._vectors import (
     write_index,
 )
 from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.facade._portal import in_blocking_call
 from atomr_accel.patterns._base import require_positive_int
 
-__all__ = ["IndexActor", "Results", "Store", "VectorIndex"]
+__all__ = ["IndexActor", "Published", "Results", "Store", "VectorIndex"]
 
 Results = list[list[tuple[int, float]]]
 
@@ -46,8 +48,10 @@ class Store(Protocol):
     async def move(self, src: int, dst: int) -> None:
         """Copy row ``src`` onto row ``dst``."""
 
-    async def search(self, queries: F32, ids: I64, top_k: int) -> Results:
-        """The best ``top_k`` ``(id, score)`` of each query over the rows of ``ids``."""
+    async def search(self, queries: F32, ids: I64, top_k: int,
+                     timeout: float | None = None) -> Results:
+        """The best ``top_k`` ``(id, score)`` of each query over the rows of ``ids``; device
+        work waits at most ``timeout`` seconds (None: the system's op time-out)."""
 
     async def read(self, count: int) -> F32:
         """Rows ``0 .. count-1`` as a host matrix."""
@@ -84,22 +88,92 @@ class _Count:
     __slots__ = ()
 
 
+class Published:
+    """What an index actor shares with its client so that a blocking search can run on the
+    caller's own thread, without a hop to the actor: the ``(store, slots)`` the actor works
+    on (None once it has stopped) and ``epoch``, which the actor bumps before and after
+    every change (odd while one is under way).
+
+    Such a search reads ``epoch``, searches, and keeps its answer only when ``epoch`` is
+    still what it read, even: no change began or ended meanwhile, so the store's rows and
+    the slots' ids it read belonged together (device work is ordered by submission, and a
+    change that starts later is submitted later). Otherwise it asks the actor.
+    """
+
+    __slots__ = ("epoch", "state")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.state: tuple[Store, Slots] | None = None
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[None]:
+        """Bracket a change of the store or slots (the actor's thread only)."""
+        self.epoch += 1
+        try:
+            yield
+        finally:
+            self.epoch += 1
+
+    async def search(self, queries: F32, top_k: int, timeout: float) -> Results | None:
+        """The answer of a search run here, or None when a change overlapped it (or the
+        actor has stopped, or one is under way): then ask the actor. An error of a search
+        that no change overlapped is raised."""
+        epoch, state = self.epoch, self.state
+        if epoch & 1 or state is None:
+            return None
+        store, slots = state
+        try:
+            results = await store.search(queries, slots.held(), top_k, timeout)
+        except Exception:
+            if self.epoch != epoch:
+                return None
+            raise
+        return results if self.epoch == epoch else None
+
+
 class IndexActor(AgentActor):
     """Holds the ids (``Slots``) and runs each request on its ``Store``, one at a time.
 
-    A restart (after an unexpected failure) starts empty, with a new store.
+    A restart (after an unexpected failure) starts empty, with a new store. Every
+    change is bracketed by ``published.changing()`` (see ``Published``).
     """
 
-    def __init__(self, dim: int, metric: Metric, make_store: Callable[[], Store]) -> None:
+    def __init__(self, dim: int, metric: Metric, make_store: Callable[[], Store],
+                 published: Published) -> None:
         self.dim = dim
         self.metric = metric
-        self.store = make_store()
-        self.slots = Slots()
+        self.published = published
+        with published.changing():
+            self.store = make_store()
+            self.slots = Slots()
+            published.state = (self.store, self.slots)
+
+    async def post_stop(self) -> None:
+        """Withdraw the store from searches on callers' threads, then ``release`` it."""
+        with self.published.changing():
+            self.published.state = None
+            await self.release()
+
+    async def release(self) -> None:
+        """Free what the store holds (nothing here)."""
 
     async def handle(self, message: Any) -> Any:
         cls = type(message)
         if cls is _Search:
             return await self.store.search(message.queries, self.slots.held(), message.top_k)
+        if cls is _Count:
+            return self.slots.count
+        if cls is _Save:
+            count = self.slots.count
+            vectors = await self.store.read(count)
+            write_index(message.path, self.metric, self.slots.held().copy(), vectors)
+            return count
+        with self.published.changing():
+            return await self._change(message)
+
+    async def _change(self, message: Any) -> Any:
+        cls = type(message)
         if cls is _Insert:
             await self._insert(message.ids, message.matrix)
             return None
@@ -108,13 +182,6 @@ class IndexActor(AgentActor):
             if row != last:
                 await self.store.move(last, row)
             return None
-        if cls is _Count:
-            return self.slots.count
-        if cls is _Save:
-            count = self.slots.count
-            vectors = await self.store.read(count)
-            write_index(message.path, self.metric, self.slots.held().copy(), vectors)
-            return count
         if cls is _Load:
             return await self._load(message.path)
         return await super().handle(message)
@@ -162,10 +229,22 @@ class VectorIndex(AgentClient):
 
     dim = 0
     metric = Metric.COSINE
+    _published = Published()
 
-    def _setup(self, dim: int, metric: Metric) -> None:
+    def _setup(self, dim: int, metric: Metric, published: Published) -> None:
         self.dim = dim
         self.metric = metric
+        self._published = published
+
+    async def _search(self, message: _Search, timeout: float, what: str) -> Results:
+        """A blocking call searches on its own thread when no change overlaps it (see
+        ``Published``); otherwise, and for awaited calls, the actor searches."""
+        if in_blocking_call():
+            found = await self._published.search(message.queries, message.top_k, timeout)
+            if found is not None:
+                return found
+        results: Results = await self._call(message, timeout, what)
+        return results
 
     @staticmethod
     def _settings(dim: object, metric: object) -> tuple[int, Metric]:
@@ -205,15 +284,14 @@ class VectorIndex(AgentClient):
                            require_timeout(timeout_secs))
 
     async def _first(self, message: _Search, timeout: float) -> list[tuple[int, float]]:
-        results: Results = await self._call(message, timeout, "search")
-        return results[0]
+        return (await self._search(message, timeout, "search"))[0]
 
     def search_batch_async(self, queries: Any, top_k: int, timeout_secs: float = TIMEOUT,
                            ) -> Coroutine[Any, Any, Results]:
         """``search`` for each row of ``queries`` (``b x dim``), in one request."""
         matrix = as_matrix(queries, self.dim, "queries", self.metric, rows=True)
-        return self._call(_Search(matrix, require_top_k(top_k)), require_timeout(timeout_secs),
-                          "search_batch")
+        return self._search(_Search(matrix, require_top_k(top_k)),
+                            require_timeout(timeout_secs), "search_batch")
 
     def count_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """How many ids the index holds."""

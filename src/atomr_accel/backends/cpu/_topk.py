@@ -32,8 +32,8 @@ from atomr_accel.core._op import Op
 from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 __all__ = [
-    "GROUP", "HANDLERS", "PARTITION", "SPARE", "Largest", "argpartition_largest", "grouped",
-    "is_wide", "score_top_k", "scores", "select", "top_k",
+    "GROUP", "HANDLERS", "PARTITION", "SPARE", "Answer", "Largest", "argpartition_largest",
+    "best", "grouped", "is_wide", "order", "score_top_k", "scores", "select", "top_k",
 ]
 
 Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
@@ -94,30 +94,43 @@ def select(xp: Any, x: Array, keys: Array | None, k: int, largest: Largest) -> A
     by ``keys[column]`` (or the column)."""
     n = x.shape[1]
     k = min(k, n)
-    count = min(k + SPARE, n)
-    values, columns = largest(xp, x, count)
+    values, columns = largest(xp, x, min(k + SPARE, n))
     host_values = _host(xp, values).astype(np.float64)
     host_columns = _host(xp, columns).astype(np.int64)
     host_keys = host_columns if keys is None else _host(xp, keys[columns]).astype(np.int64)
-    order = np.lexsort((host_keys, -host_values), axis=-1)
-    host_values = np.take_along_axis(host_values, order, axis=1)
-    host_columns = np.take_along_axis(host_columns, order, axis=1)
+
+    def exact_row(row: int, kth_column: int) -> Answer:
+        line = x[row]
+        tied = xp.flatnonzero(line >= line[kth_column])
+        tied_columns = _host(xp, tied).astype(np.int64)
+        tied_keys = tied_columns if keys is None else _host(xp, keys[tied]).astype(np.int64)
+        return best(_host(xp, line[tied]).astype(np.float64), tied_columns, tied_keys, k)
+
+    return order(host_values, host_columns, host_keys, k, n, exact_row)
+
+
+def order(values: np.ndarray[Any, Any], columns: np.ndarray[Any, Any],
+          keys: np.ndarray[Any, Any], k: int, n: int,
+          exact_row: Callable[[int, int], Answer]) -> Answer:
+    """The ``k`` best of each row's candidates (host ``values``, ``columns``, ``keys``, all
+    ``m x count``) by value, then key; a row whose every spare ties its ``k``-th value goes
+    to ``exact_row(row, column of its k-th value)`` instead."""
+    count = values.shape[1]
+    ranks = np.lexsort((keys, -values), axis=-1)
+    values = np.take_along_axis(values, ranks, axis=1)
+    columns = np.take_along_axis(columns, ranks, axis=1)
     if count < n:
-        for row in np.flatnonzero(host_values[:, count - 1] == host_values[:, k - 1]):
-            host_columns[row, :k], host_values[row, :k] = _exact_row(
-                xp, x[int(row)], keys, int(host_columns[row, k - 1]), k)
-    return host_columns[:, :k], host_values[:, :k]
+        for row in np.flatnonzero(values[:, count - 1] == values[:, k - 1]):
+            columns[row, :k], values[row, :k] = exact_row(int(row), int(columns[row, k - 1]))
+    return columns[:, :k], values[:, :k]
 
 
-def _exact_row(xp: Any, row: Array, keys: Array | None, kth_column: int, k: int) -> Answer:
-    """The ``k`` best of one row when its ``k``-th value ties others: every column at least
-    that value, ordered by value, then key."""
-    columns = xp.flatnonzero(row >= row[kth_column])
-    values = _host(xp, row[columns]).astype(np.float64)
-    host_columns = _host(xp, columns).astype(np.int64)
-    tie_keys = host_columns if keys is None else _host(xp, keys[columns]).astype(np.int64)
-    order = np.lexsort((tie_keys, -values))[:k]
-    return host_columns[order], values[order]
+def best(values: np.ndarray[Any, Any], columns: np.ndarray[Any, Any],
+         keys: np.ndarray[Any, Any], k: int) -> Answer:
+    """The ``k`` best of one row's host ``values`` (every column at least its ``k``-th
+    value), ordered by value, then key: ``(columns, values)``."""
+    ranks = np.lexsort((keys, -values))[:k]
+    return columns[ranks], values[ranks]
 
 
 PARTITION: Largest = grouped(argpartition_largest)

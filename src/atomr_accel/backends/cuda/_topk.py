@@ -1,4 +1,4 @@
-"""Top-k selection on CUDA: the shared handlers with PyTorch's selection where it imports.
+"""Top-k selection on CUDA: the shared handlers, with the selection in PyTorch where it imports.
 
 CuPy's ``argpartition`` sorts each whole row (its documented limitation) and
 its reductions over short groups are slow, so when PyTorch imports, the
@@ -6,12 +6,13 @@ its reductions over short groups are slow, so when PyTorch imports, the
 view of the scores, on the op's stream: ``torch.topk`` over the row, or, for
 wide rows in a batch of ``GROUPED_ROWS`` or more, the shared two-stage
 selection written in torch (group maxima by ``amax``, ``topk`` of those, a
-``gather`` of the chosen groups, ``topk`` again); on an H100 that took 1.7 ms
+``gather`` of the chosen groups, ``topk`` again). On an H100 that took 1.7 ms
 for 1024 rows of a million f16 scores against 7.4 ms for ``torch.topk``, and
 0.38 ms against 0.58 ms for 64 rows, while ``torch.topk`` won for 16 rows
-(0.20 ms against 0.32 ms) and for one (0.12 ms against 0.38 ms). Without torch the
-candidates come from the shared ``PARTITION``. Ordering and ties are the
-shared handler's (``backends.cpu._topk``).
+(0.20 ms against 0.32 ms) and for one (0.12 ms against 0.38 ms). The
+candidates' values, columns and keys come to the host in one download; the
+ordering and the exact pass over tied rows are the shared handler's
+(``backends.cpu._topk.order``). Without torch the shared handlers run on CuPy.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 __all__ = ["GROUPED_ROWS", "HANDLERS", "score_top_k", "top_k", "torch_module"]
 
+GROUPED_ROWS = 32
+"""Rows a batch from which wide rows take the two-stage selection on torch."""
+
 
 @functools.cache
 def torch_module() -> Any:
@@ -40,29 +44,18 @@ def torch_module() -> Any:
     return torch if torch.cuda.is_available() else None
 
 
-GROUPED_ROWS = 32
-"""Rows a batch from which wide rows take the two-stage selection on torch."""
+@functools.lru_cache(maxsize=64)
+def _torch_stream(pointer: int) -> Any:
+    """torch's view of the CUDA stream at ``pointer`` (kept: making one costs a few us)."""
+    return torch_module().cuda.ExternalStream(pointer)
 
 
-def _torch_largest(xp: Any, x: Any, count: int) -> tuple[Any, Any]:
-    """The ``count`` largest of each row by torch, on the current CuPy stream, back as CuPy
-    arrays."""
-    torch = torch_module()
-    stream = torch.cuda.ExternalStream(xp.cuda.get_current_stream().ptr)
-    with torch.cuda.stream(stream):
-        scores = torch.from_dlpack(x)
-        m, n = scores.shape
-        if m >= GROUPED_ROWS and shared.is_wide(n, count):
-            values, columns = _torch_grouped(torch, scores, count)
-        else:
-            values, columns = torch.topk(scores, count, dim=1, sorted=False)
-        return xp.from_dlpack(values), xp.from_dlpack(columns)
-
-
-def _torch_grouped(torch: Any, scores: Any, count: int) -> tuple[Any, Any]:
-    """The shared two-stage selection (``backends.cpu._topk.grouped``) in torch."""
-    group = shared.GROUP
+def _candidates(torch: Any, scores: Any, count: int) -> tuple[Any, Any]:
+    """The ``count`` largest of each row of the torch matrix ``scores``: (values, columns)."""
     m, n = scores.shape
+    if m < GROUPED_ROWS or not shared.is_wide(n, count):
+        return torch.topk(scores, count, dim=1, sorted=False)  # type: ignore[no-any-return]
+    group = shared.GROUP
     full = n // group
     maxima = scores[:, : full * group].view(m, full, group).amax(2)
     if full * group < n:
@@ -77,19 +70,48 @@ def _torch_grouped(torch: Any, scores: Any, count: int) -> tuple[Any, Any]:
     return best, columns.gather(1, where)
 
 
-def top_k(backend: ArrayBackend, op: TopK) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+def _select(xp: Any, x: Any, keys: Any | None, k: int) -> shared.Answer:
+    """``backends.cpu._topk.select`` of the CuPy matrix ``x`` with torch doing the device
+    work on the current stream."""
+    torch = torch_module()
+    with torch.cuda.stream(_torch_stream(xp.cuda.get_current_stream().ptr)):
+        scores = torch.from_dlpack(x)
+        key_of = None if keys is None else torch.from_dlpack(keys)
+        n = scores.shape[1]
+        k = min(k, n)
+        count = min(k + shared.SPARE, n)
+        values, columns = _candidates(torch, scores, count)
+        keyed = columns if key_of is None else key_of[columns]
+        bits = values.double().view(torch.int64)
+        packed = torch.cat((bits, columns, keyed), 1).cpu().numpy()  # one download
+
+        def exact_row(row: int, kth_column: int) -> shared.Answer:
+            line = scores[row]
+            tied = torch.nonzero(line >= line[kth_column]).flatten()
+            tied_keys = tied if key_of is None else key_of[tied]
+            both = torch.cat((line[tied].double().view(torch.int64), tied, tied_keys)).cpu()
+            found = both.numpy().reshape(3, -1)
+            return shared.best(found[0].view(np.float64), found[1], found[2], k)
+
+        return shared.order(packed[:, :count].view(np.float64), packed[:, count:2 * count],
+                            packed[:, 2 * count:], k, n, exact_row)
+
+
+def top_k(backend: ArrayBackend, op: TopK) -> shared.Answer:
     """Answer ``(columns, values)`` as the shared handler does, selecting with torch if present."""
     if torch_module() is None:
         return shared.top_k(backend, op)
-    return shared.top_k(backend, op, _torch_largest)
+    x = backend.array(op.x.buffer_id)[: op.m * op.n].reshape(op.m, op.n)
+    keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
+    return _select(backend.xp, x, keys, op.k)
 
 
-def score_top_k(backend: ArrayBackend, op: ScoreTopK,
-                ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Score and select as the shared handler does, selecting with torch if present."""
+def score_top_k(backend: ArrayBackend, op: ScoreTopK) -> shared.Answer:
+    """Score (``backends.cpu._topk.scores``: a cuBLAS matmul) and select with torch if present."""
     if torch_module() is None:
         return shared.score_top_k(backend, op)
-    return shared.score_top_k(backend, op, _torch_largest)
+    keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
+    return _select(backend.xp, shared.scores(backend, op), keys, op.k)
 
 
 HANDLERS: dict[type[Op], Handler] = {TopK: top_k, ScoreTopK: score_top_k}
