@@ -20,7 +20,8 @@ EVENT_KINDS = ("context_down", "context_restarted", "context_ready", "device_sto
 the supervisor's directive); ``context_restarted``: it was restarted;
 ``context_ready``: a context generation is serving (after a rebuild: the new
 generation, with the standby wait and the requests run again when there were
-any); ``device_stopped``: a device actor stopped for good; ``actor_failed`` /
+any); ``device_stopped``: a device stopped serving for good (its context
+stopped past the restart budget, or the device actor stopped); ``actor_failed`` /
 ``actor_restarted``: any other actor (a blueprint's) failed or was restarted.
 """
 
@@ -53,6 +54,7 @@ class EventLog(Actor):
     def __init__(self, capacity: int = 200) -> None:
         self.events: deque[dict[str, Any]] = deque(maxlen=capacity)
         self.devices: dict[str, str] = {}  # device actor path -> device name
+        self.stopped: set[str] = set()  # devices whose stop is logged
         self.seq = 0
         self.context.system.event_stream.subscribe(self.context.self_ref, LifecycleEvent)
 
@@ -83,10 +85,12 @@ class EventLog(Actor):
         parent = path.rsplit("/", 1)[0]
         cause = "" if event.cause is None else repr(event.cause)
         if path in self.devices:
-            if event.kind is Lifecycle.STOPPED:
-                self._log("device_stopped", path, self.devices[path], "the device stopped")
+            device = self.devices[path]
+            if event.kind is Lifecycle.STOPPED and device not in self.stopped:
+                self.stopped.add(device)
+                self._log("device_stopped", path, device, "the device actor stopped")
             elif event.kind is Lifecycle.FAILED:
-                self._log("actor_failed", path, self.devices[path], _failed(event))
+                self._log("actor_failed", path, device, _failed(event))
             return
         if path.endswith("/context") and parent in self.devices:
             device = self.devices[parent]
@@ -94,6 +98,10 @@ class EventLog(Actor):
                 self._log("context_down", path, device, _failed(event))
             elif event.kind is Lifecycle.RESTARTED:
                 self._log("context_restarted", path, device, f"restarted after {cause}")
+            elif event.kind is Lifecycle.STOPPED and device not in self.stopped:
+                self.stopped.add(device)
+                self._log("device_stopped", path, device,
+                          "its context stopped for good: requests now fail")
             return
         if any(path.startswith(d + "/") for d in self.devices):
             return  # kernel actors stop and start with their context: already logged
