@@ -168,6 +168,7 @@ def test_a_device_past_its_restart_budget_shows_stopped() -> None:
             state = state_of(port)
             if state["devices"][0]["status"] == "stopped" or time.monotonic() > deadline:
                 break
+            time.sleep(0.02)
         assert state["devices"][0]["status"] == "stopped"
         assert "device_stopped" in [e["kind"] for e in state["events"]]
 

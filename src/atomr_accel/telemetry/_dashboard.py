@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import enum
 import functools
+import inspect
 import json
 import math
 import time
@@ -87,7 +88,7 @@ class Dashboard:
         tenant's share; any other source shows its figures as a table.
         """
         stats = getattr(source, "stats", None)
-        if stats is None or not asyncio.iscoroutinefunction(stats):
+        if stats is None or not inspect.iscoroutinefunction(stats):
             raise InvalidArgument(f"a panel needs a client with an async stats(), got {source!r}")
         key = name if name is not None else str(getattr(source, "path", repr(source)))
         self._panels[key] = source
