@@ -153,6 +153,10 @@ def test_a_poisoned_context_shows_as_events_and_a_new_generation() -> None:
         down = next(e for e in state["events"] if e["kind"] == "context_down")
         assert "ContextPoisoned" in down["detail"] and "RESTART" in down["detail"]
         assert [e["seq"] for e in state["events"]] == sorted(e["seq"] for e in state["events"])
+        direct = system.telemetry.dashboard.state()  # type: ignore[union-attr]
+        assert [(d["name"], d["generation"]) for d in direct["devices"]] == \
+            [(d["name"], d["generation"]) for d in state["devices"]]
+        assert direct["events"] == state["events"]
 
 
 def test_a_device_past_its_restart_budget_shows_stopped() -> None:

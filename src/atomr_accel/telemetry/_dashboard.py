@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from atomr_accel.actor import POISON_PILL, ActorRef, ActorStopped, ActorSystem, Props
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.device import DeviceStats, GetStats
-from atomr_accel.facade._portal import Portal
+from atomr_accel.facade._portal import Portal, blocking
 from atomr_accel.telemetry._events import EventLog, GetEvents, WatchDevice
 from atomr_accel.telemetry._http import HttpServer, Response
 from atomr_accel.telemetry._op_window import OpWindow
@@ -102,6 +102,8 @@ class Dashboard:
         docs/dashboard.md): ``system``, ``time``, ``devices``, ``libraries``,
         ``events`` and ``panels``."""
         return await self._portal.acall(self._state())
+
+    state = blocking(state_async)
 
     async def _state(self) -> dict[str, Any]:
         names = list(self._devices)

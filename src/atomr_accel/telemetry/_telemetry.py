@@ -176,11 +176,14 @@ class Telemetry:
         """
         if self.dashboard is None:
             dashboard = await Dashboard.start(self._actors, self._portal, self._ops)
-            for name, device in self._devices.items():
-                dashboard.watch(name, device)
-            self.dashboard = dashboard
-            if self._server is not None:
-                dashboard.serve_on(self._server)
+            if self.dashboard is not None:  # another call made one meanwhile
+                dashboard.close()
+            else:
+                for name, device in self._devices.items():
+                    dashboard.watch(name, device)
+                self.dashboard = dashboard
+                if self._server is not None:
+                    dashboard.serve_on(self._server)
         served = self.port
         if served is None:
             return self.serve(port, addr)
