@@ -214,7 +214,14 @@ function fairSharePanel(box, stats) {
 
 function renderPanels(panels) {
   const holder = document.getElementById("panels");
-  if (!panels.length) return;
+  if (!panels.length) {
+    if (!holder.querySelector(".muted")) {
+      holder.textContent = "";
+      holder.appendChild(el("p", "no blueprint panels (add one with " +
+        "system.telemetry.dashboard.add_panel(client))", "muted"));
+    }
+    return;
+  }
   holder.textContent = "";
   for (const panel of panels) {
     const box = el("div", null, "panel");
