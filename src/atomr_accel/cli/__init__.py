@@ -1,16 +1,19 @@
-"""The ``atomr-accel`` command (also ``python -m atomr_accel``): ``probe``, ``demo``, ``bench``.
+"""The ``atomr-accel`` command (also ``python -m atomr_accel``): ``probe``, ``demo``, ``bench``,
+``dashboard``.
 
 ``main(argv)`` runs it in-process and returns the exit status. See
 ``docs/operations.md``.
 """
 
 from atomr_accel.cli._bench import find_benchmarks, run_benchmarks
+from atomr_accel.cli._dashboard import attach_dashboard
 from atomr_accel.cli._demo import DemoCheckFailed, run_demo
 from atomr_accel.cli._main import main
 from atomr_accel.cli._probe import print_probe, probe
 
 __all__ = [
     "DemoCheckFailed",
+    "attach_dashboard",
     "find_benchmarks",
     "main",
     "print_probe",

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from atomr_accel.cli._bench import run_benchmarks
+from atomr_accel.cli._dashboard import attach_dashboard
 from atomr_accel.cli._demo import DemoCheckFailed, run_demo
 from atomr_accel.cli._probe import print_probe, probe
 from atomr_accel.core._errors import GpuRuntimeError
@@ -37,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="pass --quick to the scripts that accept it")
     bench_cmd.add_argument("--path", help="the benchmarks folder (default: ./benchmarks, "
                                           "then the one beside the source tree)")
+    dashboard_cmd = commands.add_parser(
+        "dashboard", help="attach to a running system's dashboard: where to open it, its devices")
+    dashboard_cmd.add_argument("--url", required=True,
+                               help="the system's telemetry endpoint, e.g. http://127.0.0.1:9400 "
+                                    "(see system.serve_dashboard)")
     return parser
 
 
@@ -66,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (DemoCheckFailed, GpuRuntimeError) as exc:
                 print(f"\ndemo failed: {exc!r}", file=out)
                 return 1
+        if args.command == "dashboard":
+            return attach_dashboard(out, args.url)
         return run_benchmarks(out, args.names, quick=args.quick, path=args.path)
     finally:
         if handler is not None:

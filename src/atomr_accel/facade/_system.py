@@ -301,6 +301,22 @@ class System:
 
     enable_telemetry = blocking(enable_telemetry_async)
 
+    async def serve_dashboard_async(self, port: int = 0, addr: str = "127.0.0.1") -> int:
+        """Serve the live dashboard page of this system; return the port it is on.
+
+        Enables telemetry (as ``enable_telemetry``) and serves, from the same
+        HTTP server as ``/metrics``: ``/`` (one row per device, op rates and
+        latency percentiles per library, recent supervision events, blueprint
+        panels added with ``system.telemetry.dashboard.add_panel``),
+        ``/api/state`` (JSON) and ``/api/events`` (Server-Sent Events). When
+        ``/metrics`` is served already the dashboard joins that port. See
+        docs/dashboard.md. Needs ``prometheus-client``.
+        """
+        telemetry = await self.enable_telemetry_async()
+        return await telemetry.serve_dashboard_async(port, addr)
+
+    serve_dashboard = blocking(serve_dashboard_async)
+
     async def can_access_async(self, a: Device, b: Device) -> bool:
         """True when device ``a`` can read and write ``b``'s memory directly (CUDA peer access).
 

@@ -18,6 +18,8 @@ from atomr_accel.actor import (
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.device import DeviceState, DeviceStats, GetStats
 from atomr_accel.facade._portal import Portal, blocking
+from atomr_accel.telemetry._dashboard import Dashboard
+from atomr_accel.telemetry._http import HttpServer, Response
 from atomr_accel.telemetry._metrics import DeviceCollector, OpMetrics
 from atomr_accel.telemetry._nvml import NvmlProbe, NvmlSample
 
@@ -73,7 +75,8 @@ class Telemetry:
     depth, bytes allocated, device memory) come from ``DeviceStats`` sampled
     every ``interval`` seconds and by ``refresh``; GPU gauges from an
     ``NvmlProbe`` started by ``start_nvml``. ``render()`` returns the text
-    exposition; ``serve(port)`` serves it at ``/metrics``. Needs
+    exposition; ``serve(port)`` serves it at ``/metrics``, and
+    ``serve_dashboard`` adds the live dashboard page to that server. Needs
     ``prometheus-client`` (the ``telemetry`` extra).
     """
 
@@ -87,7 +90,10 @@ class Telemetry:
         self._sampler = sampler
         self._collector = collector
         self._states: list[DeviceState] = []
-        self._server: Any = None
+        self._devices: dict[str, ActorRef] = {}
+        self._server: HttpServer | None = None
+        self.dashboard: Dashboard | None = None
+        """The live dashboard once ``serve_dashboard`` was called, else None."""
         self._lock = threading.Lock()
         self._gpu: dict[str, Any] = {}
 
@@ -119,6 +125,9 @@ class Telemetry:
             self._states.append(state)
             state.add_observer(self._ops)
             self._sampler.tell(_Watch(state.name, device))
+            self._devices[state.name] = device
+            if self.dashboard is not None:
+                self.dashboard.watch(state.name, device)
 
     async def refresh_async(self) -> None:
         """Sample every watched device's stats now and wait until the gauges hold them."""
@@ -137,18 +146,52 @@ class Telemetry:
 
         Runs on a daemon thread until ``close``. Serving twice raises ``InvalidArgument``.
         """
-        from prometheus_client import start_http_server
-
         with self._lock:
             if self._server is not None:
                 raise InvalidArgument(f"telemetry is already served on port {self.port}")
-            self._server, _ = start_http_server(port, addr, registry=self.registry)
-            return int(self._server.server_port)
+            self._server = HttpServer(port, addr)
+            self._server.add("/metrics", self._metrics_route)
+            if self.dashboard is not None:
+                self.dashboard.serve_on(self._server)
+            return self._server.port
+
+    def _metrics_route(self) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(200, CONTENT_TYPE_LATEST, self.render().encode())
 
     @property
     def port(self) -> int | None:
         """The HTTP port ``/metrics`` is served on, or None."""
-        return None if self._server is None else int(self._server.server_port)
+        server = self._server
+        return None if server is None else server.port
+
+    async def serve_dashboard_async(self, port: int = 0, addr: str = "127.0.0.1") -> int:
+        """Serve the live dashboard (``/``, ``/api/state``, ``/api/events``) beside
+        ``/metrics``; return the port.
+
+        Uses the server ``/metrics`` is on when there is one (``port`` must then
+        be 0 or that port, else ``InvalidArgument``); otherwise starts one on
+        ``addr:port`` (0: a free port). Calling it again returns the same port.
+        """
+        if self.dashboard is None:
+            dashboard = await Dashboard.start(self._actors, self._portal, self._ops)
+            if self.dashboard is not None:  # another call made one meanwhile
+                dashboard.close()
+            else:
+                for name, device in self._devices.items():
+                    dashboard.watch(name, device)
+                self.dashboard = dashboard
+                if self._server is not None:
+                    dashboard.serve_on(self._server)
+        served = self.port
+        if served is None:
+            return self.serve(port, addr)
+        if port not in (0, served):
+            raise InvalidArgument(f"telemetry is already served on port {served}, not {port}")
+        return served
+
+    serve_dashboard = blocking(serve_dashboard_async)
 
     async def start_nvml_async(self, index: int = 0, interval: float | None = 5.0) -> ActorRef:
         """Start an ``NvmlProbe`` for GPU ``index`` that feeds the ``atomr_gpu_*`` gauges.
@@ -194,8 +237,9 @@ class Telemetry:
         with self._lock:
             server, self._server = self._server, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.close()
+        if self.dashboard is not None:
+            self.dashboard.close()
         for state in self._states:
             state.remove_observer(self._ops)
         self._states.clear()
