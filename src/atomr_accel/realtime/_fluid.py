@@ -11,6 +11,7 @@ import numpy as np
 
 from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
 from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._realtime_physics import (
     FluidAddSource,
     FluidDivergence,
@@ -79,21 +80,23 @@ class _FluidActor(SimulationActor):
         for key in _FIELDS:
             self.fields[key] = await self.allocate(self.sizes[key])
 
-    def _refs(self, *keys: str) -> list[Any]:
-        return [self.device.ref_of(self.fields[key]) for key in keys]
+    def _ref(self, key: str) -> GpuRef:
+        return self.device.ref_of(self.fields[key])
 
     async def handle(self, message: Any) -> Any:
         cls = type(message)
         s, dev = self.s, self.device
         if cls is _Step:
             await dev.run_async(FluidStep(
-                *self._refs(*_FIELDS), s.width, s.height, message.dt, s.viscosity,
-                s.pressure_iterations, s.diffusion_iterations, s.use_graph))
+                self._ref("u"), self._ref("v"), self._ref("density"), self._ref("pressure"),
+                self._ref("divergence"), self._ref("scratch"), s.width, s.height, message.dt,
+                s.viscosity, s.pressure_iterations, s.diffusion_iterations, s.use_graph))
             return None
         if cls is _Source:
             m = message
-            await dev.run_async(FluidAddSource(*self._refs("density", "u", "v"), s.width,
-                                               s.height, m.x, m.y, m.amount, m.vx, m.vy))
+            await dev.run_async(FluidAddSource(self._ref("density"), self._ref("u"),
+                                               self._ref("v"), s.width, s.height, m.x, m.y,
+                                               m.amount, m.vx, m.vy))
             return None
         if cls is _Read:
             return await self._read(message.what)
@@ -102,8 +105,8 @@ class _FluidActor(SimulationActor):
     async def _read(self, what: str) -> Any:
         w, h, dev = self.s.width, self.s.height, self.device
         if what == "divergence":
-            u, v, out = self._refs("u", "v", "divergence")
-            await dev.run_async(FluidDivergence(u, v, out, w, h))
+            await dev.run_async(FluidDivergence(self._ref("u"), self._ref("v"),
+                                                self._ref("divergence"), w, h))
             return await dev.copy_to_numpy_async(self.fields["divergence"], shape=(h, w))
         if what == "density":
             return await dev.copy_to_numpy_async(self.fields["density"], shape=(h, w))

@@ -105,12 +105,12 @@ class _ParticleActor(SimulationActor):
         if self.count == 0:
             return 0
         dev, b = self.device, self.buffers
-        refs = [dev.ref_of(b[key]) for key in ("positions", "velocities", "lifetimes")]
-        await dev.run_async(ParticleStep(*refs, dev.ref_of(b["live"]), self.count, dt,
+        pos, vel, life = (dev.ref_of(b[key]) for key in ("positions", "velocities", "lifetimes"))
+        await dev.run_async(ParticleStep(pos, vel, life, dev.ref_of(b["live"]), self.count, dt,
                                          self.gravity_y, self.drag, self.bounce, self.ground_y))
         live = int((await dev.copy_to_numpy_async(b["live"]))[0])
         if live < self.count:
-            await dev.run_async(ParticleCompact(*refs, self.count))
+            await dev.run_async(ParticleCompact(pos, vel, life, self.count))
             self.count = live
         return live
 

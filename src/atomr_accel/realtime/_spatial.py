@@ -7,8 +7,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from atomr_accel.agents._client import blocking_twin, require_timeout
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument

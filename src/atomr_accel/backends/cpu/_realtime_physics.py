@@ -100,8 +100,8 @@ def cloth_sets(width: int, height: int) -> tuple[tuple[Array, Array, int], ...]:
     bending. Within a kind and direction, set ``k`` holds the springs whose first vertex
     has ``row % 2 == k`` (``col % 2`` along rows; ``(col // 2) % 2`` or ``(row // 2) % 2``
     for bending)."""
-    rows, cols = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
-    rows, cols = rows.ravel(), cols.ravel()
+    grid_rows, grid_cols = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    rows, cols = grid_rows.ravel(), grid_cols.ravel()
     # (row step, col step, kind, the colour of the first vertex)
     directions = (
         (0, 1, 0, cols % 2), (1, 0, 0, rows % 2), (1, 1, 1, rows % 2), (1, -1, 1, rows % 2),
