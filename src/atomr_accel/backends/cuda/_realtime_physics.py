@@ -1,16 +1,17 @@
 """Realtime physics on CUDA: NVRTC kernels, compiled once per process, on the op's stream.
 
 The kernels follow the CPU reference (``backends.cpu._realtime_physics``)
-operation for operation, compiled with ``-fmad=false`` so that no multiply-add
-is fused and float32 results agree with NumPy's to rounding (``expm1`` and
-the like aside). Scalars the reference computes once per step (the drag decay,
-``0.5 g dt^2``) are computed on the host the same way and passed in.
+operation for operation, compiled with ``--fmad=false`` so that no multiply-add
+is fused and float32 results agree with NumPy's to rounding. Scalars the
+reference computes once per step (the drag decay, ``0.5 g dt^2``) are computed
+on the host the same way and passed in.
 
 A fluid step is about 50 small kernels (40 pressure sweeps among them). With
-``graph=True`` it is captured once as a CUDA graph per fluid (its buffers,
-grid and iteration counts) and replayed: ``dt`` and the viscosity reach the
-kernels through a small device array that a one-thread kernel sets before
-each replay, so one graph serves every ``dt``. No handler synchronizes the
+``graph=True`` it is captured as a CUDA graph once per fluid (its buffers,
+grid and iteration counts), on its second step (the first runs eagerly), and
+replayed from then on: ``dt`` and the viscosity reach the kernels through a
+small device array that a one-thread kernel sets before each replay, so one
+graph serves every ``dt``. No handler synchronizes the
 device; ``GridQuery``, whose answer is host data, waits for its own stream.
 """
 
@@ -364,9 +365,10 @@ extern "C" __global__ void grid_query(
 
 @functools.cache
 def _module() -> Any:
-    return cp.RawModule(code=SOURCE, options=("--std=c++17", "-fmad=false"))
+    return cp.RawModule(code=SOURCE, options=("--std=c++17", "--fmad=false"))
 
 
+@functools.cache
 def kernels(name: str) -> Any:
     """The compiled kernel ``name`` of ``SOURCE`` (compiled once per process)."""
     return _module().get_function(name)
@@ -452,9 +454,11 @@ def cloth_step(backend: CudaBackend, op: ClothStep) -> None:
 
 @dataclass
 class _FluidPlan:
-    """The parameters array of one fluid's steps and, once captured, its graph."""
+    """The parameters array of one fluid's steps and, once captured, its graph (the first
+    step runs eagerly, which also loads every kernel before a capture needs them)."""
 
     params: Any
+    ran: bool = False
     graph: Any = None
     arrays: tuple[Any, ...] = ()
 
@@ -512,12 +516,13 @@ def _fluid_kernels(backend: CudaBackend, op: FluidStep, params: Any) -> None:
 
 def fluid_step(backend: CudaBackend, op: FluidStep) -> None:
     """Set ``dt`` and ``viscosity * dt`` on the device, then replay the captured step
-    (captured on first use) or launch its kernels one by one."""
+    (captured on the second use) or launch its kernels one by one."""
     plans = _plans_of(backend)
     plan = plans.get(_fluid_key(op), lambda: _FluidPlan(cp.zeros(2, dtype=cp.float32)))
     kernels("set_params")((1,), (1,), (plan.params, F32(op.dt), F32(op.viscosity * op.dt)))
-    if not op.graph:
+    if not op.graph or not plan.ran:
         _fluid_kernels(backend, op, plan.params)
+        plan.ran = True
         return
     stream = cp.cuda.get_current_stream()
     if plan.graph is None:
