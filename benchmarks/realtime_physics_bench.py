@@ -1,12 +1,13 @@
 """Realtime physics: the actors' steps beside the same steps written directly in CuPy.
 
 Particles (``--particles``, 16M by default): ``ParticleSystemActor.step``
-(one ``ParticleStep`` op and the download of the live count, host to host)
-beside the same step written directly as CuPy array expressions (ending in
-``count_nonzero`` of the live lifetimes) and beside our NVRTC kernel launched
-directly from CuPy (no actor). Bytes touched: positions, velocities and
-lifetimes read and written, 56 bytes a particle; GB/s is that over the step's
-wall time, and the share of the H100's 3350 GB/s.
+(one ``ParticleStep`` op answering the live count, host to host), the same op
+run with ``Device.run`` without the actor, beside the same step written
+directly as CuPy array expressions (ending in ``count_nonzero`` of the live
+lifetimes) and beside our NVRTC kernel launched directly from CuPy. Bytes
+touched: positions, velocities and lifetimes read and written, 56 bytes a
+particle; GB/s is that over the step's wall time, and the share of the
+H100's 3350 GB/s.
 
 Fluid (``--fluid`` cells a side, 1024 by default, 40 pressure iterations, no
 viscosity): ``FluidSimulationActor.step`` with the step replayed as one
@@ -34,6 +35,7 @@ import numpy as np
 from _report import percentile, print_table, write_json
 
 from atomr_accel import System
+from atomr_accel.core.ops._realtime_physics import ParticleStep
 from atomr_accel.facade import Device
 from atomr_accel.realtime import (
     ClothSimulationActor,
@@ -81,10 +83,11 @@ def particle_rows(args: argparse.Namespace, system: System, device: Device, gpu:
         part = slice(first, first + chunk)
         actor.emit(pos[part], vel[part], life[part], timeout_secs=120)
     ours = step_ms(lambda: actor.step(DT, timeout_secs=60), args.steps)
-    results = {"actor": ours}
+    actor.stop()
+    results = {"actor": ours, "device op, no actor": device_op_steps(device, pos, vel, life,
+                                                                     args.steps)}
     if gpu:
         results.update(direct_particle_steps(pos, vel, life, args.steps))
-    actor.stop()
     rows, facts = [], {"n": n, "bytes_per_step": BYTES_PER_PARTICLE * n}
     for label, samples in results.items():
         p50 = percentile(samples, 50)
@@ -97,6 +100,22 @@ def particle_rows(args: argparse.Namespace, system: System, device: Device, gpu:
             rows.append([f"actor speed / {other}", "", ratio, "", "", ""])
             facts[f"actor_over_{other.replace(' ', '_')}"] = ratio
     return rows, facts
+
+
+def device_op_steps(device: Device, pos: Any, vel: Any, life: Any, steps: int) -> list[float]:
+    """``Device.run(ParticleStep)`` from this thread on buffers of its own: the step without
+    the actor, ms a step."""
+    n = len(pos)
+    buffers = [device.allocate(data.size) for data in (pos, vel, life)]
+    for buffer, data in zip(buffers, (pos, vel, life), strict=True):
+        device.copy_from_numpy(buffer, data.ravel(), timeout_secs=120)
+    live = device.allocate(1, "i32")
+    refs = [device.ref_of(b) for b in (*buffers, live)]
+    op = ParticleStep(*refs, n, DT, G, 0.0, 0.5)
+    samples = step_ms(lambda: device.run(op, timeout_secs=60), steps)
+    for buffer in (*buffers, live):
+        device.free(buffer)
+    return samples
 
 
 def direct_particle_steps(pos: Any, vel: Any, life: Any, steps: int) -> dict[str, list[float]]:

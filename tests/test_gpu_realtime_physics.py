@@ -128,15 +128,22 @@ def test_the_cuda_projection_and_density(devices: Devices) -> None:
     system, cuda, _ = devices
     w = h = 32
     fluid = FluidSimulationActor.spawn(system, w, h, device=cuda, pressure_iterations=3000)
-    _stir([fluid], 5, w, h)
+    rng = np.random.default_rng(4)
+    for _ in range(40):  # as in test_realtime_physics: deposits away from the walls
+        x, y = (int(c) for c in rng.integers(10, 22, 2))
+        fluid.add_density(x, y, float(rng.uniform(0.5, 2)))
     total = float(fluid.density().astype(np.float64).sum())
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        fluid.add_velocity(int(rng.integers(1, w - 1)), int(rng.integers(1, h - 1)),
+                           float(rng.normal() * 4), float(rng.normal() * 4))
     u, v = fluid.face_velocities()
     before = np.abs((u[:, 1:] - u[:, :-1]) + (v[1:] - v[:-1])).max()
     fluid.step(0.05)
     assert np.abs(fluid.divergence()).max() < 1e-4 * before
     for _ in range(9):
         fluid.step(0.05)
-    assert abs(float(fluid.density().astype(np.float64).sum()) - total) < 0.03 * total
+    assert abs(float(fluid.density().astype(np.float64).sum()) - total) < 0.02 * total
 
 
 def test_the_spatial_index_equals_the_cpu_backend_and_brute_force(devices: Devices) -> None:

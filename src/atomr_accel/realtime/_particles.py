@@ -106,9 +106,9 @@ class _ParticleActor(SimulationActor):
             return 0
         dev, b = self.device, self.buffers
         pos, vel, life = (dev.ref_of(b[key]) for key in ("positions", "velocities", "lifetimes"))
-        await dev.run_async(ParticleStep(pos, vel, life, dev.ref_of(b["live"]), self.count, dt,
-                                         self.gravity_y, self.drag, self.bounce, self.ground_y))
-        live = int((await dev.copy_to_numpy_async(b["live"]))[0])
+        live: int = await dev.run_async(ParticleStep(
+            pos, vel, life, dev.ref_of(b["live"]), self.count, dt, self.gravity_y, self.drag,
+            self.bounce, self.ground_y))
         if live < self.count:
             await dev.run_async(ParticleCompact(pos, vel, life, self.count))
             self.count = live

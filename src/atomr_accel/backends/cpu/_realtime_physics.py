@@ -46,13 +46,14 @@ HASH = (73856093, 19349663, 83492791)
 # --------------------------------------------------------------------- particles
 
 
-def particle_step(backend: Any, op: ParticleStep) -> None:
-    """Advance the particles in place (exact constant-gravity and linear-drag update)."""
+def particle_step(backend: Any, op: ParticleStep) -> int:
+    """Advance the particles in place (exact constant-gravity and linear-drag update);
+    answer the live count."""
     n = op.count
     live = backend.array(op.live.buffer_id)
     if n == 0:
         live[0] = 0
-        return
+        return 0
     pos = backend.array(op.positions.buffer_id)[: 3 * n].reshape(n, 3)
     vel = backend.array(op.velocities.buffer_id)[: 3 * n].reshape(n, 3)
     life = backend.array(op.lifetimes.buffer_id)[:n]
@@ -77,6 +78,7 @@ def particle_step(backend: Any, op: ParticleStep) -> None:
     pos[alive], vel[alive] = p, v
     life[alive] -= dt
     live[0] = int(np.count_nonzero(life > 0))
+    return int(live[0])
 
 
 def particle_compact(backend: Any, op: ParticleCompact) -> None:

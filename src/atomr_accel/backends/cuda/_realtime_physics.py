@@ -12,7 +12,8 @@ grid and iteration counts), on its second step (the first runs eagerly), and
 replayed from then on: ``dt`` and the viscosity reach the kernels through a
 small device array that a one-thread kernel sets before each replay, so one
 graph serves every ``dt``. No handler synchronizes the
-device; ``GridQuery``, whose answer is host data, waits for its own stream.
+device; ``ParticleStep`` and ``GridQuery``, whose answers are host data, wait for
+their own stream (as a download does).
 """
 
 from __future__ import annotations
@@ -400,8 +401,9 @@ def _memcpy(dst: Any, src: Any) -> None:
 # --------------------------------------------------------------------- particles
 
 
-def particle_step(backend: CudaBackend, op: ParticleStep) -> None:
-    """One thread a particle; each block adds its survivors to ``live[0]``."""
+def particle_step(backend: CudaBackend, op: ParticleStep) -> int:
+    """One thread a particle; each block adds its survivors to ``live[0]``, which is
+    downloaded (waiting for this stream) as the answer."""
     live = backend.array(op.live.buffer_id)
     _memset(live, 4)
     dt, k, g = F32(op.dt), F32(op.drag), F32(op.gravity_y)
@@ -415,6 +417,7 @@ def particle_step(backend: CudaBackend, op: ParticleStep) -> None:
             backend.array(op.velocities.buffer_id), backend.array(op.lifetimes.buffer_id),
             live, _i64(op.count), dt, _i32(1 if k > 0 else 0), F32(term_y), F32(decay_over_k),
             F32(keep), F32(half_g_dt2), F32(g * dt), F32(op.bounce), F32(op.ground_y))
+    return int(live.get(stream=cp.cuda.get_current_stream())[0])
 
 
 def particle_compact(backend: CudaBackend, op: ParticleCompact) -> None:

@@ -58,15 +58,17 @@ def _i32(ref: GpuRef, needed: int, name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ParticleStep(Op):
-    """Advance ``count`` particles by ``dt`` seconds and count the survivors into ``live[0]``.
+    """Advance ``count`` particles by ``dt`` seconds; answer how many are alive after it.
 
     Gravity ``gravity_y`` acts along y and linear drag ``drag`` (1/s) on every
     component; the update is the exact solution of ``dv/dt = g - drag * v``
     over the step (ballistic when ``drag`` is 0). A particle below the ground
     plane ``y = ground_y`` afterwards is reflected above it, its distance
     below and its downward speed scaled by ``bounce``. Each lifetime drops by
-    ``dt``; a particle whose lifetime is not above 0 is dead (``live`` counts
-    the others; ``ParticleCompact`` drops the dead).
+    ``dt``; a particle whose lifetime is not above 0 is dead (``ParticleCompact``
+    drops the dead). The survivors are counted on the device into ``live[0]``
+    and the handler answers that count (a host int, so it waits for its own
+    stream, as a download does).
     """
 
     library: ClassVar[str] = "realtime"
