@@ -12,13 +12,15 @@ equals brute-force radius search.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from atomr_accel import InvalidArgument, System
+from atomr_accel import ContextPoisoned, GpuRefStale, InvalidArgument, System
+from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.facade import Device
 from atomr_accel.realtime import (
     ClothSimulationActor,
@@ -354,3 +356,67 @@ def test_a_system_places_the_actors_on_its_device(env: tuple[System, Device]) ->
     assert index.query_neighbors(0, 0, 0) == [0]
     with pytest.raises(InvalidArgument):
         SpatialIndexActor.spawn(object(), 1.0)
+
+
+def test_stopped_actors_free_their_buffers(env: tuple[System, Device]) -> None:
+    system, _ = env
+    device = system.spawn_device(mock=True)
+    baseline = device.stats().bytes_allocated
+    actors: list[Any] = [
+        ParticleSystemActor.spawn(system, device=device),
+        ClothSimulationActor.spawn(system, 8, 8, device=device),
+        FluidSimulationActor.spawn(system, 8, 8, device=device),
+        SpatialIndexActor.spawn(system, 1.0, device=device),
+    ]
+    actors[0].emit(np.ones((5, 3)), np.ones((5, 3)))
+    actors[0].step(0.1)
+    actors[1].step(0.1)
+    actors[2].step(0.1)
+    actors[3].insert(np.ones((5, 3)))
+    assert actors[3].query_neighbors(1, 1, 1) == [0, 1, 2, 3, 4]
+    assert device.stats().bytes_allocated > baseline
+    for actor in actors:
+        actor.stop()
+    deadline = time.monotonic() + 10
+    while device.stats().bytes_allocated != baseline:
+        assert time.monotonic() < deadline, "the buffers were not freed"
+        time.sleep(0.01)
+
+
+def test_the_steps_run_the_same_on_a_process_host(env: tuple[System, Device]) -> None:
+    system, thread_device = env
+    process_device = system.spawn_device(mock=True, isolation="process")
+    rng = np.random.default_rng(12)
+    pos, vel, life = rng.uniform(0, 2, (200, 3)), rng.normal(0, 2, (200, 3)), rng.uniform(
+        0.05, 0.5, 200)
+    results = []
+    for device in (thread_device, process_device):
+        ps = ParticleSystemActor.spawn(system, drag=0.2, device=device)
+        ps.emit(pos, vel, life)
+        counts = [ps.step(0.03) for _ in range(10)]
+        fluid = FluidSimulationActor.spawn(system, 12, 10, 0.3, device=device)
+        fluid.add_velocity(5, 5, 3.0, -2.0)
+        fluid.add_density(5, 5, 1.0)
+        for _ in range(3):
+            fluid.step(0.05)
+        results.append((counts, ps.positions(), fluid.density()))
+    assert results[0][0] == results[1][0]
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    np.testing.assert_array_equal(results[0][2], results[1][2])
+
+
+def test_a_rebuilt_context_restarts_the_simulation(env: tuple[System, Device]) -> None:
+    system, _ = env
+    device = system.spawn_device(mock=True)
+    ps = ParticleSystemActor.spawn(system, device=device)
+    cloth = ClothSimulationActor.spawn(system, 4, 4, device=device)
+    ps.emit(np.ones((3, 3)), np.zeros((3, 3)))
+    assert ps.step(0.01) == 3
+    with pytest.raises(ContextPoisoned):
+        device.inject_fault(FaultKind.POISON)
+    for call in (lambda: ps.step(0.01), cloth.positions):
+        with pytest.raises(GpuRefStale):
+            call()
+    assert ps.step(0.01) == 0  # empty again, on the new context
+    assert ps.emit(np.ones((2, 3)), np.zeros((2, 3))) == 2
+    assert cloth.positions().shape == (16, 3)

@@ -4,7 +4,9 @@ A simulation actor is bound to one ``Device`` (given, or picked by the
 system's placement when it starts), allocates its buffers there and runs
 its steps as ``realtime`` ops with ``Device.run_async``, so stream
 ordering, generations and recovery work as for any op. It frees its
-buffers when it stops.
+buffers when it stops. When the device's context is rebuilt (a poisoned
+context), its buffers are gone: the call that finds out fails with
+``GpuRefStale`` and the actor restarts from its initial state.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from atomr_accel.actor import Props
 from atomr_accel.agents._client import AgentActor, AgentClient, require_system
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 
@@ -44,6 +46,18 @@ class SimulationActor(AgentActor):
         self._device = device
         self._bytes_needed = bytes_needed
         self._owned: list[GpuBuffer] = []
+
+    async def receive(self, message: Any) -> Any:
+        """Answer ``message`` as ``AgentActor`` does, except that a ``GpuRefStale`` (the
+        device's context was rebuilt, and the buffers went with it) fails the call and
+        restarts the actor: it starts again from its initial state on the new context."""
+        try:
+            return await self.handle(message)
+        except GpuRefStale:
+            raise
+        except GpuRuntimeError as exc:
+            self.context.defer_reply().set_exception(exc)
+            return None
 
     async def pre_start(self) -> None:
         """Take the device the system's placement picks when none was given."""
