@@ -130,6 +130,17 @@ from atomr_accel.core.ops._peer import (
     ImportCopy,
     PeerSource,
 )
+from atomr_accel.core.ops._realtime_physics import (
+    ClothStep,
+    FluidAddSource,
+    FluidDivergence,
+    FluidStep,
+    GridBuild,
+    GridQuery,
+    ParticleCompact,
+    ParticleStep,
+    fluid_scratch,
+)
 from atomr_accel.core.ops._rng import Distribution, RngFill
 from atomr_accel.core.ops._rnn import RnnBwd, RnnDirection, RnnFwd, RnnMode
 from atomr_accel.core.ops._solver import (
@@ -358,6 +369,18 @@ EXAMPLES: list[Any] = [
     RnnBwd(_buf(F64, 12), _buf(F64, 42, 2), _buf(F64, 8, 3), _buf(F64, 12, 4),
            _buf(F64, 42, 5), dh_in=_buf(F64, 4, 6), mode=RnnMode.GRU, input_size=3,
            hidden_size=2, seq_length=2, batch_size=2),
+    ParticleStep(_buf(F32, 12), _buf(F32, 12, 2), _buf(F32, 4, 3), _buf(I32, 1, 4), 4, 0.01,
+                 drag=0.5),
+    ParticleCompact(_buf(F32, 12), _buf(F32, 12, 2), _buf(F32, 4, 3), 4),
+    ClothStep(_buf(F32, 36), _buf(F32, 36, 2), _buf(F32, 12, 3), 4, 3, 0.1, 0.5, 4, 0.02,
+              wind=(1.0, 0.0, 0.5)),
+    FluidAddSource(_buf(F32, 12), _buf(F32, 15, 2), _buf(F32, 16, 3), 4, 3, 1, 2, 1.0, 0.5),
+    FluidStep(_buf(F32, 15), _buf(F32, 16, 2), _buf(F32, 12, 3), _buf(F32, 12, 4),
+              _buf(F32, 12, 5), _buf(F32, fluid_scratch(4, 3), 6), 4, 3, 0.05, viscosity=0.1),
+    FluidDivergence(_buf(F32, 15), _buf(F32, 16, 2), _buf(F32, 12, 3), 4, 3),
+    GridBuild(_buf(F32, 30), _buf(I32, 10, 2), _buf(I32, 16, 3), _buf(I32, 16, 4), 10, 16, 0.5),
+    GridQuery(_buf(F32, 30), _buf(I32, 10, 2), _buf(I32, 16, 3), _buf(I32, 16, 4),
+              _buf(F32, 6, 5), 10, 16, 0.5, 2, 0.75),
 ]
 
 

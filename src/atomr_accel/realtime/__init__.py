@@ -7,4 +7,14 @@ against).
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from atomr_accel.realtime._cloth import ClothSimulationActor
+from atomr_accel.realtime._fluid import FluidSimulationActor
+from atomr_accel.realtime._particles import ParticleSystemActor
+from atomr_accel.realtime._spatial import SpatialIndexActor
+
+__all__: list[str] = [
+    "ClothSimulationActor",
+    "FluidSimulationActor",
+    "ParticleSystemActor",
+    "SpatialIndexActor",
+]

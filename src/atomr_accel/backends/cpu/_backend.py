@@ -21,6 +21,7 @@ from atomr_accel.backends.cpu import (
     _kernels,
     _norm,
     _peer,
+    _realtime_physics,
     _rng,
     _rnn,
     _solver,
@@ -71,6 +72,7 @@ class CpuBackend(Backend):
         | _norm.HANDLERS
         | _rnn.HANDLERS
         | _attention.HANDLERS
+        | _realtime_physics.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:

@@ -38,6 +38,7 @@ from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
 from atomr_accel.backends.cuda import _norm as cuda_norm
 from atomr_accel.backends.cuda import _peer as cuda_peer
+from atomr_accel.backends.cuda import _realtime_physics as cuda_realtime_physics
 from atomr_accel.backends.cuda import _rng as cuda_rng
 from atomr_accel.backends.cuda import _rnn as cuda_rnn
 from atomr_accel.backends.cuda import _solver as cuda_solver
@@ -512,5 +513,6 @@ CudaBackend.handlers = (
     | cuda_norm.HANDLERS
     | cuda_rnn.HANDLERS
     | cuda_attention.HANDLERS
+    | cuda_realtime_physics.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

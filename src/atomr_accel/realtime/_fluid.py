@@ -1,0 +1,212 @@
+"""FluidSimulationActor: stable fluids (advection, viscosity, pressure projection) on a
+MAC grid, stepped on a device."""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._realtime_physics import (
+    FluidAddSource,
+    FluidDivergence,
+    FluidStep,
+    fluid_scratch,
+)
+from atomr_accel.facade import Device, System
+from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.patterns._base import require_positive_int
+from atomr_accel.realtime._simulation import (
+    F32Array,
+    SimulationActor,
+    SimulationClient,
+    require_dt,
+    require_number,
+)
+
+__all__ = ["FluidSimulationActor"]
+
+_FIELDS = ("u", "v", "density", "pressure", "divergence", "scratch")
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    width: int
+    height: int
+    viscosity: float
+    pressure_iterations: int
+    diffusion_iterations: int
+    use_graph: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    x: int
+    y: int
+    amount: float
+    vx: float
+    vy: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    dt: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    what: str
+
+
+class _FluidActor(SimulationActor):
+    """Holds the face velocities, density, pressure, divergence and scratch on the device."""
+
+    def __init__(self, system: System, device: Device | None, settings: _Settings) -> None:
+        w, h = settings.width, settings.height
+        self.sizes = {"u": h * (w + 1), "v": (h + 1) * w, "density": w * h,
+                      "pressure": w * h, "divergence": w * h, "scratch": fluid_scratch(w, h)}
+        super().__init__(system, device, 4 * sum(self.sizes.values()))
+        self.s = settings
+        self.fields: dict[str, GpuBuffer] = {}
+
+    async def pre_start(self) -> None:
+        """Place the fluid and allocate its fields (all zero: still and empty)."""
+        await super().pre_start()
+        for key in _FIELDS:
+            self.fields[key] = await self.allocate(self.sizes[key])
+
+    def _ref(self, key: str) -> GpuRef:
+        return self.device.ref_of(self.fields[key])
+
+    async def handle(self, message: Any) -> Any:
+        cls = type(message)
+        s, dev = self.s, self.device
+        if cls is _Step:
+            await dev.run_async(FluidStep(
+                self._ref("u"), self._ref("v"), self._ref("density"), self._ref("pressure"),
+                self._ref("divergence"), self._ref("scratch"), s.width, s.height, message.dt,
+                s.viscosity, s.pressure_iterations, s.diffusion_iterations, s.use_graph))
+            return None
+        if cls is _Source:
+            m = message
+            await dev.run_async(FluidAddSource(self._ref("density"), self._ref("u"),
+                                               self._ref("v"), s.width, s.height, m.x, m.y,
+                                               m.amount, m.vx, m.vy))
+            return None
+        if cls is _Read:
+            return await self._read(message.what)
+        return await super().handle(message)
+
+    async def _read(self, what: str) -> Any:
+        w, h, dev = self.s.width, self.s.height, self.device
+        if what == "divergence":
+            await dev.run_async(FluidDivergence(self._ref("u"), self._ref("v"),
+                                                self._ref("divergence"), w, h))
+            return await dev.copy_to_numpy_async(self.fields["divergence"], shape=(h, w))
+        if what == "density":
+            return await dev.copy_to_numpy_async(self.fields["density"], shape=(h, w))
+        u = await dev.copy_to_numpy_async(self.fields["u"], shape=(h, w + 1))
+        v = await dev.copy_to_numpy_async(self.fields["v"], shape=(h + 1, w))
+        if what == "faces":
+            return u, v
+        centred = np.stack([(u[:, :-1] + u[:, 1:]) * 0.5, (v[:-1, :] + v[1:, :]) * 0.5],
+                           axis=-1)
+        return centred.astype(np.float32)
+
+
+class FluidSimulationActor(SimulationClient):
+    """Stable fluids on a ``width x height`` grid in a closed box, on a device.
+
+    The grid is a MAC grid in grid units (a cell is 1 x 1, velocities in
+    cells per second): horizontal velocities live on the vertical faces,
+    vertical ones on the horizontal faces, density in the cells. Each step
+    advects the velocity (semi-Lagrangian), diffuses it by ``viscosity``
+    (implicit, Jacobi sweeps), projects it onto divergence-free fields
+    (``pressure_iterations`` damped-Jacobi sweeps of the pressure Poisson
+    equation, warm-started from the last step's pressure) and advects the
+    density. On CUDA a step is one captured CUDA graph (``use_graph=False``
+    launches its kernels one by one). Every method has an ``_async`` twin;
+    bad input raises ``InvalidArgument``.
+    """
+
+    width = 0
+    height = 0
+
+    @classmethod
+    def spawn(cls, system: Any, width: int = 32, height: int = 32, viscosity: float = 0.0,
+              name: str | None = None, *, device: Device | None = None,
+              pressure_iterations: int = 40, diffusion_iterations: int = 20,
+              use_graph: bool = True) -> FluidSimulationActor:
+        """Start a still, empty fluid on ``device`` (None: the system's placement picks one)."""
+        require_positive_int("width", width)
+        require_positive_int("height", height)
+        for label, count in (("pressure_iterations", pressure_iterations),
+                             ("diffusion_iterations", diffusion_iterations)):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise InvalidArgument(f"{label} must be an int >= 0, got {count!r}")
+        if not isinstance(use_graph, bool):
+            raise InvalidArgument(f"use_graph must be True or False, got {use_graph!r}")
+        settings = _Settings(width, height, require_number("viscosity", viscosity, least=0.0),
+                             pressure_iterations, diffusion_iterations, use_graph)
+        client = cls._spawn(system, _FluidActor, (settings,), name, device)
+        client.width, client.height = width, height
+        return client
+
+    def _cell(self, x: Any, y: Any) -> tuple[int, int]:
+        for label, value, size in (("x", x, self.width), ("y", y, self.height)):
+            if not isinstance(value, int | np.integer) or isinstance(value, bool) \
+                    or not 0 <= value < size:
+                raise InvalidArgument(f"{label} must be an int in [0, {size}), got {value!r}")
+        return int(x), int(y)
+
+    def add_density_async(self, x: int, y: int, amount: float,
+                          timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
+        """Add ``amount`` of density to cell ``(x, y)``."""
+        cx, cy = self._cell(x, y)
+        source = _Source(cx, cy, require_number("amount", amount), 0.0, 0.0)
+        return self._call(source, require_timeout(timeout_secs), "add_density")
+
+    def add_velocity_async(self, x: int, y: int, vx: float, vy: float,
+                           timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
+        """Add ``(vx, vy)`` (cells per second) to the velocity of cell ``(x, y)``: to each
+        of its faces that is not a wall."""
+        cx, cy = self._cell(x, y)
+        source = _Source(cx, cy, 0.0, require_number("vx", vx), require_number("vy", vy))
+        return self._call(source, require_timeout(timeout_secs), "add_velocity")
+
+    def step_async(self, dt: float, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
+        """Advance the fluid by ``dt`` seconds."""
+        return self._call(_Step(require_dt(dt)), require_timeout(timeout_secs), "step")
+
+    def density_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
+        """The density of each cell, ``(height, width)`` float32."""
+        return self._call(_Read("density"), require_timeout(timeout_secs), "density")
+
+    def velocity_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
+        """Each cell's velocity (the mean of its faces), ``(height, width, 2)`` float32,
+        ``[..., 0]`` along x."""
+        return self._call(_Read("velocity"), require_timeout(timeout_secs), "velocity")
+
+    def face_velocities_async(self, timeout_secs: float = TIMEOUT,
+                              ) -> Coroutine[Any, Any, tuple[F32Array, F32Array]]:
+        """The face velocities ``(u, v)``: ``u`` of shape ``(height, width + 1)`` on the
+        vertical faces, ``v`` of shape ``(height + 1, width)`` on the horizontal ones."""
+        return self._call(_Read("faces"), require_timeout(timeout_secs), "face_velocities")
+
+    def divergence_async(self, timeout_secs: float = TIMEOUT,
+                         ) -> Coroutine[Any, Any, F32Array]:
+        """The divergence of each cell now (net outflow of its faces), ``(height, width)``."""
+        return self._call(_Read("divergence"), require_timeout(timeout_secs), "divergence")
+
+    add_density = blocking_twin(add_density_async)
+    add_velocity = blocking_twin(add_velocity_async)
+    step = blocking_twin(step_async)
+    density = blocking_twin(density_async)
+    velocity = blocking_twin(velocity_async)
+    face_velocities = blocking_twin(face_velocities_async)
+    divergence = blocking_twin(divergence_async)
