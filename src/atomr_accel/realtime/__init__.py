@@ -7,4 +7,36 @@ against).
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from atomr_accel.core.ops._realtime_data import HashMapFull
+from atomr_accel.core.ops._realtime_frames import (
+    BoxBlur,
+    Correlate,
+    GaussianBlur,
+    SobelMagnitude,
+    Threshold,
+)
+from atomr_accel.realtime._analysis import (
+    FrameStatistics,
+    MultiPassAnalysisActor,
+    RunningStatistics,
+)
+from atomr_accel.realtime._hashmap import GpuHashMapActor
+from atomr_accel.realtime._image import ImageFilterPipeline
+from atomr_accel.realtime._sparse import GpuSparseStructureActor
+from atomr_accel.realtime._video import VideoEffectsGraph
+
+__all__: list[str] = [
+    "BoxBlur",
+    "Correlate",
+    "FrameStatistics",
+    "GaussianBlur",
+    "GpuHashMapActor",
+    "GpuSparseStructureActor",
+    "HashMapFull",
+    "ImageFilterPipeline",
+    "MultiPassAnalysisActor",
+    "RunningStatistics",
+    "SobelMagnitude",
+    "Threshold",
+    "VideoEffectsGraph",
+]

@@ -39,7 +39,7 @@ def stored(xp: Any, values: Array, dtype: DType) -> Array:
     return values.astype(xp.float32)
 
 
-def _stage(frame: np.ndarray[Any, Any], stage: Stage) -> np.ndarray[Any, Any]:
+def _stage(frame: np.ndarray[Any, Any], stage: Stage) -> Any:
     """One stage over an ``h x w x c`` float32 frame, each channel alone."""
     if isinstance(stage, Correlate):
         kernel = np.asarray(stage.weights, np.float32).reshape(*stage.size, 1)
