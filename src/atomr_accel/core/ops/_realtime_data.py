@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core._fields import PickleByFields
 from atomr_accel.core._op import Op, require_dtype, require_len, require_nonneg, require_positive
 from atomr_accel.core._ref import GpuRef
@@ -29,8 +29,10 @@ EMPTY, FULL, ERASED = 0, 1, 2
 """The states of a hash table slot: never used, holding an entry, or erased (a tombstone)."""
 
 
-class HashMapFull(GpuRuntimeError):
-    """An insert needs more free slots than the hash table has; nothing was inserted."""
+class HashMapFull(OutOfMemory):
+    """An insert needs more free slots than the hash table has; nothing was inserted.
+
+    An ``OutOfMemory`` (the request did not fit; the device keeps serving)."""
 
 
 @dataclass(frozen=True, slots=True)
