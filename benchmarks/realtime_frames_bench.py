@@ -4,11 +4,12 @@ Frames: 3840x2160x4 u8 frames through a 3-stage chain (3x3 box kernel, Sobel
 magnitude, threshold), frames a second:
 
 * ``ImageFilterPipeline.process_buffers`` on frames already on the device, one
-  frame awaited at a time, and with 8 requests in flight;
+  frame awaited at a time, with 8 requests in flight, and 8 frames a request;
 * ``ImageFilterPipeline.process`` host frame in, host frame out (PCIe bound);
 * beside them, in the same run, the same chain in CuPy (``cupyx.scipy.ndimage``
   correlations, ``sqrt``, ``where``) on device frames: streamed (one
-  synchronization at the end) and synchronized after every frame.
+  synchronization at the end) and synchronized after every frame; and our
+  ``FilterFrames`` CUDA handler called directly (the kernels' own rate).
 
 Goal (issue 18): >= 1000 frames/s for the 3-stage chain. Hash map: ``--keys``
 8-byte keys and values inserted then looked up through ``GpuHashMapActor``
@@ -32,12 +33,23 @@ import numpy as np
 from _report import print_table, write_json
 
 from atomr_accel import System
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._realtime_frames import FilterFrames
 from atomr_accel.facade import Device
-from atomr_accel.realtime import GpuHashMapActor, ImageFilterPipeline, SobelMagnitude, Threshold
+from atomr_accel.realtime import (
+    Correlate,
+    GpuHashMapActor,
+    ImageFilterPipeline,
+    SobelMagnitude,
+    Threshold,
+)
 
 BOX = [1 / 9] * 9
 LEVEL = 40.0
 SOBEL = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float32)
+BATCH = 8
+STAGES = (Correlate(tuple(BOX)), SobelMagnitude(), Threshold(LEVEL))
 
 
 async def per_second(step: Callable[[], Awaitable[Any]], count: int, warmup: int = 3) -> float:
@@ -54,8 +66,7 @@ async def actor_frames(system: System, device: Device, shape: tuple[int, int, in
                        ) -> tuple[dict[str, float], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Frames a second through the pipeline: device frames (1 and 8 in flight), host frames."""
     h, w, c = shape
-    pipeline = ImageFilterPipeline.spawn(system, w, h, c, BOX, device=device,
-                                         stages=[SobelMagnitude(), Threshold(LEVEL)])
+    pipeline = ImageFilterPipeline.spawn(system, w, h, c, None, device=device, stages=STAGES)
     frame = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
     src = [await device.allocate_async(frame.size, "u8") for _ in range(8)]
     dst = [await device.allocate_async(frame.size, "u8") for _ in range(8)]
@@ -69,6 +80,13 @@ async def actor_frames(system: System, device: Device, shape: tuple[int, int, in
                                for s, d in zip(src, dst, strict=True)))
 
     rates["actor, device frames, 8 in flight"] = 8 * await per_second(eight, max(1, frames // 8))
+    batch_src = await device.allocate_async(BATCH * frame.size, "u8")
+    batch_dst = await device.allocate_async(BATCH * frame.size, "u8")
+    for i in range(BATCH):
+        await device.copy_from_numpy_async(batch_src, frame.reshape(-1), i * frame.size)
+    rates[f"actor, device frames, {BATCH} a request"] = BATCH * await per_second(
+        lambda: pipeline.process_buffers_async(batch_src, batch_dst, BATCH),
+        max(1, frames // BATCH))
     rates["actor, host frame in and out"] = await per_second(
         lambda: pipeline.process_async(frame), max(3, frames // 20))
     result = (await device.copy_to_numpy_async(dst[0])).reshape(shape)
@@ -106,8 +124,40 @@ def cupy_frames(frame: np.ndarray[Any, Any], frames: int,
         out = chain()
         cp.cuda.get_current_stream().synchronize()
     synced = frames / (time.perf_counter() - start)
-    return ({"cupy direct, streamed": streamed, "cupy direct, sync each frame": synced},
-            cp.asnumpy(out))
+    rates = {"cupy direct, streamed": streamed, "cupy direct, sync each frame": synced,
+             "our kernels alone (handler, no actor), streamed": kernels_alone(src, frames)}
+    return rates, cp.asnumpy(out)
+
+
+class _Arrays:
+    """Just enough of a backend for the CUDA handler: buffer ids to CuPy arrays."""
+
+    def __init__(self, *arrays: Any) -> None:
+        self.arrays = arrays
+
+    def array(self, buffer_id: int) -> Any:
+        return self.arrays[buffer_id]
+
+
+def kernels_alone(src: Any, frames: int) -> float:
+    """Frames a second of the ``FilterFrames`` CUDA handler called directly (no actor, no
+    device op), one synchronization at the end: the kernels' own rate."""
+    import cupy as cp
+
+    from atomr_accel.backends.cuda._realtime_frames import filter_frames
+
+    h, w, c = src.shape
+    arrays = _Arrays(src.reshape(-1), cp.empty(src.size, cp.uint8))
+    op = FilterFrames(GpuRef(0, 0, DType.U8, src.size, 0, 0), GpuRef(0, 1, DType.U8, src.size,
+                      0, 0), h, w, c, STAGES)
+    for _ in range(3):
+        filter_frames(arrays, op)
+    cp.cuda.get_current_stream().synchronize()
+    start = time.perf_counter()
+    for _ in range(frames):
+        filter_frames(arrays, op)
+    cp.cuda.get_current_stream().synchronize()
+    return frames / (time.perf_counter() - start)
 
 
 async def hash_rates(system: System, device: Device, n: int, gpu: bool) -> dict[str, float]:
@@ -141,6 +191,8 @@ async def hash_rates(system: System, device: Device, n: int, gpu: bool) -> dict[
         sorted_keys, sorted_values = build()
         cp.cuda.get_current_stream().synchronize()
         rates["cupy sorted-array build"] = n / (time.perf_counter() - start)
+        cp.searchsorted(sorted_keys, cp.asarray(keys[:16]))  # compile, warm
+        cp.cuda.get_current_stream().synchronize()
         start = time.perf_counter()
         queries = cp.asarray(keys)
         at = cp.minimum(cp.searchsorted(sorted_keys, queries), n - 1)

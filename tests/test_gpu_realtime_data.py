@@ -138,7 +138,8 @@ def test_sparse_structure_as_the_cpu_backend(devices: tuple[System, Device, Devi
         np.testing.assert_array_equal(i1, i0)
         np.testing.assert_allclose(v1, v0, rtol=1e-5, atol=1e-5)
         x = rng.standard_normal(cols)
-        np.testing.assert_allclose(mats[1].spmv(x), mats[0].spmv(x), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(mats[1].spmv(x, timeout_secs=60), mats[0].spmv(x),
+                                   rtol=1e-4, atol=1e-4)
     for m in mats:
         m.stop()
 
@@ -177,12 +178,14 @@ def test_device_frames_and_byte_lists_on_cuda(devices: tuple[System, Device, Dev
                                          stages=[SobelMagnitude()])
     reference = ImageFilterPipeline.spawn(system, W, H, C, [1 / 9] * 9, device=cpu,
                                           stages=[SobelMagnitude()])
-    x = frame(9, np.uint8)
-    src, dst = cuda.allocate(x.size, "u8"), cuda.allocate(x.size, "f32")
-    cuda.copy_from_numpy(src, x)
-    pipeline.process_buffers(src, dst, timeout_secs=60)
-    assert_close(cuda.copy_to_numpy(dst).reshape(H, W, C),
-                 reference.process(x.astype(np.float32)))
+    batch = np.stack([frame(9 + i, np.uint8) for i in range(3)])
+    x = batch[0]
+    src, dst = cuda.allocate(batch.size, "u8"), cuda.allocate(batch.size, "f32")
+    cuda.copy_from_numpy(src, batch)
+    pipeline.process_buffers(src, dst, frames=3, timeout_secs=60)
+    got = cuda.copy_to_numpy(dst).reshape(3, H, W, C)
+    for one, want in zip(got, batch, strict=True):
+        assert_close(one, reference.process(want.astype(np.float32)))
     listed = pipeline.process(x.reshape(-1).tolist(), timeout_secs=60)
     assert_close(np.asarray(listed, np.uint8), np.asarray(reference.process(x.reshape(-1)
                                                                             .tolist()), np.uint8))

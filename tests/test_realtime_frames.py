@@ -124,12 +124,19 @@ def test_the_originals_byte_list_in_and_out(system: System) -> None:
 def test_process_buffers_filters_frames_on_the_device(system: System) -> None:
     pipeline = ImageFilterPipeline.spawn(system, W, H, C, None, stages=[SobelMagnitude()])
     device = pipeline.device()
-    x = frame(6, np.float32)
+    x = np.stack([frame(6, np.float32), frame(7, np.float32), frame(8, np.float32)])
     src, dst = device.allocate(x.size, "f32"), device.allocate(x.size, "u8")
     device.copy_from_numpy(src, x)
-    pipeline.process_buffers(src, dst)
-    assert_frame(device.copy_to_numpy(dst).reshape(H, W, C), reference(x, [SobelMagnitude()]),
-                 np.uint8)
+    pipeline.process_buffers(src, dst)  # the first frame
+    got = device.copy_to_numpy(dst).reshape(3, H, W, C)
+    assert_frame(got[0], reference(x[0], [SobelMagnitude()]), np.uint8)
+    assert not got[1:].any()
+    pipeline.process_buffers(src, dst, frames=3)  # a batch in one request
+    got = device.copy_to_numpy(dst).reshape(3, H, W, C)
+    for one, want in zip(got, x, strict=True):
+        assert_frame(one, reference(want, [SobelMagnitude()]), np.uint8)
+    with pytest.raises(InvalidArgument):
+        pipeline.process_buffers(src, dst, frames=4)
     pipeline.stop()
 
 

@@ -19,6 +19,9 @@ from atomr_accel.realtime._bound import BoundActor, BoundClient
 __all__ = ["GpuHashMapActor"]
 
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
+_WORDS: dict[int, np.dtype[Any]] = {
+    1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+"""Key sizes viewed as one unsigned integer a key when deduplicating."""
 
 
 def _rows(data: Any, width: int, name: str) -> U8:
@@ -41,8 +44,9 @@ def _rows(data: Any, width: int, name: str) -> U8:
 
 def _last_of_each(keys: U8) -> np.ndarray[Any, np.dtype[np.intp]]:
     """Rows of ``keys`` to keep so each key appears once: its last occurrence, in order."""
-    n = len(keys)
-    view = np.ascontiguousarray(keys).view(np.dtype((np.void, keys.shape[1]))).reshape(n)
+    n, width = keys.shape
+    whole: np.dtype[Any] = _WORDS.get(width) or np.dtype((np.void, width))  # ints sort faster
+    view = np.ascontiguousarray(keys).view(whole).reshape(n)
     _, first_reversed = np.unique(view[::-1], return_index=True)
     keep: np.ndarray[Any, np.dtype[np.intp]] = np.sort(n - 1 - first_reversed)
     return keep

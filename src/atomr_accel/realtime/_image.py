@@ -10,6 +10,7 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import FRAME_DTYPES, Correlate, FilterFrames, Stage
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._bound import BoundActor, BoundClient
 from atomr_accel.realtime._frames import Frame, FrameShape, as_frame, as_stages, frame_shape
 
@@ -28,10 +29,11 @@ class _PipelineActor(BoundActor):
         self.shape = shape
         self.stages = stages
 
-    def _op(self, device: Device, src: GpuBuffer, dst: GpuBuffer) -> FilterFrames:
+    def _op(self, device: Device, src: GpuBuffer, dst: GpuBuffer, frames: int = 1,
+            ) -> FilterFrames:
         s = self.shape
         return FilterFrames(device.ref_of(src, "src"), device.ref_of(dst, "dst"), s.height,
-                            s.width, s.channels, self.stages)
+                            s.width, s.channels, self.stages, frames)
 
     async def on_process(self, frame: Frame) -> Any:
         device = await self.device()
@@ -42,9 +44,9 @@ class _PipelineActor(BoundActor):
         await device.run_async(self._op(device, src, dst))
         return frame.answer(await device.copy_to_numpy_async(dst, 0, n))
 
-    async def on_process_buffers(self, src: GpuBuffer, dst: GpuBuffer) -> None:
+    async def on_process_buffers(self, src: GpuBuffer, dst: GpuBuffer, frames: int) -> None:
         device = await self.device()
-        await device.run_async(self._op(device, src, dst))
+        await device.run_async(self._op(device, src, dst, frames))
 
 
 class ImageFilterPipeline(BoundClient):
@@ -57,7 +59,7 @@ class ImageFilterPipeline(BoundClient):
     mode ``"nearest"``); a u8 result is rounded and saturated. ``process`` takes the
     original's list of byte values (and answers one) or a u8/f32 NumPy frame (and
     answers one of the same dtype and shape); ``process_buffers`` filters frames
-    already on the device. Every method has an ``_async`` twin.
+    already on the device, one or a batch a request. Every method has an ``_async`` twin.
     """
 
     shape = FrameShape(1, 1, 1)
@@ -97,17 +99,20 @@ class ImageFilterPipeline(BoundClient):
         return self._run("process", (as_frame(frame, self.shape),),
                          require_timeout(timeout_secs))
 
-    def process_buffers_async(self, src: GpuBuffer, dst: GpuBuffer,
+    def process_buffers_async(self, src: GpuBuffer, dst: GpuBuffer, frames: int = 1,
                               timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
-        """Filter the frame in ``src`` into ``dst``: u8 or f32 buffers of the pipeline's
-        device (``device()``) holding a frame each; answers when ``dst`` is written."""
+        """Filter ``frames`` frames held one after another in ``src`` into ``dst``: u8 or
+        f32 buffers of the pipeline's device (``device()``), in one device op (a batch
+        of frames costs one request); answers when ``dst`` is written."""
+        require_positive_int("frames", frames)
+        needed = frames * self.shape.size
         for buffer, what in ((src, "src"), (dst, "dst")):
             if not isinstance(buffer, GpuBuffer) or buffer.dtype not in FRAME_DTYPES:
                 raise InvalidArgument(f"{what} must be a u8 or f32 GpuBuffer, got {buffer!r}")
-            if len(buffer) < self.shape.size:
-                raise InvalidArgument(f"{what} holds {len(buffer)} values; a frame needs "
-                                      f"{self.shape.size}")
-        return self._run("process_buffers", (src, dst), require_timeout(timeout_secs))
+            if len(buffer) < needed:
+                raise InvalidArgument(f"{what} holds {len(buffer)} values; {frames} frames "
+                                      f"need {needed}")
+        return self._run("process_buffers", (src, dst, frames), require_timeout(timeout_secs))
 
     process = blocking_twin(process_async)
     process_buffers = blocking_twin(process_buffers_async)

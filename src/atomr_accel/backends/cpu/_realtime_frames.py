@@ -59,13 +59,15 @@ def _stage(frame: np.ndarray[Any, Any], stage: Stage) -> Any:
 
 
 def filter_frames(backend: ArrayBackend, op: FilterFrames) -> None:
-    """Run the stages in float32 over ``src``; store the result in ``dst``."""
+    """Run the stages in float32 over each frame of ``src``; store the results in ``dst``."""
     n = op.height * op.width * op.channels
-    frame = np.asarray(backend.array(op.src.buffer_id)[:n], np.float32).reshape(
-        op.height, op.width, op.channels)
-    for stage in op.stages:
-        frame = _stage(frame, stage)
-    backend.array(op.dst.buffer_id)[:n] = stored(np, frame.reshape(-1), op.dst.dtype)
+    src, dst = backend.array(op.src.buffer_id), backend.array(op.dst.buffer_id)
+    for first in range(0, op.frames * n, n):
+        frame = np.asarray(src[first:first + n], np.float32).reshape(
+            op.height, op.width, op.channels)
+        for stage in op.stages:
+            frame = _stage(frame, stage)
+        dst[first:first + n] = stored(np, frame.reshape(-1), op.dst.dtype)
 
 
 def frame_stats(backend: ArrayBackend, op: FrameStats) -> dict[str, np.ndarray[Any, Any]]:

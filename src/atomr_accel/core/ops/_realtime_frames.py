@@ -133,8 +133,9 @@ def _require_frame(ref: GpuRef, elements: int, name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class FilterFrames(Op):
-    """Run ``stages`` in order over the ``height x width x channels`` frame in ``src``; write
-    the result to ``dst`` (u8 or f32, either way round; not ``src``'s buffer)."""
+    """Run ``stages`` in order over ``frames`` frames of ``height x width x channels`` values
+    one after another in ``src``; write the results to ``dst`` (u8 or f32, either way
+    round; not ``src``'s buffer)."""
 
     library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("dst",)
@@ -144,10 +145,12 @@ class FilterFrames(Op):
     width: int
     channels: int
     stages: tuple[Stage, ...]
+    frames: int = 1
 
     def validate(self) -> None:
-        require_positive(height=self.height, width=self.width, channels=self.channels)
-        elements = self.height * self.width * self.channels
+        require_positive(height=self.height, width=self.width, channels=self.channels,
+                         frames=self.frames)
+        elements = self.frames * self.height * self.width * self.channels
         _require_frame(self.src, elements, "src")
         _require_frame(self.dst, elements, "dst")
         if (self.src.device_id, self.src.buffer_id) == (self.dst.device_id, self.dst.buffer_id):
