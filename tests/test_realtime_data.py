@@ -8,6 +8,7 @@ wrap and erased slots are reused. The sparse structure is checked against
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -199,4 +200,17 @@ def test_spawn_takes_a_device_of_the_system(system: System) -> None:
     assert table.device() is device
     with pytest.raises(InvalidArgument):
         GpuHashMapActor.spawn(system, 8, 1, 1, device="cpu")  # type: ignore[arg-type]
+    table.stop()
+
+
+def test_placed_by_the_system_and_awaitable(system: System) -> None:
+    table = GpuHashMapActor.spawn(system, 8, 2, 1, "placed-map")  # the original's form
+    assert table.device() in system.devices
+
+    async def use() -> tuple[int, list[bool]]:
+        new = await table.insert_async(b"abcd", b"XY")
+        _, found = await table.lookup_async(b"abzz")
+        return new, found.tolist()
+
+    assert asyncio.run(use()) == (2, [True, False])
     table.stop()
