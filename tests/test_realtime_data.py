@@ -107,6 +107,27 @@ def test_a_full_map_raises_a_typed_error_and_keeps_its_entries(system: System) -
     table.stop()
 
 
+def test_compact_keeps_every_entry(system: System) -> None:
+    table = GpuHashMapActor.spawn(system, 32, 2, 3)
+    rng = np.random.default_rng(6)
+    model: dict[bytes, bytes] = {}
+    for _ in range(8):  # churn: erased slots pile up
+        keys = rng.integers(0, 256, (10, 2), dtype=np.uint8)
+        values = rng.integers(0, 256, (10, 3), dtype=np.uint8)
+        table.insert(keys, values)
+        model.update({k.tobytes(): v.tobytes() for k, v in zip(keys, values, strict=True)})
+        gone = keys[:7]
+        table.erase(gone)
+        for k in gone:
+            model.pop(k.tobytes(), None)
+    assert table.compact() == len(model) == table.stats()["size"]
+    probe = np.frombuffer(b"".join(model), np.uint8).reshape(-1, 2)
+    values, found = table.lookup(probe)
+    assert found.all()
+    assert [v.tobytes() for v in values] == list(model.values())
+    assert GpuHashMapActor.spawn(system, 4, 1, 1).compact() == 0
+
+
 def test_hash_map_rejects_bad_sizes(system: System) -> None:
     table = GpuHashMapActor.spawn(system, 8, 2, 2)
     with pytest.raises(InvalidArgument):

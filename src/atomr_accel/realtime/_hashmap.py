@@ -11,7 +11,13 @@ import numpy as np
 from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core.ops._realtime_data import HashErase, HashInsert, HashLookup, HashTable
+from atomr_accel.core.ops._realtime_data import (
+    FULL,
+    HashErase,
+    HashInsert,
+    HashLookup,
+    HashTable,
+)
 from atomr_accel.facade import Device, System
 from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._bound import BoundActor, BoundClient
@@ -113,6 +119,24 @@ class _HashMapActor(BoundActor):
         self.live -= erased
         return erased
 
+    async def on_compact(self) -> int:
+        device, table = await self._table()
+        held = self.buffers.held
+        states = await device.copy_to_numpy_async(held["states"], 0, self.capacity)
+        full = states == FULL
+        keys = (await device.copy_to_numpy_async(held["keys"], 0, self.capacity * self.key_size)
+                ).reshape(self.capacity, self.key_size)[full]
+        values = (await device.copy_to_numpy_async(
+            held["values"], 0, self.capacity * self.value_size)).reshape(
+                self.capacity, self.value_size)[full]
+        await device.copy_from_numpy_async(held["states"], np.zeros(self.capacity, np.uint32))
+        self.live = 0
+        if len(keys):
+            op = HashInsert(table, await self._upload(device, "in-keys", keys),
+                            await self._upload(device, "in-values", values), len(keys), 0)
+            self.live = await device.run_async(op)
+        return self.live
+
     async def on_stats(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "size": self.live,
                 "load_factor": self.live / self.capacity, "key_size_bytes": self.key_size,
@@ -130,7 +154,8 @@ class GpuHashMapActor(BoundClient):
     nothing; entries of mismatched sizes raise ``InvalidArgument`` (a
     ``GpuRuntimeError``). ``stats()`` reports the size and load factor. Erased
     slots stay as tombstones until an insert reuses them (lookups probe past
-    them). Every method has an ``_async`` twin and takes ``timeout_secs`` (5 s).
+    them) or ``compact()`` rebuilds the table from its live entries. Every
+    method has an ``_async`` twin and takes ``timeout_secs`` (5 s).
     """
 
     capacity = 0
@@ -183,7 +208,14 @@ class GpuHashMapActor(BoundClient):
             "stats", (), require_timeout(timeout_secs))
         return coro
 
+    def compact_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
+        """Rebuild the table from its live entries, dropping the erased slots that lookups
+        probe past (worth it after many erases); answers the number of entries."""
+        coro: Coroutine[Any, Any, int] = self._run("compact", (), require_timeout(timeout_secs))
+        return coro
+
     insert = blocking_twin(insert_async)
     lookup = blocking_twin(lookup_async)
     erase = blocking_twin(erase_async)
     stats = blocking_twin(stats_async)
+    compact = blocking_twin(compact_async)
