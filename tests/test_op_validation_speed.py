@@ -130,6 +130,23 @@ from atomr_accel.core.ops._peer import (
     ImportCopy,
     PeerSource,
 )
+from atomr_accel.core.ops._realtime_data import (
+    BuildCsr,
+    HashErase,
+    HashInsert,
+    HashLookup,
+    HashTable,
+)
+from atomr_accel.core.ops._realtime_frames import (
+    BlendFrames,
+    BoxBlur,
+    Correlate,
+    FilterFrames,
+    FrameStats,
+    GaussianBlur,
+    SobelMagnitude,
+    Threshold,
+)
 from atomr_accel.core.ops._realtime_physics import (
     ClothStep,
     FluidAddSource,
@@ -245,6 +262,9 @@ def _csr(owner: int = 0) -> CsrMatrix:
 
 _KERNEL = KernelRef(0, 5, "axpy<float>", 3, owner=99, library="module", cache_hit=True)
 _GRAPH = GraphRef(0, 7, 3, 99, (_buf(F32, 8), _buf(F32, 8, 2)), (_buf(F32, 8, 2),), 2)
+_TABLE = HashTable(_buf(DType.U32, 8, 21), _buf(U8, 24, 22), _buf(U8, 16, 23), 8, 3, 2)
+_STAGES = (Correlate((0.0, 1.0, 0.0, 1.0, -4.0, 1.0, 0.0, 1.0, 0.0)), GaussianBlur(1.5, 4),
+           BoxBlur(5), SobelMagnitude(), Threshold(0.5, 0.0, 1.0))
 
 EXAMPLES: list[Any] = [
     Gemm(_buf(F32, 64), _buf(F32, 64, 2), _buf(F32, 64, 3), 8, 4, 2, trans_a=True, lda=3),
@@ -381,6 +401,14 @@ EXAMPLES: list[Any] = [
     GridBuild(_buf(F32, 30), _buf(I32, 10, 2), _buf(I32, 16, 3), _buf(I32, 16, 4), 10, 16, 0.5),
     GridQuery(_buf(F32, 30), _buf(I32, 10, 2), _buf(I32, 16, 3), _buf(I32, 16, 4),
               _buf(F32, 6, 5), 10, 16, 0.5, 2, 0.75),
+    HashInsert(_TABLE, _buf(U8, 9, 24), _buf(U8, 6, 25), 3, 5),
+    HashLookup(_TABLE, _buf(U8, 9, 24), 3, _buf(U8, 6, 25), _buf(U8, 3, 26)),
+    HashErase(_TABLE, _buf(U8, 9, 24), 3),
+    BuildCsr(_buf(I32, 6, 31), _buf(I32, 6, 32), _buf(F32, 6, 33), 6, 3, 4, _buf(I32, 4, 34),
+             _buf(I32, 11, 35), _buf(F32, 11, 36), _csr()),
+    FilterFrames(_buf(U8, 24), _buf(F32, 24, 2), 2, 4, 3, _STAGES),
+    FrameStats(_buf(F32, 24), 2, 4, 3, 16, -1.0, 1.0),
+    BlendFrames(_buf(U8, 24), _buf(F32, 24, 2), _buf(U8, 24), 24, 0.25, 0.75),
 ]
 
 
@@ -637,6 +665,8 @@ def _holds_array(value: object) -> bool:
 
 
 _VALUES: list[Any] = [
+    _TABLE,
+    *_STAGES,
     _buf(F32, 8, 3, owner=12345),
     _KERNEL,
     _GRAPH,

@@ -7,14 +7,44 @@ against).
 
 from __future__ import annotations
 
+from atomr_accel.core.ops._realtime_data import HashMapFull
+from atomr_accel.core.ops._realtime_frames import (
+    BoxBlur,
+    Correlate,
+    GaussianBlur,
+    SobelMagnitude,
+    Threshold,
+)
+from atomr_accel.realtime._analysis import (
+    FrameStatistics,
+    MultiPassAnalysisActor,
+    RunningStatistics,
+)
 from atomr_accel.realtime._cloth import ClothSimulationActor
 from atomr_accel.realtime._fluid import FluidSimulationActor
+from atomr_accel.realtime._hashmap import GpuHashMapActor
+from atomr_accel.realtime._image import ImageFilterPipeline
 from atomr_accel.realtime._particles import ParticleSystemActor
+from atomr_accel.realtime._sparse import GpuSparseStructureActor
 from atomr_accel.realtime._spatial import SpatialIndexActor
+from atomr_accel.realtime._video import VideoEffectsGraph
 
 __all__: list[str] = [
+    "BoxBlur",
     "ClothSimulationActor",
+    "Correlate",
     "FluidSimulationActor",
+    "FrameStatistics",
+    "GaussianBlur",
+    "GpuHashMapActor",
+    "GpuSparseStructureActor",
+    "HashMapFull",
+    "ImageFilterPipeline",
+    "MultiPassAnalysisActor",
     "ParticleSystemActor",
+    "RunningStatistics",
+    "SobelMagnitude",
     "SpatialIndexActor",
+    "Threshold",
+    "VideoEffectsGraph",
 ]

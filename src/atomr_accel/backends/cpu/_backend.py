@@ -21,6 +21,8 @@ from atomr_accel.backends.cpu import (
     _kernels,
     _norm,
     _peer,
+    _realtime_data,
+    _realtime_frames,
     _realtime_physics,
     _rng,
     _rnn,
@@ -73,6 +75,8 @@ class CpuBackend(Backend):
         | _rnn.HANDLERS
         | _attention.HANDLERS
         | _realtime_physics.HANDLERS
+        | _realtime_data.HANDLERS
+        | _realtime_frames.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:

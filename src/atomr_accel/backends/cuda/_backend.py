@@ -38,6 +38,8 @@ from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
 from atomr_accel.backends.cuda import _norm as cuda_norm
 from atomr_accel.backends.cuda import _peer as cuda_peer
+from atomr_accel.backends.cuda import _realtime_data as cuda_realtime_data
+from atomr_accel.backends.cuda import _realtime_frames as cuda_realtime_frames
 from atomr_accel.backends.cuda import _realtime_physics as cuda_realtime_physics
 from atomr_accel.backends.cuda import _rng as cuda_rng
 from atomr_accel.backends.cuda import _rnn as cuda_rnn
@@ -514,5 +516,7 @@ CudaBackend.handlers = (
     | cuda_rnn.HANDLERS
     | cuda_attention.HANDLERS
     | cuda_realtime_physics.HANDLERS
+    | cuda_realtime_data.HANDLERS
+    | cuda_realtime_frames.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

@@ -1,0 +1,229 @@
+"""Realtime data structures on the device: an open-addressing hash map of fixed-size byte
+keys and values, and a CSR builder from COO triplets (``library = "realtime"``).
+
+The hash table is three buffers (``HashTable``): a u32 state a slot (``EMPTY``,
+``FULL`` or ``ERASED``), the slots' keys and their values as u8 rows. A key's
+home slot is its 32-bit FNV-1a hash modulo the capacity; probing is linear and
+wraps. Both backends lay the table out this way, so either can read a table the
+other wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument, OutOfMemory
+from atomr_accel.core._fields import PickleByFields
+from atomr_accel.core._op import Op, require_dtype, require_len, require_nonneg, require_positive
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._sparse import CsrMatrix
+
+__all__ = [
+    "EMPTY", "ERASED", "FULL",
+    "BuildCsr", "HashErase", "HashInsert", "HashLookup", "HashMapFull", "HashTable",
+]
+
+EMPTY, FULL, ERASED = 0, 1, 2
+"""The states of a hash table slot: never used, holding an entry, or erased (a tombstone)."""
+
+
+class HashMapFull(OutOfMemory):
+    """An insert needs more free slots than the hash table has; nothing was inserted.
+
+    An ``OutOfMemory`` (the request did not fit; the device keeps serving)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HashTable(PickleByFields):
+    """Name a hash table of ``capacity`` slots held in three buffers.
+
+    ``states`` (u32, ``capacity``), ``keys`` (u8, ``capacity * key_size``)
+    and ``values`` (u8, ``capacity * value_size``).
+    """
+
+    states: GpuRef
+    keys: GpuRef
+    values: GpuRef
+    capacity: int
+    key_size: int
+    value_size: int
+
+    def refs(self) -> tuple[GpuRef, GpuRef, GpuRef]:
+        """The three buffers: states, keys, values."""
+        return (self.states, self.keys, self.values)
+
+    def validate(self) -> None:
+        """Raise ``InvalidArgument`` unless sizes, dtypes and buffer lengths fit."""
+        require_positive(capacity=self.capacity, key_size=self.key_size,
+                         value_size=self.value_size)
+        require_dtype(self.states, (DType.U32,), "states")
+        require_dtype(self.keys, (DType.U8,), "keys")
+        require_dtype(self.values, (DType.U8,), "values")
+        require_len(self.states, self.capacity, "states")
+        require_len(self.keys, self.capacity * self.key_size, "keys")
+        require_len(self.values, self.capacity * self.value_size, "values")
+
+
+def _require_table(table: object) -> HashTable:
+    if not isinstance(table, HashTable):
+        raise InvalidArgument(f"table must be a HashTable, got {table!r}")
+    table.validate()
+    return table
+
+
+def _require_rows(ref: GpuRef, count: int, width: int, name: str) -> None:
+    require_dtype(ref, (DType.U8,), name)
+    require_len(ref, count * width, name)
+
+
+@dataclass(frozen=True, slots=True)
+class HashInsert(Op):
+    """Insert ``count`` distinct keys (u8 rows of ``key_size`` in ``keys``) with their
+    values (rows of ``value_size`` in ``values``); a key already held gets the new value.
+
+    ``live`` is how many entries the table holds before the insert. Answers the
+    number of keys that were new. Raises ``HashMapFull``, writing nothing, when
+    the new keys outnumber the free slots (``capacity - live``).
+    """
+
+    library: ClassVar[str] = "realtime"
+    table: HashTable
+    keys: GpuRef
+    values: GpuRef
+    count: int
+    live: int
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """The table's three buffers, then ``keys`` and ``values``."""
+        return (*self.table.refs(), self.keys, self.values)
+
+    def writes(self) -> tuple[GpuRef, ...]:
+        """The table's three buffers."""
+        return self.table.refs()
+
+    def validate(self) -> None:
+        table = _require_table(self.table)
+        require_nonneg(count=self.count, live=self.live)
+        if self.live > table.capacity:
+            raise InvalidArgument(f"live ({self.live}) exceeds the capacity ({table.capacity})")
+        _require_rows(self.keys, self.count, table.key_size, "keys")
+        _require_rows(self.values, self.count, table.value_size, "values")
+
+
+@dataclass(frozen=True, slots=True)
+class HashLookup(Op):
+    """Look ``count`` keys up: ``found[i]`` (u8) is 1 where key ``i`` is held, and row ``i``
+    of ``values`` (u8 rows of ``value_size``) its value; rows of missing keys are zeros."""
+
+    library: ClassVar[str] = "realtime"
+    outputs: ClassVar[tuple[str, ...]] = ("values", "found")
+    table: HashTable
+    keys: GpuRef
+    count: int
+    values: GpuRef
+    found: GpuRef
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """The table's three buffers, then ``keys``, ``values`` and ``found``."""
+        return (*self.table.refs(), self.keys, self.values, self.found)
+
+    def validate(self) -> None:
+        table = _require_table(self.table)
+        require_nonneg(count=self.count)
+        _require_rows(self.keys, self.count, table.key_size, "keys")
+        _require_rows(self.values, self.count, table.value_size, "values")
+        _require_rows(self.found, self.count, 1, "found")
+
+
+@dataclass(frozen=True, slots=True)
+class HashErase(Op):
+    """Erase ``count`` distinct keys (absent ones are skipped); answers how many were held."""
+
+    library: ClassVar[str] = "realtime"
+    table: HashTable
+    keys: GpuRef
+    count: int
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """The table's three buffers, then ``keys``."""
+        return (*self.table.refs(), self.keys)
+
+    def writes(self) -> tuple[GpuRef, ...]:
+        """The table's state buffer."""
+        return (self.table.states,)
+
+    def validate(self) -> None:
+        table = _require_table(self.table)
+        require_nonneg(count=self.count)
+        _require_rows(self.keys, self.count, table.key_size, "keys")
+
+
+_CSR_VALUES = (DType.F32, DType.F64)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildCsr(Op):
+    """Build the CSR form of ``base`` (if any) plus ``count`` COO triplets.
+
+    ``rows``, ``cols`` (i32) and ``data`` (f32/f64) hold the triplets of an
+    ``n_rows x n_cols`` matrix; entries at one position are summed (duplicates
+    among the triplets, and a triplet on an entry of ``base``). The result goes to
+    ``indptr`` (i32, ``n_rows + 1``), ``indices`` (i32) and ``values`` (``data``'s
+    dtype), which must hold ``count`` plus ``base``'s ``nnz`` entries and share no
+    buffer with the inputs; columns are sorted within each row. Answers the
+    result's ``nnz``. An index out of range is an ``InvalidArgument``.
+    """
+
+    library: ClassVar[str] = "realtime"
+    outputs: ClassVar[tuple[str, ...]] = ("indptr", "indices", "values")
+    rows: GpuRef
+    cols: GpuRef
+    data: GpuRef
+    count: int
+    n_rows: int
+    n_cols: int
+    indptr: GpuRef
+    indices: GpuRef
+    values: GpuRef
+    base: CsrMatrix | None = None
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """The triplet buffers, the result's and then ``base``'s."""
+        own = (self.rows, self.cols, self.data, self.indptr, self.indices, self.values)
+        return own if self.base is None else (*own, *self.base.refs())
+
+    def validate(self) -> None:
+        require_nonneg(count=self.count, n_rows=self.n_rows, n_cols=self.n_cols)
+        require_dtype(self.rows, (DType.I32,), "rows")
+        require_dtype(self.cols, (DType.I32,), "cols")
+        require_dtype(self.data, _CSR_VALUES, "data")
+        for ref, name in ((self.rows, "rows"), (self.cols, "cols"), (self.data, "data")):
+            require_len(ref, self.count, name)
+        room = self.count
+        inputs = [self.rows, self.cols, self.data]
+        if self.base is not None:
+            if not isinstance(self.base, CsrMatrix):
+                raise InvalidArgument(f"base must be a CsrMatrix or None, got {self.base!r}")
+            self.base.validate()
+            if (self.base.rows, self.base.cols) != (self.n_rows, self.n_cols):
+                raise InvalidArgument(
+                    f"base is {self.base.rows} x {self.base.cols}; the triplets' matrix is "
+                    f"{self.n_rows} x {self.n_cols}")
+            if self.base.values.dtype is not self.data.dtype:
+                raise InvalidArgument(f"base holds {self.base.values.dtype.value} values but "
+                                      f"data is {self.data.dtype.value}")
+            room += self.base.nnz
+            inputs += self.base.refs()
+        require_dtype(self.indptr, (DType.I32,), "indptr")
+        require_dtype(self.indices, (DType.I32,), "indices")
+        require_dtype(self.values, (self.data.dtype,), "values")
+        require_len(self.indptr, self.n_rows + 1, "indptr")
+        require_len(self.indices, room, "indices")
+        require_len(self.values, room, "values")
+        held = {(r.device_id, r.buffer_id) for r in inputs}
+        for ref, name in ((self.indptr, "indptr"), (self.indices, "indices"),
+                          (self.values, "values")):
+            if (ref.device_id, ref.buffer_id) in held:
+                raise InvalidArgument(f"{name} must not share a buffer with an input")
