@@ -52,7 +52,10 @@ def note(line: str) -> None:
 
 @pytest.fixture(scope="module")
 def cupti_session() -> Iterator[CuptiSession]:
-    pytest.importorskip("cupti.cupti", reason="needs cupti-python")
+    try:
+        import cupti.cupti  # noqa: F401  # a libcupti that does not load is a failure
+    except ModuleNotFoundError:
+        pytest.skip("needs cupti-python")
     yield CuptiSession()
 
 
@@ -127,6 +130,9 @@ def test_cupti_kernel_durations_match_cuda_events(cupti_session: CuptiSession) -
     windows: list[tuple[int, int, float]] = []
     cupti_session.start(["kernel"], timeout_secs=10)
     try:
+        with stream:
+            cp.matmul(a, b)  # the first launch after CUPTI starts pays for its set-up
+        stream.synchronize()
         for _ in range(5):
             begin, end = cp.cuda.Event(), cp.cuda.Event()
             before = time.perf_counter_ns()
@@ -140,6 +146,7 @@ def test_cupti_kernel_durations_match_cuda_events(cupti_session: CuptiSession) -
     finally:
         cupti_session.stop(timeout_secs=10)
     kernels = [r for r in cupti_session.drain(timeout_secs=10) if r["kind"] == "kernel"]
+    ratios = []
     for before, after, event_us in windows:
         mine = [k for k in kernels if before <= k["start_ns"] <= after]
         assert mine, (before, after, kernels)
@@ -147,7 +154,8 @@ def test_cupti_kernel_durations_match_cuda_events(cupti_session: CuptiSession) -
         note(f"cupy gemm {N}^3 f32: CUPTI {cupti_us:.1f} us ({len(mine)} kernel(s): "
              f"{mine[0]['name'][:50]}), CUDA events {event_us:.1f} us, "
              f"ratio {cupti_us / event_us:.3f}")
-        assert abs(cupti_us / event_us - 1) < 0.10
+        ratios.append(cupti_us / event_us)
+    assert all(abs(ratio - 1) < 0.10 for ratio in ratios), ratios
 
 
 def test_nvml_actor_reads_the_real_gpu() -> None:

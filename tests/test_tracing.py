@@ -249,6 +249,9 @@ def test_every_original_category_is_known() -> None:
 
 def test_nvtx_kernel_trace_pushes_a_named_range_or_raises_without_nvtx(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from atomr_accel.telemetry import _nvtx
+
+    monkeypatch.setattr(_nvtx, "_unusable", _nvtx._unusable)  # restored afterwards
     trace = NvtxKernelTrace()
     assert "NvtxKernelTrace" in repr(trace) and trace.message == "atomr-accel: span"
     monkeypatch.setitem(sys.modules, "cupy.cuda.nvtx", None)  # no NVTX

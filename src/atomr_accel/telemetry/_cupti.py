@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
 import threading
 import time
@@ -136,6 +137,30 @@ def _clock_offset(cupti: ModuleType) -> int:
     return int(statistics.median(offsets))
 
 
+def _loaded(library: str) -> str | None:
+    """The path of the shared library ``library`` this process has loaded (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith(library):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _route_nvtx_to_cupti() -> None:
+    """Point NVTX at libcupti (``NVTX_INJECTION64_PATH``) so CUPTI sees NVTX ranges. NVTX
+    reads it at its first call in the process: set before any range was pushed, it works;
+    after, start the process with it set."""
+    if "NVTX_INJECTION64_PATH" in os.environ:
+        return
+    path = _loaded("libcupti.so")
+    if path is not None:
+        os.environ["NVTX_INJECTION64_PATH"] = path
+
+
 def _buffer_requested() -> tuple[int, int]:
     return _BUFFER_BYTES, 0
 
@@ -161,7 +186,10 @@ class CuptiSession:
     range, range_profiler``; any other raises ``InvalidArgument``. One session
     traces at a time in a process (CUPTI's activity buffers are per process);
     it sees the work of this process, so trace thread-host devices
-    (``isolation="thread"``), not worker processes.
+    (``isolation="thread"``), not worker processes. NVTX ranges (``range``)
+    reach CUPTI through ``NVTX_INJECTION64_PATH``: ``start`` sets it to the
+    loaded libcupti when unset, which takes effect if no NVTX range was pushed
+    in the process before (NVTX reads it once); else set it before starting.
 
     A record is a dict: ``kind`` (``kernel``, ``memcpy``, ``driver``,
     ``runtime`` or ``range``), ``name`` (kernel name, copy direction, API call
@@ -234,6 +262,8 @@ class CuptiSession:
                     _disable(cupti, kind)
                 raise
             _active = self
+        if "range" in names:
+            _route_nvtx_to_cupti()
 
     def stop(self, timeout_secs: float = 2.0) -> None:
         """Stop tracing; the records so far wait for ``drain``. A no-op when not tracing.
