@@ -4,7 +4,7 @@ machine lacks (GPU tests without a CUDA device, optional libraries that are miss
 The full suites are the checkout's ``tests/`` (found beside the source tree an
 editable install runs from, in ``./tests``, or at ``--path``); an installed
 wheel has no checkout, so it runs the smoke suite shipped in the package
-(``atomr_accel.selftest``).
+(``atomr_accel._selftest``).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def run_tests(out: IO[str], suites: Sequence[str] = (), *, gpu: bool = False,
         if path is not None and not smoke:
             print(f"no test_*.py in {path}", file=out)
             return 4
-        from atomr_accel import selftest
+        from atomr_accel import _selftest
 
-        folder = Path(selftest.__file__).resolve().parent
+        folder = Path(_selftest.__file__).resolve().parent
         why = "as asked" if smoke else "no checkout tests/ found (an installed package)"
         print(f"running the smoke suite shipped in the package ({why}): {folder}", file=out)
         cwd = folder

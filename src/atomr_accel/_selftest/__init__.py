@@ -2,5 +2,5 @@
 ``tests/`` is at hand (an installed wheel): devices and buffers, BLAS against NumPy, typed
 errors, fault recovery, op tracing; on a GPU, CUDA against the CPU backend.
 
-Run it with ``atomr-accel test --smoke`` (or ``pytest --pyargs atomr_accel.selftest``).
+Run it with ``atomr-accel test --smoke`` (or ``pytest --pyargs atomr_accel._selftest``).
 """
