@@ -79,6 +79,9 @@ def test_op_spans_follow_each_op_from_submission_to_answer(tmp_path: Path) -> No
             other.allocate_f32(4)  # not watched
         dev.allocate_f32(4)  # after the tracer left
         spans = tracer.spans
+        with trace_ops(dev) as late:
+            system.close()  # leaving the block after the system closed is fine
+    assert late.spans == []
     np.testing.assert_allclose(got, x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
     ops = [s.op for s in spans]
     assert ops == ["Allocate"] * 3 + ["Upload"] * 2 + ["Gemm", "Download", "Allocate"]

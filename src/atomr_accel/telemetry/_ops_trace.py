@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._errors import InvalidArgument, SystemClosed
 from atomr_accel.core._op import Op
 
 if TYPE_CHECKING:
@@ -143,10 +144,12 @@ class OpTracer:
         self._watched.append(device)
 
     def unwatch(self) -> None:
-        """Stop recording new ops of every watched device (ops in flight still end)."""
+        """Stop recording new ops of every watched device (ops in flight still end); a device
+        whose system has closed is simply let go."""
         watched, self._watched = self._watched, []
         for device in watched:
-            _on_loop(device, lambda d=device: d._state.remove_observer(self))
+            with contextlib.suppress(SystemClosed):  # a closed system has no ops to record
+                _on_loop(device, lambda d=device: d._state.remove_observer(self))
 
     def __repr__(self) -> str:
         return f"OpTracer(spans={len(self._spans)}, devices={len(self._watched)})"
