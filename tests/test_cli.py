@@ -14,8 +14,9 @@ import pytest
 from atomr_accel.backends import cuda_device_count
 from atomr_accel.cli import main
 
-LIBRARIES = ["cupy", "nvmath", "cudnn", "cuda.compute", "cutensor", "pynvml", "ray",
-             "prometheus_client"]
+LIBRARIES = ["cupy", "nvmath", "cudnn", "libcudnn", "cuda.compute", "cuda.cccl",
+             "cuda.bindings", "nccl", "cutensor", "cupti", "libcupti", "onnxruntime", "pynvml",
+             "ray", "prometheus_client"]
 
 
 def test_probe_reports_backends_devices_and_libraries(capsys: pytest.CaptureFixture[str]

@@ -31,6 +31,7 @@ OPTIONAL: dict[str, Optional] = {
     "cudnn": Optional("cudnn", "nvidia-cudnn-frontend", "cudnn"),
     "flashattn": Optional("cudnn", "nvidia-cudnn-frontend", "cudnn"),
     "blaslt": Optional("nvmath", "nvmath-python", "blaslt"),
+    "cupti": Optional("cupti.cupti", "cupti-python", "cupti"),
 }
 """Library name -> what it needs on CUDA (libraries not listed need nothing optional)."""
 

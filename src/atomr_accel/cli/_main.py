@@ -12,6 +12,7 @@ from atomr_accel.cli._bench import run_benchmarks
 from atomr_accel.cli._dashboard import attach_dashboard
 from atomr_accel.cli._demo import DemoCheckFailed, run_demo
 from atomr_accel.cli._probe import print_probe, probe
+from atomr_accel.cli._test import run_tests
 from atomr_accel.core._errors import GpuRuntimeError
 from atomr_accel.telemetry import configure_logging
 
@@ -38,17 +39,33 @@ def _parser() -> argparse.ArgumentParser:
                            help="pass --quick to the scripts that accept it")
     bench_cmd.add_argument("--path", help="the benchmarks folder (default: ./benchmarks, "
                                           "then the one beside the source tree)")
+    bench_cmd.add_argument("--json", metavar="PATH", dest="json_path",
+                           help="write one JSON report of every benchmark to PATH")
     dashboard_cmd = commands.add_parser(
         "dashboard", help="attach to a running system's dashboard: where to open it, its devices")
     dashboard_cmd.add_argument("--url", required=True,
                                help="the system's telemetry endpoint, e.g. http://127.0.0.1:9400 "
                                     "(see system.serve_dashboard)")
+    test_cmd = commands.add_parser(
+        "test", help="run the package's own test suites (pytest), skipping what is missing")
+    test_cmd.add_argument("suites", nargs="*", metavar="SUITE",
+                          help="run only test files whose name contains one")
+    test_cmd.add_argument("--gpu", action="store_true",
+                          help="run the GPU tests (marked gpu) instead of the CPU ones")
+    test_cmd.add_argument("--smoke", action="store_true",
+                          help="run the smoke suite shipped in the package")
+    test_cmd.add_argument("--path", help="the tests folder (default: ./tests, then the one "
+                                         "beside the source tree, else the smoke suite)")
+    test_cmd.add_argument("-k", dest="keyword", help="pytest's -k expression")
+    test_cmd.add_argument("-x", dest="exit_first", action="store_true",
+                          help="stop at the first failure")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``atomr-accel`` with ``argv`` (default: the process's arguments); return the
-    exit status: 0 on success, 1 when a check or benchmark failed, 2 on a usage error."""
+    exit status: 0 on success, 1 when a check or benchmark failed, 2 on a usage error;
+    ``test`` returns pytest's."""
     parser = _parser()
     args = parser.parse_args(argv)
     out = sys.stdout
@@ -74,7 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
         if args.command == "dashboard":
             return attach_dashboard(out, args.url)
-        return run_benchmarks(out, args.names, quick=args.quick, path=args.path)
+        if args.command == "test":
+            return run_tests(out, args.suites, gpu=args.gpu, smoke=args.smoke, path=args.path,
+                             keyword=args.keyword, exit_first=args.exit_first)
+        return run_benchmarks(out, args.names, quick=args.quick, path=args.path,
+                              json_path=args.json_path)
     finally:
         if handler is not None:
             logger.removeHandler(handler)

@@ -16,13 +16,22 @@ LIBRARIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("cupy", "cupy", ("cupy-cuda13x", "cupy-cuda12x", "cupy")),
     ("nvmath", "nvmath", ("nvmath-python",)),
     ("cudnn", "cudnn", ("nvidia-cudnn-frontend",)),
+    ("libcudnn", None, ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")),
     ("cuda.compute", "cuda.compute", ("cuda-cccl",)),
+    ("cuda.cccl", "cuda.cccl", ("cuda-cccl",)),
+    ("cuda.bindings", "cuda.bindings", ("cuda-bindings",)),
+    ("nccl", None, ("nvidia-nccl-cu13", "nvidia-nccl-cu12")),
     ("cutensor", None, ("cutensor-cu13", "cutensor-cu12")),
+    ("cupti", "cupti", ("cupti-python",)),
+    ("libcupti", None, ("nvidia-cuda-cupti", "nvidia-cuda-cupti-cu13", "nvidia-cuda-cupti-cu12")),
+    ("onnxruntime", "onnxruntime", ("onnxruntime-gpu", "onnxruntime")),
     ("pynvml", "pynvml", ("nvidia-ml-py", "pynvml")),
     ("ray", "ray", ("ray",)),
     ("prometheus_client", "prometheus_client", ("prometheus-client",)),
 )
-"""(name, module to find or None, distributions that may carry it), as ``probe`` reports them."""
+"""(name, module to find or None, distributions that may carry it), as ``probe`` reports them:
+``cudnn`` is NVIDIA's cuDNN frontend, ``libcudnn`` the library; ``cuda.compute`` and
+``cuda.cccl`` are CCCL's Python modules; ``cupti`` is cupti-python, ``libcupti`` the library."""
 
 
 def _version(distributions: tuple[str, ...]) -> str | None:
@@ -79,9 +88,35 @@ def _cuda() -> dict[str, Any]:
             "memory_total": int(total), "memory_free": int(free),
             "multiprocessors": int(props["multiProcessorCount"]),
         })
+    driver, cuda_runtime = runtime.driverGetVersion(), runtime.runtimeGetVersion()
     return {"available": True, "reason": None, "devices": devices,
-            "driver": runtime.driverGetVersion(), "runtime": runtime.runtimeGetVersion(),
-            "cupy": cupy.__version__}
+            "driver": driver, "runtime": cuda_runtime,
+            "driver_version": _cuda_version(driver), "runtime_version": _cuda_version(cuda_runtime),
+            "driver_release": _driver_release(), "cupy": cupy.__version__}
+
+
+def _cuda_version(number: int) -> str:
+    """CUDA's version number as text: ``13000`` -> ``"13.0"``."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def _driver_release() -> str | None:
+    """The NVIDIA driver's release (``580.82.07``) through NVML, or None without it."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        release = pynvml.nvmlSystemGetDriverVersion()
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    return release.decode() if isinstance(release, bytes) else str(release)
 
 
 def probe() -> dict[str, Any]:
@@ -112,8 +147,9 @@ def print_probe(report: dict[str, Any], out: IO[str]) -> None:
     print(f"atomr-accel {report['atomr_accel']} on Python {report['python']} "
           f"({report['platform']})", file=out)
     print("\nbackends", file=out)
-    cuda_text = (f"available: CuPy {cuda['cupy']}, driver {cuda['driver']}, "
-                 f"runtime {cuda['runtime']}" if cuda["available"]
+    release = f" ({cuda['driver_release']})" if cuda.get("driver_release") else ""
+    cuda_text = (f"available: CuPy {cuda['cupy']}, driver CUDA {cuda['driver_version']}"
+                 f"{release}, runtime CUDA {cuda['runtime_version']}" if cuda["available"]
                  else f"not available: {cuda['reason']}")
     print(format_table(["backend", "status"], [
         ["cpu", f"available: NumPy {cpu['numpy']}, SciPy {cpu['scipy']}"],
@@ -131,5 +167,6 @@ def print_probe(report: dict[str, Any], out: IO[str]) -> None:
               "memory is the host's (or backend_options={'capacity': n})", file=out)
     print("\nlibraries", file=out)
     print(format_table(["library", "found", "version"], [
-        [lib["name"], "yes" if lib["found"] else "no", lib["version"] or "-"]
+        [lib["name"], "yes" if lib["found"] else "no",
+         lib["version"] or ("-" if lib["found"] else "missing")]
         for lib in report["libraries"]]), file=out)

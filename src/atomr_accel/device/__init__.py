@@ -42,7 +42,13 @@ from atomr_accel.device._replay import (
     ReplayResult,
     recovery_plan,
 )
-from atomr_accel.device._state import DeviceState, DeviceStats, OpObserver, Status
+from atomr_accel.device._state import (
+    DeviceState,
+    DeviceStats,
+    LaunchObserver,
+    OpObserver,
+    Status,
+)
 from atomr_accel.device._streams import (
     PerActorStreams,
     PooledStreams,
@@ -73,6 +79,7 @@ __all__ = [
     "JournalStore",
     "KernelActor",
     "Lane",
+    "LaunchObserver",
     "MarkDurable",
     "OpObserver",
     "PerActorStreams",

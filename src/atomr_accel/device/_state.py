@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from atomr_accel.device._standby import Standby
 
 __all__ = [
-    "RERUN_LIMIT", "Answer", "DeviceState", "DeviceStats", "OpObserver", "Pending", "Status",
+    "RERUN_LIMIT", "Answer", "DeviceState", "DeviceStats", "LaunchObserver", "OpObserver",
+    "Pending", "Status",
 ]
 
 _log = logging.getLogger("atomr_accel.device")
@@ -70,6 +71,15 @@ class OpObserver(Protocol):
     def op_finished(self, device: str, op: Op, seconds: float,
                     error: BaseException | None) -> None:
         """It was answered after ``seconds``: with a result (``error`` None) or ``error``."""
+
+
+class LaunchObserver(OpObserver, Protocol):
+    """An ``OpObserver`` also told when each request is launched on a context (the moment
+    its host claims it; again on the next context when it runs again there). Any
+    observer with an ``op_launched`` method is told, on the launching thread."""
+
+    def op_launched(self, device: str, op: Op, generation: int) -> None:
+        """The request for ``op`` was handed to context ``generation`` of ``device``."""
 
 
 RERUN_LIMIT = 3
@@ -134,7 +144,19 @@ class Pending:
             self.generation = generation
             state.launches += 1
             self.seq = state.launches
-            return True
+        if self.observers:
+            self._notify_launched(generation)
+        return True
+
+    def _notify_launched(self, generation: int) -> None:
+        """Tell the observers that have an ``op_launched`` method of the launch."""
+        for observer in self.observers:
+            launched = getattr(observer, "op_launched", None)
+            if launched is not None:
+                try:
+                    launched(self._state.name, self.op, generation)
+                except Exception:
+                    _log.exception("op observer %r raised", observer)
 
     def ticket(self, generation: int) -> Ticket:
         """Its right to be launched on ``generation``, as a host takes it."""

@@ -29,6 +29,9 @@ class NvmlSample:
     """Uncorrected ECC errors since the driver loaded (volatile count)."""
     memory_used: int | None
     memory_total: int | None
+    uuid: str | None = None
+    """The GPU's UUID (``GPU-...``), stable across reboots and device orderings."""
+    memory_clock_mhz: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +45,19 @@ class _Tick:
 
 
 def _figure(read: Callable[[], Any], nvml: Any) -> Any:
-    """``read()``, or None when NVML says the GPU does not support it."""
+    """``read()``, or None when NVML says the GPU does not support it (or the installed
+    ``pynvml`` is too old to have the call)."""
     try:
         return read()
-    except nvml.NVMLError:
+    except (nvml.NVMLError, AttributeError):
         return None
+
+
+def _text(value: Any) -> str | None:
+    """An NVML string (bytes in older ``pynvml``) as ``str``; None stays None."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class NvmlProbe(Actor):
@@ -114,7 +125,7 @@ class NvmlProbe(Actor):
         name = _figure(lambda: nvml.nvmlDeviceGetName(handle), nvml)
         return NvmlSample(
             index=self.index,
-            name=name.decode() if isinstance(name, bytes) else str(name or ""),
+            name=_text(name) or "",
             power_watts=None if power is None else power / 1000.0,
             temperature_c=_figure(
                 lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), nvml),
@@ -124,6 +135,9 @@ class NvmlProbe(Actor):
                 handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC), nvml),
             memory_used=None if memory is None else int(memory.used),
             memory_total=None if memory is None else int(memory.total),
+            uuid=_text(_figure(lambda: nvml.nvmlDeviceGetUUID(handle), nvml)),
+            memory_clock_mhz=_figure(
+                lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM), nvml),
         )
 
     async def post_stop(self) -> None:
