@@ -92,10 +92,28 @@ from atomr_accel.patterns import (
     MoeRouter,
     SpeculativeDecoder,
 )
+from atomr_accel.realtime import (
+    ClothSimulationActor,
+    FluidSimulationActor,
+    GpuHashMapActor,
+    ImageFilterPipeline,
+    ParticleSystemActor,
+    SpatialIndexActor,
+)
+from atomr_accel.telemetry import CuptiSession, NvmlActor, NvtxKernelTrace
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClothSimulationActor",
+    "CuptiSession",
+    "FluidSimulationActor",
+    "GpuHashMapActor",
+    "ImageFilterPipeline",
+    "NvmlActor",
+    "NvtxKernelTrace",
+    "ParticleSystemActor",
+    "SpatialIndexActor",
     "CpuVectorIndex",
     "EmbeddingCache",
     "LangGraphGpuActor",
