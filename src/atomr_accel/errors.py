@@ -2,6 +2,7 @@
 
 from atomr_accel.core._errors import (
     AskTimeout,
+    CollectiveAborted,
     ContextPoisoned,
     DeviceUnavailable,
     DTypeMismatch,
@@ -20,6 +21,7 @@ from atomr_accel.core._errors import (
 
 __all__ = [
     "AskTimeout",
+    "CollectiveAborted",
     "ContextPoisoned",
     "DTypeMismatch",
     "DeviceUnavailable",

@@ -35,6 +35,7 @@ from atomr_accel.actor import _errors as actor
 
 __all__ = [
     "AskTimeout",
+    "CollectiveAborted",
     "ContextPoisoned",
     "DeviceUnavailable",
     "GpuRefStale",
@@ -137,6 +138,12 @@ class LibraryUnavailable(LibraryError):
                          f"install it with: pip install 'atomr-accel[{extra}]'")
         self.package = package
         self.extra = extra
+
+
+class CollectiveAborted(GpuRuntimeError):
+    """A collective was aborted on this rank through no fault of its own: a peer's context
+    died, the collective passed its time-out, or NCCL reported an error. The communicator
+    world rebuilds itself; the next collective runs on the new one."""
 
 
 class QueueFull(GpuRuntimeError):

@@ -16,6 +16,7 @@ __all__ = [
     "KERNEL_ACTORS",
     "BlasActor",
     "BlasLtActor",
+    "CollectiveActor",
     "CudnnActor",
     "FftActor",
     "FlashAttnActor",
@@ -163,10 +164,16 @@ class RealtimeActor(KernelActor):
     library: ClassVar[str] = "realtime"
 
 
+class CollectiveActor(KernelActor):
+    """NCCL: this device's communicators (one per world) and the collectives run on them."""
+
+    library: ClassVar[str] = "nccl"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
                 NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
-                RealtimeActor)
+                RealtimeActor, CollectiveActor)
 }
 """Library name -> kernel actor class."""

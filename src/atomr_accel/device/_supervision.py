@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from atomr_accel.actor import ActorInitializationError, Directive
 from atomr_accel.core._errors import (
+    CollectiveAborted,
     ContextPoisoned,
     DeviceUnavailable,
     GpuRefStale,
@@ -16,7 +17,8 @@ from atomr_accel.core._errors import (
 
 __all__ = ["device_decider", "ends_generation"]
 
-_REQUEST_ERRORS = (InvalidArgument, GpuRefStale, LibraryError, QueueFull, DeviceUnavailable)
+_REQUEST_ERRORS = (InvalidArgument, GpuRefStale, LibraryError, QueueFull, DeviceUnavailable,
+                   CollectiveAborted)
 
 
 def device_decider(exc: BaseException) -> Directive:

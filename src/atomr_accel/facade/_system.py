@@ -31,6 +31,8 @@ from atomr_accel.device import (
 )
 from atomr_accel.device._config import Isolation
 from atomr_accel.facade import _peer as peer
+from atomr_accel.facade import _world as collective
+from atomr_accel.facade._collective import Collective
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._placement import Placement, policy_of
@@ -363,6 +365,21 @@ class System:
         return await peer.copy_between(self, src, dst, length, src_offset, dst_offset)
 
     copy_between = blocking(copy_between_async)
+
+    async def nccl_world_async(self, devices: Iterable[Device], name: str | None = None
+                               ) -> Collective:
+        """Start a communicator world over ``devices`` (rank i = the i-th) and wait until it
+        serves; returns its ``Collective``.
+
+        The devices must be distinct devices of this system, of one backend,
+        with the ``nccl`` library enabled: CUDA devices run NCCL, CPU devices
+        the same collectives through the host (see docs/collectives.md). The
+        world is an ``NcclWorldActor`` that rebuilds its communicators whenever
+        a member's context is rebuilt.
+        """
+        return await collective.start_world(self, devices, name)
+
+    nccl_world = blocking(nccl_world_async)
 
     async def close_async(self) -> None:
         """Stop every device and actor (children first); calls still waiting and later

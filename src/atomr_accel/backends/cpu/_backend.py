@@ -14,6 +14,7 @@ from atomr_accel.backends.cpu import (
     _attention,
     _blas,
     _blaslt,
+    _collective,
     _dnn,
     _fft,
     _graph,
@@ -68,6 +69,7 @@ class CpuBackend(Backend):
         | _graph.HANDLERS
         | _kernels.HANDLERS
         | _peer.HANDLERS
+        | _collective.HANDLERS
         | _ipc.HANDLERS
         | _blaslt.HANDLERS
         | _dnn.HANDLERS

@@ -30,6 +30,7 @@ from atomr_accel.backends.cpu import _sparse as shared_sparse
 from atomr_accel.backends.cuda import _attention as cuda_attention
 from atomr_accel.backends.cuda import _blas as cuda_blas
 from atomr_accel.backends.cuda import _blaslt as cuda_blaslt
+from atomr_accel.backends.cuda import _collective as cuda_collective
 from atomr_accel.backends.cuda import _direct as direct
 from atomr_accel.backends.cuda import _dnn as cuda_dnn
 from atomr_accel.backends.cuda import _fft as cuda_fft
@@ -509,6 +510,7 @@ CudaBackend.handlers = (
     | cuda_kernels.HANDLERS
     | cuda_graph.HANDLERS
     | cuda_peer.HANDLERS
+    | cuda_collective.HANDLERS
     | cuda_ipc.HANDLERS
     | cuda_blaslt.HANDLERS
     | cuda_dnn.HANDLERS
