@@ -76,6 +76,14 @@ from atomr_accel.core.ops._blas import (
     require_scalar,
 )
 from atomr_accel.core.ops._blaslt import Epilogue, FusedMatmul, FusedMatmulGrad
+from atomr_accel.core.ops._collective import (
+    CallKind,
+    CollectiveCall,
+    CommAbort,
+    CommInit,
+    ReduceOp,
+    RunCollective,
+)
 from atomr_accel.core.ops._dnn import (
     Activation,
     ActivationBackward,
@@ -340,6 +348,11 @@ EXAMPLES: list[Any] = [
     TopK(_buf(F32, 12), 3, 4, 2, keys=_buf(DType.I64, 4, 2)),
     ScoreTopK(np.ones((2, 3), np.float32), _buf(F32, 12), 4, 3, 2, keys=_buf(DType.I64, 4, 2),
               bias=_buf(F32, 4, 3), alpha=2.0),
+    CommInit(3, 1, 2, 1, b"\x05" * 128, "/dev/shm/atomr-nccl-word"),
+    CommAbort(3),
+    RunCollective(3, 1, 2, (CollectiveCall(CallKind.ALL_REDUCE, _buf(F32, 8), _buf(F32, 8, 2),
+                                           8, ReduceOp.AVG),
+                            CollectiveCall(CallKind.SEND, _buf(F32, 8), None, 8, root=1)), 5.0),
     FusedMatmul(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3, Epilogue.BIAS_GELU,
                 bias=_buf(F32, 4, 4), aux=_buf(F32, 16, 5), beta=0.5),
     FusedMatmulGrad(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3,

@@ -46,6 +46,7 @@ from atomr_accel.core._errors import (
     GpuRuntimeError,
     InvalidArgument,
 )
+from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._collective import (
     COLLECTIVE_DTYPES,
     CallKind,
@@ -66,13 +67,13 @@ __all__ = ["Collective", "CollectiveRank"]
 DEFAULT_TIMEOUT = 60.0
 """A collective's time-out when the call gives none and the system has no ``op_timeout``."""
 
-Step = tuple[CollectiveCall, ...]
-"""One collective: one call per rank, in rank order."""
+Step = tuple[CollectiveCall | None, ...]
+"""One collective: one call per rank, in rank order (None: the rank takes no part)."""
 
 
 def _reduce_op(op: object) -> ReduceOp:
     try:
-        return ReduceOp(op)
+        return ReduceOp(str(op)) if isinstance(op, str) else ReduceOp(op)  # type: ignore[arg-type]
     except ValueError:
         choices = ", ".join(repr(m.value) for m in ReduceOp)
         raise InvalidArgument(f"op must be one of {choices}, got {op!r}") from None
@@ -314,7 +315,7 @@ class Collective:
             CollectiveCall(CallKind.RECV, None, recv.ref, count, root=src) if r == dst else
             None for r in range(self.nranks))
         del checked_send, checked_recv
-        planned = _Planned(CallKind.SEND, calls, count * send.ref.dtype.itemsize)  # type: ignore[arg-type]
+        planned = _Planned(CallKind.SEND, calls, count * send.ref.dtype.itemsize)
         return self._submit(planned, timeout_secs)
 
     send_recv = blocking(send_recv_async)
@@ -403,11 +404,14 @@ class Collective:
         """Run one coroutine per rank; the first error aborts the epoch at once (the others
         then abort themselves); past ``timeout`` the unfinished ones are cancelled."""
         tasks = [asyncio.ensure_future(c) for c in coros]
-        done, pending = await asyncio.wait(tasks, timeout=timeout,
-                                           return_when=asyncio.FIRST_EXCEPTION)
+        deadline = time.perf_counter() + timeout
+        _, pending = await asyncio.wait(tasks, timeout=timeout,
+                                        return_when=asyncio.FIRST_EXCEPTION)
         if pending:
             self._state.abort(epoch)
-            _, pending = await asyncio.wait(pending, timeout=1.0)
+            left = max(deadline - time.perf_counter(), 0.0)
+            if left:
+                _, pending = await asyncio.wait(pending, timeout=left)
             for task in pending:
                 task.cancel()
         results: list[Any] = []
@@ -452,25 +456,30 @@ class Collective:
         step, n = planned.step, self.nranks
         first = next(c for c in step if c is not None)
         count, kind = first.count, planned.kind
-        reads = {r: c.send for r, c in enumerate(step) if c is not None and c.send is not None}
+        reads: dict[int, GpuRef] = {r: c.send for r, c in enumerate(step)
+                                    if c is not None and c.send is not None}
         if kind is CallKind.BROADCAST:
-            reads = {first.root: step[first.root].send}
+            reads = {first.root: reads[first.root]}
         length = {CallKind.REDUCE_SCATTER: count * n, CallKind.ALL_TO_ALL: count * n}.get(
             kind, count)
         order = sorted(reads)
         got = await self._first_failure(
-            [self.devices[r].run_async(Download(reads[r], 0, length), timeout)  # type: ignore[arg-type]
-             for r in order], epoch, timeout)
+            [self.devices[r].run_async(Download(reads[r], 0, length), timeout) for r in order],
+            epoch, timeout)
         errors = self._spread(dict(zip(order, got, strict=True)))
         if any(errors):
             return errors
-        data = {r: a for r, a in zip(order, got, strict=True)}
+        data = dict(zip(order, got, strict=True))
         writes = _cpu_results(kind, step, data, n)
-        targets = sorted(writes)
+        targets: list[tuple[int, GpuRef]] = []
+        for r in sorted(writes):
+            call = step[r]
+            assert call is not None and call.recv is not None
+            targets.append((r, call.recv))
         put = await self._first_failure(
-            [self.devices[r].run_async(Upload(step[r].recv, writes[r], 0), timeout)  # type: ignore[union-attr,arg-type]
-             for r in targets], epoch, timeout)
-        return self._spread(dict(zip(targets, put, strict=True)))
+            [self.devices[r].run_async(Upload(recv, writes[r], 0), timeout)
+             for r, recv in targets], epoch, timeout)
+        return self._spread(dict(zip([r for r, _ in targets], put, strict=True)))
 
     def _spread(self, got: dict[int, Any]) -> list[GpuRuntimeError | None]:
         errors: list[GpuRuntimeError | None] = [None] * self.nranks
@@ -544,22 +553,24 @@ def raise_merged(errors: list[GpuRuntimeError | None]) -> None:
 def _reduce(op: ReduceOp, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
     stacked = np.stack(arrays)
     dtype = arrays[0].dtype
+    result: np.ndarray[Any, Any]
     with np.errstate(over="ignore"):
         if op is ReduceOp.PROD:
-            return np.multiply.reduce(stacked, axis=0, dtype=dtype)
-        if op is ReduceOp.MIN:
-            return np.min(stacked, axis=0)
-        if op is ReduceOp.MAX:
-            return np.max(stacked, axis=0)
-        total = np.add.reduce(stacked, axis=0, dtype=dtype)
-        if op is ReduceOp.SUM:
-            return total
-        n = len(arrays)
-        if np.issubdtype(dtype, np.integer):  # C division: truncate toward zero
-            if np.issubdtype(dtype, np.signedinteger):
-                return (np.sign(total) * (np.abs(total) // n)).astype(dtype)
-            return (total // n).astype(dtype)
-        return (total / np.asarray(n, dtype=dtype)).astype(dtype)
+            result = np.multiply.reduce(stacked, axis=0, dtype=dtype)
+        elif op is ReduceOp.MIN:
+            result = np.min(stacked, axis=0)
+        elif op is ReduceOp.MAX:
+            result = np.max(stacked, axis=0)
+        else:
+            result = np.add.reduce(stacked, axis=0, dtype=dtype)
+            n = len(arrays)
+            if op is ReduceOp.AVG and np.issubdtype(dtype, np.signedinteger):
+                result = (np.sign(result) * (np.abs(result) // n)).astype(dtype)  # C division
+            elif op is ReduceOp.AVG and np.issubdtype(dtype, np.integer):
+                result = (result // n).astype(dtype)
+            elif op is ReduceOp.AVG:
+                result = (result / np.asarray(n, dtype=dtype)).astype(dtype)
+    return result
 
 
 def _cpu_results(kind: CallKind, step: Step, data: dict[int, np.ndarray[Any, Any]],

@@ -32,8 +32,8 @@ from atomr_accel.device import (
 from atomr_accel.device._config import Isolation
 from atomr_accel.facade import _peer as peer
 from atomr_accel.facade import _world as collective
-from atomr_accel.facade._collective import Collective
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._collective import Collective
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._placement import Placement, policy_of
 from atomr_accel.facade._portal import LoopThread, Portal, blocking
