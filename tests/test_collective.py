@@ -217,6 +217,10 @@ def test_blocking_calls_and_bad_input_are_typed() -> None:
             world.all_reduce(bufs, op="sum")
         np.testing.assert_array_equal(devices[1].copy_to_numpy(bufs[1]), 2 * np.minimum(*xs))
         assert world.stats().calls["all_reduce"] == 3
+        text = system.enable_telemetry().render()
+        assert 'atomr_world_collectives_total{kind="all_reduce",world="pair"} 3.0' in text
+        assert 'atomr_world_epoch{world="pair"} 1.0' in text
+        assert 'atomr_world_bytes_total{kind="all_reduce",world="pair"} 144.0' in text
         assert repr(world).startswith("Collective(name='pair'")
 
         f64 = devices[1].allocate(6, "f64")

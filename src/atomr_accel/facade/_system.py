@@ -110,6 +110,8 @@ class System:
         self._op_timeout = op_timeout
         self._names = itertools.count(1)
         self.devices: list[Device] = []
+        self.worlds: list[Collective] = []
+        """The communicator worlds started with ``nccl_world``."""
         self._placement: Placement | None = None
         self.telemetry: Telemetry | None = None
         """The system's ``Telemetry`` once ``enable_telemetry`` was called, else None."""
@@ -297,6 +299,8 @@ class System:
             self.telemetry = await Telemetry.start(self.actors, self._portal, interval)
             for device in self.devices:
                 self.telemetry.watch(device.ref, device._state)
+            for world in self.worlds:
+                self.telemetry.watch_world(world._state)
         if port is not None and self.telemetry.port is None:
             self.telemetry.serve(port, addr)
         return self.telemetry

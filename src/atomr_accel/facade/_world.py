@@ -75,6 +75,9 @@ async def start_world(system: System, devices: Iterable[Device],
     except BaseException:
         await portal.acall(_stop(system, world))
         raise
+    system.worlds.append(world)
+    if system.telemetry is not None:
+        system.telemetry.watch_world(state)
     return world
 
 

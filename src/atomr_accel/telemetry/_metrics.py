@@ -9,12 +9,13 @@ from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Allocate, Free
 from atomr_accel.device import DeviceStats, Status
+from atomr_accel.device._world import WorldState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
-__all__ = ["LATENCY_BUCKETS", "DeviceCollector", "OpMetrics"]
+__all__ = ["LATENCY_BUCKETS", "DeviceCollector", "OpMetrics", "WorldCollector"]
 
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
                    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))
@@ -154,3 +155,51 @@ class DeviceCollector:
                 if figure is not None:
                     family.add_metric([device], float(figure))
             yield family
+
+
+class WorldCollector:
+    """A Prometheus collector of the communicator worlds (``System.nccl_world``).
+
+    Metrics (label ``world``): ``atomr_world_ready`` (1 when serving),
+    ``atomr_world_epoch`` (the communicator generation),
+    ``atomr_world_rebuilds_total``, ``atomr_world_aborted_total`` (collectives
+    that failed); labels ``world`` and ``kind`` (``all_reduce``, ...):
+    ``atomr_world_collectives_total`` and ``atomr_world_bytes_total`` (bytes the
+    ranks sent). Read from the worlds' state on the scraping thread.
+    """
+
+    def __init__(self) -> None:
+        self.worlds: tuple[WorldState, ...] = ()
+
+    def add(self, world: WorldState) -> None:
+        """Collect ``world`` from now on."""
+        if world not in self.worlds:
+            self.worlds = (*self.worlds, world)
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield one family per figure, one sample per world (and kind)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        worlds = self.worlds
+        ready = GaugeMetricFamily("atomr_world_ready", "1 when the world serves.",
+                                  labels=["world"])
+        epoch = GaugeMetricFamily("atomr_world_epoch", "Communicator generation.",
+                                  labels=["world"])
+        rebuilds = CounterMetricFamily("atomr_world_rebuilds", "Communicator rebuilds.",
+                                       labels=["world"])
+        aborted = CounterMetricFamily("atomr_world_aborted", "Collectives that failed.",
+                                      labels=["world"])
+        calls = CounterMetricFamily("atomr_world_collectives", "Collectives completed.",
+                                    labels=["world", "kind"])
+        moved = CounterMetricFamily("atomr_world_bytes", "Bytes the ranks sent.",
+                                    labels=["world", "kind"])
+        for world in worlds:
+            ready.add_metric([world.name], 1.0 if world.status == "ready" else 0.0)
+            epoch.add_metric([world.name], float(world.epoch))
+            rebuilds.add_metric([world.name], float(world.rebuilds))
+            aborted.add_metric([world.name], float(world.aborted))
+            for kind, count in dict(world.calls).items():
+                calls.add_metric([world.name, kind], float(count))
+            for kind, nbytes in dict(world.bytes_moved).items():
+                moved.add_metric([world.name, kind], float(nbytes))
+        yield from (ready, epoch, rebuilds, aborted, calls, moved)

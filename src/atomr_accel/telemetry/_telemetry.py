@@ -17,10 +17,11 @@ from atomr_accel.actor import (
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.device import DeviceState, DeviceStats, GetStats
+from atomr_accel.device._world import WorldState
 from atomr_accel.facade._portal import Portal, blocking
 from atomr_accel.telemetry._dashboard import Dashboard
 from atomr_accel.telemetry._http import HttpServer, Response
-from atomr_accel.telemetry._metrics import DeviceCollector, OpMetrics
+from atomr_accel.telemetry._metrics import DeviceCollector, OpMetrics, WorldCollector
 from atomr_accel.telemetry._nvml import NvmlProbe, NvmlSample
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ class Telemetry:
     """
 
     def __init__(self, actors: ActorSystem, portal: Portal, sampler: ActorRef,
-                 collector: DeviceCollector, ops: OpMetrics, registry: CollectorRegistry) -> None:
+                 collector: DeviceCollector, ops: OpMetrics, registry: CollectorRegistry,
+                 worlds: WorldCollector | None = None) -> None:
         self.registry = registry
         """The ``prometheus_client.CollectorRegistry`` holding every metric of this system."""
         self._ops = ops
@@ -96,6 +98,7 @@ class Telemetry:
         """The live dashboard once ``serve_dashboard`` was called, else None."""
         self._lock = threading.Lock()
         self._gpu: dict[str, Any] = {}
+        self._worlds = worlds or WorldCollector()
 
     @classmethod
     async def start(cls, actors: ActorSystem, portal: Portal, interval: float | None = 1.0
@@ -112,12 +115,14 @@ class Telemetry:
         ops = OpMetrics(registry)
         collector = DeviceCollector()
         registry.register(collector)
+        worlds = WorldCollector()
+        registry.register(worlds)
 
         async def spawn() -> ActorRef:
             return actors.spawn(Props(_Sampler, collector, interval), "telemetry")
 
         sampler = await portal.acall(spawn())
-        return cls(actors, portal, sampler, collector, ops, registry)
+        return cls(actors, portal, sampler, collector, ops, registry, worlds)
 
     def watch(self, device: ActorRef, state: DeviceState) -> None:
         """Collect the metrics of the device at ``device`` whose state is ``state``."""
@@ -128,6 +133,10 @@ class Telemetry:
             self._devices[state.name] = device
             if self.dashboard is not None:
                 self.dashboard.watch(state.name, device)
+
+    def watch_world(self, world: WorldState) -> None:
+        """Collect the metrics of a communicator world (``System.nccl_world``)."""
+        self._worlds.add(world)
 
     async def refresh_async(self) -> None:
         """Sample every watched device's stats now and wait until the gauges hold them."""
