@@ -55,6 +55,7 @@ from atomr_accel.core.ops._collective import (
     RunCollective,
 )
 from atomr_accel.core.ops._memory import Download, Upload
+from atomr_accel.device._state import Status
 from atomr_accel.device._world import GetWorldStats, WorldBroken, WorldState, WorldStats
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._portal import Portal, blocking
@@ -66,6 +67,9 @@ __all__ = ["Collective", "CollectiveRank"]
 
 DEFAULT_TIMEOUT = 60.0
 """A collective's time-out when the call gives none and the system has no ``op_timeout``."""
+
+WATCH_SECONDS = 0.01
+"""How often a collective in flight looks whether a member's context went down."""
 
 Step = tuple[CollectiveCall | None, ...]
 """One collective: one call per rank, in rank order (None: the rank takes no part)."""
@@ -405,10 +409,21 @@ class Collective:
         then abort themselves); past ``timeout`` the unfinished ones are cancelled."""
         tasks = [asyncio.ensure_future(c) for c in coros]
         deadline = time.perf_counter() + timeout
-        _, pending = await asyncio.wait(tasks, timeout=timeout,
-                                        return_when=asyncio.FIRST_EXCEPTION)
+        members = self._state.members
+        generations = [m.generation for m in members]
+        pending: set[asyncio.Task[Any]] = set(tasks)
+        while pending:  # until done, the first error, a member's context going down, or time
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(left, WATCH_SECONDS),
+                                            return_when=asyncio.FIRST_EXCEPTION)
+            if any(t.done() and not t.cancelled() and t.exception() is not None
+                   for t in tasks) or any(m.generation != g or m.status is not Status.READY
+                                          for m, g in zip(members, generations, strict=True)):
+                break
         if pending:
-            self._state.abort(epoch)
+            self._state.abort(epoch)  # every rank's collective of the epoch aborts itself
             left = max(deadline - time.perf_counter(), 0.0)
             if left:
                 _, pending = await asyncio.wait(pending, timeout=left)
