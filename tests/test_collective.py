@@ -244,9 +244,11 @@ def test_blocking_calls_and_bad_input_are_typed() -> None:
         with pytest.raises(InvalidArgument, match="list"):
             world.all_reduce(bufs[0])
         with pytest.raises(InvalidArgument, match="at least"):
-            world.all_gather(bufs, bufs)
+            world.all_gather(bufs, [other, devices[1].allocate(6, "i32")])
         with pytest.raises(InvalidArgument, match="divisible"):
             world.all_to_all([devices[0].allocate(3, "i32"), short], bufs)
+        with pytest.raises(InvalidArgument, match="distinct"):
+            world.all_to_all(bufs, bufs)
         with pytest.raises(InvalidArgument, match="timeout"):
             world.all_reduce(bufs, timeout_secs=0)
         with pytest.raises(InvalidArgument, match="twice"):

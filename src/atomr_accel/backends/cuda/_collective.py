@@ -21,6 +21,8 @@
 from __future__ import annotations
 
 import functools
+import itertools
+import logging
 import mmap
 import os
 import threading
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
 __all__ = ["HANDLERS", "id_bytes", "unique_id"]
+
+_log = logging.getLogger(__name__)
 
 _DTYPES = {DType.I8: 0, DType.U8: 1, DType.I32: 2, DType.U32: 3, DType.I64: 4, DType.U64: 5,
            DType.F16: 6, DType.F32: 7, DType.F64: 8, DType.BF16: 9}
@@ -112,13 +116,53 @@ class _Comm:
             if self.aborted:
                 return
             self.aborted = True
-        try:
-            self.comm.abort()
-        finally:
-            self.word = None
-            if self._map is not None:
-                self._map.close()
-                self._map = None
+        self.comm.abort()
+
+
+class _Watchdog:
+    """Aborts the communicators of collectives stuck in a blocking NCCL call (``groupEnd``
+    waiting for a peer that never comes) once their world aborts the epoch or their
+    time-out passes: ``ncclCommAbort`` from this thread makes the stuck call return."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[int, tuple[_Comm, float]] = {}
+        self._tokens = itertools.count(1)
+        self._thread: threading.Thread | None = None
+
+    def watch(self, held: _Comm, deadline: float) -> int:
+        """Watch ``held`` until ``unwatch``; answers the token to unwatch it with."""
+        with self._lock:
+            token = next(self._tokens)
+            self._watched[token] = (held, deadline)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, daemon=True,
+                                                name="atomr-nccl-watchdog")
+                self._thread.start()
+            return token
+
+    def unwatch(self, token: int) -> None:
+        """Stop watching."""
+        with self._lock:
+            self._watched.pop(token, None)
+
+    def _serve(self) -> None:
+        while True:
+            time.sleep(_WATCHDOG_SECONDS)
+            with self._lock:
+                watched = list(self._watched.values())
+            now = time.perf_counter()
+            for held, deadline in watched:
+                if not held.aborted and (held.told_to_abort() or now > deadline):
+                    try:
+                        held.abort()
+                    except Exception:  # a broken clique: nothing more to do for it
+                        _log.exception("ncclCommAbort failed")
+
+
+_WATCHDOG_SECONDS = 0.05
+"""How often the watchdog looks at the collectives in flight."""
+_WATCHDOG = _Watchdog()
 
 
 _comms: Any = per_backend(dict)
@@ -171,6 +215,24 @@ def _launch(comm: Any, call: CollectiveCall, backend: CudaBackend, nranks: int,
             comm.recv(recv + peer * step, count, dtype, peer, stream)
 
 
+_ERROR_POLL = 0.01
+"""Seconds between two asks for NCCL's asynchronous error while a collective runs."""
+
+
+def _async_error(comm: Any) -> str:
+    """NCCL's asynchronous error of ``comm`` (``ncclCommGetAsyncError``), "" when none."""
+    check = getattr(comm, "check_async_error", None)
+    if check is None:
+        return ""
+    try:
+        check()
+    except Exception as exc:
+        if type(exc).__name__ != "NcclError":
+            raise
+        return str(exc)
+    return ""
+
+
 def _run(backend: CudaBackend, op: RunCollective) -> None:
     held: _Comm | None = _comms(backend).get(op.world)
     if held is None or held.epoch != op.epoch or held.aborted:
@@ -180,34 +242,54 @@ def _run(backend: CudaBackend, op: RunCollective) -> None:
     stream = cp.cuda.get_current_stream()
     comm = held.comm
     nccl = _nccl()
-    nccl.groupStart()
+    token = _WATCHDOG.watch(held, time.perf_counter() + op.timeout)
     try:
-        for call in op.calls:
-            _launch(comm, call, backend, op.nranks, stream.ptr)
+        try:
+            nccl.groupStart()
+            try:
+                for call in op.calls:
+                    _launch(comm, call, backend, op.nranks, stream.ptr)
+            finally:
+                nccl.groupEnd()
+        except Exception as exc:
+            if held.aborted:
+                raise _aborted(op, backend.device_id, "the watchdog aborted it") from exc
+            raise
+        event = cp.cuda.Event(disable_timing=True)
+        event.record(stream)
+        _wait(held, event, op, backend.device_id)
     finally:
-        nccl.groupEnd()
-    event = cp.cuda.Event(disable_timing=True)
-    event.record(stream)
-    _wait(held, event, op, backend.device_id)
+        _WATCHDOG.unwatch(token)
+
+
+def _aborted(op: RunCollective, device_id: int, why: str) -> CollectiveAborted:
+    return CollectiveAborted(f"collective of world {op.world} on device {device_id} was "
+                             f"aborted: {why}")
 
 
 def _wait(held: _Comm, event: Any, op: RunCollective, device_id: int) -> None:
     """Wait for the group's event (spin, then park: ``wait_until``); abort the communicator
     past the time-out, on an NCCL error or when the world leaves the epoch."""
     why = ""
+    next_check = time.perf_counter() + _ERROR_POLL
 
     def finished_or_broken() -> bool:
-        nonlocal why
+        nonlocal why, next_check
         if event.done:
+            return True
+        if held.aborted:
+            why = "the watchdog aborted it (its world left the epoch, or its time-out passed)"
             return True
         if held.told_to_abort():
             why = "the world aborted it (a peer's context went down)"
             return True
-        try:
-            held.comm.check_async_error()
-        except Exception as exc:
-            why = f"NCCL reported an error: {exc}"
-            return True
+        now = time.perf_counter()
+        if now >= next_check:
+            next_check = now + _ERROR_POLL
+            error = _async_error(held.comm)
+            if error:
+                why = f"NCCL reported an error: {error}"
+                return True
         return False
 
     try:
@@ -216,8 +298,7 @@ def _wait(held: _Comm, event: Any, op: RunCollective, device_id: int) -> None:
         why = f"it did not finish within its time-out of {op.timeout:g} s"
     if why:
         held.abort()
-        raise CollectiveAborted(f"collective of world {op.world} on device {device_id} was "
-                                f"aborted: {why}")
+        raise _aborted(op, device_id, why)
 
 
 HANDLERS: dict[type[Op], Handler] = {CommInit: _init, CommAbort: _abort, RunCollective: _run}

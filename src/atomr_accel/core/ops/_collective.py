@@ -112,12 +112,18 @@ class CollectiveCall(PickleByFields):
         if self.dtype not in COLLECTIVE_DTYPES:
             raise InvalidArgument(f"NCCL does not move {self.dtype.value}; use one of "
                                   f"{', '.join(d.value for d in COLLECTIVE_DTYPES)}")
+        if self.kind in _OUT_OF_PLACE and self.send == self.recv:
+            raise InvalidArgument(f"{self.kind.value} needs distinct send and recv buffers")
         send_len, recv_len = _lengths(self.kind, self.count, nranks)
         for name, needed in (("send", send_len), ("recv", recv_len)):
             ref = getattr(self, name)
             if ref is not None and needed and ref.length < needed:
                 raise InvalidArgument(f"{self.kind.value} needs {name} of at least {needed} "
                                       f"elements, got {ref.length}")
+
+
+_OUT_OF_PLACE = frozenset({CallKind.ALL_GATHER, CallKind.REDUCE_SCATTER, CallKind.ALL_TO_ALL})
+"""Collectives whose recv buffer cannot be their send buffer."""
 
 
 def _lengths(kind: CallKind, count: int, nranks: int) -> tuple[int, int]:
