@@ -151,7 +151,7 @@ def main() -> None:
             devices = [system.spawn_device(i, mock=False, isolation=host, libraries=["nccl"],
                                            standby=1 if host == "process" else 0)
                        for i in range(2)]
-            world = system.nccl_world(devices, name=f"bench-{host}")
+            world = system.nccl_world(devices, name=f"bench-{host}", timeout_secs=30)
             bandwidth, trips = ours(world, devices, args.iters, args.small_iters)
             results[host] = {"busbw_gbs": bandwidth, "p50_us": percentile(trips, 50) * 1e6,
                              "p99_us": percentile(trips, 99) * 1e6}

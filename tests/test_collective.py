@@ -257,6 +257,8 @@ def test_blocking_calls_and_bad_input_are_typed() -> None:
             system.nccl_world([devices[0], lone])
         with pytest.raises(InvalidArgument, match="list"):
             system.nccl_world(devices[0])  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="timeout"):
+            system.nccl_world(devices, timeout_secs=-1)
         world.all_reduce(bufs)  # still serving
         assert world.stats().status == "ready"
 

@@ -53,7 +53,8 @@ def worlds(system: System) -> dict[str, tuple[list[Device], Collective]]:
     for host in HOSTS:
         devices = [system.spawn_device(i, mock=False, isolation=host, libraries=["nccl", "nvrtc"],
                                        name=f"{host}-{i}") for i in range(2)]
-        made[host] = (devices, system.nccl_world(devices, name=f"world-{host}"))
+        made[host] = (devices, system.nccl_world(devices, name=f"world-{host}",
+                                                    timeout_secs=60))
     return made
 
 

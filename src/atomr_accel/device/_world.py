@@ -233,9 +233,9 @@ class NcclWorldActor(Actor):
             epoch = state.epoch + 1
             try:
                 await self._join(epoch)
-            except GpuRuntimeError as exc:
-                _log.info("world %s: epoch %d did not start (%s); trying again", state.name,
-                          epoch, exc)
+            except Exception as exc:  # a member's error, or NCCL's own (no unique id)
+                _log.warning("world %s: epoch %d did not start (%r); trying again",
+                             state.name, epoch, exc)
                 await asyncio.sleep(RETRY_DELAY)
                 continue
             if self.again or state.changed():

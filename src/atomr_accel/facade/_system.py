@@ -370,8 +370,8 @@ class System:
 
     copy_between = blocking(copy_between_async)
 
-    async def nccl_world_async(self, devices: Iterable[Device], name: str | None = None
-                               ) -> Collective:
+    async def nccl_world_async(self, devices: Iterable[Device], name: str | None = None, *,
+                               timeout_secs: float | None = None) -> Collective:
         """Start a communicator world over ``devices`` (rank i = the i-th) and wait until it
         serves; returns its ``Collective``.
 
@@ -379,9 +379,11 @@ class System:
         with the ``nccl`` library enabled: CUDA devices run NCCL, CPU devices
         the same collectives through the host (see docs/collectives.md). The
         world is an ``NcclWorldActor`` that rebuilds its communicators whenever
-        a member's context is rebuilt.
+        a member's context is rebuilt. ``timeout_secs`` bounds the wait for
+        the first communicators (default: the system's ``op_timeout``, at least
+        120 s); past it the world is stopped and ``CollectiveAborted`` raised.
         """
-        return await collective.start_world(self, devices, name)
+        return await collective.start_world(self, devices, name, timeout_secs)
 
     nccl_world = blocking(nccl_world_async)
 

@@ -46,8 +46,8 @@ def _members(system: System, devices: Iterable[Device]) -> tuple[Device, ...]:
     return members
 
 
-async def start_world(system: System, devices: Iterable[Device],
-                      name: str | None = None) -> Collective:
+async def start_world(system: System, devices: Iterable[Device], name: str | None = None,
+                      timeout_secs: float | None = None) -> Collective:
     """Check ``devices``, spawn the world's actor and wait for its first epoch."""
     if system.closed:
         raise SystemClosed(system.actors.name, "nccl_world")
@@ -56,6 +56,13 @@ async def start_world(system: System, devices: Iterable[Device],
         name = f"nccl-world-{next(system._names)}"
     elif not isinstance(name, str) or not name or "/" in name:
         raise InvalidArgument(f"name must be a non-empty str without '/', got {name!r}")
+    wait = START_SECONDS if system._op_timeout is None else max(system._op_timeout,
+                                                                START_SECONDS)
+    if timeout_secs is not None:
+        if isinstance(timeout_secs, bool) or not isinstance(timeout_secs, int | float) \
+                or timeout_secs <= 0:
+            raise InvalidArgument(f"timeout_secs must be > 0 seconds, got {timeout_secs!r}")
+        wait = float(timeout_secs)
     state = WorldState(name, members[0].backend, tuple(d._state for d in members),
                        tuple(d.ref for d in members))
     portal = system._portal
@@ -68,8 +75,6 @@ async def start_world(system: System, devices: Iterable[Device],
         world = await portal.acall(start())
     except ActorError as exc:  # the system closed meanwhile, or the name is taken
         raise gpu_error_of(exc, system.actors.name, "nccl_world") from exc
-    wait = START_SECONDS if system._op_timeout is None else max(system._op_timeout,
-                                                                START_SECONDS)
     try:
         await portal.acall(world._ready(time.perf_counter() + wait))
     except BaseException:
