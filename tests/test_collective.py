@@ -157,14 +157,16 @@ async def test_send_recv_and_a_group_of_calls() -> None:
         np.testing.assert_array_equal(await devices[2].copy_to_numpy_async(dst), x)
 
         xs = [rng.standard_normal(5) for _ in devices]
+        ys = [rng.standard_normal(5) for _ in devices]
         bufs = [await upload(d, v, "f64") for d, v in zip(devices, xs, strict=True)]
+        others = [await upload(d, v, "f64") for d, v in zip(devices, ys, strict=True)]
         out = [await d.allocate_async(15, "f64") for d in devices]
         async with world.group():
             assert await world.all_reduce_async(bufs) is None  # recorded, runs at the exit
-            await world.all_gather_async(bufs, out)  # sees the all-reduced values
-        for d, o in zip(devices, out, strict=True):
-            np.testing.assert_allclose(await d.copy_to_numpy_async(o),
-                                       np.tile(sum(xs), 3), rtol=1e-12)
+            await world.all_gather_async(others, out)
+        for d, b, o in zip(devices, bufs, out, strict=True):
+            np.testing.assert_allclose(await d.copy_to_numpy_async(b), sum(xs), rtol=1e-12)
+            np.testing.assert_array_equal(await d.copy_to_numpy_async(o), np.concatenate(ys))
         with pytest.raises(InvalidArgument, match="nest"):
             async with world.group(), world.group():
                 pass

@@ -36,6 +36,7 @@ from atomr_accel.core._errors import (
 from atomr_accel.core.ops._collective import CommAbort, CommInit
 from atomr_accel.device._messages import GenerationChanged, WatchGeneration
 from atomr_accel.device._state import DeviceState, Status
+from atomr_accel.hosts._shm import shm_dir
 
 __all__ = ["GetWorldStats", "NcclWorldActor", "WorldBroken", "WorldState", "WorldStats"]
 
@@ -116,8 +117,7 @@ class WorldState:
     def open_word(self) -> None:
         """Create the shared abort word (CUDA worlds): a file of one int64 in shared memory
         that every rank's collectives poll; it holds the epoch that may run."""
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        fd, path = tempfile.mkstemp(prefix=f"atomr-nccl-{os.getpid()}-", dir=folder)
+        fd, path = tempfile.mkstemp(prefix=f"atomr-nccl-{os.getpid()}-", dir=shm_dir())
         try:
             os.ftruncate(fd, 8)
             self._map = mmap.mmap(fd, 8)
@@ -183,7 +183,12 @@ class NcclWorldActor(Actor):
         """Watch every member, then build the first epoch."""
         state = self.state
         if state.backend == "cuda" and not state.abort_path:
-            state.open_word()
+            try:
+                state.open_word()
+            except OSError as exc:
+                error = Unrecoverable(f"world {state.name} cannot create its abort word: {exc}")
+                self._fail(error)
+                return
         for ref in state.refs:
             ref.tell(WatchGeneration(self.context.self_ref))
         self._rebuild("the world starts")
@@ -275,18 +280,26 @@ class NcclWorldActor(Actor):
 
     def _stop_world(self, stopped: list[DeviceState]) -> None:
         state = self.state
-        state.status = "stopped"
         system = self.context.system
         if system.is_terminated:
             error: GpuRuntimeError = SystemClosed(system.name, "collective")
-        else:
+        elif stopped:
             names = ", ".join(m.name for m in stopped)
             error = Unrecoverable(f"world {state.name} has stopped: member {names} stopped")
+        else:
+            error = Unrecoverable(f"world {state.name} was stopped")
+        self._fail(error)
+
+    def _fail(self, error: GpuRuntimeError) -> None:
+        """Stop serving: every waiting and later collective fails with ``error``."""
+        state = self.state
+        state.status = "stopped"
         state.error = error
         if state.ready is not None and not state.ready.done():
             state.ready.set_exception(error)
             state.ready.exception()  # retrieved: callers read state.error
-        _log.error("world %s stopped: %s", state.name, error)
+        level = logging.INFO if isinstance(error, SystemClosed) else logging.ERROR
+        _log.log(level, "world %s stopped: %s", state.name, error)
 
     async def post_stop(self) -> None:
         """Stop building, abort the communicators, unwatch the members, remove the word."""

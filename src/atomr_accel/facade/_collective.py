@@ -326,8 +326,9 @@ class Collective:
 
     def group(self) -> CollectiveGroup:
         """Fuse the collectives called inside ``with world.group():`` (or ``async with``)
-        into one launch per rank (one NCCL group); they run, in order, when it exits.
-        The calls inside return at once; the exit raises what the group raised."""
+        into one launch per rank (one NCCL group), run when it exits. The calls inside
+        return at once; the exit raises what the group raised. NCCL may run a group's
+        calls together: no call of a group may read what another one writes."""
         return CollectiveGroup(self)
 
     # ------------------------------------------------------------ running
