@@ -21,8 +21,11 @@ from atomr_accel import (
     GpuRefStale,
     GpuRuntimeError,
     InvalidArgument,
+    LibraryError,
     System,
 )
+from atomr_accel.backends.cpu import CpuBackend
+from atomr_accel.core.ops._collective import CommInit
 from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.errors import CollectiveAborted
 from atomr_accel.facade import Collective, Device, GpuBuffer
@@ -319,3 +322,19 @@ async def test_killed_worker_mid_collective_every_caller_typed_world_rebuilt() -
         assert new_pids[1] not in (None, pids[1])
     assert all(process_gone(p) for p in [*pids, *new_pids])  # type: ignore[arg-type]
     assert live_segments() == []
+
+
+async def test_a_world_whose_communicators_cannot_be_made_fails_fast_typed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(backend: Any, op: CommInit) -> None:
+        raise LibraryError("nccl", "ncclInvalidUsage", "no communicator for you")
+
+    monkeypatch.setitem(CpuBackend.handlers, CommInit, broken)
+    async with await System.open_async("t", op_timeout=20) as system:
+        devices = [await system.spawn_device_async(device_id=i, mock=True) for i in range(2)]
+        started = time.perf_counter()
+        with pytest.raises(LibraryError, match="no communicator"):
+            await system.nccl_world_async(devices, timeout_secs=15)
+        assert time.perf_counter() - started < 10  # three tries, not the whole time-out
+        buf = await devices[0].allocate_async(4, "f32")  # the devices serve on
+        assert len(buf) == 4

@@ -46,7 +46,11 @@ _ids = itertools.count(1)
 INIT_TIMEOUT = 120.0
 """Seconds a build waits for every member's ``CommInit`` (a new worker and context first)."""
 RETRY_DELAY = 0.05
-"""Seconds between two attempts to build an epoch when one failed."""
+"""Seconds before the next attempt to build an epoch after one failed (doubled for each
+failure in a row while the members serve)."""
+MAX_FAILURES = 3
+"""Failed attempts in a row, while every member serves on one generation, that stop the
+world (with the last failure): a failure no rebuild of a member explains."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +169,15 @@ class WorldState:
                           dict(self.bytes_moved), self.aborted)
 
 
+def _typed(exc: BaseException, what: str) -> GpuRuntimeError:
+    """``exc`` if it is a ``GpuRuntimeError``, else an ``Unrecoverable`` saying ``what``."""
+    if isinstance(exc, GpuRuntimeError):
+        return exc
+    error = Unrecoverable(f"{what}: {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
 class NcclWorldActor(Actor):
     """Builds, watches and rebuilds one communicator world (see the module docstring).
 
@@ -229,6 +242,7 @@ class NcclWorldActor(Actor):
 
     async def _build(self) -> None:
         state = self.state
+        failures = 0
         while True:
             self.again = False
             stopped = [m for m in state.members if m.status is Status.STOPPED]
@@ -236,12 +250,20 @@ class NcclWorldActor(Actor):
                 self._stop_world(stopped)
                 return
             epoch = state.epoch + 1
+            before = tuple(m.generation for m in state.members)
             try:
                 await self._join(epoch)
-            except Exception as exc:  # a member's error, or NCCL's own (no unique id)
+            except Exception as exc:  # a member's error, or NCCL's own
+                moved = before != tuple(m.generation for m in state.members) or any(
+                    m.status is not Status.READY for m in state.members)
+                failures = 0 if moved else failures + 1
+                if failures >= MAX_FAILURES:  # the members serve, yet the epoch fails
+                    self._fail(_typed(exc, f"world {state.name} cannot make its "
+                                           f"communicators"))
+                    return
                 _log.warning("world %s: epoch %d did not start (%r); trying again",
                              state.name, epoch, exc)
-                await asyncio.sleep(RETRY_DELAY)
+                await asyncio.sleep(RETRY_DELAY * 2 ** failures)
                 continue
             if self.again or state.changed():
                 continue  # a member went down while the epoch was built

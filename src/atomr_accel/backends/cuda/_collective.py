@@ -78,13 +78,26 @@ def unique_id() -> bytes:
     return id_bytes(_nccl().get_unique_id())
 
 
-def id_bytes(raw: tuple[int, ...]) -> bytes:
-    """CuPy's unique id (a tuple of signed chars) as bytes."""
+def id_bytes(raw: bytes | tuple[int, ...]) -> bytes:
+    """CuPy's unique id as bytes: CuPy 14 answers bytes, older CuPy a tuple of signed
+    chars."""
+    if isinstance(raw, bytes):
+        return raw
     return bytes(v % 256 for v in raw)
 
 
 def _id_tuple(data: bytes) -> tuple[int, ...]:
     return tuple(b - 256 if b > 127 else b for b in data)
+
+
+def _communicator(nranks: int, unique: bytes, rank: int) -> Any:
+    """``NcclCommunicator(nranks, unique_id, rank)``: CuPy 14 takes the id as bytes, older
+    CuPy as a tuple of signed chars."""
+    make = _nccl().NcclCommunicator
+    try:
+        return make(nranks, unique, rank)
+    except TypeError:
+        return make(nranks, _id_tuple(unique), rank)
 
 
 class _Comm:
@@ -177,7 +190,7 @@ def _init(backend: CudaBackend, op: CommInit) -> None:
     if not op.unique_id:
         raise DeviceUnavailable("a CUDA communicator needs the world's NCCL unique id")
     with cp.cuda.Device(backend.device_id):
-        comm = _nccl().NcclCommunicator(op.nranks, _id_tuple(op.unique_id), op.rank)
+        comm = _communicator(op.nranks, op.unique_id, op.rank)
     comms[op.world] = _Comm(comm, op.epoch, op.rank, op.abort_path)
 
 
