@@ -190,6 +190,22 @@ async def test_rank_views_from_separate_tasks() -> None:
         await asyncio.gather(*(rank(i) for i in range(3)))
         for d, b in zip(devices, bufs, strict=True):
             np.testing.assert_allclose(await d.copy_to_numpy_async(b), sum(xs), rtol=1e-5)
+        blocks = [rng.standard_normal(6).astype(np.float32) for _ in devices]
+        sends = [await upload(d, x, "f32") for d, x in zip(devices, blocks, strict=True)]
+        recvs = [await d.allocate_async(6, "f32") for d in devices]
+        root_out = await devices[1].allocate_async(6, "f32")
+
+        async def exchange(i: int) -> None:
+            view = world.rank(i)
+            await view.all_to_all_async(sends[i], recvs[i])
+            await view.reduce_async(sends[i], root_out if i == 1 else None, root=1, op="max")
+
+        await asyncio.gather(*(exchange(i) for i in range(3)))
+        for r, (d, out) in enumerate(zip(devices, recvs, strict=True)):
+            want = np.concatenate([blocks[p][2 * r:2 * r + 2] for p in range(3)])
+            np.testing.assert_array_equal(await d.copy_to_numpy_async(out), want)
+        np.testing.assert_array_equal(await devices[1].copy_to_numpy_async(root_out),
+                                      np.max(blocks, axis=0))
         # Rank 2 never comes: the others are answered within their time-out, typed.
         started = time.perf_counter()
         results = await asyncio.gather(

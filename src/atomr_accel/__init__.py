@@ -15,6 +15,7 @@ from atomr_accel.agents import (
 )
 from atomr_accel.core import (
     AskTimeout,
+    CollectiveAborted,
     ContextPoisoned,
     DeviceUnavailable,
     DType,
@@ -40,6 +41,7 @@ from atomr_accel.device import DeviceStats as DeviceLoad
 from atomr_accel.facade import (
     Blas,
     BlasLt,
+    Collective,
     Cudnn,
     Device,
     Fft,
@@ -122,7 +124,9 @@ __all__ = [
     "ActorStopped",
     "Advice",
     "AskTimeout",
+    "CollectiveAborted",
     "Blas",
+    "Collective",
     "BlasLt",
     "Cudnn",
     "ContextPoisoned",

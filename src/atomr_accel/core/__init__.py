@@ -3,6 +3,7 @@
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     AskTimeout,
+    CollectiveAborted,
     ContextPoisoned,
     DeviceUnavailable,
     DTypeMismatch,
@@ -23,6 +24,7 @@ from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = [
     "AskTimeout",
+    "CollectiveAborted",
     "ContextPoisoned",
     "DType",
     "DeviceUnavailable",

@@ -242,14 +242,18 @@ class Collective:
                      ) -> Coroutine[Any, Any, None]:
         """Reduce ``send`` across the ranks into ``recv[root]`` (other ranks' ``recv`` may
         be None and are left as they are)."""
+        return self._submit(self._plan_reduce(send, recv, root, op), timeout_secs)
+
+    def _plan_reduce(self, send: Any, recv: Any, root: Any, op: Any) -> _Planned:
         sends = self._buffers(send, "send")
         root = self._root(root)
+        if recv is None:
+            raise InvalidArgument(f"recv[{root}] (the root's) must be a buffer")
         recvs = self._buffers(recv, "recv", optional=True)
         if recvs[root] is None:
             raise InvalidArgument(f"recv[{root}] (the root's) must be a buffer")
         count = self._same_length(sends, "send")
-        return self._submit(self._plan(CallKind.REDUCE, sends, recvs, count, _reduce_op(op),
-                                       root), timeout_secs)
+        return self._plan(CallKind.REDUCE, sends, recvs, count, _reduce_op(op), root)
 
     reduce = blocking(reduce_async)
 
@@ -285,14 +289,16 @@ class Collective:
                          timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
         """Block j of rank i's ``send`` goes to block i of rank j's ``recv`` (``nranks``
         equal blocks a buffer)."""
+        return self._submit(self._plan_all_to_all(send, recv), timeout_secs)
+
+    def _plan_all_to_all(self, send: Any, recv: Any) -> _Planned:
         sends = self._buffers(send, "send")
         recvs = self._buffers(recv, "recv")
         length = self._same_length(sends, "send")
         if length % self.nranks:
             raise InvalidArgument(f"all_to_all needs send lengths divisible by {self.nranks}, "
                                   f"got {length}")
-        return self._submit(self._plan(CallKind.ALL_TO_ALL, sends, recvs,
-                                       length // self.nranks), timeout_secs)
+        return self._plan(CallKind.ALL_TO_ALL, sends, recvs, length // self.nranks)
 
     all_to_all = blocking(all_to_all_async)
 
@@ -722,7 +728,8 @@ class _Rendezvous:
                 answer.exception()
 
 
-_BUFFER_ARGS = {"all_reduce": 2, "broadcast": 1, "all_gather": 2, "reduce_scatter": 2}
+_BUFFER_ARGS = {"all_reduce": 2, "broadcast": 1, "reduce": 2, "all_gather": 2,
+                "reduce_scatter": 2, "all_to_all": 2}
 """How many leading arguments of each rank-view method are that rank's buffers."""
 
 
@@ -772,6 +779,21 @@ class CollectiveRank:
         return self._join("broadcast", (buf, root), {}, timeout_secs)
 
     broadcast = blocking(broadcast_async)
+
+    def reduce_async(self, send: GpuBuffer, recv: GpuBuffer | None = None, root: int = 0,
+                     op: str = "sum", *, timeout_secs: float | None = None,
+                     ) -> Coroutine[Any, Any, None]:
+        """This rank's part of ``Collective.reduce`` (``recv`` may be None but on the root)."""
+        return self._join("reduce", (send, recv, root, op), {}, timeout_secs)
+
+    reduce = blocking(reduce_async)
+
+    def all_to_all_async(self, send: GpuBuffer, recv: GpuBuffer, *,
+                         timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
+        """This rank's part of ``Collective.all_to_all``."""
+        return self._join("all_to_all", (send, recv), {}, timeout_secs)
+
+    all_to_all = blocking(all_to_all_async)
 
     def all_gather_async(self, send: GpuBuffer, recv: GpuBuffer, *,
                          timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
