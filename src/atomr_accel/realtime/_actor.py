@@ -24,6 +24,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Self
 
+import numpy as np
+
 from atomr_accel.actor import Props
 from atomr_accel.agents._client import (
     TIMEOUT,
@@ -151,6 +153,14 @@ class RealtimeActor(AgentActor):
     async def buffer(self, name: str, length: int, dtype: DType = DType.F32) -> GpuBuffer:
         """The owned buffer ``name`` with room for ``length`` elements (``Buffers.get``)."""
         return await self.buffers.get(self.device, name, length, dtype)
+
+    async def upload(self, name: str, data: np.ndarray[Any, Any], dtype: DType) -> GpuBuffer:
+        """The owned buffer ``name`` (``buffer``) holding ``data`` (of ``dtype``, flattened)
+        from its first element on."""
+        buffer = await self.buffer(name, data.size, dtype)
+        if data.size:
+            await self.device.copy_from_numpy_async(buffer, data.reshape(-1), 0)
+        return buffer
 
     async def allocate(self, length: int, dtype: DType = DType.F32) -> GpuBuffer:
         """A new zero-filled owned buffer (``Buffers.allocate``)."""

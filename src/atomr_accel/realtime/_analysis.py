@@ -99,8 +99,7 @@ class _AnalysisActor(RealtimeActor):
     async def on_analyze(self, frame: Frame) -> FrameStatistics:
         device = self.device
         s, dtype = self.shape, frame.dtype
-        src = await self.buffer(f"src-{dtype.value}", s.size, dtype)
-        await device.copy_from_numpy_async(src, frame.data, 0)
+        src = await self.upload(f"src-{dtype.value}", frame.data, dtype)
         if self.stages:
             passed = await self.buffer("passed", s.size, DType.F32)
             await device.run_async(FilterFrames(device.ref_of(src), device.ref_of(passed),

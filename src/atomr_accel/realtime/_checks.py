@@ -3,13 +3,13 @@ each raising ``InvalidArgument`` in the caller before anything reaches the devic
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core.ops._realtime_checks import finite
 
 __all__ = [
     "F32Array",
@@ -30,10 +30,7 @@ def require_number(name: str, value: object, *, least: float | None = None,
                    above: float | None = None) -> float:
     """``value`` as a float: a finite real number (not a bool), at least ``least`` or above
     ``above`` when given; ``InvalidArgument`` otherwise."""
-    if (not isinstance(value, int | float | np.floating | np.integer) or isinstance(value, bool)
-            or not math.isfinite(float(value))):
-        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
-    number = float(value)
+    number = finite(name, float(value) if isinstance(value, np.floating | np.integer) else value)
     if least is not None and number < least:
         raise InvalidArgument(f"{name} must be >= {least}, got {value!r}")
     if above is not None and number <= above:

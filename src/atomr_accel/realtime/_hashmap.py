@@ -73,9 +73,7 @@ class _HashMapActor(RealtimeActor):
         return device, self.table
 
     async def _upload(self, device: Device, name: str, rows: U8Array) -> Any:
-        buffer = await self.buffer(name, rows.size, DType.U8)
-        await device.copy_from_numpy_async(buffer, rows.reshape(-1), 0)
-        return device.ref_of(buffer)
+        return device.ref_of(await self.upload(name, rows, DType.U8))
 
     async def on_insert(self, keys: U8Array, values: U8Array) -> int:
         if len(keys) == 0:

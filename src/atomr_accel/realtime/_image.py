@@ -38,9 +38,8 @@ class _PipelineActor(RealtimeActor):
     async def on_process(self, frame: Frame) -> Any:
         device = self.device
         n, dtype = self.shape.size, frame.dtype
-        src = await self.buffer(f"src-{dtype.value}", n, dtype)
+        src = await self.upload(f"src-{dtype.value}", frame.data, dtype)
         dst = await self.buffer(f"dst-{dtype.value}", n, dtype)
-        await device.copy_from_numpy_async(src, frame.data, 0)
         await device.run_async(self._op(device, src, dst))
         return frame.answer(await device.copy_to_numpy_async(dst, 0, n))
 

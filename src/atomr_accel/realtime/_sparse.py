@@ -47,13 +47,10 @@ class _SparseActor(RealtimeActor):
         device = self.device
         rows, cols, data = triplets
         count = len(rows)
-        refs = []
-        for name, array, dtype in (("coo-rows", rows, DType.I32), ("coo-cols", cols, DType.I32),
-                                   ("coo-data", data, self.dtype)):
-            buffer = await self.buffer(name, count, dtype)
-            if count:
-                await device.copy_from_numpy_async(buffer, array, 0)
-            refs.append(device.ref_of(buffer))
+        refs = [device.ref_of(await self.upload(name, array, dtype))
+                for name, array, dtype in (("coo-rows", rows, DType.I32),
+                                           ("coo-cols", cols, DType.I32),
+                                           ("coo-data", data, self.dtype))]
         base = self._matrix(device) if keep else None
         room = count + (base.nnz if base is not None else 0)
         self.generation += 1
@@ -84,9 +81,8 @@ class _SparseActor(RealtimeActor):
         matrix = self._matrix(device)
         if matrix is None:
             return np.zeros(self.rows, self.dtype.numpy)
-        xb = await self.buffer("x", self.cols, self.dtype)
+        xb = await self.upload("x", x, self.dtype)
         yb = await self.buffer("y", self.rows, self.dtype)
-        await device.copy_from_numpy_async(xb, x, 0)
         await device.sparse().spmv_async(matrix, xb, yb)
         return await device.copy_to_numpy_async(yb, 0, self.rows)
 

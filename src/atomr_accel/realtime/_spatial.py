@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
-from atomr_accel.agents._client import blocking_twin
+from atomr_accel.agents._client import TIMEOUT, blocking_twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import GridBuild, GridQuery
@@ -19,8 +19,6 @@ __all__ = ["SpatialIndexActor"]
 
 QUERY_TIMEOUT = 2.0
 """The default ``timeout_secs`` of queries (the original's), seconds."""
-TIMEOUT = 5.0
-"""The default ``timeout_secs`` of the other calls, seconds."""
 _MIN_TABLE = 1024
 
 
@@ -86,8 +84,7 @@ class _SpatialActor(RealtimeActor):
         if self.dirty:
             await self.on_rebuild()
         dev = self.device
-        held = await self.buffer("queries", max(queries.size, 3 * 64))
-        await dev.copy_from_numpy_async(held, queries.ravel(), 0)
+        held = await self.upload("queries", queries, DType.F32)
         points, order, start, end = await self._grid()
         found = await dev.run_async(GridQuery(
             dev.ref_of(points), dev.ref_of(order), dev.ref_of(start), dev.ref_of(end),

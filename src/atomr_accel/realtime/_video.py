@@ -113,8 +113,7 @@ class _GraphActor(RealtimeActor):
         device = self.device
         s, dtype = self.shape, frame.dtype
         n = s.size
-        held = {SOURCE: await self.buffer(f"src-{dtype.value}", n, dtype)}
-        await device.copy_from_numpy_async(held[SOURCE], frame.data, 0)
+        held = {SOURCE: await self.upload(f"src-{dtype.value}", frame.data, dtype)}
         for name in order:
             node = self.nodes[name]
             out = held[name] = await self.buffer(f"node-{name}", n, DType.F32)
