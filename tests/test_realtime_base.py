@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr_accel import ContextPoisoned, GpuRefStale, InvalidArgument, System
+from atomr_accel import (
+    ContextPoisoned,
+    GpuRefStale,
+    GpuRuntimeError,
+    InvalidArgument,
+    System,
+    Unrecoverable,
+)
 from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.realtime import (
     ClothSimulationActor,
@@ -148,3 +155,16 @@ def test_a_rebuilt_context_restarts_every_actor_on_its_device() -> None:
         got, found = actors["hashmap"].lookup(b"cdab")
         assert found.tolist() == [True, True]
         assert bytes(got.reshape(-1)) == b"uvwxyz"
+
+
+@pytest.mark.parametrize("kind", ["cloth", "hashmap"])
+def test_a_failed_placement_is_answered_and_tried_again(kind: str) -> None:
+    with System.open("realtime-base-empty") as system:
+        actor = SPAWNS[kind](system)  # no device yet: placement fails as it starts
+        with pytest.raises(GpuRuntimeError) as raised:
+            actor.device()
+        assert not isinstance(raised.value, Unrecoverable)  # the reason, not "stopped"
+        device = system.spawn_device(mock=True)
+        assert actor.device() is device  # the next request places it
+        _use(kind, actor, np.random.default_rng(8))
+        assert actor.device() is device

@@ -123,13 +123,16 @@ class RealtimeActor(AgentActor):
         self._system = system
         self._placement = placement
         self._bytes_needed = bytes_needed
+        self._started = False
         self.buffers = Buffers()
 
     async def receive(self, message: Any) -> Any:
-        """Answer ``message`` with ``handle``. A ``GpuRefStale`` (the device's context was
-        rebuilt, and the buffers went with it) fails the call and restarts the actor from
-        its initial state; another typed error fails this call only."""
+        """Answer ``message`` with ``handle``, once the actor is placed and started. A
+        ``GpuRefStale`` (the device's context was rebuilt, and the buffers went with it)
+        fails the call and restarts the actor from its initial state; another typed error
+        fails this call only."""
         try:
+            await self._ready()
             return await self.handle(message)
         except GpuRefStale:
             raise
@@ -138,16 +141,29 @@ class RealtimeActor(AgentActor):
             return None
 
     async def pre_start(self) -> None:
-        """Take the device the system's placement picks when spawn named none (once: a
-        restarted actor keeps it)."""
-        if self._placement.device is None:
+        """Place the actor (``place``) and set it up (``start``). A typed error here (no
+        device serving, no room) is answered to the first request instead, which tries
+        again."""
+        with contextlib.suppress(GpuRuntimeError):
+            await self._ready()
+
+    async def _ready(self) -> None:
+        if self._started:
+            return
+        if self._placement.device is None:  # once: a restarted actor keeps its device
             self._placement.device = await self._system.place_async(self._bytes_needed)
+        await self.start()
+        self._started = True
+
+    async def start(self) -> None:
+        """Set up the initial state on the device (subclasses: buffers laid out at start);
+        runs once an incarnation, after placement."""
 
     @property
     def device(self) -> Device:
         """The device this actor works on."""
         device = self._placement.device
-        assert device is not None, "placed in pre_start"
+        assert device is not None, "placed before any request"
         return device
 
     async def buffer(self, name: str, length: int, dtype: DType = DType.F32) -> GpuBuffer:

@@ -138,7 +138,7 @@ class MultiPassAnalysisActor(RealtimeClient):
               low: float = 0.0, high: float = 256.0, name: str | None = None, *,
               device: Device | None = None, stages: Iterable[Stage] = (),
               ) -> MultiPassAnalysisActor:
-        """Start an analyser on ``device`` (None: the system places it at first use)."""
+        """Start an analyser on ``device`` (None: the system places it as it starts)."""
         shape = frame_shape(width, height, channels)
         require_positive_int("bins", bins)
         bottom, top = require_number("low", low), require_number("high", high)

@@ -54,10 +54,9 @@ class _ClothActor(RealtimeActor):
         self.previous: GpuBuffer | None = None
         self.masses: GpuBuffer | None = None
 
-    async def pre_start(self) -> None:
-        """Place the cloth, then lay it out: vertex ``(row, col)`` at
+    async def start(self) -> None:
+        """Lay the cloth out: vertex ``(row, col)`` at
         ``(col * spacing, -row * spacing, 0)``, at rest."""
-        await super().pre_start()
         s = self.s
         rows, cols = np.meshgrid(np.arange(s.height), np.arange(s.width), indexing="ij")
         grid = np.stack([cols * s.spacing, -rows * s.spacing, np.zeros(rows.shape)], axis=-1)

@@ -50,9 +50,8 @@ class _FluidActor(RealtimeActor):
         self.s = settings
         self.fields: dict[str, GpuBuffer] = {}
 
-    async def pre_start(self) -> None:
-        """Place the fluid and allocate its fields (all zero: still and empty)."""
-        await super().pre_start()
+    async def start(self) -> None:
+        """Allocate the fluid's fields (all zero: still and empty)."""
         for key in _FIELDS:
             self.fields[key] = await self.allocate(self.sizes[key])
 

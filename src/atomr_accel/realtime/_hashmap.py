@@ -156,7 +156,7 @@ class GpuHashMapActor(RealtimeClient):
     @classmethod
     def spawn(cls, system: Any, capacity: int, key_size_bytes: int, value_size_bytes: int,
               name: str | None = None, *, device: Device | None = None) -> GpuHashMapActor:
-        """Start an empty map on ``device`` (None: the system places it at first use)."""
+        """Start an empty map on ``device`` (None: the system places it as it starts)."""
         require_positive_int("capacity", capacity)
         require_positive_int("key_size_bytes", key_size_bytes)
         require_positive_int("value_size_bytes", value_size_bytes)

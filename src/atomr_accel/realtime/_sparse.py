@@ -120,7 +120,7 @@ class GpuSparseStructureActor(RealtimeClient):
     def spawn(cls, system: Any, rows: int, cols: int, dtype: str = "f32",
               name: str | None = None, *, device: Device | None = None,
               ) -> GpuSparseStructureActor:
-        """Start an empty matrix on ``device`` (None: the system places it at first use)."""
+        """Start an empty matrix on ``device`` (None: the system places it as it starts)."""
         require_positive_int("rows", rows)
         require_positive_int("cols", cols)
         if dtype not in _DTYPES:

@@ -158,7 +158,7 @@ class VideoEffectsGraph(RealtimeClient):
     @classmethod
     def spawn(cls, system: Any, width: int, height: int, channels: int,
               name: str | None = None, *, device: Device | None = None) -> VideoEffectsGraph:
-        """Start an empty graph on ``device`` (None: the system places it at first use)."""
+        """Start an empty graph on ``device`` (None: the system places it as it starts)."""
         shape = frame_shape(width, height, channels)
         client = cls._spawn(system, _GraphActor, (shape,), name, device)
         client.shape = shape
