@@ -3,12 +3,14 @@ device buffers it owns, method-named calls, and the restart rule of a rebuilt co
 
 A realtime actor is bound to one ``Device`` of its system: the one ``spawn``
 names (it must belong to that system), else the one the system's placement
-picks (``System.place_async``) when the actor first starts. The device is then
-fixed for the actor's life, restarts included, and the client's ``device()``
-answers it. The actor runs its work as ops with ``Device.run_async`` (stream
-ordering, generations and recovery as for any op) on buffers it owns: named
-ones that grow on demand (``buffer``) and plain ones (``allocate``), all freed
-when it stops.
+picks (``System.place_async``) when the actor first starts (when that fails,
+the first request answers why and tries again). The device is then fixed for
+the actor's life, restarts included, and the client's ``device()`` answers it.
+The actor runs its work as ops with ``Device.run_async`` (stream ordering,
+generations and recovery as for any op) on buffers it owns: named ones that
+grow on demand (``buffer``, ``upload``) and plain ones (``allocate``), all
+freed when it stops. A client's call ``_run(m, args)`` is answered by the
+actor's ``on_<m>(*args)``.
 
 When the device's context is rebuilt (a poisoned context) the actor's buffers
 are gone: the call that finds out fails with ``GpuRefStale`` and the actor
@@ -141,9 +143,9 @@ class RealtimeActor(AgentActor):
             return None
 
     async def pre_start(self) -> None:
-        """Place the actor (``place``) and set it up (``start``). A typed error here (no
-        device serving, no room) is answered to the first request instead, which tries
-        again."""
+        """Place the actor (``System.place_async``, unless spawn named its device) and set
+        it up (``start``). A typed error here (no device serving, no room) is answered to
+        the first request instead, which tries again."""
         with contextlib.suppress(GpuRuntimeError):
             await self._ready()
 
