@@ -2,7 +2,11 @@
 
 Each step runs as ops of the device's ``realtime`` library: NVRTC kernels on
 CUDA, NumPy on the CPU backend (the reference the GPU results are checked
-against).
+against). Every actor follows one set of rules: it is bound to a device of its
+system (named at spawn, or placed by the system when it starts, then fixed;
+``device()`` answers it), frees its buffers when it stops, and restarts from
+its initial state when the device's context is rebuilt (the call that finds
+out fails with ``GpuRefStale``).
 """
 
 from __future__ import annotations

@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import blocking_twin, require_timeout
+from atomr_accel.agents._client import blocking_twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import FilterFrames, FrameStats, Stage
 from atomr_accel.facade import Device, System
 from atomr_accel.patterns._base import require_positive_int
-from atomr_accel.realtime._bound import BoundActor, BoundClient
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
+from atomr_accel.realtime._checks import require_number
 from atomr_accel.realtime._frames import Frame, FrameShape, as_frame, as_stages, frame_shape
 from atomr_accel.realtime._image import TIMEOUT
 
@@ -85,21 +86,20 @@ class _Running:
                                  self.max.copy(), self.mean.copy(), self.m2 / self.count)
 
 
-class _AnalysisActor(BoundActor):
+class _AnalysisActor(RealtimeActor):
     """Filters each frame through the passes (if any), then computes ``FrameStats``."""
 
-    def __init__(self, system: System, device: Device | None, shape: FrameShape,
+    def __init__(self, system: System, placement: Placement, shape: FrameShape,
                  stages: tuple[Stage, ...], bins: int, low: float, high: float) -> None:
-        super().__init__(system, device)
+        super().__init__(system, placement)
         self.shape, self.stages = shape, stages
         self.bins, self.low, self.high = bins, low, high
         self.running = _Running(shape.channels, bins)
 
     async def on_analyze(self, frame: Frame) -> FrameStatistics:
-        device = await self.device()
+        device = self.device
         s, dtype = self.shape, frame.dtype
-        src = await self.buffer(f"src-{dtype.value}", s.size, dtype)
-        await device.copy_from_numpy_async(src, frame.data, 0)
+        src = await self.upload(f"src-{dtype.value}", frame.data, dtype)
         if self.stages:
             passed = await self.buffer("passed", s.size, DType.F32)
             await device.run_async(FilterFrames(device.ref_of(src), device.ref_of(passed),
@@ -119,7 +119,7 @@ class _AnalysisActor(BoundActor):
         self.running = _Running(self.shape.channels, self.bins)
 
 
-class MultiPassAnalysisActor(BoundClient):
+class MultiPassAnalysisActor(RealtimeClient):
     """Statistics of ``height x width x channels`` frames computed on a device.
 
     ``analyze(frame)`` runs the optional filter passes ``stages`` over the frame
@@ -138,39 +138,30 @@ class MultiPassAnalysisActor(BoundClient):
               low: float = 0.0, high: float = 256.0, name: str | None = None, *,
               device: Device | None = None, stages: Iterable[Stage] = (),
               ) -> MultiPassAnalysisActor:
-        """Start an analyser on ``device`` (None: the system places it at first use)."""
+        """Start an analyser on ``device`` (None: the system places it as it starts)."""
         shape = frame_shape(width, height, channels)
         require_positive_int("bins", bins)
-        for value, what in ((low, "low"), (high, "high")):
-            if isinstance(value, bool) or not isinstance(value, int | float) or \
-                    not np.isfinite(value):
-                raise InvalidArgument(f"{what} must be a finite number, got {value!r}")
-        if not low < high:
+        bottom, top = require_number("low", low), require_number("high", high)
+        if not bottom < top:
             raise InvalidArgument(f"low ({low}) must be below high ({high})")
-        client = cls._spawn_bound(system, _AnalysisActor,
-                                  (shape, as_stages(stages), bins, float(low), float(high)),
-                                  name, device)
+        client = cls._spawn(system, _AnalysisActor,
+                            (shape, as_stages(stages), bins, bottom, top), name, device)
         client.shape = shape
         return client
 
     def analyze_async(self, frame: Any, timeout_secs: float = TIMEOUT,
                       ) -> Coroutine[Any, Any, FrameStatistics]:
         """The frame's statistics (also added to the running ones)."""
-        coro: Coroutine[Any, Any, FrameStatistics] = self._run(
-            "analyze", (as_frame(frame, self.shape),), require_timeout(timeout_secs))
-        return coro
+        return self._run("analyze", (as_frame(frame, self.shape),), timeout_secs)
 
     def running_async(self, timeout_secs: float = TIMEOUT,
                       ) -> Coroutine[Any, Any, RunningStatistics]:
         """The statistics over every frame analysed since the start or the last reset."""
-        coro: Coroutine[Any, Any, RunningStatistics] = self._run(
-            "running", (), require_timeout(timeout_secs))
-        return coro
+        return self._run("running", (), timeout_secs)
 
     def reset_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Forget the running statistics."""
-        coro: Coroutine[Any, Any, None] = self._run("reset", (), require_timeout(timeout_secs))
-        return coro
+        return self._run("reset", (), timeout_secs)
 
     analyze = blocking_twin(analyze_async)
     running = blocking_twin(running_async)

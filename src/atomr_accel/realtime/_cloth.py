@@ -9,22 +9,24 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
+from atomr_accel.agents._client import TIMEOUT, blocking_twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import ClothStep
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.patterns._base import require_positive_int
-from atomr_accel.realtime._simulation import (
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
+from atomr_accel.realtime._checks import (
     F32Array,
-    SimulationActor,
-    SimulationClient,
     as_vector,
+    require_count,
     require_dt,
     require_number,
 )
 
 __all__ = ["ClothSimulationActor"]
+
+Indices = np.ndarray[Any, np.dtype[np.int64]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,32 +41,12 @@ class _Settings:
     damping: float
 
 
-@dataclass(frozen=True, slots=True)
-class _Pin:
-    indices: np.ndarray[Any, np.dtype[np.int64]]
-    pinned: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Step:
-    dt: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Wind:
-    wind: tuple[float, float, float]
-
-
-class _Positions:
-    __slots__ = ()
-
-
-class _ClothActor(SimulationActor):
+class _ClothActor(RealtimeActor):
     """Holds positions, previous positions and inverse masses (0 = pinned) on the device."""
 
-    def __init__(self, system: System, device: Device | None, settings: _Settings) -> None:
+    def __init__(self, system: System, placement: Placement, settings: _Settings) -> None:
         n = settings.width * settings.height
-        super().__init__(system, device, 28 * n)
+        super().__init__(system, placement, 28 * n)
         self.s = settings
         self.wind = settings.wind
         self.inverse_mass = np.ones(n, dtype=np.float32)
@@ -72,10 +54,9 @@ class _ClothActor(SimulationActor):
         self.previous: GpuBuffer | None = None
         self.masses: GpuBuffer | None = None
 
-    async def pre_start(self) -> None:
-        """Place the cloth, then lay it out: vertex ``(row, col)`` at
+    async def start(self) -> None:
+        """Lay the cloth out: vertex ``(row, col)`` at
         ``(col * spacing, -row * spacing, 0)``, at rest."""
-        await super().pre_start()
         s = self.s
         rows, cols = np.meshgrid(np.arange(s.height), np.arange(s.width), indexing="ij")
         grid = np.stack([cols * s.spacing, -rows * s.spacing, np.zeros(rows.shape)], axis=-1)
@@ -88,32 +69,38 @@ class _ClothActor(SimulationActor):
         await dev.copy_from_numpy_async(self.previous, start)
         await dev.copy_from_numpy_async(self.masses, self.inverse_mass)
 
-    async def handle(self, message: Any) -> Any:
-        cls = type(message)
+    def _fields(self) -> tuple[GpuBuffer, GpuBuffer, GpuBuffer]:
         assert self.positions is not None and self.previous is not None
         assert self.masses is not None
-        dev = self.device
-        if cls is _Step:
-            s = self.s
-            await dev.run_async(ClothStep(
-                dev.ref_of(self.positions), dev.ref_of(self.previous), dev.ref_of(self.masses),
-                s.width, s.height, s.spacing, s.stiffness, s.iterations, message.dt,
-                s.gravity_y, self.wind, s.damping))
-            return None
-        if cls is _Positions:
-            n = self.s.width * self.s.height
-            return await dev.copy_to_numpy_async(self.positions, shape=(n, 3))
-        if cls is _Pin:
-            self.inverse_mass[message.indices] = 0.0 if message.pinned else 1.0
-            await dev.copy_from_numpy_async(self.masses, self.inverse_mass)
-            return None
-        if cls is _Wind:
-            self.wind = message.wind
-            return None
-        return await super().handle(message)
+        return self.positions, self.previous, self.masses
+
+    async def on_step(self, dt: float) -> None:
+        dev, s = self.device, self.s
+        positions, previous, masses = self._fields()
+        await dev.run_async(ClothStep(
+            dev.ref_of(positions), dev.ref_of(previous), dev.ref_of(masses), s.width,
+            s.height, s.spacing, s.stiffness, s.iterations, dt, s.gravity_y, self.wind,
+            s.damping))
+
+    async def on_positions(self) -> F32Array:
+        n = self.s.width * self.s.height
+        return await self.device.copy_to_numpy_async(self._fields()[0], shape=(n, 3))
+
+    async def _set_inverse_mass(self, indices: Indices, value: float) -> None:
+        self.inverse_mass[indices] = value
+        await self.device.copy_from_numpy_async(self._fields()[2], self.inverse_mass)
+
+    async def on_pin(self, indices: Indices) -> None:
+        await self._set_inverse_mass(indices, 0.0)
+
+    async def on_unpin(self, indices: Indices) -> None:
+        await self._set_inverse_mass(indices, 1.0)
+
+    async def on_set_wind(self, wind: tuple[float, float, float]) -> None:
+        self.wind = wind
 
 
-class ClothSimulationActor(SimulationClient):
+class ClothSimulationActor(RealtimeClient):
     """A ``width x height`` mass-spring cloth on a device: vertex ``row * width + col``
     starts at ``(col * spacing, -row * spacing, 0)`` (a sheet hanging in the x-y plane).
 
@@ -133,8 +120,7 @@ class ClothSimulationActor(SimulationClient):
         """Start a cloth at rest on ``device`` (None: the system's placement picks one)."""
         require_positive_int("width", width)
         require_positive_int("height", height)
-        if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 0:
-            raise InvalidArgument(f"iterations must be an int >= 0, got {iterations!r}")
+        require_count("iterations", iterations)
         stiff = require_number("stiffness", stiffness, least=0.0)
         damp = require_number("damping", damping, least=0.0)
         if stiff > 1 or damp > 1:
@@ -150,7 +136,7 @@ class ClothSimulationActor(SimulationClient):
     width = 0
     height = 0
 
-    def _indices(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+    def _indices(self, indices: Any) -> Indices:
         try:
             array = np.asarray(indices)
         except (TypeError, ValueError) as exc:
@@ -168,28 +154,25 @@ class ClothSimulationActor(SimulationClient):
     def pin_async(self, indices: Any, timeout_secs: float = TIMEOUT,
                   ) -> Coroutine[Any, Any, None]:
         """Pin the vertices ``indices`` (``row * width + col``) where they are now."""
-        return self._call(_Pin(self._indices(indices), True), require_timeout(timeout_secs),
-                          "pin")
+        return self._run("pin", (self._indices(indices),), timeout_secs)
 
     def unpin_async(self, indices: Any, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, None]:
         """Let the vertices ``indices`` move again."""
-        return self._call(_Pin(self._indices(indices), False), require_timeout(timeout_secs),
-                          "unpin")
+        return self._run("unpin", (self._indices(indices),), timeout_secs)
 
     def set_wind_async(self, wind: Any, timeout_secs: float = TIMEOUT,
                        ) -> Coroutine[Any, Any, None]:
         """Set the wind: a constant acceleration ``(x, y, z)`` on every free vertex."""
-        return self._call(_Wind(as_vector(wind, "wind")), require_timeout(timeout_secs),
-                          "set_wind")
+        return self._run("set_wind", (as_vector(wind, "wind"),), timeout_secs)
 
     def step_async(self, dt: float, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Advance the cloth by ``dt`` seconds."""
-        return self._call(_Step(require_dt(dt)), require_timeout(timeout_secs), "step")
+        return self._run("step", (require_dt(dt),), timeout_secs)
 
     def positions_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """Every vertex's position, ``(width * height, 3)`` float32, row by row."""
-        return self._call(_Positions(), require_timeout(timeout_secs), "positions")
+        return self._run("positions", (), timeout_secs)
 
     pin = blocking_twin(pin_async)
     unpin = blocking_twin(unpin_async)

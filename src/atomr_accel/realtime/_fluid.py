@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
+from atomr_accel.agents._client import TIMEOUT, blocking_twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._realtime_physics import (
@@ -21,13 +21,8 @@ from atomr_accel.core.ops._realtime_physics import (
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.patterns._base import require_positive_int
-from atomr_accel.realtime._simulation import (
-    F32Array,
-    SimulationActor,
-    SimulationClient,
-    require_dt,
-    require_number,
-)
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
+from atomr_accel.realtime._checks import F32Array, require_count, require_dt, require_number
 
 __all__ = ["FluidSimulationActor"]
 
@@ -44,82 +39,71 @@ class _Settings:
     use_graph: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _Source:
-    x: int
-    y: int
-    amount: float
-    vx: float
-    vy: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Step:
-    dt: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    what: str
-
-
-class _FluidActor(SimulationActor):
+class _FluidActor(RealtimeActor):
     """Holds the face velocities, density, pressure, divergence and scratch on the device."""
 
-    def __init__(self, system: System, device: Device | None, settings: _Settings) -> None:
+    def __init__(self, system: System, placement: Placement, settings: _Settings) -> None:
         w, h = settings.width, settings.height
         self.sizes = {"u": h * (w + 1), "v": (h + 1) * w, "density": w * h,
                       "pressure": w * h, "divergence": w * h, "scratch": fluid_scratch(w, h)}
-        super().__init__(system, device, 4 * sum(self.sizes.values()))
+        super().__init__(system, placement, 4 * sum(self.sizes.values()))
         self.s = settings
         self.fields: dict[str, GpuBuffer] = {}
 
-    async def pre_start(self) -> None:
-        """Place the fluid and allocate its fields (all zero: still and empty)."""
-        await super().pre_start()
+    async def start(self) -> None:
+        """Allocate the fluid's fields (all zero: still and empty)."""
         for key in _FIELDS:
             self.fields[key] = await self.allocate(self.sizes[key])
 
     def _ref(self, key: str) -> GpuRef:
         return self.device.ref_of(self.fields[key])
 
-    async def handle(self, message: Any) -> Any:
-        cls = type(message)
-        s, dev = self.s, self.device
-        if cls is _Step:
-            await dev.run_async(FluidStep(
-                self._ref("u"), self._ref("v"), self._ref("density"), self._ref("pressure"),
-                self._ref("divergence"), self._ref("scratch"), s.width, s.height, message.dt,
-                s.viscosity, s.pressure_iterations, s.diffusion_iterations, s.use_graph))
-            return None
-        if cls is _Source:
-            m = message
-            await dev.run_async(FluidAddSource(self._ref("density"), self._ref("u"),
-                                               self._ref("v"), s.width, s.height, m.x, m.y,
-                                               m.amount, m.vx, m.vy))
-            return None
-        if cls is _Read:
-            return await self._read(message.what)
-        return await super().handle(message)
+    async def on_step(self, dt: float) -> None:
+        s = self.s
+        await self.device.run_async(FluidStep(
+            self._ref("u"), self._ref("v"), self._ref("density"), self._ref("pressure"),
+            self._ref("divergence"), self._ref("scratch"), s.width, s.height, dt,
+            s.viscosity, s.pressure_iterations, s.diffusion_iterations, s.use_graph))
 
-    async def _read(self, what: str) -> Any:
+    async def _add_source(self, x: int, y: int, amount: float, vx: float, vy: float) -> None:
+        s = self.s
+        await self.device.run_async(FluidAddSource(
+            self._ref("density"), self._ref("u"), self._ref("v"), s.width, s.height, x, y,
+            amount, vx, vy))
+
+    async def on_add_density(self, x: int, y: int, amount: float) -> None:
+        await self._add_source(x, y, amount, 0.0, 0.0)
+
+    async def on_add_velocity(self, x: int, y: int, vx: float, vy: float) -> None:
+        await self._add_source(x, y, 0.0, vx, vy)
+
+    async def _faces(self) -> tuple[F32Array, F32Array]:
         w, h, dev = self.s.width, self.s.height, self.device
-        if what == "divergence":
-            await dev.run_async(FluidDivergence(self._ref("u"), self._ref("v"),
-                                                self._ref("divergence"), w, h))
-            return await dev.copy_to_numpy_async(self.fields["divergence"], shape=(h, w))
-        if what == "density":
-            return await dev.copy_to_numpy_async(self.fields["density"], shape=(h, w))
         u = await dev.copy_to_numpy_async(self.fields["u"], shape=(h, w + 1))
         v = await dev.copy_to_numpy_async(self.fields["v"], shape=(h + 1, w))
-        if what == "faces":
-            return u, v
+        return u, v
+
+    async def on_face_velocities(self) -> tuple[F32Array, F32Array]:
+        return await self._faces()
+
+    async def on_velocity(self) -> F32Array:
+        u, v = await self._faces()
         centred = np.stack([(u[:, :-1] + u[:, 1:]) * 0.5, (v[:-1, :] + v[1:, :]) * 0.5],
                            axis=-1)
         return centred.astype(np.float32)
 
+    async def on_density(self) -> F32Array:
+        w, h = self.s.width, self.s.height
+        return await self.device.copy_to_numpy_async(self.fields["density"], shape=(h, w))
 
-class FluidSimulationActor(SimulationClient):
+    async def on_divergence(self) -> F32Array:
+        w, h, dev = self.s.width, self.s.height, self.device
+        await dev.run_async(FluidDivergence(self._ref("u"), self._ref("v"),
+                                            self._ref("divergence"), w, h))
+        return await dev.copy_to_numpy_async(self.fields["divergence"], shape=(h, w))
+
+
+class FluidSimulationActor(RealtimeClient):
     """Stable fluids on a ``width x height`` grid in a closed box, on a device.
 
     The grid is a MAC grid in grid units (a cell is 1 x 1, velocities in
@@ -147,8 +131,7 @@ class FluidSimulationActor(SimulationClient):
         require_positive_int("height", height)
         for label, count in (("pressure_iterations", pressure_iterations),
                              ("diffusion_iterations", diffusion_iterations)):
-            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-                raise InvalidArgument(f"{label} must be an int >= 0, got {count!r}")
+            require_count(label, count)
         if not isinstance(use_graph, bool):
             raise InvalidArgument(f"use_graph must be True or False, got {use_graph!r}")
         settings = _Settings(width, height, require_number("viscosity", viscosity, least=0.0),
@@ -168,40 +151,41 @@ class FluidSimulationActor(SimulationClient):
                           timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Add ``amount`` of density to cell ``(x, y)``."""
         cx, cy = self._cell(x, y)
-        source = _Source(cx, cy, require_number("amount", amount), 0.0, 0.0)
-        return self._call(source, require_timeout(timeout_secs), "add_density")
+        return self._run("add_density", (cx, cy, require_number("amount", amount)),
+                         timeout_secs)
 
     def add_velocity_async(self, x: int, y: int, vx: float, vy: float,
                            timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Add ``(vx, vy)`` (cells per second) to the velocity of cell ``(x, y)``: to each
         of its faces that is not a wall."""
         cx, cy = self._cell(x, y)
-        source = _Source(cx, cy, 0.0, require_number("vx", vx), require_number("vy", vy))
-        return self._call(source, require_timeout(timeout_secs), "add_velocity")
+        return self._run("add_velocity",
+                         (cx, cy, require_number("vx", vx), require_number("vy", vy)),
+                         timeout_secs)
 
     def step_async(self, dt: float, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Advance the fluid by ``dt`` seconds."""
-        return self._call(_Step(require_dt(dt)), require_timeout(timeout_secs), "step")
+        return self._run("step", (require_dt(dt),), timeout_secs)
 
     def density_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The density of each cell, ``(height, width)`` float32."""
-        return self._call(_Read("density"), require_timeout(timeout_secs), "density")
+        return self._run("density", (), timeout_secs)
 
     def velocity_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """Each cell's velocity (the mean of its faces), ``(height, width, 2)`` float32,
         ``[..., 0]`` along x."""
-        return self._call(_Read("velocity"), require_timeout(timeout_secs), "velocity")
+        return self._run("velocity", (), timeout_secs)
 
     def face_velocities_async(self, timeout_secs: float = TIMEOUT,
                               ) -> Coroutine[Any, Any, tuple[F32Array, F32Array]]:
         """The face velocities ``(u, v)``: ``u`` of shape ``(height, width + 1)`` on the
         vertical faces, ``v`` of shape ``(height + 1, width)`` on the horizontal ones."""
-        return self._call(_Read("faces"), require_timeout(timeout_secs), "face_velocities")
+        return self._run("face_velocities", (), timeout_secs)
 
     def divergence_async(self, timeout_secs: float = TIMEOUT,
                          ) -> Coroutine[Any, Any, F32Array]:
         """The divergence of each cell now (net outflow of its faces), ``(height, width)``."""
-        return self._call(_Read("divergence"), require_timeout(timeout_secs), "divergence")
+        return self._run("divergence", (), timeout_secs)
 
     add_density = blocking_twin(add_density_async)
     add_velocity = blocking_twin(add_velocity_async)

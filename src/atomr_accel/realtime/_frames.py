@@ -20,6 +20,7 @@ from atomr_accel.core.ops._realtime_frames import (
     Threshold,
 )
 from atomr_accel.patterns._base import require_positive_int
+from atomr_accel.realtime._checks import as_byte_values
 
 __all__ = ["Frame", "FrameShape", "as_frame", "as_stages", "frame_shape"]
 
@@ -81,18 +82,15 @@ def as_frame(frame: Any, shape: FrameShape) -> Frame:
     if not isinstance(frame, bytes | bytearray | Sequence) or isinstance(frame, str):
         raise InvalidArgument(f"a frame must be a list of byte values or a NumPy array, "
                               f"got {type(frame).__name__}")
-    if isinstance(frame, bytes | bytearray):
-        data = np.frombuffer(bytes(frame), dtype=np.uint8)
-    else:
-        values = np.asarray(frame)
-        if values.ndim != 1 or values.dtype.kind not in "iu" or (
-                values.size and (values.min() < 0 or values.max() > 255)):
-            raise InvalidArgument("a frame given as a list must hold ints 0..255")
-        data = values.astype(np.uint8)
-    if data.size != shape.size:
-        raise InvalidArgument(f"the frame holds {data.size} values; a {shape.height}x"
-                              f"{shape.width}x{shape.channels} frame holds {shape.size}")
+    data = as_byte_values(frame, "a frame given as a list", flat=True)
+    _require_size(data.size, shape)
     return Frame(data, True, (data.size,))
+
+
+def _require_size(size: int, shape: FrameShape) -> None:
+    if size != shape.size:
+        raise InvalidArgument(f"the frame holds {size} values; a {shape.height}x"
+                              f"{shape.width}x{shape.channels} frame holds {shape.size}")
 
 
 def as_stages(stages: Any) -> tuple[Stage, ...]:

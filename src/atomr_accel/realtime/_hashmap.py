@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
+from atomr_accel.agents._client import TIMEOUT, blocking_twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_data import (
@@ -20,35 +20,28 @@ from atomr_accel.core.ops._realtime_data import (
 )
 from atomr_accel.facade import Device, System
 from atomr_accel.patterns._base import require_positive_int
-from atomr_accel.realtime._bound import BoundActor, BoundClient
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
+from atomr_accel.realtime._checks import U8Array, as_byte_values
 
 __all__ = ["GpuHashMapActor"]
 
-U8 = np.ndarray[Any, np.dtype[np.uint8]]
 _WORDS: dict[int, np.dtype[Any]] = {
     1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 """Key sizes viewed as one unsigned integer a key when deduplicating."""
 
 
-def _rows(data: Any, width: int, name: str) -> U8:
+def _rows(data: Any, width: int, name: str) -> U8Array:
     """``data`` as rows of ``width`` bytes: ``bytes``, a flat sequence of byte values (the
     original's form) or a u8 array (flat, or ``n x width``)."""
-    if isinstance(data, bytes | bytearray):
-        flat = np.frombuffer(bytes(data), dtype=np.uint8)
-    else:
-        values = np.asarray(data)
-        if values.size and (values.dtype.kind not in "iu" or values.min() < 0
-                            or values.max() > 255):
-            raise InvalidArgument(f"{name} must hold byte values 0..255")
-        flat = values.reshape(-1).astype(np.uint8)
+    flat = as_byte_values(data, name)
     if flat.size % width:
         raise InvalidArgument(f"{name} holds {flat.size} bytes, not a whole number of "
                               f"{width}-byte entries")
-    rows: U8 = flat.reshape(-1, width)
+    rows: U8Array = flat.reshape(-1, width)
     return rows
 
 
-def _last_of_each(keys: U8) -> np.ndarray[Any, np.dtype[np.intp]]:
+def _last_of_each(keys: U8Array) -> np.ndarray[Any, np.dtype[np.intp]]:
     """Rows of ``keys`` to keep so each key appears once: its last occurrence, in order."""
     n, width = keys.shape
     whole: np.dtype[Any] = _WORDS.get(width) or np.dtype((np.void, width))  # ints sort faster
@@ -58,18 +51,18 @@ def _last_of_each(keys: U8) -> np.ndarray[Any, np.dtype[np.intp]]:
     return keep
 
 
-class _HashMapActor(BoundActor):
+class _HashMapActor(RealtimeActor):
     """Holds the table's buffers and its live count; runs each request as table ops."""
 
-    def __init__(self, system: System, device: Device | None, capacity: int, key_size: int,
+    def __init__(self, system: System, placement: Placement, capacity: int, key_size: int,
                  value_size: int) -> None:
-        super().__init__(system, device)
+        super().__init__(system, placement)
         self.capacity, self.key_size, self.value_size = capacity, key_size, value_size
         self.live = 0
         self.table: HashTable | None = None
 
     async def _table(self) -> tuple[Device, HashTable]:
-        device = await self.device()
+        device = self.device
         if self.table is None:
             cap = self.capacity
             states = await self.buffer("states", cap, DType.U32)
@@ -79,12 +72,10 @@ class _HashMapActor(BoundActor):
                                    device.ref_of(values), cap, self.key_size, self.value_size)
         return device, self.table
 
-    async def _upload(self, device: Device, name: str, rows: U8) -> Any:
-        buffer = await self.buffer(name, rows.size, DType.U8)
-        await device.copy_from_numpy_async(buffer, rows.reshape(-1), 0)
-        return device.ref_of(buffer)
+    async def _upload(self, device: Device, name: str, rows: U8Array) -> Any:
+        return device.ref_of(await self.upload(name, rows, DType.U8))
 
-    async def on_insert(self, keys: U8, values: U8) -> int:
+    async def on_insert(self, keys: U8Array, values: U8Array) -> int:
         if len(keys) == 0:
             return 0
         device, table = await self._table()
@@ -96,7 +87,7 @@ class _HashMapActor(BoundActor):
         self.live += new
         return new
 
-    async def on_lookup(self, keys: U8) -> tuple[U8, np.ndarray[Any, np.dtype[np.bool_]]]:
+    async def on_lookup(self, keys: U8Array) -> tuple[U8Array, np.ndarray[Any, np.dtype[np.bool_]]]:
         n = len(keys)
         if n == 0:
             return np.zeros((0, self.value_size), np.uint8), np.zeros(0, np.bool_)
@@ -109,7 +100,7 @@ class _HashMapActor(BoundActor):
         held = await device.copy_to_numpy_async(found, 0, n)
         return got.reshape(n, self.value_size), held.astype(np.bool_)
 
-    async def on_erase(self, keys: U8) -> int:
+    async def on_erase(self, keys: U8Array) -> int:
         if len(keys) == 0:
             return 0
         device, table = await self._table()
@@ -143,7 +134,7 @@ class _HashMapActor(BoundActor):
                 "value_size_bytes": self.value_size}
 
 
-class GpuHashMapActor(BoundClient):
+class GpuHashMapActor(RealtimeClient):
     """A hash map of ``key_size_bytes``-byte keys to ``value_size_bytes``-byte values with
     ``capacity`` slots, in device memory (open addressing, linear probing).
 
@@ -165,12 +156,12 @@ class GpuHashMapActor(BoundClient):
     @classmethod
     def spawn(cls, system: Any, capacity: int, key_size_bytes: int, value_size_bytes: int,
               name: str | None = None, *, device: Device | None = None) -> GpuHashMapActor:
-        """Start an empty map on ``device`` (None: the system places it at first use)."""
+        """Start an empty map on ``device`` (None: the system places it as it starts)."""
         require_positive_int("capacity", capacity)
         require_positive_int("key_size_bytes", key_size_bytes)
         require_positive_int("value_size_bytes", value_size_bytes)
-        client = cls._spawn_bound(system, _HashMapActor,
-                                  (capacity, key_size_bytes, value_size_bytes), name, device)
+        client = cls._spawn(system, _HashMapActor,
+                            (capacity, key_size_bytes, value_size_bytes), name, device)
         client.capacity = capacity
         client.key_size_bytes, client.value_size_bytes = key_size_bytes, value_size_bytes
         return client
@@ -182,37 +173,28 @@ class GpuHashMapActor(BoundClient):
         value_rows = _rows(values, self.value_size_bytes, "values")
         if len(key_rows) != len(value_rows):
             raise InvalidArgument(f"{len(key_rows)} keys but {len(value_rows)} values")
-        coro: Coroutine[Any, Any, int] = self._run("insert", (key_rows, value_rows),
-                                                   require_timeout(timeout_secs))
-        return coro
+        return self._run("insert", (key_rows, value_rows), timeout_secs)
 
     def lookup_async(self, keys: Any, timeout_secs: float = TIMEOUT,
-                     ) -> Coroutine[Any, Any, tuple[U8, np.ndarray[Any, Any]]]:
+                     ) -> Coroutine[Any, Any, tuple[U8Array, np.ndarray[Any, Any]]]:
         """``(values, found)``: an ``n x value_size_bytes`` u8 array (zero rows for missing
         keys) and a bool array saying which keys are held."""
-        coro: Coroutine[Any, Any, tuple[U8, np.ndarray[Any, Any]]] = self._run(
-            "lookup", (_rows(keys, self.key_size_bytes, "keys"),), require_timeout(timeout_secs))
-        return coro
+        return self._run("lookup", (_rows(keys, self.key_size_bytes, "keys"),), timeout_secs)
 
     def erase_async(self, keys: Any, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, int]:
         """Remove the keys (absent ones are skipped); answer how many were held."""
-        coro: Coroutine[Any, Any, int] = self._run(
-            "erase", (_rows(keys, self.key_size_bytes, "keys"),), require_timeout(timeout_secs))
-        return coro
+        return self._run("erase", (_rows(keys, self.key_size_bytes, "keys"),), timeout_secs)
 
     def stats_async(self, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, dict[str, Any]]:
         """``capacity``, ``size``, ``load_factor`` (size / capacity) and the entry sizes."""
-        coro: Coroutine[Any, Any, dict[str, Any]] = self._run(
-            "stats", (), require_timeout(timeout_secs))
-        return coro
+        return self._run("stats", (), timeout_secs)
 
     def compact_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Rebuild the table from its live entries, dropping the erased slots that lookups
         probe past (worth it after many erases); answers the number of entries."""
-        coro: Coroutine[Any, Any, int] = self._run("compact", (), require_timeout(timeout_secs))
-        return coro
+        return self._run("compact", (), timeout_secs)
 
     insert = blocking_twin(insert_async)
     lookup = blocking_twin(lookup_async)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
-from atomr_accel.agents._client import blocking_twin, require_timeout
+from atomr_accel.agents._client import blocking_twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import FRAME_DTYPES, Correlate, FilterFrames, Stage
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.patterns._base import require_positive_int
-from atomr_accel.realtime._bound import BoundActor, BoundClient
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._frames import Frame, FrameShape, as_frame, as_stages, frame_shape
 
 __all__ = ["ImageFilterPipeline"]
@@ -20,12 +20,12 @@ TIMEOUT = 10.0
 """The default ``timeout_secs`` of ``process``, seconds (the original's)."""
 
 
-class _PipelineActor(BoundActor):
+class _PipelineActor(RealtimeActor):
     """Runs the chain (``FilterFrames``) over each frame, in buffers it owns."""
 
-    def __init__(self, system: System, device: Device | None, shape: FrameShape,
+    def __init__(self, system: System, placement: Placement, shape: FrameShape,
                  stages: tuple[Stage, ...]) -> None:
-        super().__init__(system, device)
+        super().__init__(system, placement)
         self.shape = shape
         self.stages = stages
 
@@ -36,20 +36,19 @@ class _PipelineActor(BoundActor):
                             s.width, s.channels, self.stages, frames)
 
     async def on_process(self, frame: Frame) -> Any:
-        device = await self.device()
+        device = self.device
         n, dtype = self.shape.size, frame.dtype
-        src = await self.buffer(f"src-{dtype.value}", n, dtype)
+        src = await self.upload(f"src-{dtype.value}", frame.data, dtype)
         dst = await self.buffer(f"dst-{dtype.value}", n, dtype)
-        await device.copy_from_numpy_async(src, frame.data, 0)
         await device.run_async(self._op(device, src, dst))
         return frame.answer(await device.copy_to_numpy_async(dst, 0, n))
 
     async def on_process_buffers(self, src: GpuBuffer, dst: GpuBuffer, frames: int) -> None:
-        device = await self.device()
+        device = self.device
         await device.run_async(self._op(device, src, dst, frames))
 
 
-class ImageFilterPipeline(BoundClient):
+class ImageFilterPipeline(RealtimeClient):
     """A chain of filter stages run over ``height x width x channels`` frames on a device.
 
     The chain is the 3x3 correlation ``kernel_3x3`` (9 numbers, row by row; None
@@ -85,7 +84,7 @@ class ImageFilterPipeline(BoundClient):
             chain = (first, *chain)
         if not chain:
             raise InvalidArgument("the pipeline needs kernel_3x3 or at least one stage")
-        client = cls._spawn_bound(system, _PipelineActor, (shape, chain), name, device)
+        client = cls._spawn(system, _PipelineActor, (shape, chain), name, device)
         client.shape, client.chain = shape, chain
         return client
 
@@ -96,8 +95,7 @@ class ImageFilterPipeline(BoundClient):
 
     def process_async(self, frame: Any, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, Any]:
         """The filtered frame, in the form ``frame`` came in (see the class)."""
-        return self._run("process", (as_frame(frame, self.shape),),
-                         require_timeout(timeout_secs))
+        return self._run("process", (as_frame(frame, self.shape),), timeout_secs)
 
     def process_buffers_async(self, src: GpuBuffer, dst: GpuBuffer, frames: int = 1,
                               timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
@@ -112,7 +110,7 @@ class ImageFilterPipeline(BoundClient):
             if len(buffer) < needed:
                 raise InvalidArgument(f"{what} holds {len(buffer)} values; {frames} frames "
                                       f"need {needed}")
-        return self._run("process_buffers", (src, dst, frames), require_timeout(timeout_secs))
+        return self._run("process_buffers", (src, dst, frames), timeout_secs)
 
     process = blocking_twin(process_async)
     process_buffers = blocking_twin(process_buffers_async)

@@ -4,69 +4,35 @@ when their lifetime runs out, stepped on a device."""
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
+from atomr_accel.agents._client import TIMEOUT, blocking_twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import ParticleCompact, ParticleStep
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.realtime._simulation import (
-    F32Array,
-    SimulationActor,
-    SimulationClient,
-    as_points,
-    require_dt,
-    require_number,
-)
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
+from atomr_accel.realtime._checks import F32Array, as_points, require_dt, require_number
 
 __all__ = ["ParticleSystemActor"]
 
 _MIN_CAPACITY = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class _Emit:
-    positions: F32Array
-    velocities: F32Array
-    lifetimes: F32Array
-
-
-@dataclass(frozen=True, slots=True)
-class _Step:
-    dt: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    what: str
-
-
-class _ParticleActor(SimulationActor):
+class _ParticleActor(RealtimeActor):
     """Holds the particles in device buffers (positions, velocities, lifetimes, a live
     counter), growing them by doubling."""
 
-    def __init__(self, system: System, device: Device | None, gravity_y: float, drag: float,
+    def __init__(self, system: System, placement: Placement, gravity_y: float, drag: float,
                  bounce: float, ground_y: float) -> None:
-        super().__init__(system, device, 0)
+        super().__init__(system, placement)
         self.gravity_y, self.drag, self.bounce, self.ground_y = gravity_y, drag, bounce, ground_y
         self.count = 0
         self.capacity = 0
-        self.buffers: dict[str, GpuBuffer] = {}
-
-    async def handle(self, message: Any) -> Any:
-        cls = type(message)
-        if cls is _Step:
-            return await self._step(message.dt)
-        if cls is _Emit:
-            return await self._emit(message)
-        if cls is _Read:
-            return await self._read(message.what)
-        return await super().handle(message)
+        self.arrays: dict[str, GpuBuffer] = {}
 
     async def _reserve(self, needed: int) -> None:
         if needed <= self.capacity:
@@ -77,34 +43,34 @@ class _ParticleActor(SimulationActor):
                  "lifetimes": await self.allocate(size)}
         dev = self.device
         for key, width in (("positions", 3), ("velocities", 3), ("lifetimes", 1)):
-            old = self.buffers.get(key)
+            old = self.arrays.get(key)
             if old is not None:
                 if self.count:
                     await dev.copy_async(old, fresh[key], width * self.count)
                 await self.release(old)
-        if "live" not in self.buffers:
+        if "live" not in self.arrays:
             fresh["live"] = await self.allocate(1, DType.I32)
-        self.buffers.update(fresh)
+        self.arrays.update(fresh)
         self.capacity = size
 
-    async def _emit(self, message: _Emit) -> int:
-        n = len(message.positions)
+    async def on_emit(self, positions: F32Array, velocities: F32Array,
+                      lifetimes: F32Array) -> int:
+        n = len(positions)
         if n == 0:
             return self.count
         await self._reserve(self.count + n)
         dev, first = self.device, self.count
-        await dev.copy_from_numpy_async(self.buffers["positions"], message.positions.ravel(),
+        await dev.copy_from_numpy_async(self.arrays["positions"], positions.ravel(), 3 * first)
+        await dev.copy_from_numpy_async(self.arrays["velocities"], velocities.ravel(),
                                         3 * first)
-        await dev.copy_from_numpy_async(self.buffers["velocities"],
-                                        message.velocities.ravel(), 3 * first)
-        await dev.copy_from_numpy_async(self.buffers["lifetimes"], message.lifetimes, first)
+        await dev.copy_from_numpy_async(self.arrays["lifetimes"], lifetimes, first)
         self.count += n
         return self.count
 
-    async def _step(self, dt: float) -> int:
+    async def on_step(self, dt: float) -> int:
         if self.count == 0:
             return 0
-        dev, b = self.device, self.buffers
+        dev, b = self.device, self.arrays
         pos, vel, life = (dev.ref_of(b[key]) for key in ("positions", "velocities", "lifetimes"))
         live: int = await dev.run_async(ParticleStep(
             pos, vel, life, dev.ref_of(b["live"]), self.count, dt, self.gravity_y, self.drag,
@@ -115,16 +81,26 @@ class _ParticleActor(SimulationActor):
         return live
 
     async def _read(self, what: str) -> F32Array:
-        if what == "count":
-            return np.asarray(self.count)
         if self.count == 0:
             return np.zeros((0, 3) if what != "lifetimes" else (0,), dtype=np.float32)
         width = 1 if what == "lifetimes" else 3
-        data = await self.device.copy_to_numpy_async(self.buffers[what], 0, width * self.count)
+        data = await self.device.copy_to_numpy_async(self.arrays[what], 0, width * self.count)
         return data.reshape(self.count, 3) if width == 3 else data
 
+    async def on_positions(self) -> F32Array:
+        return await self._read("positions")
 
-class ParticleSystemActor(SimulationClient):
+    async def on_velocities(self) -> F32Array:
+        return await self._read("velocities")
+
+    async def on_lifetimes(self) -> F32Array:
+        return await self._read("lifetimes")
+
+    async def on_live_count(self) -> int:
+        return self.count
+
+
+class ParticleSystemActor(RealtimeClient):
     """Particles under gravity (``gravity_y``, along y) and linear drag (``drag``, 1/s),
     bouncing on the ground plane ``y = ground_y`` with restitution ``bounce``, each living
     for its lifetime (seconds), stepped on a device.
@@ -157,29 +133,28 @@ class ParticleSystemActor(SimulationClient):
         if len(p) != len(v):
             raise InvalidArgument(f"{len(p)} positions but {len(v)} velocities")
         life = _lifetimes(lifetimes, len(p))
-        return self._call(_Emit(p, v, life), require_timeout(timeout_secs), "emit")
+        return self._run("emit", (p, v, life), timeout_secs)
 
     def step_async(self, dt: float, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Advance every particle by ``dt`` seconds; answers how many are alive after it
         (0 when empty)."""
-        return self._call(_Step(require_dt(dt)), require_timeout(timeout_secs), "step")
+        return self._run("step", (require_dt(dt),), timeout_secs)
 
     def positions_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The live particles' positions, ``(n, 3)`` float32, in emission order."""
-        return self._call(_Read("positions"), require_timeout(timeout_secs), "positions")
+        return self._run("positions", (), timeout_secs)
 
     def velocities_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The live particles' velocities, ``(n, 3)`` float32, in emission order."""
-        return self._call(_Read("velocities"), require_timeout(timeout_secs), "velocities")
+        return self._run("velocities", (), timeout_secs)
 
     def lifetimes_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The live particles' remaining lifetimes (seconds, ``inf`` for forever)."""
-        return self._call(_Read("lifetimes"), require_timeout(timeout_secs), "lifetimes")
+        return self._run("lifetimes", (), timeout_secs)
 
     async def live_count_async(self, timeout_secs: float = TIMEOUT) -> int:
         """How many particles are alive."""
-        return int(await self._call(_Read("count"), require_timeout(timeout_secs),
-                                    "live_count"))
+        return int(await self._run("live_count", (), timeout_secs))
 
     emit = blocking_twin(emit_async)
     step = blocking_twin(step_async)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin, require_timeout
+from atomr_accel.agents._client import TIMEOUT, blocking_twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_data import BuildCsr
@@ -16,7 +16,7 @@ from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.patterns._base import require_positive_int
-from atomr_accel.realtime._bound import BoundActor, BoundClient
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 
 __all__ = ["GpuSparseStructureActor"]
 
@@ -25,12 +25,12 @@ Triplets = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any
 _CSR = ("indptr", "indices", "values")
 
 
-class _SparseActor(BoundActor):
+class _SparseActor(RealtimeActor):
     """Holds the CSR matrix in three buffers (swapped for fresh ones at every change)."""
 
-    def __init__(self, system: System, device: Device | None, rows: int, cols: int,
+    def __init__(self, system: System, placement: Placement, rows: int, cols: int,
                  dtype: DType) -> None:
-        super().__init__(system, device)
+        super().__init__(system, placement)
         self.rows, self.cols, self.dtype = rows, cols, dtype
         self.nnz = 0
         self.csr: dict[str, GpuBuffer] = {}
@@ -44,16 +44,13 @@ class _SparseActor(BoundActor):
         return CsrMatrix(indptr, indices, values, self.rows, self.cols, self.nnz)
 
     async def _build(self, triplets: Triplets, keep: bool) -> int:
-        device = await self.device()
+        device = self.device
         rows, cols, data = triplets
         count = len(rows)
-        refs = []
-        for name, array, dtype in (("coo-rows", rows, DType.I32), ("coo-cols", cols, DType.I32),
-                                   ("coo-data", data, self.dtype)):
-            buffer = await self.buffer(name, count, dtype)
-            if count:
-                await device.copy_from_numpy_async(buffer, array, 0)
-            refs.append(device.ref_of(buffer))
+        refs = [device.ref_of(await self.upload(name, array, dtype))
+                for name, array, dtype in (("coo-rows", rows, DType.I32),
+                                           ("coo-cols", cols, DType.I32),
+                                           ("coo-data", data, self.dtype))]
         base = self._matrix(device) if keep else None
         room = count + (base.nnz if base is not None else 0)
         self.generation += 1
@@ -80,18 +77,17 @@ class _SparseActor(BoundActor):
         return await self._build(triplets, keep=True)
 
     async def on_spmv(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        device = await self.device()
+        device = self.device
         matrix = self._matrix(device)
         if matrix is None:
             return np.zeros(self.rows, self.dtype.numpy)
-        xb = await self.buffer("x", self.cols, self.dtype)
+        xb = await self.upload("x", x, self.dtype)
         yb = await self.buffer("y", self.rows, self.dtype)
-        await device.copy_from_numpy_async(xb, x, 0)
         await device.sparse().spmv_async(matrix, xb, yb)
         return await device.copy_to_numpy_async(yb, 0, self.rows)
 
     async def on_to_csr(self) -> Triplets:
-        device = await self.device()
+        device = self.device
         if not self.csr:
             return (np.zeros(self.rows + 1, np.int32), np.zeros(0, np.int32),
                     np.zeros(0, self.dtype.numpy))
@@ -107,7 +103,7 @@ class _SparseActor(BoundActor):
                 "dtype": self.dtype.value}
 
 
-class GpuSparseStructureActor(BoundClient):
+class GpuSparseStructureActor(RealtimeClient):
     """A ``rows x cols`` sparse matrix (``dtype`` ``"f32"`` or ``"f64"``) held as CSR on a
     device: built from COO triplets on the device (entries at one position summed,
     columns sorted in each row, as ``scipy.sparse.coo_matrix(...).tocsr()``), updated
@@ -124,15 +120,14 @@ class GpuSparseStructureActor(BoundClient):
     def spawn(cls, system: Any, rows: int, cols: int, dtype: str = "f32",
               name: str | None = None, *, device: Device | None = None,
               ) -> GpuSparseStructureActor:
-        """Start an empty matrix on ``device`` (None: the system places it at first use)."""
+        """Start an empty matrix on ``device`` (None: the system places it as it starts)."""
         require_positive_int("rows", rows)
         require_positive_int("cols", cols)
         if dtype not in _DTYPES:
             raise InvalidArgument(f"dtype must be 'f32' or 'f64', got {dtype!r}")
         if rows >= 2**31 or cols >= 2**31:
             raise InvalidArgument("rows and cols must be below 2**31 (i32 indices)")
-        client = cls._spawn_bound(system, _SparseActor, (rows, cols, _DTYPES[dtype]), name,
-                                  device)
+        client = cls._spawn(system, _SparseActor, (rows, cols, _DTYPES[dtype]), name, device)
         client.rows, client.cols, client.dtype = rows, cols, _DTYPES[dtype]
         return client
 
@@ -155,16 +150,12 @@ class GpuSparseStructureActor(BoundClient):
     def build_async(self, rows: Any, cols: Any, values: Any,
                     timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Replace the matrix by the triplets' (duplicates summed); answer its nnz."""
-        coro: Coroutine[Any, Any, int] = self._run(
-            "build", (self._triplets(rows, cols, values),), require_timeout(timeout_secs))
-        return coro
+        return self._run("build", (self._triplets(rows, cols, values),), timeout_secs)
 
     def update_async(self, rows: Any, cols: Any, values: Any,
                      timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Add the triplets to the matrix (summed into entries held); answer its nnz."""
-        coro: Coroutine[Any, Any, int] = self._run(
-            "update", (self._triplets(rows, cols, values),), require_timeout(timeout_secs))
-        return coro
+        return self._run("update", (self._triplets(rows, cols, values),), timeout_secs)
 
     def spmv_async(self, x: Any, timeout_secs: float = TIMEOUT,
                    ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
@@ -172,22 +163,16 @@ class GpuSparseStructureActor(BoundClient):
         vector = np.asarray(x, dtype=self.dtype.numpy)
         if vector.shape != (self.cols,):
             raise InvalidArgument(f"x must hold {self.cols} numbers, got shape {vector.shape}")
-        coro: Coroutine[Any, Any, np.ndarray[Any, Any]] = self._run(
-            "spmv", (vector,), require_timeout(timeout_secs))
-        return coro
+        return self._run("spmv", (vector,), timeout_secs)
 
     def to_csr_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, Triplets]:
         """``(indptr, indices, values)`` of the CSR matrix, downloaded."""
-        coro: Coroutine[Any, Any, Triplets] = self._run("to_csr", (),
-                                                         require_timeout(timeout_secs))
-        return coro
+        return self._run("to_csr", (), timeout_secs)
 
     def stats_async(self, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, dict[str, Any]]:
         """``rows``, ``cols``, ``nnz`` and ``dtype``."""
-        coro: Coroutine[Any, Any, dict[str, Any]] = self._run("stats", (),
-                                                              require_timeout(timeout_secs))
-        return coro
+        return self._run("stats", (), timeout_secs)
 
     build = blocking_twin(build_async)
     update = blocking_twin(update_async)

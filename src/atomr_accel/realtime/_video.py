@@ -3,17 +3,17 @@ on a device, in an actor."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from atomr_accel.agents._client import blocking_twin, require_timeout
+from atomr_accel.agents._client import blocking_twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import BlendFrames, FilterFrames, Stage
 from atomr_accel.facade import Device, System
-from atomr_accel.realtime._bound import BoundActor, BoundClient
+from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
+from atomr_accel.realtime._checks import require_number
 from atomr_accel.realtime._frames import Frame, FrameShape, as_frame, as_stages, frame_shape
 from atomr_accel.realtime._image import TIMEOUT
 
@@ -84,11 +84,11 @@ def _order(nodes: dict[str, _Node], output: str | None) -> list[str]:
     return order
 
 
-class _GraphActor(BoundActor):
+class _GraphActor(RealtimeActor):
     """Holds the nodes and a float32 buffer a node; runs the nodes in order per frame."""
 
-    def __init__(self, system: System, device: Device | None, shape: FrameShape) -> None:
-        super().__init__(system, device)
+    def __init__(self, system: System, placement: Placement, shape: FrameShape) -> None:
+        super().__init__(system, placement)
         self.shape = shape
         self.nodes: dict[str, _Node] = {}
         self.output: str | None = None
@@ -110,11 +110,10 @@ class _GraphActor(BoundActor):
 
     async def on_process(self, frame: Frame) -> Any:
         order = _order(self.nodes, self.output)
-        device = await self.device()
+        device = self.device
         s, dtype = self.shape, frame.dtype
         n = s.size
-        held = {SOURCE: await self.buffer(f"src-{dtype.value}", n, dtype)}
-        await device.copy_from_numpy_async(held[SOURCE], frame.data, 0)
+        held = {SOURCE: await self.upload(f"src-{dtype.value}", frame.data, dtype)}
         for name in order:
             node = self.nodes[name]
             out = held[name] = await self.buffer(f"node-{name}", n, DType.F32)
@@ -140,7 +139,7 @@ def _name(value: object, what: str) -> str:
     return value
 
 
-class VideoEffectsGraph(BoundClient):
+class VideoEffectsGraph(RealtimeClient):
     """A DAG of effect nodes run over ``height x width x channels`` frames on a device.
 
     The input frame is the node ``"source"``. ``add_filter(name, input, stages)``
@@ -159,9 +158,9 @@ class VideoEffectsGraph(BoundClient):
     @classmethod
     def spawn(cls, system: Any, width: int, height: int, channels: int,
               name: str | None = None, *, device: Device | None = None) -> VideoEffectsGraph:
-        """Start an empty graph on ``device`` (None: the system places it at first use)."""
+        """Start an empty graph on ``device`` (None: the system places it as it starts)."""
         shape = frame_shape(width, height, channels)
-        client = cls._spawn_bound(system, _GraphActor, (shape,), name, device)
+        client = cls._spawn(system, _GraphActor, (shape,), name, device)
         client.shape = shape
         return client
 
@@ -172,43 +171,29 @@ class VideoEffectsGraph(BoundClient):
         if not chain:
             raise InvalidArgument("a filter node needs at least one stage")
         node = _Node((_name(input, "input"),), chain)
-        coro: Coroutine[Any, Any, None] = self._run(
-            "add", (_name(name, "name"), node), require_timeout(timeout_secs))
-        return coro
+        return self._run("add", (_name(name, "name"), node), timeout_secs)
 
     def add_blend_async(self, name: str, a: str, b: str, weight_a: float = 0.5,
                         weight_b: float = 0.5, timeout_secs: float = TIMEOUT,
                         ) -> Coroutine[Any, Any, None]:
         """Add node ``name``: ``weight_a * a + weight_b * b``."""
-        weights = []
-        for value, what in ((weight_a, "weight_a"), (weight_b, "weight_b")):
-            if (isinstance(value, bool) or not isinstance(value, int | float)
-                    or not math.isfinite(value)):
-                raise InvalidArgument(f"{what} must be a finite number, got {value!r}")
-            weights.append(float(value))
-        node = _Node((_name(a, "a"), _name(b, "b")), (), (weights[0], weights[1]))
-        coro: Coroutine[Any, Any, None] = self._run(
-            "add", (_name(name, "name"), node), require_timeout(timeout_secs))
-        return coro
+        weights = (require_number("weight_a", weight_a), require_number("weight_b", weight_b))
+        node = _Node((_name(a, "a"), _name(b, "b")), (), weights)
+        return self._run("add", (_name(name, "name"), node), timeout_secs)
 
     def set_output_async(self, name: str, timeout_secs: float = TIMEOUT,
                          ) -> Coroutine[Any, Any, None]:
         """Make node ``name`` the graph's output."""
-        coro: Coroutine[Any, Any, None] = self._run(
-            "set_output", (_name(name, "name"),), require_timeout(timeout_secs))
-        return coro
+        return self._run("set_output", (_name(name, "name"),), timeout_secs)
 
     def order_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, list[str]]:
         """The nodes ``process`` runs, in the order it runs them."""
-        coro: Coroutine[Any, Any, list[str]] = self._run("order", (),
-                                                         require_timeout(timeout_secs))
-        return coro
+        return self._run("order", (), timeout_secs)
 
     def process_async(self, frame: Any, timeout_secs: float = TIMEOUT,
                       ) -> Coroutine[Any, Any, Any]:
         """The output node's frame for ``frame``, in the form ``frame`` came in."""
-        return self._run("process", (as_frame(frame, self.shape),),
-                         require_timeout(timeout_secs))
+        return self._run("process", (as_frame(frame, self.shape),), timeout_secs)
 
     add_filter = blocking_twin(add_filter_async)
     add_blend = blocking_twin(add_blend_async)

@@ -13,13 +13,13 @@ gathers values; an erase marks slots erased. The keys of one op are distinct
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import cupy as cp
 
 from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.backends.cpu._realtime_data import build_csr
+from atomr_accel.backends.cuda._realtime_nvrtc import Source, launch
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_data import (
@@ -110,21 +110,11 @@ extern "C" __global__ void hash_mark_erased(
 _BLOCK = 256
 
 
-@functools.cache
-def _kernel(name: str, device_id: int) -> Any:
-    """The kernel ``name`` on device ``device_id``: NVRTC compiles the module once per
-    process and device."""
-    return _module(device_id).get_function(name)
-
-
-@functools.cache
-def _module(device_id: int) -> Any:
-    return cp.RawModule(code=_SOURCE, options=("--std=c++17",))
+_KERNELS = Source(_SOURCE)
 
 
 def _launch(name: str, count: int, *args: Any) -> None:
-    _kernel(name, cp.cuda.Device().id)(((count + _BLOCK - 1) // _BLOCK,), (_BLOCK,), args,
-                  stream=cp.cuda.get_current_stream())
+    launch(_KERNELS.kernel(name), count, _BLOCK, *args)
 
 
 def _find(backend: ArrayBackend, table: HashTable, keys: Any, count: int) -> Any:

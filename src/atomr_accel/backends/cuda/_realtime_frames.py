@@ -21,6 +21,7 @@ import cupy as cp
 from atomr_accel.backends._base import ArrayBackend, Handler
 from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.backends.cpu._realtime_frames import blend_frames, frame_stats
+from atomr_accel.backends.cuda._realtime_nvrtc import Source
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_frames import (
@@ -138,16 +139,9 @@ def _expression(kind: str, src: DType, dst: DType) -> str:
     return f"{kind}<{_TYPES[src]}, {_TYPES[dst]}>"
 
 
-@functools.cache
-def _module(device_id: int) -> Any:
-    """The filter kernels, every type pair instantiated; NVRTC once per process and device."""
-    names = [_expression(k, a, b) for k in _KINDS for a in _TYPES for b in _TYPES]
-    return cp.RawModule(code=_SOURCE, options=("--std=c++17",), name_expressions=names)
-
-
-@functools.cache
-def _kernel(kind: str, src: DType, dst: DType, device_id: int) -> Any:
-    return _module(device_id).get_function(_expression(kind, src, dst))
+_KERNELS = Source(_SOURCE, names=tuple(
+    _expression(k, a, b) for k in _KINDS for a in _TYPES for b in _TYPES))
+"""The filter kernels, every type pair instantiated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +221,6 @@ def filter_frames(backend: ArrayBackend, op: FilterFrames) -> None:
     n = op.frames * op.height * op.width * op.channels
     held = _held(backend)
     stream = cp.cuda.get_current_stream()
-    device_id = cp.cuda.Device().id
     passes = passes_of(op.stages)
     scratch = _scratch(held, stream, n) if len(passes) > 1 else ()
     src, src_type = backend.array(op.src.buffer_id), op.src.dtype
@@ -247,7 +240,7 @@ def filter_frames(backend: ArrayBackend, op: FilterFrames) -> None:
         else:
             sizes = ()
         weights = (_weights(held, step.weights),) if step.weights else ()
-        _kernel(step.kind, src_type, dst_type, device_id)(
+        _KERNELS.kernel(_expression(step.kind, src_type, dst_type))(
             grid, _BLOCK, (src, dst, *weights, *shape, *sizes, *epilogue), stream=stream)
         src, src_type = dst, dst_type
 

@@ -1,4 +1,5 @@
-"""Realtime physics on CUDA: NVRTC kernels, compiled once per process, on the op's stream.
+"""Realtime physics on CUDA: NVRTC kernels, compiled once per process and device, run on
+the op's stream.
 
 The kernels follow the CPU reference (``backends.cpu._realtime_physics``)
 operation for operation, compiled with ``--fmad=false`` so that no multiply-add
@@ -18,7 +19,6 @@ their own stream (as a download does).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ import numpy as np
 from atomr_accel.backends._base import Handler
 from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.backends.cpu._realtime_physics import HASH, JACOBI_WEIGHT
+from atomr_accel.backends.cuda._realtime_nvrtc import Source, launch
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_physics import (
     ClothStep,
@@ -364,21 +365,18 @@ extern "C" __global__ void grid_query(
     "HASH_Z", f"{HASH[2]}ULL")
 
 
-@functools.cache
-def _module() -> Any:
-    return cp.RawModule(code=SOURCE, options=("--std=c++17", "--fmad=false"))
+_KERNELS = Source(SOURCE, ("--std=c++17", "--fmad=false"))
 
 
-@functools.cache
 def kernels(name: str) -> Any:
-    """The compiled kernel ``name`` of ``SOURCE`` (compiled once per process)."""
-    return _module().get_function(name)
+    """The compiled kernel ``name`` of ``SOURCE`` on the current device (compiled once per
+    process and device)."""
+    return _KERNELS.kernel(name)
 
 
 def _launch(name: str, n: int, *args: Any) -> None:
     """Launch ``name`` over ``n`` threads on the current stream."""
-    if n > 0:
-        kernels(name)(((n + BLOCK - 1) // BLOCK,), (BLOCK,), args)
+    launch(kernels(name), n, BLOCK, *args)
 
 
 def _i64(value: int) -> Any:

@@ -16,8 +16,9 @@ from typing import ClassVar
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core._fields import PickleByFields
-from atomr_accel.core._op import Op, require_dtype, require_len, require_nonneg, require_positive
+from atomr_accel.core._op import Op, require_nonneg, require_positive
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._realtime_checks import require_buffer
 from atomr_accel.core.ops._sparse import CsrMatrix
 
 __all__ = [
@@ -27,6 +28,9 @@ __all__ = [
 
 EMPTY, FULL, ERASED = 0, 1, 2
 """The states of a hash table slot: never used, holding an entry, or erased (a tombstone)."""
+
+_U8 = (DType.U8,)
+_I32 = (DType.I32,)
 
 
 class HashMapFull(OutOfMemory):
@@ -58,12 +62,9 @@ class HashTable(PickleByFields):
         """Raise ``InvalidArgument`` unless sizes, dtypes and buffer lengths fit."""
         require_positive(capacity=self.capacity, key_size=self.key_size,
                          value_size=self.value_size)
-        require_dtype(self.states, (DType.U32,), "states")
-        require_dtype(self.keys, (DType.U8,), "keys")
-        require_dtype(self.values, (DType.U8,), "values")
-        require_len(self.states, self.capacity, "states")
-        require_len(self.keys, self.capacity * self.key_size, "keys")
-        require_len(self.values, self.capacity * self.value_size, "values")
+        require_buffer(self.states, (DType.U32,), self.capacity, "states")
+        require_buffer(self.keys, _U8, self.capacity * self.key_size, "keys")
+        require_buffer(self.values, _U8, self.capacity * self.value_size, "values")
 
 
 def _require_table(table: object) -> HashTable:
@@ -71,11 +72,6 @@ def _require_table(table: object) -> HashTable:
         raise InvalidArgument(f"table must be a HashTable, got {table!r}")
     table.validate()
     return table
-
-
-def _require_rows(ref: GpuRef, count: int, width: int, name: str) -> None:
-    require_dtype(ref, (DType.U8,), name)
-    require_len(ref, count * width, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +104,8 @@ class HashInsert(Op):
         require_nonneg(count=self.count, live=self.live)
         if self.live > table.capacity:
             raise InvalidArgument(f"live ({self.live}) exceeds the capacity ({table.capacity})")
-        _require_rows(self.keys, self.count, table.key_size, "keys")
-        _require_rows(self.values, self.count, table.value_size, "values")
+        require_buffer(self.keys, _U8, self.count * table.key_size, "keys")
+        require_buffer(self.values, _U8, self.count * table.value_size, "values")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +128,9 @@ class HashLookup(Op):
     def validate(self) -> None:
         table = _require_table(self.table)
         require_nonneg(count=self.count)
-        _require_rows(self.keys, self.count, table.key_size, "keys")
-        _require_rows(self.values, self.count, table.value_size, "values")
-        _require_rows(self.found, self.count, 1, "found")
+        require_buffer(self.keys, _U8, self.count * table.key_size, "keys")
+        require_buffer(self.values, _U8, self.count * table.value_size, "values")
+        require_buffer(self.found, _U8, self.count, "found")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +153,7 @@ class HashErase(Op):
     def validate(self) -> None:
         table = _require_table(self.table)
         require_nonneg(count=self.count)
-        _require_rows(self.keys, self.count, table.key_size, "keys")
+        require_buffer(self.keys, _U8, self.count * table.key_size, "keys")
 
 
 _CSR_VALUES = (DType.F32, DType.F64)
@@ -196,11 +192,9 @@ class BuildCsr(Op):
 
     def validate(self) -> None:
         require_nonneg(count=self.count, n_rows=self.n_rows, n_cols=self.n_cols)
-        require_dtype(self.rows, (DType.I32,), "rows")
-        require_dtype(self.cols, (DType.I32,), "cols")
-        require_dtype(self.data, _CSR_VALUES, "data")
-        for ref, name in ((self.rows, "rows"), (self.cols, "cols"), (self.data, "data")):
-            require_len(ref, self.count, name)
+        require_buffer(self.rows, _I32, self.count, "rows")
+        require_buffer(self.cols, _I32, self.count, "cols")
+        require_buffer(self.data, _CSR_VALUES, self.count, "data")
         room = self.count
         inputs = [self.rows, self.cols, self.data]
         if self.base is not None:
@@ -216,12 +210,9 @@ class BuildCsr(Op):
                                       f"data is {self.data.dtype.value}")
             room += self.base.nnz
             inputs += self.base.refs()
-        require_dtype(self.indptr, (DType.I32,), "indptr")
-        require_dtype(self.indices, (DType.I32,), "indices")
-        require_dtype(self.values, (self.data.dtype,), "values")
-        require_len(self.indptr, self.n_rows + 1, "indptr")
-        require_len(self.indices, room, "indices")
-        require_len(self.values, room, "values")
+        require_buffer(self.indptr, _I32, self.n_rows + 1, "indptr")
+        require_buffer(self.indices, _I32, room, "indices")
+        require_buffer(self.values, (self.data.dtype,), room, "values")
         held = {(r.device_id, r.buffer_id) for r in inputs}
         for ref, name in ((self.indptr, "indptr"), (self.indices, "indices"),
                           (self.values, "values")):

@@ -17,8 +17,9 @@ from typing import ClassVar
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
-from atomr_accel.core._op import Op, is_int, require_dtype, require_len, require_positive
+from atomr_accel.core._op import Op, is_int, require_positive
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._realtime_checks import finite, require_buffer
 
 __all__ = [
     "FRAME_DTYPES",
@@ -28,12 +29,6 @@ __all__ = [
 
 FRAME_DTYPES = (DType.U8, DType.F32)
 """The element types a frame may hold."""
-
-
-def _finite(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +49,7 @@ class Correlate(PickleByFields):
             raise InvalidArgument(f"a {self.size[0]}x{self.size[1]} kernel needs "
                                   f"{self.size[0] * self.size[1]} weights, got {count!r}")
         for w in self.weights:
-            _finite("a weight", w)
+            finite("a weight", w)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +62,7 @@ class GaussianBlur(PickleByFields):
 
     def validate(self) -> None:
         """Raise ``InvalidArgument`` unless ``sigma > 0`` and ``radius >= 0``."""
-        if _finite("sigma", self.sigma) <= 0:
+        if finite("sigma", self.sigma) <= 0:
             raise InvalidArgument(f"sigma must be > 0, got {self.sigma!r}")
         if not is_int(self.radius) or self.radius < 0:
             raise InvalidArgument(f"radius must be an int >= 0, got {self.radius!r}")
@@ -115,20 +110,15 @@ class Threshold(PickleByFields):
 
     def validate(self) -> None:
         """Raise ``InvalidArgument`` unless the three numbers are finite."""
-        _finite("level", self.level)
-        _finite("low", self.low)
-        _finite("high", self.high)
+        finite("level", self.level)
+        finite("low", self.low)
+        finite("high", self.high)
 
 
 Stage = Correlate | GaussianBlur | BoxBlur | SobelMagnitude | Threshold
 """One filter stage of a chain."""
 
 _STAGES = (Correlate, GaussianBlur, BoxBlur, SobelMagnitude, Threshold)
-
-
-def _require_frame(ref: GpuRef, elements: int, name: str) -> None:
-    require_dtype(ref, FRAME_DTYPES, name)
-    require_len(ref, elements, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +141,8 @@ class FilterFrames(Op):
         require_positive(height=self.height, width=self.width, channels=self.channels,
                          frames=self.frames)
         elements = self.frames * self.height * self.width * self.channels
-        _require_frame(self.src, elements, "src")
-        _require_frame(self.dst, elements, "dst")
+        require_buffer(self.src, FRAME_DTYPES, elements, "src")
+        require_buffer(self.dst, FRAME_DTYPES, elements, "dst")
         if (self.src.device_id, self.src.buffer_id) == (self.dst.device_id, self.dst.buffer_id):
             raise InvalidArgument("dst must not share a buffer with src")
         if not isinstance(self.stages, tuple) or not self.stages:
@@ -186,8 +176,8 @@ class FrameStats(Op):
     def validate(self) -> None:
         require_positive(height=self.height, width=self.width, channels=self.channels,
                          bins=self.bins)
-        _require_frame(self.src, self.height * self.width * self.channels, "src")
-        if not _finite("low", self.low) < _finite("high", self.high):
+        require_buffer(self.src, FRAME_DTYPES, self.height * self.width * self.channels, "src")
+        if not finite("low", self.low) < finite("high", self.high):
             raise InvalidArgument(f"low ({self.low}) must be below high ({self.high})")
 
 
@@ -208,6 +198,6 @@ class BlendFrames(Op):
     def validate(self) -> None:
         require_positive(count=self.count)
         for ref, name in ((self.a, "a"), (self.b, "b"), (self.dst, "dst")):
-            _require_frame(ref, self.count, name)
-        _finite("weight_a", self.weight_a)
-        _finite("weight_b", self.weight_b)
+            require_buffer(ref, FRAME_DTYPES, self.count, name)
+        finite("weight_a", self.weight_a)
+        finite("weight_b", self.weight_b)

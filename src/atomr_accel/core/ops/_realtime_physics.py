@@ -12,14 +12,14 @@ values, all row-major with row ``y`` and column ``x``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, require_dtype, require_len, require_nonneg, require_positive
+from atomr_accel.core._op import Op, require_nonneg, require_positive
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._realtime_checks import require_buffer, require_finite
 
 __all__ = [
     "ClothStep",
@@ -31,29 +31,10 @@ __all__ = [
     "ParticleCompact",
     "ParticleStep",
     "fluid_scratch",
-    "require_finite",
 ]
 
 _F32 = (DType.F32,)
 _I32 = (DType.I32,)
-
-
-def require_finite(**values: object) -> None:
-    """Every keyword value must be a finite real number (not a bool)."""
-    for name, value in values.items():
-        if (not isinstance(value, int | float) or isinstance(value, bool)
-                or not math.isfinite(value)):
-            raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
-
-
-def _f32(ref: GpuRef, needed: int, name: str) -> None:
-    require_dtype(ref, _F32, name)
-    require_len(ref, needed, name)
-
-
-def _i32(ref: GpuRef, needed: int, name: str) -> None:
-    require_dtype(ref, _I32, name)
-    require_len(ref, needed, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +72,10 @@ class ParticleStep(Op):
         if self.dt < 0 or self.drag < 0 or self.bounce < 0:
             raise InvalidArgument(f"dt, drag and bounce must be >= 0, got {self.dt!r}, "
                                   f"{self.drag!r}, {self.bounce!r}")
-        _f32(self.positions, 3 * self.count, "positions")
-        _f32(self.velocities, 3 * self.count, "velocities")
-        _f32(self.lifetimes, self.count, "lifetimes")
-        _i32(self.live, 1, "live")
+        require_buffer(self.positions, _F32, 3 * self.count, "positions")
+        require_buffer(self.velocities, _F32, 3 * self.count, "velocities")
+        require_buffer(self.lifetimes, _F32, self.count, "lifetimes")
+        require_buffer(self.live, _I32, 1, "live")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +92,9 @@ class ParticleCompact(Op):
 
     def validate(self) -> None:
         require_nonneg(count=self.count)
-        _f32(self.positions, 3 * self.count, "positions")
-        _f32(self.velocities, 3 * self.count, "velocities")
-        _f32(self.lifetimes, self.count, "lifetimes")
+        require_buffer(self.positions, _F32, 3 * self.count, "positions")
+        require_buffer(self.velocities, _F32, 3 * self.count, "velocities")
+        require_buffer(self.lifetimes, _F32, self.count, "lifetimes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +140,9 @@ class ClothStep(Op):
                                   f"[0, 1]; got {self.spacing!r}, {self.dt!r}, "
                                   f"{self.stiffness!r}, {self.damping!r}")
         n = self.width * self.height
-        _f32(self.positions, 3 * n, "positions")
-        _f32(self.previous, 3 * n, "previous")
-        _f32(self.inverse_mass, n, "inverse_mass")
+        require_buffer(self.positions, _F32, 3 * n, "positions")
+        require_buffer(self.previous, _F32, 3 * n, "previous")
+        require_buffer(self.inverse_mass, _F32, n, "inverse_mass")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +177,7 @@ def _fluid_fields(width: int, height: int, **refs: GpuRef) -> None:
     """Each named buffer must be float32 and hold its field of the grid."""
     sizes = {"u": height * (width + 1), "v": (height + 1) * width}
     for name, ref in refs.items():
-        _f32(ref, sizes.get(name, width * height), name)
+        require_buffer(ref, _F32, sizes.get(name, width * height), name)
 
 
 def fluid_scratch(width: int, height: int) -> int:
@@ -249,7 +230,7 @@ class FluidStep(Op):
                                   f"{self.viscosity!r}")
         _fluid_fields(self.width, self.height, u=self.u, v=self.v, density=self.density,
                       pressure=self.pressure, divergence=self.divergence)
-        _f32(self.scratch, fluid_scratch(self.width, self.height), "scratch")
+        require_buffer(self.scratch, _F32, fluid_scratch(self.width, self.height), "scratch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,10 +275,10 @@ class GridBuild(Op):
         require_nonneg(count=self.count)
         require_positive(table_size=self.table_size)
         _require_cell_size(self.cell_size)
-        _f32(self.points, 3 * self.count, "points")
-        _i32(self.order, self.count, "order")
-        _i32(self.cell_start, self.table_size, "cell_start")
-        _i32(self.cell_end, self.table_size, "cell_end")
+        require_buffer(self.points, _F32, 3 * self.count, "points")
+        require_buffer(self.order, _I32, self.count, "order")
+        require_buffer(self.cell_start, _I32, self.table_size, "cell_start")
+        require_buffer(self.cell_end, _I32, self.table_size, "cell_end")
 
 
 def _require_cell_size(cell_size: object) -> None:
@@ -340,8 +321,8 @@ class GridQuery(Op):
         if self.radius > 64 * self.cell_size:
             raise InvalidArgument(f"radius {self.radius!r} spans more than 64 cells of "
                                   f"{self.cell_size!r}; rebuild with a larger cell_size")
-        _f32(self.points, 3 * self.count, "points")
-        _f32(self.queries, 3 * self.query_count, "queries")
-        _i32(self.order, self.count, "order")
-        _i32(self.cell_start, self.table_size, "cell_start")
-        _i32(self.cell_end, self.table_size, "cell_end")
+        require_buffer(self.points, _F32, 3 * self.count, "points")
+        require_buffer(self.queries, _F32, 3 * self.query_count, "queries")
+        require_buffer(self.order, _I32, self.count, "order")
+        require_buffer(self.cell_start, _I32, self.table_size, "cell_start")
+        require_buffer(self.cell_end, _I32, self.table_size, "cell_end")
