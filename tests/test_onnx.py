@@ -177,6 +177,21 @@ def test_a_bad_model_is_invalid_argument(dev: Any) -> None:
         dev.onnx().load("/no/such/model.onnx")
     with pytest.raises(InvalidArgument, match="ModelProto"):
         dev.onnx().load(12)
+    with pytest.raises(InvalidArgument, match="threads"):
+        dev.onnx().load(b"model", threads=-1)
+    with pytest.raises(InvalidArgument, match="spinning"):
+        dev.onnx().load(b"model", spinning="yes")
+    with pytest.raises(InvalidArgument, match="one str"):
+        dev.onnx().load(b"model", providers="CPUExecutionProvider")
+
+
+def test_session_options_give_the_same_answers(
+        dev: Any, mlp_model: tuple[bytes, dict[str, Arr]]) -> None:
+    x = np.random.default_rng(10).standard_normal((9, 16)).astype(np.float32)
+    want = mlp_reference(x, mlp_model[1])
+    for threads, spinning in ((1, False), (2, True)):
+        engine = dev.onnx().load(mlp_model[0], threads=threads, spinning=spinning)
+        np.testing.assert_allclose(engine.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
 
 
 def test_the_model_is_reloaded_after_a_context_rebuild(

@@ -131,6 +131,14 @@ from atomr_accel.core.ops._norm import (
     NormPhase,
     RmsNorm,
 )
+from atomr_accel.core.ops._onnx import (
+    DeviceTensor,
+    LoadOnnxModel,
+    OnnxModelInfo,
+    OnnxTensorInfo,
+    RunOnnxModel,
+    UnloadOnnxModel,
+)
 from atomr_accel.core.ops._peer import (
     CanAccessPeer,
     EnablePeerAccess,
@@ -187,14 +195,6 @@ from atomr_accel.core.ops._solver import (
 )
 from atomr_accel.core.ops._sparse import CsrMatrix, CsrSpMM, CsrSpMV
 from atomr_accel.core.ops._tensor import Contract
-from atomr_accel.core.ops._onnx import (
-    DeviceTensor,
-    LoadOnnxModel,
-    OnnxModelInfo,
-    OnnxTensorInfo,
-    RunOnnxModel,
-    UnloadOnnxModel,
-)
 from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 F32, F64, C64, C128, I32 = DType.F32, DType.F64, DType.C64, DType.C128, DType.I32
@@ -430,7 +430,7 @@ EXAMPLES: list[Any] = [
     FilterFrames(_buf(U8, 24), _buf(F32, 24, 2), 2, 4, 3, _STAGES),
     FrameStats(_buf(F32, 24), 2, 4, 3, 16, -1.0, 1.0),
     BlendFrames(_buf(U8, 24), _buf(F32, 24, 2), _buf(U8, 24), 24, 0.25, 0.75),
-    LoadOnnxModel(b"\x08\x08:model", ("CPUExecutionProvider",)),
+    LoadOnnxModel(b"\x08\x08:model", ("CPUExecutionProvider",), threads=2, spinning=True),
     RunOnnxModel("ab" * 32, (("x", np.ones((2, 3), np.float32)),
                              ("m", DeviceTensor(_buf(F32, 8, 2), (2, 4)))),
                  ("y",), (("z", DeviceTensor(_buf(F32, 6, 3), (2, 3))),)),

@@ -50,11 +50,23 @@ _ELEMENT_TYPES = {
 
 @dataclass
 class Model:
-    """A loaded model: its bytes, the providers asked for, and its sessions by stream key."""
+    """A loaded model: its bytes, the providers asked for, its session options (threads,
+    spinning) and its sessions by stream key."""
 
     data: bytes
     providers: list[Any]
+    threads: int = 0
+    spinning: bool = False
     sessions: dict[int, Any] = field(default_factory=dict)
+
+    def options(self, ort: Any) -> Any:
+        """ONNX Runtime's ``SessionOptions`` of this model."""
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        if not self.spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        return options
 
 
 Models = dict[str, Model]
@@ -70,7 +82,8 @@ def translate(exc: Exception, what: str) -> GpuRuntimeError:
     kind = type(exc).__name__
     text = f"{what}: {exc}"
     if kind in ("InvalidArgument", "InvalidProtobuf", "InvalidGraph", "NoSuchFile",
-                "NotImplemented") or "INVALID_ARGUMENT" in str(exc):
+                "NotImplemented") or "INVALID_ARGUMENT" in str(exc) \
+            or "Shape mismatch" in str(exc):
         return InvalidArgument(f"onnxruntime refused it ({kind}) in {text}")
     return LibraryError("onnx", kind, text)
 
@@ -83,7 +96,8 @@ def session_of(model: Model, key: int, options: Callable[[], list[Any]] | None =
         ort = require("onnx")
         providers = model.providers if options is None else options()
         try:
-            session = ort.InferenceSession(model.data, providers=providers)
+            session = ort.InferenceSession(model.data, sess_options=model.options(ort),
+                                           providers=providers)
         except Exception as exc:
             raise translate(exc, "loading the model") from exc
         model.sessions[key] = session
@@ -107,7 +121,7 @@ def load(backend: Any, op: LoadOnnxModel, providers: list[Any], key: int) -> Onn
     """Keep the model under its digest (replacing one loaded before) with a session for stream
     ``key`` on ``providers``, and answer its info."""
     digest = op.digest
-    model = Model(op.model, providers)
+    model = Model(op.model, providers, op.threads, op.spinning)
     session = session_of(model, key)
     models(backend)[digest] = model
     return info_of(digest, session)

@@ -18,7 +18,7 @@ import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
-from atomr_accel.core._op import Op, is_int, require
+from atomr_accel.core._op import Op, is_int, require, require_nonneg
 from atomr_accel.core._ref import GpuRef
 
 __all__ = [
@@ -93,15 +93,21 @@ def _names(names: tuple[Any, ...], what: str) -> None:
 class LoadOnnxModel(Op):
     """Make (or replace) the session of the serialized ONNX ``model`` in the context and answer
     its ``OnnxModelInfo``. ``providers`` are ONNX Runtime execution provider names (None: the
-    CUDA provider on a CUDA device, the CPU provider on the CPU backend)."""
+    CUDA provider on a CUDA device, the CPU provider on the CPU backend). ``threads`` is the
+    CPU provider's intra-op thread count (0: ONNX Runtime's default); ``spinning`` lets its
+    idle threads spin (off by default: spinning threads take the cores that the event loop
+    and the other requests need)."""
 
     library: ClassVar[str] = "onnx"
     model: bytes
     providers: tuple[str, ...] | None = None
+    threads: int = 0
+    spinning: bool = False
 
     def validate(self) -> None:
         require(isinstance(self.model, bytes) and len(self.model) > 0,
                 "model must be the non-empty bytes of a serialized ONNX model")
+        require_nonneg(threads=self.threads)
         if self.providers is not None:
             _names(self.providers, "providers")
 
