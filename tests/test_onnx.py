@@ -208,6 +208,22 @@ def test_the_model_is_reloaded_after_a_context_rebuild(
     np.testing.assert_array_equal(after, before)
 
 
+def test_a_process_context_runs_it_and_reloads_it_after_a_crash(
+        system: System, mlp_model: tuple[bytes, dict[str, Arr]]) -> None:
+    dev = system.spawn_device(mock=True, isolation="process")
+    engine = dev.onnx().load(mlp_model[0])
+    x = np.random.default_rng(11).standard_normal((5, 16)).astype(np.float32)
+    want = mlp_reference(x, mlp_model[1])
+    src, dst = dev.allocate(80, "f32"), dev.allocate(40, "f32")
+    dev.copy_from_numpy(src, x)
+    engine.run({"x": (src, (5, 16))}, outputs={"y": (dst, (5, 8))})
+    np.testing.assert_allclose(dev.copy_to_numpy(dst, shape=(5, 8)), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ContextPoisoned):
+        dev.inject_fault(FaultKind.CRASH)  # the worker process dies with its sessions
+    np.testing.assert_allclose(engine.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+    assert dev.generation == 2
+
+
 def test_close_drops_the_session(dev: Any, mlp_model: tuple[bytes, dict[str, Arr]]) -> None:
     engine = dev.onnx().load(mlp_model[0])
     engine.close()
