@@ -131,6 +131,14 @@ from atomr_accel.core.ops._norm import (
     NormPhase,
     RmsNorm,
 )
+from atomr_accel.core.ops._onnx import (
+    DeviceTensor,
+    LoadOnnxModel,
+    OnnxModelInfo,
+    OnnxTensorInfo,
+    RunOnnxModel,
+    UnloadOnnxModel,
+)
 from atomr_accel.core.ops._peer import (
     CanAccessPeer,
     EnablePeerAccess,
@@ -422,6 +430,11 @@ EXAMPLES: list[Any] = [
     FilterFrames(_buf(U8, 24), _buf(F32, 24, 2), 2, 4, 3, _STAGES),
     FrameStats(_buf(F32, 24), 2, 4, 3, 16, -1.0, 1.0),
     BlendFrames(_buf(U8, 24), _buf(F32, 24, 2), _buf(U8, 24), 24, 0.25, 0.75),
+    LoadOnnxModel(b"\x08\x08:model", ("CPUExecutionProvider",), threads=2, spinning=True),
+    RunOnnxModel("ab" * 32, (("x", np.ones((2, 3), np.float32)),
+                             ("m", DeviceTensor(_buf(F32, 8, 2), (2, 4)))),
+                 ("y",), (("z", DeviceTensor(_buf(F32, 6, 3), (2, 3))),)),
+    UnloadOnnxModel("ab" * 32),
 ]
 
 
@@ -685,6 +698,9 @@ _VALUES: list[Any] = [
     _GRAPH,
     _csr(),
     PeerSource(1, 0, C64, 4, 64, None, 0),
+    DeviceTensor(_buf(F32, 8), (2, 4)),
+    OnnxModelInfo("ab" * 32, (OnnxTensorInfo("x", "float32", (None, 4)),),
+                  (OnnxTensorInfo("y", "float32", (None, 2)),), ("CPUExecutionProvider",)),
     *DType,
     *FftKind, *Distribution, *FaultKind, *Location, *Advice,
     *NormMode, *NormPhase, *RnnMode, *RnnDirection,

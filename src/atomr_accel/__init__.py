@@ -76,6 +76,8 @@ from atomr_accel.facade import (
     MultiHeadAttnBwdInputs,
     Nvrtc,
     NvrtcKernel,
+    Onnx,
+    OnnxEngine,
     Placement,
     RngGenerator,
     RnnBwdInputs,
@@ -83,6 +85,8 @@ from atomr_accel.facade import (
     Sparse,
     System,
     Tensor,
+    TensorRt,
+    TrtEngine,
 )
 from atomr_accel.facade._peer import CopyPath, PeerTopology
 from atomr_accel.patterns import (
@@ -186,6 +190,8 @@ __all__ = [
     "Modules",
     "MultiHeadAttnBwdInputs",
     "Nvrtc",
+    "Onnx",
+    "OnnxEngine",
     "NvrtcKernel",
     "OutOfMemory",
     "PeerTopology",
@@ -201,6 +207,8 @@ __all__ = [
     "System",
     "SystemClosed",
     "Tensor",
+    "TensorRt",
+    "TrtEngine",
     "Unrecoverable",
     "WorkerLost",
 ]

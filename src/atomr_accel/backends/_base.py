@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from atomr_accel.backends._optional import EVERY_BACKEND, unavailable
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import ContextPoisoned, InvalidArgument, OutOfMemory, Unrecoverable
 from atomr_accel.core._op import Op
@@ -141,8 +142,9 @@ class Backend(abc.ABC):
         """Return ``(free_bytes, total_bytes)`` of the device."""
 
     def library_available(self, library: str) -> bool:
-        """Whether ``library``'s ops can run here (the CPU backend runs every library)."""
-        return True
+        """Whether ``library``'s ops can run here (the CPU backend runs every library but those
+        of ``EVERY_BACKEND``, which need their package here too)."""
+        return library not in EVERY_BACKEND or unavailable(library) is None
 
     def prefetch(self, buffer_id: int, location: Location) -> None:
         """Migrate a managed buffer; a no-op where host and device memory are one (CPU)."""

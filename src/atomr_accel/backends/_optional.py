@@ -15,7 +15,7 @@ from types import ModuleType
 
 from atomr_accel.core._errors import LibraryUnavailable
 
-__all__ = ["OPTIONAL", "Optional", "require", "unavailable"]
+__all__ = ["EVERY_BACKEND", "OPTIONAL", "Optional", "require", "unavailable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +32,14 @@ OPTIONAL: dict[str, Optional] = {
     "flashattn": Optional("cudnn", "nvidia-cudnn-frontend", "cudnn"),
     "blaslt": Optional("nvmath", "nvmath-python", "blaslt"),
     "cupti": Optional("cupti.cupti", "cupti-python", "cupti"),
+    "onnx": Optional("onnxruntime", "onnxruntime", "onnx"),
+    "tensorrt": Optional("tensorrt", "tensorrt", "tensorrt"),
 }
 """Library name -> what it needs on CUDA (libraries not listed need nothing optional)."""
+
+EVERY_BACKEND = frozenset({"onnx", "tensorrt"})
+"""Libraries whose package is needed on every backend, the CPU's included (the others run
+on NumPy there)."""
 
 
 @functools.cache

@@ -24,6 +24,7 @@ __all__ = [
     "KernelActor",
     "ModuleActor",
     "NvrtcActor",
+    "OnnxActor",
     "RealtimeActor",
     "RngActor",
     "SolverActor",
@@ -170,10 +171,16 @@ class CollectiveActor(KernelActor):
     library: ClassVar[str] = "nccl"
 
 
+class OnnxActor(KernelActor):
+    """ONNX models on ONNX Runtime: sessions of the context, run on this actor's stream."""
+
+    library: ClassVar[str] = "onnx"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
                 NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
-                RealtimeActor, CollectiveActor)
+                RealtimeActor, CollectiveActor, OnnxActor)
 }
 """Library name -> kernel actor class."""

@@ -44,9 +44,11 @@ from atomr_accel.facade._memory import (
     ipc_open_mem_handle,
     ipc_open_mem_handle_async,
 )
+from atomr_accel.facade._onnx import Onnx, OnnxEngine
 from atomr_accel.facade._placement import Placement
 from atomr_accel.facade._rnn_inputs import RnnBwdInputs
 from atomr_accel.facade._system import System
+from atomr_accel.facade._tensorrt import TensorRt, TrtEngine
 
 __all__ = [
     "Blas",
@@ -87,6 +89,8 @@ __all__ = [
     "Modules",
     "MultiHeadAttnBwdInputs",
     "Nvrtc",
+    "Onnx",
+    "OnnxEngine",
     "NvrtcKernel",
     "Placement",
     "RngGenerator",
@@ -95,6 +99,8 @@ __all__ = [
     "Sparse",
     "System",
     "Tensor",
+    "TensorRt",
+    "TrtEngine",
     "ipc_get_mem_handle",
     "ipc_get_mem_handle_async",
     "ipc_open_mem_handle",

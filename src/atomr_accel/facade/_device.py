@@ -48,6 +48,7 @@ from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graphs import GraphRecorder
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
+from atomr_accel.facade._onnx import Onnx
 from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
 
 if TYPE_CHECKING:
@@ -465,6 +466,11 @@ class Device(DeviceApi):
         """Return the tensor handle (contract, einsum)."""
         self._library("tensor")
         return Tensor(self)
+
+    def onnx(self, timeout_secs: float | None = None) -> Onnx:
+        """Return the ONNX Runtime handle: ``load`` a model into an ``OnnxEngine``."""
+        self._library("onnx")
+        return Onnx(self)
 
     def compile_kernel_async(self, name: str, src: str, timeout_secs: float | None = 60.0,
                              ) -> Coroutine[Any, Any, NvrtcKernel]:

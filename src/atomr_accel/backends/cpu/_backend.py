@@ -21,6 +21,7 @@ from atomr_accel.backends.cpu import (
     _ipc,
     _kernels,
     _norm,
+    _onnx,
     _peer,
     _realtime_data,
     _realtime_frames,
@@ -79,6 +80,7 @@ class CpuBackend(Backend):
         | _realtime_physics.HANDLERS
         | _realtime_data.HANDLERS
         | _realtime_frames.HANDLERS
+        | _onnx.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:

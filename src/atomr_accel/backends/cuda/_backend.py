@@ -38,6 +38,7 @@ from atomr_accel.backends.cuda import _graph as cuda_graph
 from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
 from atomr_accel.backends.cuda import _norm as cuda_norm
+from atomr_accel.backends.cuda import _onnx as cuda_onnx
 from atomr_accel.backends.cuda import _peer as cuda_peer
 from atomr_accel.backends.cuda import _realtime_data as cuda_realtime_data
 from atomr_accel.backends.cuda import _realtime_frames as cuda_realtime_frames
@@ -520,5 +521,6 @@ CudaBackend.handlers = (
     | cuda_realtime_physics.HANDLERS
     | cuda_realtime_data.HANDLERS
     | cuda_realtime_frames.HANDLERS
+    | cuda_onnx.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )
