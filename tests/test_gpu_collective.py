@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_collective import DTYPES, OPS, PROCESS_DTYPES, close, reference, sample
+from test_collective import DTYPES, OPS, close, reference, sample
 
 from atomr_accel import ContextPoisoned, FaultKind, GpuRuntimeError, System
 from atomr_accel.backends import cuda_device_count
@@ -69,7 +69,7 @@ def test_every_collective_and_dtype(worlds: dict[str, Any], host: str) -> None:
     devices, world = worlds[host]
     n, count = 2, 1000
     rng = np.random.default_rng(3)
-    for dtype in DTYPES if host == "thread" else PROCESS_DTYPES:
+    for dtype in DTYPES:
         for op in OPS:
             xs = [sample(rng, dtype, count) for _ in devices]
             send = [put(d, x, dtype) for d, x in zip(devices, xs, strict=True)]

@@ -57,7 +57,7 @@ from atomr_accel.hosts._channel import (
     Spilled,
     loads,
 )
-from atomr_accel.hosts._shm import SharedArena, ShmSlice
+from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec
 from atomr_accel.hosts._wire import HEADER, encode
 
 _log = logging.getLogger(__name__)
@@ -276,11 +276,11 @@ class ProcessHost(ContextHost):
         data: np.ndarray[Any, Any] | None = None
         if isinstance(op, Upload) and isinstance(op.data, np.ndarray):
             data = op.data
-            staged = arena.take(data.nbytes, data.dtype.str)
+            staged = arena.take(data.nbytes, dtype_spec(data.dtype))
             op = dataclasses.replace(op, data=staged)
         elif isinstance(op, Download):
             dtype = op.ref.dtype.numpy
-            out = arena.take(op.count * dtype.itemsize, dtype.str)
+            out = arena.take(op.count * dtype.itemsize, dtype_spec(dtype))
         request = _Request(op, stream, ticket, done, staged, out, slot)
         try:
             if data is not None and staged is not None:

@@ -36,6 +36,7 @@ __all__ = [
     "SharedArena",
     "ShmSlice",
     "create_segment",
+    "dtype_spec",
     "live_segments",
     "map_path",
     "remove_segment_files",
@@ -170,9 +171,17 @@ def remove_segment_files(pid: int) -> None:
                 os.unlink(os.path.join(shm_dir(), name))
 
 
+def dtype_spec(dtype: np.dtype[Any]) -> str:
+    """A string that ``np.dtype`` turns back into ``dtype`` in another process: its
+    ``str`` (``'<f4'``), or its name for the extension types (``'bfloat16'`` of
+    ``ml_dtypes``, whose ``str`` is a bare ``'<V2'`` that casts to nothing)."""
+    return dtype.name if dtype.kind == "V" else dtype.str
+
+
 @dataclass(frozen=True, slots=True)
 class ShmSlice:
-    """Where a payload lies: in the arena (``path`` None) or a one-off segment."""
+    """Where a payload lies: in the arena (``path`` None) or a one-off segment; ``dtype``
+    is a ``dtype_spec``."""
 
     offset: int
     nbytes: int
