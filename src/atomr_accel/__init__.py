@@ -40,6 +40,7 @@ from atomr_accel.device import DeviceStats as DeviceLoad
 from atomr_accel.facade import (
     Blas,
     BlasLt,
+    Cub,
     Cudnn,
     Device,
     Fft,
@@ -124,6 +125,7 @@ __all__ = [
     "AskTimeout",
     "Blas",
     "BlasLt",
+    "Cub",
     "Cudnn",
     "ContextPoisoned",
     "CopyPath",

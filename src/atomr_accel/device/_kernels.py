@@ -16,6 +16,7 @@ __all__ = [
     "KERNEL_ACTORS",
     "BlasActor",
     "BlasLtActor",
+    "CubActor",
     "CudnnActor",
     "FftActor",
     "FlashAttnActor",
@@ -163,10 +164,17 @@ class RealtimeActor(KernelActor):
     library: ClassVar[str] = "realtime"
 
 
+class CubActor(KernelActor):
+    """Device-wide primitives (reduce, scan, radix sort, histogram, select, ...): CuPy and CUB
+    on CUDA, NumPy on the CPU."""
+
+    library: ClassVar[str] = "cub"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
                 NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
-                RealtimeActor)
+                RealtimeActor, CubActor)
 }
 """Library name -> kernel actor class."""

@@ -18,6 +18,7 @@ from atomr_accel.facade._buffers import (
     GpuBufferU32,
     GpuBufferU64,
 )
+from atomr_accel.facade._cub import Cub
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
@@ -50,6 +51,7 @@ from atomr_accel.facade._system import System
 __all__ = [
     "Blas",
     "BlasLt",
+    "Cub",
     "Cudnn",
     "Device",
     "Fft",

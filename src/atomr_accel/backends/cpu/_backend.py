@@ -14,6 +14,7 @@ from atomr_accel.backends.cpu import (
     _attention,
     _blas,
     _blaslt,
+    _cub,
     _dnn,
     _fft,
     _graph,
@@ -77,6 +78,7 @@ class CpuBackend(Backend):
         | _realtime_physics.HANDLERS
         | _realtime_data.HANDLERS
         | _realtime_frames.HANDLERS
+        | _cub.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:
