@@ -101,9 +101,9 @@ class _Parser:
 
     def binary(self, least: int) -> Expr:
         left = self.unary()
-        while (op := self.peek()) in _BINARY and _BINARY[op] >= least:  # type: ignore[operator]
+        while (op := self.peek()) in _BINARY and _BINARY[op] >= least:
             self.take()
-            right = self.binary(_BINARY[op] + 1)  # type: ignore[index]
+            right = self.binary(_BINARY[op] + 1)
             left = ("bin", op, left, right)
         return left
 

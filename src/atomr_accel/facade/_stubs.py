@@ -47,6 +47,6 @@ BufferLike = GpuBuffer | GpuRef
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
-    sets = [BlasApi, BlasLtApi, CubApi, CudnnApi, DeviceApi, FftApi, FlashAttnApi, RngApi, SolverApi,
-            SparseApi, TensorApi]
+    sets = [BlasApi, BlasLtApi, CubApi, CudnnApi, DeviceApi, FftApi, FlashAttnApi, RngApi,
+            SolverApi, SparseApi, TensorApi]
     return render_stub(sets, _HEADER)

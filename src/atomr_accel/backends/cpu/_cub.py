@@ -11,6 +11,7 @@ steps that keep the operands' order, so any associative operator fits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 Array = Any
-UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+UNSIGNED: dict[int, Any] = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 """The unsigned type of each key width in bytes."""
 
 
@@ -110,8 +111,10 @@ def _reduced(op: CubReduce, x: np.ndarray[Any, Any], out: np.dtype[Any]) -> Any:
         return tree_reduce(_custom(parse(op.expr, ("a", "b")), x.dtype), x, init)
     if x.size == 0:
         return -1 if kind in (ReduceKind.ARGMIN, ReduceKind.ARGMAX) else identity_of(kind, out)
-    return {ReduceKind.MIN: np.min, ReduceKind.MAX: np.max, ReduceKind.ARGMIN: np.argmin,
-            ReduceKind.ARGMAX: np.argmax}[kind](x)
+    extreme: dict[ReduceKind, Callable[[Array], Any]] = {
+        ReduceKind.MIN: np.min, ReduceKind.MAX: np.max, ReduceKind.ARGMIN: np.argmin,
+        ReduceKind.ARGMAX: np.argmax}
+    return extreme[kind](x)
 
 
 def reduce(backend: ArrayBackend, op: CubReduce) -> None:
@@ -169,7 +172,7 @@ def histogram_range(backend: ArrayBackend, op: CubHistogramRange) -> None:
     x = backend.array(op.samples.buffer_id)[: op.count]
     edges = backend.array(op.edges.buffer_id)[: op.num_bins + 1]
     bins = np.searchsorted(edges, x, side="right") - 1
-    kept = (bins >= 0) & (bins < op.num_bins) & (x == x)
+    kept = (bins >= 0) & (bins < op.num_bins)  # NaN sorts after every edge
     counts = np.bincount(bins[kept], minlength=op.num_bins)
     backend.array(op.histogram.buffer_id)[: op.num_bins] = counts
 
