@@ -1,9 +1,10 @@
 """CUB's device primitives on CUDA (``core.ops._cub``): CuPy's CUB-backed routines and small
-CuPy kernels, all on the op's stream; no handler synchronizes the device.
+CuPy kernels, all on the op's stream; no handler synchronizes the device itself.
 
 - Sum, min, max, argmin and argmax are CuPy's reductions (``ndarray.sum`` ...,
-  which run ``cub::DeviceReduce`` when CuPy's CUB accelerator is on, its
-  default); a custom operator is a ``cupy.ReductionKernel`` of the C expression.
+  which run ``cub::DeviceReduce`` when CuPy's CUB accelerator is on:
+  ``CUPY_ACCELERATORS``; ``benchmarks/cub_bench.py`` prints which are); a
+  custom operator is a ``cupy.ReductionKernel`` of the C expression.
 - A prefix sum copies the input into the output and scans it in place with
   ``cupy.cuda.cub.cub_scan`` (``cub::DeviceScan::InclusiveSum``), as
   ``cupy.cumsum`` does inside, or with ``cupy.cumsum`` where CUB cannot take
@@ -11,9 +12,10 @@ CuPy kernels, all on the op's stream; no handler synchronizes the device.
   scan per tile, the tiles' totals scanned the same way, then each tile fixed up).
 - Sorts are CuPy's Thrust sorts (CUB's radix sort for primitive keys):
   ``ndarray.sort`` in place for plain ascending integer keys, else a stable
-  ``cupy.argsort`` of the radix form (``backends.cpu._cub.radix_form``) and a
-  gather of keys and values. CuPy's Thrust calls wait for their stream before
-  returning (Thrust's blocking policy), so a sort handler returns when the sort is done.
+  ``cupy.argsort`` of the radix form (``backends.cpu._cub.radix_form``, here
+  one element-wise kernel) and a gather of keys and values. Thrust's default
+  execution policy, which CuPy's sorts use, may wait for the stream before it
+  returns.
 - Histograms, select/partition, unique and run-length encoding are one
   ``cupy.cumsum`` of the flags (positions) and element-wise CuPy kernels (bins
   with atomics, scatters); counts are copied from the scan's last element, on
@@ -295,6 +297,28 @@ def _gather(backend: ArrayBackend, op: CubSort | CubSegmentedSort, order: Array,
         backend.array(op.values_out.buffer_id)[:n] = values[order]
 
 
+_RADIX_FORM = cp.ElementwiseKernel(
+    "U bits, U sign, int32 mode, bool descending, int32 begin, U mask", "U out",
+    "U b = bits;"
+    "if (mode == 2) { if (b == sign) b = 0; b ^= (b & sign) ? (U)~(U)0 : sign; }"
+    "else if (mode == 1) { b ^= sign; }"
+    "if (descending) b = (U)~b;"
+    "out = (U)(b >> begin) & mask;",
+    "atomr_cub_radix_form")
+
+
+def _radix_form(keys: Array, dtype: Any, descending: bool, begin_bit: int,
+                end_bit: int | None) -> Array:
+    """``backends.cpu._cub.radix_form`` in one kernel (one per key width)."""
+    width = dtype.itemsize * 8
+    end = width if end_bit is None else end_bit
+    kind = shared.UNSIGNED[dtype.itemsize]
+    mode = 2 if dtype.is_float else 1 if dtype.value.startswith("i") else 0
+    mask = kind((1 << (end - begin_bit)) - 1)
+    return _RADIX_FORM(keys.view(kind), kind(1 << (width - 1)), mode, descending, begin_bit,
+                       mask)
+
+
 def sort(backend: ArrayBackend, op: CubSort) -> None:
     """Stable radix-order sort: ``ndarray.sort`` for plain ascending integer keys, else a
     stable ``argsort`` of the radix form and a gather."""
@@ -310,7 +334,7 @@ def sort(backend: ArrayBackend, op: CubSort) -> None:
             out[...] = keys
         out.sort()
         return
-    form = shared.radix_form(cp, keys, dtype, op.descending, op.begin_bit, op.end_bit)
+    form = _radix_form(keys, dtype, op.descending, op.begin_bit, op.end_bit)
     _gather(backend, op, cp.argsort(form), n)
 
 
@@ -468,7 +492,7 @@ def segmented_sort(backend: ArrayBackend, op: CubSegmentedSort) -> None:
     offsets = backend.array(op.offsets.buffer_id)[: op.num_segments + 1]
     bounds = shared.segment_bounds(cp, offsets, n, _running_max)
     segments = shared.segment_ids(cp, bounds, n)
-    form = shared.radix_form(cp, keys, op.keys_in.dtype, op.descending, 0, None)
+    form = _radix_form(keys, op.keys_in.dtype, op.descending, 0, None)
     outside = (segments < 0) | (segments >= op.num_segments)
     form = cp.where(outside, form.dtype.type(0), form)
     by_key = cp.argsort(form)
