@@ -68,25 +68,28 @@ _F32 = np.dtype(np.float32)
 
 
 @functools.cache
-def cub_module() -> Any:
-    """``cupy.cuda.cub`` when it imports and has its scan (``cub_scan``), else None."""
+def cub_module() -> tuple[Any, int] | None:
+    """``cupy.cuda.cub`` and its code of an inclusive sum, when it imports and has its scan
+    (``cub_scan``); else None."""
     try:
         module = importlib.import_module("cupy.cuda.cub")
     except ImportError:
         return None
-    return module if hasattr(module, "cub_scan") and hasattr(module, "CUPY_CUB_CUMSUM") \
-        else None
+    code = getattr(module, "CUPY_CUB_CUMSUM", None)
+    if code is None:
+        code = getattr(getattr(module, "cupy_cub_op", None), "CUPY_CUB_CUMSUM", None)
+    return (module, code) if hasattr(module, "cub_scan") and code is not None else None
 
 
 def _literal(value: Any, dtype: np.dtype[Any]) -> str:
-    """``value`` as a C literal of ``dtype``."""
+    """``value`` as a C literal of ``dtype`` (infinities and NaN by their bits)."""
     if dtype.kind == "f":
         v = float(value)
-        if np.isnan(v):
-            return "(0.0 / 0.0)"
-        if np.isinf(v):
-            return "(1.0 / 0.0)" if v > 0 else "(-1.0 / 0.0)"
-        return repr(v)
+        if np.isfinite(v):
+            return repr(v)
+        if dtype.itemsize == 8:
+            return f"__longlong_as_double({int(np.float64(v).view(np.uint64))}ULL)"
+        return f"__int_as_float({int(np.float32(v).view(np.int32))})"
     v = int(value)
     if dtype.kind == "u":
         return f"{v}ULL"
@@ -218,11 +221,12 @@ def _running_max(bounds: Array) -> Array:
 
 def _cumsum_into(source: Array, target: Array) -> None:
     """``target[:] = cumsum(source)`` in ``target``'s dtype: a copy, then CUB's in-place scan."""
-    target[...] = source
+    target[...] = source.astype(target.dtype, copy=False)
     cub = cub_module()
     done = None
     if cub is not None and 0 < target.size < 2**31:
-        done = cub.cub_scan(target, cub.CUPY_CUB_CUMSUM)  # None where CUB cannot take it
+        module, code = cub
+        done = module.cub_scan(target, code)  # None where CUB cannot take it
     if done is None:
         target[...] = cp.cumsum(target)
     elif done.data.ptr != target.data.ptr:
@@ -262,9 +266,9 @@ def _inclusive_scan(x: Array, target: Array, kind: ScanKind) -> None:
     elif target.dtype == _F16:
         wide = x.astype(_F32)
         _scan_in_place(wide, kind.value)
-        target[...] = wide
+        target[...] = wide.astype(target.dtype)
     else:
-        target[...] = x
+        target[...] = x.astype(target.dtype, copy=False)
         _scan_in_place(target, kind.value)
 
 
@@ -410,7 +414,7 @@ def _positions(chosen: Array) -> Array:
 def _write_count(count: Array, positions: Array) -> None:
     """``count[0]`` = the last position (0 when there are none), on the device."""
     if positions.size:
-        count[:1] = positions[-1:]
+        count[:1] = positions[-1:].astype(count.dtype)
     else:
         count[:1] = 0
 
@@ -480,7 +484,7 @@ def segmented_reduce(backend: ArrayBackend, op: CubSegmentedReduce) -> None:
     kernel = _segment_kernel(data.dtype, accumulator, target.dtype, op.kind.value)
     kernel((min(segments, 1 << 20),), (_THREADS,), (data, bounds, target, np.int64(segments)))
     if target is not out:
-        out[...] = target
+        out[...] = target.astype(out.dtype)
 
 
 def segmented_sort(backend: ArrayBackend, op: CubSegmentedSort) -> None:
