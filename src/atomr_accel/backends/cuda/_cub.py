@@ -1,7 +1,8 @@
 """CUB's device primitives on CUDA (``core.ops._cub``): CuPy's CUB-backed routines and small
 CuPy kernels, all on the op's stream; no handler synchronizes the device itself.
 
-- Sum, min, max, argmin and argmax are CuPy's reductions (``ndarray.sum`` ...,
+- Sum, min, max, argmin and argmax are CuPy's reductions (``ndarray.sum`` ... with
+  no ``dtype`` where the output has the default one, as CuPy's CUB path needs,
   which run ``cub::DeviceReduce`` when CuPy's CUB accelerator is on:
   ``CUPY_ACCELERATORS``; ``benchmarks/cub_bench.py`` prints which are); a
   custom operator is a ``cupy.ReductionKernel`` of the C expression.
@@ -13,7 +14,8 @@ CuPy kernels, all on the op's stream; no handler synchronizes the device itself.
 - Sorts are CuPy's Thrust sorts (CUB's radix sort for primitive keys):
   ``ndarray.sort`` in place for plain ascending integer keys, else a stable
   ``cupy.argsort`` of the radix form (``backends.cpu._cub.radix_form``, here
-  one element-wise kernel) and a gather of keys and values. Thrust's default
+  one element-wise kernel; integer keys ascending on every bit are their own)
+  and ``cupy.take`` of keys and values straight into the outputs. Thrust's default
   execution policy, which CuPy's sorts use, may wait for the stream before it
   returns.
 - Histograms, select/partition, unique and run-length encoding are one
@@ -234,6 +236,12 @@ def _cumsum_into(source: Array, target: Array) -> None:
 
 
 @functools.cache
+def _sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype ``sum()`` gives ``dtype`` when none is asked for (NumPy's rule, as CuPy's)."""
+    return np.dtype(np.zeros(0, dtype=dtype).sum().dtype)
+
+
+@functools.cache
 def _custom_kernel(expr: str, identity: str) -> Any:
     return cp.ReductionKernel("T x", "T y", "x", expr, "y = a", identity, "atomr_cub_custom",
                               reduce_type="T")
@@ -244,8 +252,8 @@ def reduce(backend: ArrayBackend, op: CubReduce) -> None:
     x = backend.array(op.input.buffer_id)[: op.count]
     out = backend.array(op.output.buffer_id)[:1]
     kind = op.kind
-    if kind is ReduceKind.SUM:
-        out[...] = x.sum(dtype=out.dtype)
+    if kind is ReduceKind.SUM:  # CuPy takes CUB's path only with its own result dtype
+        out[...] = x.sum() if _sum_dtype(x.dtype) == out.dtype else x.sum(dtype=out.dtype)
     elif kind is ReduceKind.CUSTOM:
         init = np.asarray(op.init).astype(x.dtype)
         out[...] = _custom_kernel(op.expr, _literal(init, x.dtype))(x)
@@ -293,12 +301,20 @@ def _full_width(op: CubSort) -> bool:
     return op.begin_bit == 0 and op.end_bit in (None, width)
 
 
+def _take(backend: ArrayBackend, source: Any, target: Any, order: Array, n: int) -> None:
+    """``target[:n] = source[:n][order]``: gathered straight into ``target`` unless it is
+    ``source`` (then through a copy)."""
+    data, out = backend.array(source.buffer_id)[:n], backend.array(target.buffer_id)[:n]
+    if source.buffer_id == target.buffer_id:
+        out[...] = data[order]
+    else:
+        cp.take(data, order, out=out)
+
+
 def _gather(backend: ArrayBackend, op: CubSort | CubSegmentedSort, order: Array, n: int) -> None:
-    keys = backend.array(op.keys_in.buffer_id)[:n]
-    backend.array(op.keys_out.buffer_id)[:n] = keys[order]
+    _take(backend, op.keys_in, op.keys_out, order, n)
     if op.values_in is not None and op.values_out is not None:
-        values = backend.array(op.values_in.buffer_id)[:n]
-        backend.array(op.values_out.buffer_id)[:n] = values[order]
+        _take(backend, op.values_in, op.values_out, order, n)
 
 
 _RADIX_FORM = cp.ElementwiseKernel(
@@ -338,7 +354,10 @@ def sort(backend: ArrayBackend, op: CubSort) -> None:
             out[...] = keys
         out.sort()
         return
-    form = _radix_form(keys, dtype, op.descending, op.begin_bit, op.end_bit)
+    if not op.descending and not dtype.is_float and _full_width(op):
+        form = keys  # integers ascending on every bit: their own radix order
+    else:
+        form = _radix_form(keys, dtype, op.descending, op.begin_bit, op.end_bit)
     _gather(backend, op, cp.argsort(form), n)
 
 
