@@ -238,8 +238,8 @@ def _cumsum_into(source: Array, target: Array) -> None:
 @functools.cache
 def _sum_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype ``sum()`` gives ``dtype`` when none is asked for (NumPy's rule, as CuPy's)."""
-    total: np.ndarray[Any, Any] = np.asarray(np.zeros(0, dtype=dtype).sum())
-    return total.dtype
+    result: np.dtype[Any] = np.asarray(np.zeros(0, dtype=dtype).sum()).dtype
+    return result
 
 
 @functools.cache
