@@ -84,6 +84,20 @@ from atomr_accel.core.ops._collective import (
     ReduceOp,
     RunCollective,
 )
+from atomr_accel.core.ops._cub import (
+    CubHistogramEven,
+    CubHistogramRange,
+    CubReduce,
+    CubRunLengthEncode,
+    CubScan,
+    CubSegmentedReduce,
+    CubSegmentedSort,
+    CubSelect,
+    CubSort,
+    CubUnique,
+    ReduceKind,
+    ScanKind,
+)
 from atomr_accel.core.ops._dnn import (
     Activation,
     ActivationBackward,
@@ -435,6 +449,21 @@ EXAMPLES: list[Any] = [
                              ("m", DeviceTensor(_buf(F32, 8, 2), (2, 4)))),
                  ("y",), (("z", DeviceTensor(_buf(F32, 6, 3), (2, 3))),)),
     UnloadOnnxModel("ab" * 32),
+    CubReduce(_buf(I32, 9, 41), _buf(I32, 1, 42), 8, ReduceKind.CUSTOM, "a > b ? a : b", -5.0),
+    CubScan(_buf(F32, 9, 41), _buf(F64, 9, 42), None, ScanKind.SUM, exclusive=True),
+    CubSort(_buf(DType.U32, 9, 41), _buf(DType.U32, 9, 42), 9, _buf(F32, 9, 43),
+            _buf(F32, 9, 44), descending=True, begin_bit=4, end_bit=20),
+    CubHistogramEven(_buf(F32, 9, 41), _buf(I32, 4, 42), 4, -1.0, 2.5),
+    CubHistogramRange(_buf(F32, 9, 41), _buf(F32, 5, 42), _buf(DType.U64, 4, 43), 4, 7),
+    CubSelect(_buf(F64, 9, 41), _buf(F64, 9, 42), _buf(DType.I64, 1, 43), None,
+              predicate="x > 0.5 && x < 2", partition=True),
+    CubUnique(_buf(U8, 9, 41), _buf(U8, 9, 42), _buf(I32, 1, 43), 6),
+    CubRunLengthEncode(_buf(I32, 9, 41), _buf(I32, 9, 42), _buf(DType.U32, 9, 43),
+                       _buf(DType.I64, 1, 44)),
+    CubSegmentedReduce(_buf(F32, 9, 41), _buf(F32, 3, 42), _buf(DType.I64, 4, 43), 3,
+                       ReduceKind.MAX),
+    CubSegmentedSort(_buf(F32, 9, 41), _buf(F32, 9, 42), _buf(I32, 4, 43), 3, 9,
+                     _buf(I32, 9, 44), _buf(I32, 9, 45), descending=True),
 ]
 
 

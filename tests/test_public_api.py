@@ -11,12 +11,15 @@ PACKAGES = [
     "atomr_accel",
     "atomr_accel.actor",
     "atomr_accel.actor.testkit",
+    "atomr_accel.agents",
     "atomr_accel.blaslt",
     "atomr_accel.cli",
     "atomr_accel.core",
+    "atomr_accel.cub",
     "atomr_accel.device",
     "atomr_accel.facade",
     "atomr_accel.hosts",
+    "atomr_accel.realtime",
     "atomr_accel.telemetry",
 ]
 

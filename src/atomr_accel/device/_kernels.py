@@ -17,6 +17,7 @@ __all__ = [
     "BlasActor",
     "BlasLtActor",
     "CollectiveActor",
+    "CubActor",
     "CudnnActor",
     "FftActor",
     "FlashAttnActor",
@@ -177,10 +178,17 @@ class OnnxActor(KernelActor):
     library: ClassVar[str] = "onnx"
 
 
+class CubActor(KernelActor):
+    """Device-wide primitives (reduce, scan, radix sort, histogram, select, ...): CuPy and CUB
+    on CUDA, NumPy on the CPU."""
+
+    library: ClassVar[str] = "cub"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
                 NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
-                RealtimeActor, CollectiveActor, OnnxActor)
+                RealtimeActor, CollectiveActor, OnnxActor, CubActor)
 }
 """Library name -> kernel actor class."""

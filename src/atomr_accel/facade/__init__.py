@@ -19,6 +19,7 @@ from atomr_accel.facade._buffers import (
     GpuBufferU64,
 )
 from atomr_accel.facade._collective import Collective, CollectiveGroup, CollectiveRank
+from atomr_accel.facade._cub import Cub
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
@@ -56,6 +57,7 @@ __all__ = [
     "Collective",
     "CollectiveGroup",
     "CollectiveRank",
+    "Cub",
     "Cudnn",
     "Device",
     "Fft",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from atomr_accel.facade._generate import Generated
 
 __all__ = [
-    "BlasApi", "BlasLtApi", "CudnnApi", "DeviceApi", "FftApi", "FlashAttnApi", "RngApi",
+    "BlasApi", "BlasLtApi", "CubApi", "CudnnApi", "DeviceApi", "FftApi", "FlashAttnApi", "RngApi",
     "SolverApi", "SparseApi", "TensorApi",
 ]
 
@@ -48,6 +48,10 @@ class FlashAttnApi(Generated, handle="flashattn"):
 
 class BlasLtApi(Generated, handle="blaslt"):
     """The fused-matmul methods (``BlasLt``)."""
+
+
+class CubApi(Generated, handle="cub"):
+    """The device-wide primitives (``Cub``)."""
 
 
 class DeviceApi(Generated, handle="device"):

@@ -44,6 +44,7 @@ from atomr_accel.facade._buffers import (
     buffer_for,
     typed_ref,
 )
+from atomr_accel.facade._cub import Cub
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graphs import GraphRecorder
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
@@ -451,6 +452,12 @@ class Device(DeviceApi):
         """Return the fused-matmul handle (matmul with bias/ReLU/GELU epilogues)."""
         self._library("blaslt")
         return BlasLt(self)
+
+    def cub(self, timeout_secs: float | None = None) -> Cub:
+        """Return the device-primitives handle (reduce, scan, radix sort, histogram, select,
+        unique, run-length encode, segmented reduce and sort)."""
+        self._library("cub")
+        return Cub(self)
 
     def solver(self, timeout_secs: float | None = None) -> Solver:
         """Return the dense solver handle (getrf, potrf, gesvd, syevd, ... and batched forms)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from atomr_accel.facade._api import (
     BlasApi,
     BlasLtApi,
+    CubApi,
     CudnnApi,
     DeviceApi,
     FftApi,
@@ -32,6 +33,7 @@ from typing import Any
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import AttnLayout, AttnMask
+from atomr_accel.core.ops._cub import ReduceKind, ScanKind
 from atomr_accel.core.ops._dnn import Layout
 from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.core.ops._fft import FftKind
@@ -45,6 +47,6 @@ BufferLike = GpuBuffer | GpuRef
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
-    sets = [BlasApi, BlasLtApi, CudnnApi, DeviceApi, FftApi, FlashAttnApi, RngApi, SolverApi,
-            SparseApi, TensorApi]
+    sets = [BlasApi, BlasLtApi, CubApi, CudnnApi, DeviceApi, FftApi, FlashAttnApi, RngApi,
+            SolverApi, SparseApi, TensorApi]
     return render_stub(sets, _HEADER)

@@ -15,6 +15,7 @@ from atomr_accel.backends.cpu import (
     _blas,
     _blaslt,
     _collective,
+    _cub,
     _dnn,
     _fft,
     _graph,
@@ -81,6 +82,7 @@ class CpuBackend(Backend):
         | _realtime_data.HANDLERS
         | _realtime_frames.HANDLERS
         | _onnx.HANDLERS
+        | _cub.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:
