@@ -232,5 +232,9 @@ def test_video_graph_as_the_cpu_backend(devices: tuple[System, Device, Device]) 
         graph.add_blend("mix", "edges", "source", 0.6, 0.4)
         graph.set_output("mix")
         outs.append(graph.process(x, timeout_secs=60))
+        many = graph.process_many([frame(31, np.float32), frame(32, np.float32)],
+                                  timeout_secs=60)
+        outs.extend(many)
         graph.stop()
-    assert_close(outs[1], outs[0])
+    for got, want in zip(outs[3:], outs[:3], strict=True):
+        assert_close(got, want)

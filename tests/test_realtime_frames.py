@@ -218,6 +218,33 @@ def test_video_graph_runs_nodes_in_order_with_fan_out_and_blend(system: System) 
     graph.stop()
 
 
+def test_video_graph_processes_many_frames_in_one_request(system: System) -> None:
+    """``process_many`` runs each node once over all the frames: each answer equals
+    ``process`` of that frame alone and the independent reference."""
+    graph = VideoEffectsGraph.spawn(system, W, H, C)
+    graph.add_filter("soft", "source", [GaussianBlur(1.0)])
+    graph.add_filter("edges", "soft", [SobelMagnitude(), Threshold(40.0)])
+    graph.add_blend("mix", "edges", "soft", 0.25, 0.75)
+    graph.set_output("mix")
+    for dtype in (np.float32, np.uint8):
+        frames = [frame(40 + i, dtype) for i in range(5)]
+        got = graph.process_many(frames)
+        assert len(got) == 5
+        for x, y in zip(frames, got, strict=True):
+            soft = reference(x, [GaussianBlur(1.0)])
+            edges = reference(soft, [SobelMagnitude(), Threshold(40.0)])
+            assert_frame(y, np.float32(0.25) * edges + np.float32(0.75) * soft, dtype)
+            np.testing.assert_array_equal(y, graph.process(x))
+    as_list = graph.process_many([frame(50, np.uint8).reshape(-1).tolist()])
+    assert isinstance(as_list[0], list)
+    with pytest.raises(InvalidArgument, match="at least one"):
+        graph.process_many([])
+    with pytest.raises(InvalidArgument, match="share a dtype"):
+        graph.process_many([frame(1, np.uint8), frame(2, np.float32)])
+    assert graph.process(frame(3, np.uint8)).dtype == np.uint8  # still serving
+    graph.stop()
+
+
 def test_video_graph_rejects_cycles_with_a_typed_error(system: System) -> None:
     graph = VideoEffectsGraph.spawn(system, W, H, C)
     graph.add_filter("a", "c", [BoxBlur(3)])

@@ -7,6 +7,8 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from atomr_accel.agents._client import blocking_twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -109,29 +111,38 @@ class _GraphActor(RealtimeActor):
         return _order(self.nodes, self.output)
 
     async def on_process(self, frame: Frame) -> Any:
+        return (await self.on_process_many([frame]))[0]
+
+    async def on_process_many(self, frames: list[Frame]) -> list[Any]:
+        """Run the graph over ``frames`` at once: every node is one op over all of them (the
+        frames lie one after another in each node's buffer), so the device runs them back
+        to back; one upload in, one download out."""
         order = _order(self.nodes, self.output)
         device = self.device
-        s, dtype = self.shape, frame.dtype
-        n = s.size
-        held = {SOURCE: await self.upload(f"src-{dtype.value}", frame.data, dtype)}
+        s, dtype = self.shape, frames[0].dtype
+        if any(f.dtype is not dtype for f in frames):
+            raise InvalidArgument("the frames of one process_many call must share a dtype")
+        count, n = len(frames), s.size
+        data = np.concatenate([f.data for f in frames]) if count > 1 else frames[0].data
+        held = {SOURCE: await self.upload(f"src-{dtype.value}", data, dtype)}
         for name in order:
             node = self.nodes[name]
-            out = held[name] = await self.buffer(f"node-{name}", n, DType.F32)
+            out = held[name] = await self.buffer(f"node-{name}", n * count, DType.F32)
             refs = [device.ref_of(held[i]) for i in node.inputs]
             if node.stages:
                 await device.run_async(FilterFrames(refs[0], device.ref_of(out), s.height,
-                                                    s.width, s.channels, node.stages))
+                                                    s.width, s.channels, node.stages, count))
             else:
-                await device.run_async(BlendFrames(refs[0], refs[1], device.ref_of(out), n,
-                                                   *node.weights))
+                await device.run_async(BlendFrames(refs[0], refs[1], device.ref_of(out),
+                                                   n * count, *node.weights))
         result = held[order[-1]] if order else held[SOURCE]
         if dtype is DType.U8 and result.dtype is not DType.U8:
-            stored = await self.buffer("out-u8", n, DType.U8)
+            stored = await self.buffer("out-u8", n * count, DType.U8)
             await device.run_async(BlendFrames(device.ref_of(result), device.ref_of(result),
-                                               device.ref_of(stored), n, 1.0, 0.0))
+                                               device.ref_of(stored), n * count, 1.0, 0.0))
             result = stored
-        return frame.answer(await device.copy_to_numpy_async(result, 0, n))
-
+        values = await device.copy_to_numpy_async(result, 0, n * count)
+        return [f.answer(values[i * n:(i + 1) * n]) for i, f in enumerate(frames)]
 
 def _name(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
@@ -195,8 +206,18 @@ class VideoEffectsGraph(RealtimeClient):
         """The output node's frame for ``frame``, in the form ``frame`` came in."""
         return self._run("process", (as_frame(frame, self.shape),), timeout_secs)
 
+    def process_many_async(self, frames: Iterable[Any], timeout_secs: float = TIMEOUT,
+                           ) -> Coroutine[Any, Any, list[Any]]:
+        """``process`` of each of ``frames`` (one or more, of one dtype), in order, in one
+        request: each node runs once over all of them, back to back on the device."""
+        checked = [as_frame(frame, self.shape) for frame in frames]
+        if not checked:
+            raise InvalidArgument("process_many needs at least one frame")
+        return self._run("process_many", (checked,), timeout_secs)
+
     add_filter = blocking_twin(add_filter_async)
     add_blend = blocking_twin(add_blend_async)
     set_output = blocking_twin(set_output_async)
     order = blocking_twin(order_async)
     process = blocking_twin(process_async)
+    process_many = blocking_twin(process_many_async)
