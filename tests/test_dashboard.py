@@ -177,6 +177,29 @@ def test_a_device_past_its_restart_budget_shows_stopped() -> None:
         assert "device_stopped" in [e["kind"] for e in state["events"]]
 
 
+def test_a_collective_world_rebuilt_after_a_poisoned_member_shows_as_events() -> None:
+    with System.open("dash") as system:
+        port = system.serve_dashboard()
+        devices = [system.spawn_device(i, mock=True, name=f"rank-{i}") for i in range(2)]
+        world = system.nccl_world(devices, name="pair")
+        bufs = [d.allocate_f32(4) for d in devices]
+        world.all_reduce(bufs)
+        with pytest.raises(ContextPoisoned):
+            devices[1].inject_fault(FaultKind.POISON)
+        bufs = [d.allocate_f32(4) for d in devices]
+        world.all_reduce(bufs)  # served by the rebuilt world
+        deadline = time.monotonic() + 10
+        while True:
+            kinds = [(e["kind"], e["actor"], e["detail"].split(":")[0])
+                     for e in state_of(port)["events"] if e["kind"].startswith("world_")]
+            if len(kinds) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert kinds == [("world_ready", "world pair", "epoch 1"),
+                         ("world_aborted", "world pair", "epoch 1"),
+                         ("world_ready", "world pair", "epoch 2")]
+
+
 def test_blueprint_panels_show_the_blueprints_stats() -> None:
     with System.open("dash") as system:
         port = system.serve_dashboard()

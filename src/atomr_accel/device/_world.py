@@ -38,10 +38,24 @@ from atomr_accel.device._messages import GenerationChanged, WatchGeneration
 from atomr_accel.device._state import DeviceState, Status
 from atomr_accel.hosts._shm import shm_dir
 
-__all__ = ["GetWorldStats", "NcclWorldActor", "WorldBroken", "WorldState", "WorldStats"]
+__all__ = [
+    "GetWorldStats", "NcclWorldActor", "WorldBroken", "WorldEvent", "WorldState", "WorldStats",
+]
 
 _log = logging.getLogger("atomr_accel.collective")
 _ids = itertools.count(1)
+
+@dataclass(frozen=True, slots=True)
+class WorldEvent:
+    """Published on the system's event stream when a world's epoch is aborted
+    (``kind`` ``"aborted"``, ``detail`` why) or a new one serves (``"ready"``, ``detail``
+    the members' generations)."""
+
+    world: str
+    epoch: int
+    kind: str
+    detail: str
+
 
 INIT_TIMEOUT = 120.0
 """Seconds a build waits for every member's ``CommInit`` (a new worker and context first)."""
@@ -235,6 +249,7 @@ class NcclWorldActor(Actor):
             state.rebuilds += 1
             _log.warning("world %s: epoch %d aborted: %s", state.name, old, why,
                          extra={"event": "world_abort", "world": state.name, "epoch": old})
+            self.context.system.event_stream.publish(WorldEvent(state.name, old, "aborted", why))
         state.status = "rebuilding" if old else "starting"
         if state.ready is None or state.ready.done():
             state.ready = asyncio.get_running_loop().create_future()
@@ -275,6 +290,8 @@ class NcclWorldActor(Actor):
             _log.info("world %s: epoch %d serves on generations %s", state.name, epoch,
                       state.generations, extra={"event": "world_ready", "world": state.name,
                                                 "epoch": epoch})
+            self.context.system.event_stream.publish(WorldEvent(
+                state.name, epoch, "ready", f"generations {list(state.generations)}"))
             return
 
     async def _join(self, epoch: int) -> None:

@@ -9,11 +9,12 @@ from typing import Any
 
 from atomr_accel.actor import Actor, ActorRef, Lifecycle, LifecycleEvent
 from atomr_accel.device import GenerationChanged, WatchGeneration
+from atomr_accel.device._world import WorldEvent
 
 __all__ = ["EVENT_KINDS", "EventLog", "GetEvents", "WatchDevice"]
 
 EVENT_KINDS = ("context_down", "context_restarted", "context_ready", "device_stopped",
-               "actor_failed", "actor_restarted")
+               "actor_failed", "actor_restarted", "world_aborted", "world_ready")
 """The kinds of supervision event the dashboard lists.
 
 ``context_down``: a device's context actor failed (``detail`` holds the error and
@@ -22,7 +23,9 @@ the supervisor's directive); ``context_restarted``: it was restarted;
 generation, with the standby wait and the requests run again when there were
 any); ``device_stopped``: a device stopped serving for good (its context
 stopped past the restart budget, or the device actor stopped); ``actor_failed`` /
-``actor_restarted``: any other actor (a blueprint's) failed or was restarted.
+``actor_restarted``: any other actor (a blueprint's) failed or was restarted;
+``world_aborted`` / ``world_ready``: a collective world (``System.nccl_world``)
+aborted an epoch (a member's context went down) / serves a new one (rebuilt).
 """
 
 
@@ -44,8 +47,8 @@ class GetEvents:
 class EventLog(Actor):
     """Keeps the last ``capacity`` supervision events of its system, oldest first.
 
-    Subscribes to the system's event stream (``LifecycleEvent``) and to each
-    watched device's ``GenerationChanged``. Each event is a JSON-ready dict:
+    Subscribes to the system's event stream (``LifecycleEvent``, ``WorldEvent``) and
+    to each watched device's ``GenerationChanged``. Each event is a JSON-ready dict:
     ``seq`` (rising from 1), ``time`` (seconds since the epoch), ``kind`` (one
     of ``EVENT_KINDS``), ``actor`` (its path), ``device`` (the device's name, or
     None) and ``detail`` (text).
@@ -57,6 +60,7 @@ class EventLog(Actor):
         self.stopped: set[str] = set()  # devices whose stop is logged
         self.seq = 0
         self.context.system.event_stream.subscribe(self.context.self_ref, LifecycleEvent)
+        self.context.system.event_stream.subscribe(self.context.self_ref, WorldEvent)
 
     async def receive(self, message: Any) -> Any:
         """Log events; answer ``GetEvents``; watch devices."""
@@ -71,6 +75,9 @@ class EventLog(Actor):
             if message.reruns:
                 detail += f"; {message.reruns} request(s) run again"
             self._log("context_ready", path, self.devices.get(path), detail)
+        elif isinstance(message, WorldEvent):
+            self._log(f"world_{message.kind}", f"world {message.world}", None,
+                      f"epoch {message.epoch}: {message.detail}")
         elif isinstance(message, WatchDevice):
             self.devices[message.ref.path] = message.name
             message.ref.tell(WatchGeneration(self.context.self_ref))
