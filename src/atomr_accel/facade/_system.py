@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import itertools
 import os
+import weakref
 from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -115,6 +116,7 @@ class System:
         self._placement: Placement | None = None
         self.telemetry: Telemetry | None = None
         """The system's ``Telemetry`` once ``enable_telemetry`` was called, else None."""
+        self._blueprints: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @classmethod
     def open(cls, name: str = "atomr-accel", *, op_timeout: float | None = 300.0) -> System:
@@ -312,16 +314,31 @@ class System:
 
         Enables telemetry (as ``enable_telemetry``) and serves, from the same
         HTTP server as ``/metrics``: ``/`` (one row per device, op rates and
-        latency percentiles per library, recent supervision events, blueprint
-        panels added with ``system.telemetry.dashboard.add_panel``),
+        latency percentiles per library, recent supervision events, a panel per
+        blueprint with an async ``stats()``),
         ``/api/state`` (JSON) and ``/api/events`` (Server-Sent Events). When
         ``/metrics`` is served already the dashboard joins that port. See
         docs/dashboard.md. Needs ``prometheus-client``.
         """
         telemetry = await self.enable_telemetry_async()
-        return await telemetry.serve_dashboard_async(port, addr)
+        served = await telemetry.serve_dashboard_async(port, addr)
+        for client in list(self._blueprints):
+            self._show(client)
+        return served
 
     serve_dashboard = blocking(serve_dashboard_async)
+
+    def adopt_blueprint(self, client: Any) -> None:
+        """Remember a blueprint client spawned in this system (its ``spawn`` calls this): one
+        with an async ``stats()`` shows as a dashboard panel while it runs, whether the
+        dashboard is served before or after it starts."""
+        self._blueprints.add(client)
+        self._show(client)
+
+    def _show(self, client: Any) -> None:
+        dashboard = None if self.telemetry is None else self.telemetry.dashboard
+        if dashboard is not None and inspect.iscoroutinefunction(getattr(client, "stats", None)):
+            dashboard.add_panel(client)
 
     async def can_access_async(self, a: Device, b: Device) -> bool:
         """True when device ``a`` can read and write ``b``'s memory directly (CUDA peer access).

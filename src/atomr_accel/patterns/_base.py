@@ -123,6 +123,8 @@ class PatternClient:
         ref, portal = spawn_actor(system, props, name)
         client = cls(ref)
         client._portal = portal
+        if isinstance(system, System):
+            system.adopt_blueprint(client)
         return client
 
     @property

@@ -85,7 +85,9 @@ class Dashboard:
 
         ``name`` defaults to the client's ``path``. A ``DynamicBatchingServer``
         shows its queue depth and batch sizes, a ``FairShareScheduler`` each
-        tenant's share; any other source shows its figures as a table.
+        tenant's share; any other source shows its figures as a table. Blueprints
+        spawned in the system are added by themselves (``System.adopt_blueprint``);
+        a panel goes when its blueprint stops.
         """
         stats = getattr(source, "stats", None)
         if stats is None or not inspect.iscoroutinefunction(stats):
@@ -118,6 +120,9 @@ class Dashboard:
             stats = self._last.get(name)
             if stats is not None:
                 devices.append(_device_row(name, stats, stopped=gone))
+        for name, source in list(self._panels.items()):
+            if getattr(source, "is_alive", True) is False:  # a stopped blueprint
+                del self._panels[name]
         panels = await asyncio.gather(*(self._panel(n, s) for n, s in self._panels.items()))
         try:
             events = await self._events.ask(GetEvents(), timeout=ASK_SECONDS)
