@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import (
     ContextPoisoned,
@@ -26,7 +27,7 @@ from atomr_accel.device._replay import compacted
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 
 
 def entry(seq: int, op: Any, result: Any = None) -> JournalEntry:

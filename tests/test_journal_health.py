@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import (
     ContextPoisoned,
@@ -27,7 +28,7 @@ from atomr_accel.device import SqliteJournalStore
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 
 
 def unusable(tmp_path: Path, kind: str) -> Path:

@@ -22,7 +22,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,11 +73,37 @@ def ensure_ray(address: str | None = None) -> tuple[Any, bool]:
         return ray, False
     where = None if address in (None, "local") else address
     try:
-        ray.init(address=where, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        _on_lasting_thread(functools.partial(
+            ray.init, address=where, include_dashboard=False, log_to_driver=False,
+            configure_logging=False))
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise DeviceUnavailable(f"could not connect to Ray at {address!r}: {exc}") from exc
     return ray, True
+
+
+def _on_lasting_thread(init: Callable[[], Any]) -> None:
+    """Run ``init`` on the main thread, or else on a thread that never ends: a local Ray's
+    processes are killed when the thread that started them exits (parent-death signal),
+    and executor and event-loop threads do exit."""
+    if threading.current_thread() is threading.main_thread():
+        init()
+        return
+    outcome: list[BaseException | None] = []
+    started = threading.Event()
+
+    def keep() -> None:
+        try:
+            init()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        started.set()
+        threading.Event().wait()  # lives as long as the process: Ray's processes with it
+
+    threading.Thread(target=keep, name="atomr-ray-keeper", daemon=True).start()
+    started.wait()
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 @functools.cache
