@@ -274,6 +274,8 @@ class System:
             if device in devices:
                 devices.remove(device)
 
+    drop_device = blocking(drop_device_async)
+
     async def cluster_devices_async(self, mock: bool | None = None, backend: str = "auto",
                                     **options: Any) -> list[Device]:
         """Spawn one ``isolation="ray"`` device per GPU the Ray cluster reports (CUDA), or
