@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import importlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -53,6 +54,26 @@ _MAX_CONCURRENCY = 1 << 20
 """Calls one context actor admits at once: every op sent may wait there for its turn."""
 _CLOSE_GRACE = 5.0
 """How long ``close`` lets the actor finish the ops it was sent before killing it."""
+_SUSPECT_SECONDS = 60.0
+"""How long a node whose context actor died is avoided by new context actors: Ray may take
+many seconds to declare a lost node dead, and would place a rebuild there meanwhile."""
+
+_suspects: dict[str, float] = {}
+_suspects_lock = threading.Lock()
+
+
+def _suspect(node_id: str) -> None:
+    with _suspects_lock:
+        _suspects[node_id] = time.monotonic() + _SUSPECT_SECONDS
+
+
+def _suspected() -> set[str]:
+    """Nodes that lost a context actor lately."""
+    now = time.monotonic()
+    with _suspects_lock:
+        for node_id in [n for n, until in _suspects.items() if until <= now]:
+            del _suspects[node_id]
+        return set(_suspects)
 
 
 def ray_module() -> Any:
@@ -147,12 +168,26 @@ class RayHost(ContextHost):
             options["num_gpus"] = 1
         else:
             options["num_cpus"] = 1
-        if self.node is not None:
+        node = self.node
+        suspects = _suspected()
+        if suspects and (node is None or node in suspects):
+            node = self._elsewhere(suspects)  # steer clear of a node that just lost one
+        if node is not None:
             strategies = importlib.import_module("ray.util.scheduling_strategies")
             options["scheduling_strategy"] = strategies.NodeAffinitySchedulingStrategy(
-                node_id=self.node, soft=True)
+                node_id=node, soft=True)
         options.update(self.ray_options)
         return options
+
+    def _elsewhere(self, suspects: set[str]) -> str | None:
+        """A live node, not suspected, with the resources this context asks for (None:
+        let Ray choose)."""
+        needs = {"GPU" if self.spec.name == "cuda" else "CPU": 1.0,
+                 **self.ray_options.get("resources", {})}
+        nodes = [str(n["NodeID"]) for n in ray_module().nodes()
+                 if n.get("Alive") and n["NodeID"] not in suspects
+                 and all(n.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())]
+        return random.choice(nodes) if nodes else None
 
     async def start(self) -> None:
         """Start the actor and build the backend in it; ``DeviceUnavailable`` if Ray cannot."""
@@ -278,6 +313,8 @@ class RayHost(ContextHost):
                     f"(pid {self._pid}, node {self.node_id}) died: {type(exc).__name__}")
                 self._dead.__cause__ = exc
                 first = True
+                if self.node_id is not None:
+                    _suspect(self.node_id)
             else:
                 first = False
             error = self._dead
