@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _ray_hosts import RAY
 
 from atomr_accel import (
     ContextPoisoned,
@@ -28,7 +27,7 @@ from atomr_accel.device import SqliteJournalStore
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process", RAY]
+HOSTS = ["thread", "process"]
 
 
 def unusable(tmp_path: Path, kind: str) -> Path:

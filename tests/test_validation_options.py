@@ -15,13 +15,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from _ray_hosts import RAY
 from test_op_validation_speed import EXAMPLES
 
 from atomr_accel import Device, InvalidArgument, System
 from atomr_accel.core._op import checked
 
-HOSTS = ["thread", "process", RAY]
+HOSTS = ["thread", "process"]
 
 
 @pytest.fixture(scope="module", params=HOSTS)
