@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _ray_hosts import RAY
 
 from atomr_accel import (
     ContextPoisoned,
@@ -27,7 +26,7 @@ from atomr_accel.device._replay import compacted
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process", RAY]
+HOSTS = ["thread", "process"]
 
 
 def entry(seq: int, op: Any, result: Any = None) -> JournalEntry:

@@ -29,8 +29,11 @@ def cluster() -> Iterator[Any]:
     was_connected = ray.is_initialized()
     if was_connected:
         ray.shutdown()
-    made = cluster_utils.Cluster(initialize_head=True,
-                                 head_node_args={"num_cpus": 0, "include_dashboard": False})
+    made = cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False,
+        # Declare a lost node dead in about a second, not Ray's 30 s: the test waits for it.
+        "_system_config": {"health_check_period_ms": 300, "health_check_failure_threshold": 3,
+                           "health_check_timeout_ms": 300}})
     for i in range(3):
         made.add_node(num_cpus=2, resources={f"node_{i}": 1})
     ray.init(address=made.address, log_to_driver=False, configure_logging=False)
