@@ -30,6 +30,8 @@ from _report import percentile, print_table, write_json
 
 from atomr_accel import GpuRuntimeError, System
 
+ROUNDS = 10
+
 
 class Bare:
     """The baseline: a plain Ray actor doing the same tiny NumPy work."""
@@ -69,22 +71,23 @@ def latency(ray: Any, calls: int) -> tuple[list[list[Any]], dict[str, Any]]:
         buf = dev.allocate_f64(4)
         dev.copy_from_numpy(buf, np.ones(4))
         blas = dev.blas()
-        for _ in range(2):  # interleave to share the machine's noise
+        for _ in range(ROUNDS):  # interleaved, so that both paths share the machine's noise
             for name, call in (("bare ray.get(actor.scal.remote())",
                                 lambda: ray.get(bare.scal.remote(1.0))),
                                ("ray host blas.scal (blocking)",
                                 lambda: blas.scal(4, 1.0, buf))):
-                timed(call, calls // 10)  # warm up
-                results.setdefault(name, []).extend(timed(call, calls // 2))
+                timed(call, 20)  # warm up
+                results.setdefault(name, []).extend(timed(call, calls // ROUNDS))
 
         async def on_loop() -> None:
-            for _ in range(2):
+            for _ in range(ROUNDS):
                 for name, call in (("bare await actor.scal.remote()",
                                     lambda: bare.scal.remote(1.0)),
                                    ("ray host await blas.scal_async",
                                     lambda: blas.scal_async(4, 1.0, buf))):
-                    await timed_async(call, calls // 10)
-                    results.setdefault(name, []).extend(await timed_async(call, calls // 2))
+                    await timed_async(call, 20)
+                    results.setdefault(name, []).extend(
+                        await timed_async(call, calls // ROUNDS))
 
         system._portal.call(on_loop())
     ray.kill(bare)

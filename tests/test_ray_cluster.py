@@ -75,6 +75,20 @@ async def test_one_device_per_node_and_pinning_by_custom_resource(cluster: Any) 
             buf = await dev.allocate_f64_async(256)
             await dev.copy_from_numpy_async(buf, x)
             assert await dev.blas().nrm2_async(256, buf) == pytest.approx(np.linalg.norm(x))
+        mib = 1 << 20
+        sized = [await system.spawn_device_async(
+            10 + i, mock=True, isolation="ray", libraries=(),
+            backend_options={"capacity": 4 * mib},
+            ray_options={"num_cpus": 0, "resources": {f"node_{i}": 0.1}})
+            for i in range(3)]
+        assert len({d.node for d in sized}) == 3
+        await sized[0].allocate_u8_async(3 * mib)  # real stats, read from each node's actor
+        await sized[1].allocate_u8_async(mib)
+        placement = await system.placement_async("memory_fit", sized)
+        assert await placement.pick_async(2 * mib) is sized[2]
+        await sized[2].allocate_u8_async(3 * mib)
+        assert await placement.pick_async(2 * mib) is sized[1]
+        assert (await sized[0].stats_async()).memory_free == mib
         pinned = await system.spawn_device_async(
             7, mock=True, isolation="ray", libraries=(), ray_options={"resources": {"node_1": 0.5}})
         wanted = next(n["NodeID"] for n in ray.nodes() if "node_1" in n["Resources"])
