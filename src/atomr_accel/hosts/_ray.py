@@ -290,12 +290,12 @@ class RayHost(ContextHost):
         return _outcome(reply)
 
     def _failure(self, exc: BaseException, op: Op) -> GpuRuntimeError:
-        """The typed error of a Ray call that failed: the actor's death is ``WorkerLost``
-        (``ContextPoisoned`` once the host is closing)."""
+        """The typed error of a Ray call that failed: the actor's death, or its reply lost
+        with its node, is ``WorkerLost`` (``ContextPoisoned`` once the host is closing)."""
         if self._closing:
             error: GpuRuntimeError = ContextPoisoned(
                 "the context was closed before this op finished")
-        elif isinstance(exc, ray_module().exceptions.RayActorError):
+        elif isinstance(exc, _lost_with_the_actor()):
             error = self._lose(exc)
         else:
             return translate_error(exc, op)
@@ -383,6 +383,12 @@ class RayHost(ContextHost):
         if actor is not None:
             with contextlib.suppress(Exception):  # gone already
                 ray_module().kill(actor, no_restart=True)
+
+
+def _lost_with_the_actor() -> tuple[type[BaseException], ...]:
+    """Ray's errors that mean the actor (or its node, with the reply) is gone."""
+    errors = ray_module().exceptions
+    return (errors.RayActorError, errors.ObjectLostError)
 
 
 def _carries_arrays(op: Op) -> bool:
