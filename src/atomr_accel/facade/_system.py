@@ -110,14 +110,14 @@ class System:
         self._loop_thread = loop_thread
         self._op_timeout = op_timeout
         self._names = itertools.count(1)
+        self._ray_connected = ray_connected  # this system connected Ray: close disconnects
+        self._cluster: list[Device] = []
         self.devices: list[Device] = []
         self.worlds: list[Collective] = []
         """The communicator worlds started with ``nccl_world``."""
         self._placement: Placement | None = None
         self.telemetry: Telemetry | None = None
         """The system's ``Telemetry`` once ``enable_telemetry`` was called, else None."""
-        self._ray_connected = ray_connected  # this system connected Ray: close disconnects
-        self._cluster: list[Device] = []
 
     @classmethod
     def open(cls, name: str = "atomr-accel", *, op_timeout: float | None = 300.0,
