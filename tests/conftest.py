@@ -5,6 +5,9 @@ Tests marked ``gpu`` are skipped where no CUDA device is visible.
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Iterator
+
 import pytest
 
 from atomr_accel.backends import cuda_device_count
@@ -24,3 +27,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_session(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Start one local Ray for the session when a collected test is marked ``ray`` (and Ray
+    is installed), before any test counts threads or processes; shut it down at the end."""
+    session = request.session
+    wanted = any("ray" in item.keywords for item in session.items)
+    if not wanted or importlib.util.find_spec("ray") is None:
+        yield
+        return
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import (
     AskTimeout,
@@ -36,7 +37,7 @@ from atomr_accel.hosts._shm import live_segments
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 LOST = (ContextPoisoned, GpuRefStale)  # what an op caught by a rebuild may answer
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _procs import process_gone
+from _ray_hosts import RAY
 
 from atomr_accel import (
     ContextPoisoned,
@@ -38,7 +39,7 @@ from atomr_accel.hosts._shm import live_segments
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 
 
 def segments() -> list[str]:

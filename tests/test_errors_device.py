@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import (
     FaultKind,
@@ -26,7 +27,7 @@ from atomr_accel.hosts._process import ProcessHost
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 
 
 class _NoStart(ThreadHost):

@@ -12,6 +12,7 @@ import asyncio
 import pickle
 
 import pytest
+from _ray_hosts import RAY
 
 import atomr_accel
 from atomr_accel import (
@@ -26,7 +27,7 @@ from atomr_accel import (
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 
 
 def test_system_closed_and_ask_timeout_join_both_trees() -> None:

@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import InvalidArgument, OutOfMemory, System
 from atomr_accel.backends.cpu._memory import cgroup_dirs, host_memory, meminfo_bytes
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 MiB = 1 << 20
 
 

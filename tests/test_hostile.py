@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import (
     AskTimeout,
@@ -42,7 +43,7 @@ from atomr_accel.core import DType, GpuRef
 from atomr_accel.facade import Device
 from atomr_accel.hosts._shm import live_segments
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 SENTINEL = np.arange(64, dtype=np.float64) * 1.5
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import (
     ContextPoisoned,
@@ -44,7 +45,7 @@ from atomr_accel.hosts import ThreadHost
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 
 
 def bits(array: np.ndarray[Any, Any]) -> bytes:

@@ -12,13 +12,14 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
+from _ray_hosts import RAY
 
 from atomr_accel import GpuRuntimeError, System, SystemClosed
 from atomr_accel.facade import Device
 
 pytestmark = pytest.mark.anyio
 
-HOSTS = ["thread", "process"]
+HOSTS = ["thread", "process", RAY]
 
 
 async def settled(dev: Device, done: Callable[[int, int], bool], limit: float = 20.0) -> None:

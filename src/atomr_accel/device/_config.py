@@ -19,7 +19,7 @@ ALL_LIBRARIES: tuple[str, ...] = (
 )
 """Every library a device can enable."""
 
-Isolation = Literal["thread", "process"]
+Isolation = Literal["thread", "process", "ray"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,9 @@ class DeviceConfig:
     """How to build a device.
 
     ``backend`` is ``"cpu"`` or ``"cuda"``; ``isolation`` picks the context host
-    (``"thread"``: lowest latency; ``"process"``: a worker process, real recovery).
+    (``"thread"``: lowest latency; ``"process"``: a worker process, real recovery;
+    ``"ray"``: a Ray actor on any node of a Ray cluster, pinned to ``node`` (a Ray
+    node id) when given, asking Ray for ``ray_options`` beyond its defaults).
     ``max_restarts`` context rebuilds within ``within`` seconds are allowed; past
     that the device stops for good. ``stash_capacity`` bounds requests queued
     while the context (re)builds. ``streams`` hands out kernel-actor streams.
@@ -53,12 +55,21 @@ class DeviceConfig:
     journal: JournalConfig | None = None
     standby: int = 0
     """Spare contexts kept started (0 or 1; process isolation only): see ``_standby``."""
+    node: str | None = None
+    """The Ray node id the context prefers (``isolation="ray"`` only; a rebuild after the
+    node is lost lands on another one)."""
+    ray_options: dict[str, Any] = field(default_factory=dict)
+    """Options for Ray's actor (``isolation="ray"`` only): resources, a scheduling strategy."""
 
     def __post_init__(self) -> None:
-        if self.isolation not in ("thread", "process"):
+        if self.isolation not in ("thread", "process", "ray"):
             raise InvalidArgument(
-                f"isolation must be 'thread' or 'process', got {self.isolation!r}"
+                f"isolation must be 'thread', 'process' or 'ray', got {self.isolation!r}"
             )
+        if self.isolation != "ray" and (self.node is not None or self.ray_options):
+            raise InvalidArgument("node and ray_options apply to isolation='ray' only")
+        if self.node is not None and (not isinstance(self.node, str) or not self.node):
+            raise InvalidArgument(f"node must be a Ray node id (a str), got {self.node!r}")
         unknown = [lib for lib in self.libraries if lib not in ALL_LIBRARIES]
         if unknown:
             raise InvalidArgument(
@@ -88,6 +99,10 @@ class DeviceConfig:
         """A new, unstarted context host."""
         if self.host_factory is not None:
             return self.host_factory(self.spec)
+        if self.isolation == "ray":
+            from atomr_accel.hosts._ray import RayHost
+
+            return RayHost(self.spec, self.node, self.ray_options)
         if self.isolation == "process":
             from atomr_accel.hosts._process import ProcessHost
 

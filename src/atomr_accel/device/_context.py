@@ -68,6 +68,7 @@ class ContextActor(Actor):
             standby.replenish()
         state.start_error = None
         state.host_pid = host.pid
+        state.host_node = getattr(host, "node_id", None)
         self.host = host
         me = self.context.self_ref
         generation = self.generation

@@ -376,6 +376,7 @@ class DeviceState:
         self.failed = 0
         self.out_of_memory = 0
         self.host_pid: int | None = None
+        self.host_node: str | None = None  # the Ray node of a Ray host's context
         """Process the current context lives in (a worker's pid on the process host)."""
         self.reruns = 0
         """Requests run again on a new context after theirs died under them."""

@@ -190,8 +190,13 @@ class Device(DeviceApi):
 
     @property
     def isolation(self) -> str:
-        """``"thread"`` or ``"process"``."""
+        """``"thread"``, ``"process"`` or ``"ray"``."""
         return self.config.isolation
+
+    @property
+    def node(self) -> str | None:
+        """The Ray node id the current context runs on (``isolation="ray"``), else None."""
+        return self._state.host_node
 
     @property
     def generation(self) -> int:

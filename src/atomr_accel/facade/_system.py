@@ -31,6 +31,7 @@ from atomr_accel.device import (
     Policy,
 )
 from atomr_accel.device._config import Isolation
+from atomr_accel.facade import _cluster as cluster
 from atomr_accel.facade import _peer as peer
 from atomr_accel.facade import _world as collective
 from atomr_accel.facade._buffers import GpuBuffer
@@ -104,12 +105,14 @@ class System:
     """
 
     def __init__(self, actors: ActorSystem, portal: Portal, loop_thread: LoopThread | None,
-                 op_timeout: float | None) -> None:
+                 op_timeout: float | None, ray_connected: bool = False) -> None:
         self.actors = actors
         self._portal = portal
         self._loop_thread = loop_thread
         self._op_timeout = op_timeout
         self._names = itertools.count(1)
+        self._ray_connected = ray_connected  # this system connected Ray: close disconnects
+        self._cluster: list[Device] = []
         self.devices: list[Device] = []
         self.worlds: list[Collective] = []
         """The communicator worlds started with ``nccl_world``."""
@@ -119,24 +122,36 @@ class System:
         self._blueprints: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @classmethod
-    def open(cls, name: str = "atomr-accel", *, op_timeout: float | None = 300.0) -> System:
-        """Start a system on its own event-loop thread (for blocking code)."""
+    def open(cls, name: str = "atomr-accel", *, op_timeout: float | None = 300.0,
+             ray_address: str | None = None) -> System:
+        """Start a system on its own event-loop thread (for blocking code).
+
+        ``ray_address`` connects this process to Ray for ``isolation="ray"``
+        devices: ``"auto"`` (the cluster this machine belongs to), a cluster's
+        address, or ``"local"`` to start a local Ray; None leaves Ray alone (a
+        Ray device then uses the Ray this process is connected to, or starts a
+        local one). A Ray this call connected is disconnected by ``close``.
+        """
+        connected = cluster.connect(ray_address)
         loop_thread = LoopThread(name)
         portal = Portal(loop_thread.loop)
         actors = ActorSystem(name, default_ask_timeout=op_timeout)
         portal.call(actors.__aenter__())
-        return cls(actors, portal, loop_thread, op_timeout)
+        return cls(actors, portal, loop_thread, op_timeout, connected)
 
     @classmethod
     async def open_async(
-        cls, name: str = "atomr-accel", *, op_timeout: float | None = 300.0
+        cls, name: str = "atomr-accel", *, op_timeout: float | None = 300.0,
+        ray_address: str | None = None,
     ) -> System:
-        """Start a system on the running event loop (for asyncio code)."""
+        """Start a system on the running event loop (for asyncio code); ``ray_address`` as
+        in ``open``."""
         import asyncio
 
+        connected = await asyncio.to_thread(cluster.connect, ray_address)
         actors = ActorSystem(name, default_ask_timeout=op_timeout)
         await actors.__aenter__()
-        return cls(actors, Portal(asyncio.get_running_loop()), None, op_timeout)
+        return cls(actors, Portal(asyncio.get_running_loop()), None, op_timeout, connected)
 
     @property
     def name(self) -> str:
@@ -164,6 +179,8 @@ class System:
         backend_options: dict[str, Any] | None = None,
         journal: JournalConfig | Journal | str | os.PathLike[str] | bool | None = None,
         standby: int = 0,
+        node: str | None = None,
+        ray_options: Mapping[str, Any] | None = None,
     ) -> Coroutine[Any, Any, Device]:
         """Start a device and wait until its context is up (its arguments are checked when
         called, before anything starts).
@@ -185,12 +202,20 @@ class System:
         ``standby=1`` (process isolation) keeps a spare worker with its context
         started, so a rebuild takes it at once instead of starting a process; it
         costs that worker's memory (and on CUDA its context on the GPU).
+        ``isolation="ray"`` runs the context in a Ray actor (one GPU for CUDA,
+        one CPU otherwise) on any node of the Ray cluster; ``node`` (a Ray node
+        id) pins it there while that node lives, ``ray_options`` go to Ray's
+        actor options (see docs/ray.md).
         """
         if self.closed:
             raise SystemClosed(self.actors.name, "spawn_device")
-        chosen = resolve_backend(mock, backend)
+        if isolation == "ray":
+            chosen = cluster.resolve_backend(mock, backend)
+        else:
+            chosen = resolve_backend(mock, backend)
         options = dict(backend_options or {})
-        check_backend_options(chosen, options)
+        if isolation != "ray" or chosen == "cpu":  # a Ray node's CUDA backend checks its own
+            check_backend_options(chosen, options)
         config = DeviceConfig(
             device_id=device_id,
             backend=chosen,
@@ -203,6 +228,8 @@ class System:
             backend_options=options,
             journal=JournalConfig.of(journal),
             standby=standby,
+            node=node,
+            ray_options=dict(ray_options or {}),
         )
         if name is None:
             name = f"device-{device_id}-{next(self._names)}"
@@ -223,7 +250,7 @@ class System:
             device = await self._portal.acall(start())
         except ActorError as exc:  # the system closed meanwhile
             raise gpu_error_of(exc, self.actors.name, "spawn_device") from exc
-        if config.backend == "cuda":
+        if config.backend == "cuda" and config.isolation != "ray":
             state.capability = cuda_capability(config.device_id)
         # Wait until the context is up: a worker process and a CUDA context take seconds,
         # far longer than an op_timeout tuned for ops may allow.
@@ -241,6 +268,42 @@ class System:
         return device
 
     spawn_device = blocking(spawn_device_async)
+
+    async def drop_device_async(self, device: Device) -> None:
+        """Stop ``device`` for good (its context is closed) and forget it."""
+        await self._portal.acall(_stop(self.actors, device))
+        for devices in (self.devices, self._cluster):
+            if device in devices:
+                devices.remove(device)
+
+    drop_device = blocking(drop_device_async)
+
+    async def cluster_devices_async(self, mock: bool | None = None, backend: str = "auto",
+                                    **options: Any) -> list[Device]:
+        """Spawn one ``isolation="ray"`` device per GPU the Ray cluster reports (CUDA), or
+        one per alive node (CPU backend), each pinned to its node; returns them.
+
+        ``mock`` and ``backend`` choose the backend as in ``spawn_device``
+        (``"auto"``: CUDA when the cluster has GPUs); ``options`` go to each
+        ``spawn_device`` (``libraries``, ``journal``, ``max_restarts``, ...).
+        These devices are the ones ``shard`` routes keys to.
+        """
+        devices = await cluster.spawn_cluster(self, mock, backend, options)
+        self._cluster.extend(devices)
+        return devices
+
+    cluster_devices = blocking(cluster_devices_async)
+
+    def shard(self, key: str | bytes | int, devices: Iterable[Device] | None = None) -> Device:
+        """The device ``key`` belongs to, by rendezvous hashing over ``devices`` (default:
+        the ``cluster_devices``, else every device of the system) that have not stopped.
+
+        Adding or removing one of N devices moves only the keys of that device
+        (about 1/N of them); a device rebuilt on another node keeps its keys.
+        Raises ``DeviceUnavailable`` when no device is left.
+        """
+        pool = list(devices) if devices is not None else (self._cluster or self.devices)
+        return cluster.rendezvous(key, pool)
 
     async def placement_async(self, policy: Policy | str = "round_robin",
                               devices: Iterable[Device] | None = None) -> Placement:
@@ -413,6 +476,9 @@ class System:
             await self._portal.acall(self.actors.terminate())
         finally:
             self._portal.close()
+            if self._ray_connected:
+                self._ray_connected = False
+                cluster.disconnect()
 
     def close(self) -> None:
         """Stop every device and actor, then the event-loop thread; safe to call twice."""
