@@ -20,6 +20,7 @@ PACKAGES = [
     "atomr_accel.facade",
     "atomr_accel.hosts",
     "atomr_accel.realtime",
+    "atomr_accel.streams",
     "atomr_accel.telemetry",
 ]
 
