@@ -371,10 +371,19 @@ def test_configure_logging_prints_the_fields_as_text_or_json() -> None:
     assert (record["event"], record["generation"], record["level"]) == \
         ("context_down", 3, "WARNING")
     plain = io.StringIO()
+    factory = logging.getLogRecordFactory()
+
+    def foreign(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        record._foreign_stamp = 1  # type: ignore[attr-defined]  # as Ray's factory adds
+        return record
+
     try:
+        logging.setLogRecordFactory(foreign)
         configure_logging(stream=plain)
         logging.getLogger("atomr_accel.device").info("up", extra={"event": "context_ready"})
     finally:
+        logging.setLogRecordFactory(factory)
         for h in list(logger.handlers):
             logger.removeHandler(h)
         logger.setLevel(level)

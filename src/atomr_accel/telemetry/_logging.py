@@ -22,8 +22,11 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"m
 
 
 def _fields_of(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields a log call passed through ``extra=``."""
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+    """The structured fields a log call passed through ``extra=`` (not the private ones,
+    ``_name``, that other libraries' record factories add to every record: Ray's
+    ``_ray_timestamp_ns``, say)."""
+    return {k: v for k, v in vars(record).items()
+            if k not in _STANDARD and not k.startswith("_")}
 
 
 class StructuredFormatter(logging.Formatter):
