@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from atomr_accel.backends import cuda_device_count
+from atomr_accel._selftest import conftest as gpu_marker
 
 
 @pytest.fixture
@@ -19,14 +19,9 @@ def anyio_backend() -> tuple[str, dict[str, bool]]:
     return ("asyncio", {"debug": True})
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip GPU tests cleanly on machines without a CUDA device."""
-    if cuda_device_count() > 0:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (CuPy and a GPU)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+pytest_collection_modifyitems = gpu_marker.pytest_collection_modifyitems
+"""Skip GPU tests cleanly on machines without a CUDA device (the hook the smoke suite
+shipped in the package uses too)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
