@@ -13,6 +13,9 @@ devices must serve and no worker process or shared-memory segment may be left.
                                     [--clients 32] [--cuda] [--poison inject|kernel]
                                     [--standby] [--durable] [--fault-interval LOW HIGH]
 
+It exits 1 when any answer was wrong, any error unexpected, any ask timed out,
+or a worker or segment was left behind; 0 otherwise.
+
 ``--cuda`` runs the devices on CUDA (process host only: a thread host cannot
 recover a CUDA context). ``--poison kernel`` poisons the context for real with
 an NVRTC kernel that stores through an invalid address (CUDA error 700) instead
@@ -469,6 +472,10 @@ def main() -> None:
     write_json(args.out, {"benchmark": "chaos_soak", "cuda": cfg.cuda, "poison": cfg.poison,
                           "clients": cfg.clients, **report.summary(),
                           "leaked_workers": leaked_pids, "leaked_segments": leaked_shm})
+    failures = (len(report.wrong) + len(report.unexpected) + report.timeouts
+                + len(leaked_pids) + len(leaked_shm))
+    print("soak passed" if not failures else f"soak FAILED: {failures} failures")
+    raise SystemExit(1 if failures else 0)
 
 
 if __name__ == "__main__":
