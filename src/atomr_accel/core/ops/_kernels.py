@@ -110,7 +110,7 @@ def _check_arg(index: int, arg: Any) -> None:
             f"such as np.int32({arg!r}) or np.float32({arg!r}) to match the kernel's parameter"
         )
     raise InvalidArgument(
-        f"kernel argument {index} must be a buffer, a NumPy scalar or a TensorMap, got "
+        f"kernel argument {index} must be a buffer or a NumPy scalar (or a TensorMap), got "
         f"{type(arg).__name__}"
     )
 
