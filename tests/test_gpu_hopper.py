@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from atomr_accel import System, TensorMap
-from atomr_accel.nvrtc import KernelArg
+from atomr_accel.nvrtc import KernelArg, cuda_include_options
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -107,6 +107,27 @@ extern "C" __global__ void tma_pairs(const __grid_constant__ TmaDesc map, float*
         if (r < rows && c < cols) out[(unsigned long long)r * pitch + c] = tile[i] + 2.0f * theirs;
     }
     cluster_sync();  // the partner has read this block's tile before it exits
+}
+"""
+
+COOPERATIVE = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+
+// Each block writes its cluster rank, and its partner's rank read from the partner's
+// shared memory through cluster.map_shared_rank.
+extern "C" __global__ void cg_ranks(int* out) {
+    __shared__ int mine;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) mine = (int)cluster.block_rank();
+    cluster.sync();
+    unsigned partner = cluster.block_rank() ^ 1u;
+    int* theirs = cluster.map_shared_rank(&mine, partner);
+    if (threadIdx.x == 0) {
+        out[2 * blockIdx.x] = mine;
+        out[2 * blockIdx.x + 1] = *theirs;
+    }
+    cluster.sync();
 }
 """
 
@@ -205,6 +226,17 @@ async def test_a_kernel_with_compiled_cluster_dims_needs_no_cluster_argument(
     y, x = np.meshgrid(np.arange(4), np.arange(4), indexing="ij")
     got = (await device.copy_to_numpy_async(out)).reshape(4, 4)
     np.testing.assert_array_equal(got, x % 2 + 2 * (y % 2))
+
+
+async def test_cooperative_groups_clusters_compile_with_the_toolkit_s_headers(
+        device: Any) -> None:
+    kernel = await device.nvrtc().compile_async(
+        COOPERATIVE, "cg_ranks", options=[*cuda_include_options(), "-std=c++17"])
+    out = await device.allocate_i32_async(2 * 8)
+    await kernel.launch_async(8, 64, out, cluster=2)
+    got = (await device.copy_to_numpy_async(out)).reshape(8, 2)
+    np.testing.assert_array_equal(got[:, 0], np.arange(8) % 2)
+    np.testing.assert_array_equal(got[:, 1], 1 - np.arange(8) % 2)
 
 
 async def test_a_plain_launch_still_has_no_cluster(device: Any) -> None:

@@ -7,6 +7,7 @@ and a descriptor of a buffer from an older context generation is refused as stal
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from atomr_accel import ContextPoisoned, FaultKind, GpuRefStale, InvalidArgument, System, TensorMap
 from atomr_accel.core import KernelRef
 from atomr_accel.core.ops._kernels import LaunchKernel
-from atomr_accel.nvrtc import KernelArg, NvrtcKernel
+from atomr_accel.nvrtc import KernelArg, NvrtcKernel, cuda_include_options
 
 pytestmark = pytest.mark.anyio
 
@@ -193,3 +194,17 @@ async def test_a_tensor_map_of_an_older_generation_is_stale() -> None:
         assert old.is_stale() and not out.is_stale()
         with pytest.raises(GpuRefStale):
             await kernel_of(dev, out.ref.owner).launch_async(2, 32, view, out, cluster=2)
+
+
+def test_cuda_include_options_name_the_toolkit_s_header_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "cooperative_groups.h").write_text("")
+    assert cuda_include_options(tmp_path) == (f"-I{include}",)
+    (include / "cccl").mkdir()  # CUDA 13 keeps libcu++ (cuda/barrier, cuda/ptx) there
+    assert cuda_include_options(tmp_path) == (f"-I{include}", f"-I{include / 'cccl'}")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert cuda_include_options() == (f"-I{include}", f"-I{include / 'cccl'}")
+    with pytest.raises(InvalidArgument, match="no CUDA toolkit headers"):
+        cuda_include_options(tmp_path / "missing")

@@ -3,6 +3,6 @@
 
 from atomr_accel.core.ops._tensor_map import TensorMap
 from atomr_accel.facade._kernel_args import KernelArg
-from atomr_accel.facade._kernels import NvrtcKernel
+from atomr_accel.facade._kernels import NvrtcKernel, cuda_include_options
 
-__all__ = ["KernelArg", "NvrtcKernel", "TensorMap"]
+__all__ = ["KernelArg", "NvrtcKernel", "TensorMap", "cuda_include_options"]

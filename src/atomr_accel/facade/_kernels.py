@@ -3,7 +3,9 @@ both hand out ``NvrtcKernel`` handles to launch."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Coroutine, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.core._errors import InvalidArgument
@@ -25,6 +27,7 @@ __all__ = [
     "NvrtcKernel",
     "compile_kernel",
     "compile_kernel_async",
+    "cuda_include_options",
     "launch_op",
 ]
 
@@ -54,6 +57,22 @@ def _shared_bytes(shared_mem: int, shared: int | None) -> int:
         raise InvalidArgument(f"shared={shared!r} and shared_mem={shared_mem!r} disagree; "
                               "pass one of them")
     return shared
+
+
+def cuda_include_options(cuda_home: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
+    """NVRTC ``-I`` options for the CUDA toolkit's headers (``<cooperative_groups.h>``,
+    ``<cuda/barrier>``, ``<cuda/ptx>``): its ``include`` folder and, from CUDA 13, the
+    ``include/cccl`` folder those headers need. ``cuda_home`` defaults to ``$CUDA_HOME``,
+    ``$CUDA_PATH``, then ``/usr/local/cuda``; ``InvalidArgument`` when it has no headers.
+    """
+    home = Path(cuda_home or os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+                or "/usr/local/cuda")
+    include = home / "include"
+    if not (include / "cooperative_groups.h").is_file():
+        raise InvalidArgument(f"no CUDA toolkit headers under {include}; pass cuda_home or "
+                              "set CUDA_HOME")
+    folders = [include, include / "cccl"]
+    return tuple(f"-I{folder}" for folder in folders if folder.is_dir())
 
 
 class NvrtcKernel(Library):
