@@ -239,6 +239,26 @@ async def test_cooperative_groups_clusters_compile_with_the_toolkit_s_headers(
     np.testing.assert_array_equal(got[:, 1], 1 - np.arange(8) % 2)
 
 
+@pytest.mark.parametrize("arch", ["compute_90", "sm_90a"])
+async def test_module_kernels_take_clusters_and_tensor_maps(device: Any, arch: str) -> None:
+    from atomr_accel.backends.cuda._kernels import compile_source
+
+    source = SOURCE.replace("BR * BC", "(16 * 32)").replace("BR", "16").replace("BC", "32")
+    image, lowered = compile_source(source, "tma_pairs", (f"--gpu-architecture={arch}",))
+    kernel = await device.modules().load_async(image, lowered)
+    rows, cols = 20, 60
+    a = np.random.default_rng(11).standard_normal((rows, cols)).astype(np.float32)
+    src, out = (await device.allocate_f32_async(rows * cols),
+                await device.allocate_f32_async(rows * cols))
+    await device.copy_from_numpy_async(src, a.ravel())
+    view = TensorMap.tiled(src, "f32", (rows, cols), (16, 32))
+    await kernel.launch_async((2, 2, 1), 128, view, out, np.int32(rows), np.int32(cols),
+                              np.int32(cols), cluster=(2, 1, 1), writes=[1])
+    got = (await device.copy_to_numpy_async(out)).reshape(rows, cols)
+    np.testing.assert_allclose(got, pairs_reference(a.astype(np.float64), 16, 32, 0.0, 2),
+                               rtol=1e-6, atol=1e-6)
+
+
 async def test_a_plain_launch_still_has_no_cluster(device: Any) -> None:
     out = await device.allocate_i32_async(5 * 4)
     kernel = await device.nvrtc().compile_async(SOURCE, "cluster_ranks",
