@@ -250,8 +250,9 @@ def _custom_kernel(expr: str, identity: str) -> Any:
 
 def _store(out: Array, value: Array) -> None:
     """Put a reduction's one-element result ``value`` into ``out`` (one element): a copy of
-    its bytes on the current stream where the dtypes agree, which costs the host about
-    10 us less a call than the element-wise kernel of ``out[...] = value``."""
+    its bytes on the current stream where the dtypes agree (on the H100 machine, 38.5 us of
+    host time a reduce instead of 56.6 us with the element-wise kernel of
+    ``out[...] = value``; ``docs/cub.md``), else that converting assignment."""
     if value.dtype == out.dtype:
         runtime = cp.cuda.runtime
         runtime.memcpyAsync(out.data.ptr, value.data.ptr, value.nbytes,
