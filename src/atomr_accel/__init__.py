@@ -36,6 +36,7 @@ from atomr_accel.core import (
 from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.core.ops._memory import Advice, Location
 from atomr_accel.core.ops._sparse import CsrMatrix
+from atomr_accel.core.ops._tensor_map import TensorMap
 from atomr_accel.device import DeviceStats, Journal, JournalConfig, ReplayHarness, Status
 from atomr_accel.device import DeviceStats as DeviceLoad
 from atomr_accel.facade import (
@@ -209,6 +210,7 @@ __all__ = [
     "System",
     "SystemClosed",
     "Tensor",
+    "TensorMap",
     "TensorRt",
     "TrtEngine",
     "Unrecoverable",

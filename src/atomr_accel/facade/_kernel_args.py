@@ -16,6 +16,7 @@ import numpy as np
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import is_int
+from atomr_accel.core.ops._tensor_map import TensorMap
 from atomr_accel.facade._buffers import GpuBuffer
 
 __all__ = ["KernelArg", "launch_values"]
@@ -58,7 +59,7 @@ class KernelArg:
 
     __slots__ = ("tag", "value")
 
-    def __init__(self, tag: str, value: GpuBuffer | np.generic) -> None:
+    def __init__(self, tag: str, value: GpuBuffer | np.generic | TensorMap) -> None:
         self.tag = tag
         self.value = value
 
@@ -122,12 +123,21 @@ class KernelArg:
         """A ``double``."""
         return _real("scalar_f64", np.float64, v)
 
+    @staticmethod
+    def tensor_map(view: TensorMap) -> KernelArg:
+        """A tensor-map (TMA) descriptor, passed by value as ``const __grid_constant__
+        CUtensorMap`` (compute capability 9.0+); see ``TensorMap.tiled``."""
+        if not isinstance(view, TensorMap):
+            raise InvalidArgument(f"KernelArg.tensor_map takes a TensorMap, got {view!r}")
+        return KernelArg("tensor_map", view)
+
     def __repr__(self) -> str:
-        shown = self.value if isinstance(self.value, GpuBuffer) else self.value.item()
+        shown = self.value if isinstance(self.value, GpuBuffer | TensorMap) \
+            else self.value.item()
         return f"KernelArg.{self.tag}({shown!r})"
 
 
-def launch_values(args: list[Any]) -> tuple[GpuBuffer | np.generic, ...]:
+def launch_values(args: list[Any]) -> tuple[GpuBuffer | np.generic | TensorMap, ...]:
     """The values of a list of ``KernelArg`` (``InvalidArgument`` for anything else)."""
     for i, arg in enumerate(args):
         if not isinstance(arg, KernelArg):

@@ -3,7 +3,9 @@ both hand out ``NvrtcKernel`` handles to launch."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Coroutine, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.core._errors import InvalidArgument
@@ -25,6 +27,7 @@ __all__ = [
     "NvrtcKernel",
     "compile_kernel",
     "compile_kernel_async",
+    "cuda_include_options",
     "launch_op",
 ]
 
@@ -35,12 +38,15 @@ Dim = int | tuple[int, ...]
 
 
 def launch_op(library: Library, kernel: KernelRef, grid: Dim, block: Dim, args: Iterable[Any],
-              shared_mem: int = 0, writes: Iterable[int] | None = None) -> LaunchKernel:
+              shared_mem: int = 0, writes: Iterable[int] | None = None,
+              cluster: Dim | None = None, non_portable_cluster: bool = False) -> LaunchKernel:
     """The ``LaunchKernel`` op of a facade launch: buffers become refs, dims get normalized."""
     converted = tuple(library._ref(a, f"argument {i}") if isinstance(a, GpuBuffer) else a
                       for i, a in enumerate(args))
     return LaunchKernel(kernel, dim3(grid, "grid"), dim3(block, "block"), converted,
-                        shared_mem, None if writes is None else tuple(writes))
+                        shared_mem, None if writes is None else tuple(writes),
+                        None if cluster is None else dim3(cluster, "cluster"),
+                        non_portable_cluster)
 
 
 def _shared_bytes(shared_mem: int, shared: int | None) -> int:
@@ -53,6 +59,22 @@ def _shared_bytes(shared_mem: int, shared: int | None) -> int:
     return shared
 
 
+def cuda_include_options(cuda_home: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
+    """NVRTC ``-I`` options for the CUDA toolkit's headers (``<cooperative_groups.h>``,
+    ``<cuda/barrier>``, ``<cuda/ptx>``): its ``include`` folder and, from CUDA 13, the
+    ``include/cccl`` folder those headers need. ``cuda_home`` defaults to ``$CUDA_HOME``,
+    ``$CUDA_PATH``, then ``/usr/local/cuda``; ``InvalidArgument`` when it has no headers.
+    """
+    home = Path(cuda_home or os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+                or "/usr/local/cuda")
+    include = home / "include"
+    if not (include / "cooperative_groups.h").is_file():
+        raise InvalidArgument(f"no CUDA toolkit headers under {include}; pass cuda_home or "
+                              "set CUDA_HOME")
+    folders = [include, include / "cccl"]
+    return tuple(f"-I{folder}" for folder in folders if folder.is_dir())
+
+
 class NvrtcKernel(Library):
     """A kernel of one context generation, compiled by NVRTC or loaded from a module.
 
@@ -60,7 +82,10 @@ class NvrtcKernel(Library):
     scalars by value (``np.int32(n)``, ``np.float32(a)``; a plain Python number
     is refused, since its C type would be a guess). The original's form,
     ``launch(grid, block, [KernelArg, ...], shared=0)``, takes typed
-    ``KernelArg``s instead. After a context rebuild the handle is stale
+    ``KernelArg``s instead. On Hopper (compute capability 9.0+),
+    ``launch(..., cluster=(2, 1, 1))`` groups blocks into thread-block
+    clusters and a ``TensorMap`` argument passes a tensor-map (TMA)
+    descriptor by value (see ``docs/hopper.md``). After a context rebuild the handle is stale
     (``is_stale()``) and a launch raises ``GpuRefStale``: compile or load it
     again (the disk cache makes a recompile cheap).
     """
@@ -90,6 +115,7 @@ class NvrtcKernel(Library):
 
     def launch_async(self, grid: Dim, block: Dim, *args: Any, shared_mem: int = 0,
                      shared: int | None = None, writes: Iterable[int] | None = None,
+                     cluster: Dim | None = None, non_portable_cluster: bool = False,
                      timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
         """Run the kernel on ``grid`` blocks of ``block`` threads; returns when it has finished.
 
@@ -97,7 +123,12 @@ class NvrtcKernel(Library):
         (the original's form). ``shared`` is the original's name of
         ``shared_mem`` (bytes of dynamic shared memory). ``writes`` lists the
         indices of the buffer arguments the kernel writes (default: all), which
-        orders later readers on other streams after it. ``timeout_secs``: None
+        orders later readers on other streams after it. ``cluster`` (1 to 3
+        ints dividing ``grid``) launches thread-block clusters of that shape
+        through the driver's extended launch: at most 8 blocks, 16 with
+        ``non_portable_cluster=True``; clusters and ``TensorMap`` arguments
+        need compute capability 9.0 (``InvalidArgument`` elsewhere, the CPU
+        backend included). ``timeout_secs``: None
         is the original's 60 s for a list of ``KernelArg``s, the system's
         ``op_timeout`` otherwise. The arguments are checked when called
         (``InvalidArgument``).
@@ -109,7 +140,8 @@ class NvrtcKernel(Library):
             timeout = _ORIGINAL_TIMEOUT if timeout_secs is None else timeout_secs
         check_timeout(timeout)
         op = checked(launch_op(self, self.ref, grid, block, values,
-                               _shared_bytes(shared_mem, shared), writes))
+                               _shared_bytes(shared_mem, shared), writes, cluster,
+                               non_portable_cluster))
         return self._launch(op, timeout)
 
     async def _launch(self, op: LaunchKernel, timeout: float | None) -> None:

@@ -14,6 +14,10 @@ __all__ = ["HANDLERS"]
 
 def refuse(backend: Any, op: Op) -> None:
     """Say that CUDA C kernels and modules need the CUDA backend."""
+    if isinstance(op, LaunchKernel) and op.uses_hopper():
+        raise InvalidArgument(
+            "thread-block clusters and tensor maps need a CUDA device of compute capability "
+            "9.0 or newer; the cpu backend cannot run them")
     raise InvalidArgument(
         f"{type(op).__name__} needs the CUDA backend: the cpu backend cannot compile, load or "
         "run CUDA kernels (spawn the device with backend='cuda')"

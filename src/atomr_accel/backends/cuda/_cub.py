@@ -248,16 +248,29 @@ def _custom_kernel(expr: str, identity: str) -> Any:
                               reduce_type="T")
 
 
+def _store(out: Array, value: Array) -> None:
+    """Put a reduction's one-element result ``value`` into ``out`` (one element): a copy of
+    its bytes on the current stream where the dtypes agree (on the H100 machine, 38.5 us of
+    host time a reduce instead of 56.6 us with the element-wise kernel of
+    ``out[...] = value``; ``docs/cub.md``), else that converting assignment."""
+    if value.dtype == out.dtype:
+        runtime = cp.cuda.runtime
+        runtime.memcpyAsync(out.data.ptr, value.data.ptr, value.nbytes,
+                            runtime.memcpyDeviceToDevice, cp.cuda.get_current_stream().ptr)
+    else:
+        out[...] = value
+
+
 def reduce(backend: ArrayBackend, op: CubReduce) -> None:
     """Write the reduction of the first ``n`` inputs to ``output[0]`` (see the module doc)."""
     x = backend.array(op.input.buffer_id)[: op.count]
     out = backend.array(op.output.buffer_id)[:1]
     kind = op.kind
     if kind is ReduceKind.SUM:  # CuPy takes CUB's path only with its own result dtype
-        out[...] = x.sum() if _sum_dtype(x.dtype) == out.dtype else x.sum(dtype=out.dtype)
+        _store(out, x.sum() if _sum_dtype(x.dtype) == out.dtype else x.sum(dtype=out.dtype))
     elif kind is ReduceKind.CUSTOM:
         init = np.asarray(op.init).astype(x.dtype)
-        out[...] = _custom_kernel(op.expr, _literal(init, x.dtype))(x)
+        _store(out, _custom_kernel(op.expr, _literal(init, x.dtype))(x))
     elif x.size == 0:
         empty = -1 if kind in (ReduceKind.ARGMIN, ReduceKind.ARGMAX) else \
             identity_of(kind, out.dtype)
@@ -265,7 +278,7 @@ def reduce(backend: ArrayBackend, op: CubReduce) -> None:
     else:
         method = {ReduceKind.MIN: x.min, ReduceKind.MAX: x.max, ReduceKind.ARGMIN: x.argmin,
                   ReduceKind.ARGMAX: x.argmax}[kind]
-        out[...] = method()
+        _store(out, method())
 
 
 def _inclusive_scan(x: Array, target: Array, kind: ScanKind) -> None:

@@ -19,6 +19,7 @@ import cupy as cp
 from cupy_backends.cuda.libs import nvrtc
 
 from atomr_accel.backends._base import Handler
+from atomr_accel.backends.cuda._hopper import launch_ex
 from atomr_accel.core._errors import KernelCompileError
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
@@ -141,8 +142,12 @@ def load_kernel(backend: CudaBackend, op: LoadKernel) -> int:
 
 
 def launch_kernel(backend: CudaBackend, op: LaunchKernel) -> None:
-    """Launch on the current stream; buffers go as pointers, scalars by value."""
+    """Launch on the current stream; buffers go as pointers, scalars by value. Clusters and
+    tensor maps go through the driver's extended launch (``_hopper.py``)."""
     kernel = backend.kept(op.kernel.kernel_id, Kernel)
+    if op.uses_hopper():
+        launch_ex(backend, kernel.function, op)
+        return
     args = tuple(backend.array(a.buffer_id) if isinstance(a, GpuRef) else a for a in op.args)
     kernel.function(op.grid, op.block, args, shared_mem=op.shared_mem,
                     stream=cp.cuda.get_current_stream())

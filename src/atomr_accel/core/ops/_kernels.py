@@ -12,10 +12,15 @@ import numpy as np
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op, is_int, positive_ints, require, require_nonneg
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
+from atomr_accel.core.ops._tensor_map import TensorMap
 
 __all__ = ["CompileKernel", "LaunchKernel", "LoadKernel", "dim3"]
 
 _MAX_THREADS_PER_BLOCK = 1024
+PORTABLE_CLUSTER = 8
+"""Blocks a thread-block cluster may hold on any device that has clusters."""
+NON_PORTABLE_CLUSTER = 16
+"""Blocks a cluster may hold on an H100 once a kernel allows non-portable sizes."""
 
 
 def dim3(value: int | tuple[int, ...], name: str) -> tuple[int, int, int]:
@@ -94,6 +99,9 @@ class LoadKernel(Op):
 def _check_arg(index: int, arg: Any) -> None:
     if isinstance(arg, GpuRef):
         return
+    if isinstance(arg, TensorMap):
+        arg.validate()
+        return
     if isinstance(arg, np.generic) and arg.dtype.kind in "biufc":
         return
     if isinstance(arg, bool | int | float | complex):
@@ -102,8 +110,27 @@ def _check_arg(index: int, arg: Any) -> None:
             f"such as np.int32({arg!r}) or np.float32({arg!r}) to match the kernel's parameter"
         )
     raise InvalidArgument(
-        f"kernel argument {index} must be a buffer or a NumPy scalar, got {type(arg).__name__}"
+        f"kernel argument {index} must be a buffer or a NumPy scalar (or a TensorMap), got "
+        f"{type(arg).__name__}"
     )
+
+
+def check_cluster(grid: tuple[int, int, int], cluster: tuple[int, int, int],
+                  non_portable: bool) -> None:
+    """A cluster must divide the grid in each dimension and hold at most 8 blocks (16 when
+    the launch allows non-portable sizes); ``InvalidArgument`` otherwise."""
+    dims = dim3(cluster, "cluster")
+    for axis, g, c in zip("xyz", grid, dims, strict=True):
+        if g % c:
+            raise InvalidArgument(
+                f"grid {grid} is not a whole number of clusters {dims}: {axis} = {g} is not "
+                f"divisible by {c}")
+    size = dims[0] * dims[1] * dims[2]
+    most = NON_PORTABLE_CLUSTER if non_portable else PORTABLE_CLUSTER
+    if size > most:
+        hint = "" if non_portable else " (up to 16 with non_portable_cluster=True)"
+        raise InvalidArgument(f"a cluster holds at most {most} blocks, got {dims} = "
+                              f"{size}{hint}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +142,12 @@ class LaunchKernel(Op):
     may write any buffer argument unless ``writes`` lists the indices it writes,
     so later readers on other streams wait for it. The op runs on the kernel
     actor that made the kernel (``kernel.library``).
+
+    ``cluster`` groups blocks into thread-block clusters of that shape
+    (Hopper, compute capability 9.0+): it must divide ``grid`` and hold at
+    most 8 blocks, or 16 with ``non_portable_cluster``. A ``TensorMap``
+    argument passes a tensor-map descriptor of a buffer by value; the buffer
+    counts as read and, unless ``written`` says otherwise, written.
     """
 
     kernel: KernelRef
@@ -123,6 +156,8 @@ class LaunchKernel(Op):
     args: tuple[Any, ...] = ()
     shared_mem: int = 0
     written: tuple[int, ...] | None = None
+    cluster: tuple[int, int, int] | None = None
+    non_portable_cluster: bool = False
 
     @property
     def library(self) -> str:  # type: ignore[override]
@@ -134,7 +169,11 @@ class LaunchKernel(Op):
             raise InvalidArgument(
                 f"kernel must be a KernelRef, got {type(self.kernel).__name__}"
             )
-        dim3(self.grid, "grid")
+        grid = dim3(self.grid, "grid")
+        if self.cluster is not None:
+            check_cluster(grid, self.cluster, self.non_portable_cluster)
+        elif self.non_portable_cluster:
+            raise InvalidArgument("non_portable_cluster needs a cluster")
         block = dim3(self.block, "block")
         if block[0] * block[1] * block[2] > _MAX_THREADS_PER_BLOCK:
             raise InvalidArgument(
@@ -146,18 +185,24 @@ class LaunchKernel(Op):
         if self.written is not None:
             for i in self.written:
                 if not (is_int(i) and 0 <= i < len(self.args)
-                        and isinstance(self.args[i], GpuRef)):
+                        and isinstance(self.args[i], GpuRef | TensorMap)):
                     raise InvalidArgument(f"written index {i!r} is not a buffer argument")
 
+    def uses_hopper(self) -> bool:
+        """True when the launch needs compute capability 9.0 (a cluster or a tensor map)."""
+        return self.cluster is not None or any(isinstance(a, TensorMap) for a in self.args)
+
     def refs(self) -> tuple[GpuRef, ...]:
-        """The buffer arguments."""
-        return tuple(a for a in self.args if isinstance(a, GpuRef))
+        """The buffer arguments, tensor maps' buffers included."""
+        return tuple(a.buffer if isinstance(a, TensorMap) else a
+                     for a in self.args if isinstance(a, GpuRef | TensorMap))
 
     def writes(self) -> tuple[GpuRef, ...]:
         """The buffer arguments the kernel writes (all of them unless ``written`` says)."""
         if self.written is None:
             return self.refs()
-        return tuple(self.args[i] for i in self.written)
+        return tuple(a.buffer if isinstance(a, TensorMap) else a
+                     for a in (self.args[i] for i in self.written))
 
     def handles(self) -> tuple[KernelRef | GraphRef, ...]:
         """The kernel."""
