@@ -375,12 +375,12 @@ class ModelReplica:
                 current = y.ref
             shape = out_shape
             shapes.append(shape)
-        out = self.device_buffer(current, keep)
+        out = self._device_buffer(current, keep)
         tape = _Tape(rows, train, shapes, inputs, out, saved, keep)
         self._tapes[micro_batch] = tape
         return coros, tape
 
-    def device_buffer(self, ref: GpuRef, keep: list[GpuBuffer]) -> GpuBuffer:
+    def _device_buffer(self, ref: GpuRef, keep: list[GpuBuffer]) -> GpuBuffer:
         """The ``GpuBuffer`` behind ``ref`` among the replica's work buffers and ``keep``."""
         for buf in (*keep, *self._work.values()):
             if buf.ref == ref:
@@ -539,7 +539,7 @@ class ModelReplica:
             return None
         tape = self._tape(micro_batch)
         assert dx is not None
-        return self.device_buffer(dx, tape.keep)
+        return self._device_buffer(dx, tape.keep)
 
     backward = blocking(backward_async)
 
