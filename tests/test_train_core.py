@@ -455,6 +455,8 @@ def test_bad_calls_raise_typed_errors_and_the_replica_goes_on(device: Any) -> No
     with pytest.raises(InvalidArgument):
         ModelReplica.create(device, model, loss="mse", optimizer=SGD(0.1))  # type: ignore
     with pytest.raises(InvalidArgument):
+        ModelReplica.create(device, model, loss=MSELoss(), optimizer=SGD(0.1), timeout_secs=0)
+    with pytest.raises(InvalidArgument):
         r.forward(np.ones((2, 5), np.float32))
     with pytest.raises(DTypeMismatch):
         r.forward(np.array([["a"] * 4] * 2))

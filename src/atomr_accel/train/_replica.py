@@ -201,7 +201,8 @@ class ModelReplica:
                            timeout_secs: float | None = 30.0) -> ModelReplica:
         """Instantiate ``model`` on ``device``: parameters (``parameters`` by torch-style
         name, or ``model.init_parameters(seed, dtype)``), zeroed gradients and optimizer
-        state in device buffers. ``seed`` also seeds Dropout masks."""
+        state in device buffers. ``seed`` also seeds Dropout masks; ``timeout_secs``
+        bounds each device call (None: the system's ``op_timeout``)."""
         if not isinstance(device, Device):
             raise InvalidArgument(f"device must be a Device, got {type(device).__name__}")
         if not isinstance(model, Sequential):
@@ -212,6 +213,10 @@ class ModelReplica:
             raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
         if not is_int(seed) or seed < 0:
             raise InvalidArgument(f"seed must be an int >= 0, got {seed!r}")
+        if timeout_secs is not None:
+            _require_real("timeout_secs", timeout_secs)
+            if timeout_secs <= 0:
+                raise InvalidArgument(f"timeout_secs must be > 0 or None, got {timeout_secs!r}")
         kind = train_dtype(dtype)
         shapes = model.parameter_shapes()
         values = (model.init_parameters(seed, kind) if parameters is None
