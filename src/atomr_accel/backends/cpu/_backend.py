@@ -16,6 +16,7 @@ from atomr_accel.backends.cpu import (
     _blaslt,
     _collective,
     _cub,
+    _cutlass,
     _dnn,
     _fft,
     _graph,
@@ -83,6 +84,7 @@ class CpuBackend(Backend):
         | _realtime_frames.HANDLERS
         | _onnx.HANDLERS
         | _cub.HANDLERS
+        | _cutlass.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:
