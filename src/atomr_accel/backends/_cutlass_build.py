@@ -50,6 +50,8 @@ _PTR = ctypes.c_void_p
 _INT = ctypes.c_int
 _LOCK = threading.Lock()
 _LOADED: dict[Path, CompiledKernel] = {}
+_BY_PLAN: dict[KernelPlan, CompiledKernel] = {}
+"""Loaded kernels by plan: the hot path, which skips rendering and hashing the source."""
 
 
 class NvccError(KernelCompileError):
@@ -72,8 +74,9 @@ def cache_dir() -> Path:
     return Path(base) / "atomr_accel" / "kernels" / "cutlass"
 
 
+@functools.cache
 def find_nvcc() -> str | None:
-    """nvcc on ``PATH``, else under ``$CUDA_HOME`` / ``$CUDA_PATH`` or ``/usr/local/cuda``."""
+    """nvcc on ``PATH`` (looked up once a process), else under ``$CUDA_HOME`` / ``$CUDA_PATH`` or ``/usr/local/cuda``."""
     found = shutil.which("nvcc")
     if found:
         return found
@@ -188,6 +191,9 @@ def _load(plan: KernelPlan, path: Path) -> CompiledKernel:
 
 def library(plan: KernelPlan) -> CompiledKernel:
     """``plan``'s kernel, loaded: from this process, the disk cache, or compiled now."""
+    found = _BY_PLAN.get(plan)
+    if found is not None:
+        return found
     path = cache_path(plan)
     kernel = _LOADED.get(path)
     if kernel is not None:
@@ -198,6 +204,7 @@ def library(plan: KernelPlan) -> CompiledKernel:
             if not path.is_file():
                 _compile(plan, path)
             kernel = _LOADED[path] = _load(plan, path)
+        _BY_PLAN[plan] = kernel
     return kernel
 
 

@@ -49,10 +49,15 @@ def _sm_count(device: int) -> int:
     return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
+@functools.cache
+def _compute_capability(device: int) -> str:
+    return str(cp.cuda.Device(device).compute_capability)
+
+
 def _kernel(backend: CudaBackend, plan: KernelPlan) -> CompiledKernel:
     """``plan``'s kernel, after checking the device is a Hopper one and the package is here."""
     require("cutlass")
-    cc = cp.cuda.Device().compute_capability
+    cc = _compute_capability(backend.device_id)
     if cc != "90":
         raise LibraryUnavailable("cutlass", "nvidia-cutlass", "cutlass",
                                  f"its kernels are built for sm_90a; this device is sm_{cc}")
