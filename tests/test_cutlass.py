@@ -302,3 +302,37 @@ def test_bad_input_is_a_typed_error(env: tuple[Any, Cutlass]) -> None:
     b = put(dev, rand((8, 8), "f16", 50), "f16")
     cl.gemm(b, b, d, 8, 8, 8)
     close(get(dev, d, (8, 8)), f32(get(dev, b, (8, 8))) @ f32(get(dev, b, (8, 8))), "f16")
+
+
+def test_epilogue_buffers_cross_a_process_host() -> None:
+    with System.open("cutlass-process") as system:
+        dev = system.spawn_device(mock=True, isolation="process")
+        cl = dev.cutlass()
+        m, n, k, name = 9, 16, 8, "f32"
+        a, b, bias = rand((m, k), name, 70), rand((k, n), name, 71), rand((n,), name, 72)
+        d, sums = dev.allocate(m * n, DType.F32), dev.allocate(n, DType.F32)
+        cl.gemm(put(dev, a, name), put(dev, b, name), d, m, n, k,
+                Epilogue().bias(put(dev, bias, name)).relu().reduce(sums, axis="column"))
+        want = ACTS["relu"](f32(a) @ f32(b) + f32(bias)[None, :])
+        close(get(dev, d, (m, n)), want, name)
+        np.testing.assert_allclose(dev.copy_to_numpy(sums), want.sum(axis=0), rtol=1e-5,
+                                   atol=1e-5)
+        assert cl.stats() == (1, 1)
+
+
+def test_missing_package_or_nvcc_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from atomr_accel.backends import _cutlass_build, _optional
+    from atomr_accel.cutlass import build_kernels, gemm_plan
+    from atomr_accel.errors import LibraryUnavailable
+
+    plan = gemm_plan(DType.F16, 64, 64, 64)
+    monkeypatch.setitem(_optional.OPTIONAL, "cutlass", _optional.Optional(
+        "atomr_accel_no_such_module", "nvidia-cutlass", "cutlass", program="nvcc"))
+    with pytest.raises(LibraryUnavailable, match=r"nvidia-cutlass.*atomr-accel\[cutlass\]"):
+        build_kernels([plan])
+    monkeypatch.setitem(_optional.OPTIONAL, "cutlass", _optional.Optional(
+        "json", "nvidia-cutlass", "cutlass", program="nvcc"))
+    monkeypatch.setattr(_cutlass_build, "find_nvcc", lambda: None)
+    assert _optional.unavailable("cutlass") is not None
+    with pytest.raises(LibraryUnavailable, match="nvcc"):
+        build_kernels([plan])

@@ -76,7 +76,8 @@ def cache_dir() -> Path:
 
 @functools.cache
 def find_nvcc() -> str | None:
-    """nvcc on ``PATH`` (looked up once a process), else under ``$CUDA_HOME`` / ``$CUDA_PATH`` or ``/usr/local/cuda``."""
+    """nvcc on ``PATH``, else under ``$CUDA_HOME`` / ``$CUDA_PATH`` or ``/usr/local/cuda``
+    (looked up once a process)."""
     found = shutil.which("nvcc")
     if found:
         return found
@@ -120,8 +121,8 @@ def nvcc_flags() -> list[str]:
 
 def cache_path(plan: KernelPlan) -> Path:
     """Where ``plan``'s compiled kernel lives in the disk cache."""
+    flags = nvcc_flags()  # the package first: without it, that is what to install
     nvcc = _nvcc()
-    flags = nvcc_flags()
     digest = hashlib.sha256("\0".join(
         [render(plan), *flags[:-2], _nvcc_version(nvcc), CUTLASS_VERSION]).encode()).hexdigest()
     return cache_dir() / f"{plan.name}-{digest[:16]}.so"
