@@ -98,6 +98,13 @@ from atomr_accel.core.ops._cub import (
     ReduceKind,
     ScanKind,
 )
+from atomr_accel.core.ops._cutlass import (
+    CutlassConv2d,
+    CutlassGemm,
+    CutlassGroupedGemm,
+    CutlassStats,
+)
+from atomr_accel.core.ops._cutlass import Epilogue as CutlassEpilogue
 from atomr_accel.core.ops._dnn import (
     Activation,
     ActivationBackward,
@@ -490,6 +497,15 @@ EXAMPLES: list[Any] = [
     AdamUpdate(_buf(F32, 20, 51), _buf(F32, 20, 52), _buf(F32, 20, 53), _buf(F32, 20, 54), 0,
                20, 1e-3, 3, decoupled=True, weight_decay=0.01),
     FillZeros(_buf(F32, 20, 51), 4),
+    CutlassGemm(_buf(BF16, 48, 51), _buf(BF16, 64, 52), _buf(BF16, 24, 53), 3, 8, 8,
+                CutlassEpilogue().scale(0.5).bias(_buf(BF16, 3, 54), "row")
+                .residual_add(_buf(BF16, 24, 55), 2.0).gelu().reduce(_buf(F32, 8, 56), "column")),
+    CutlassGroupedGemm(_buf(F16, 9, 51), _buf(F16, 20, 52), _buf(F16, 13, 53),
+                       ((1, 1, 1), (0, 4, 2), (3, 4, 2)), alpha=0.5),
+    CutlassConv2d(_buf(F32, 2 * 5 * 5 * 4, 51), _buf(F32, 8 * 3 * 3 * 4, 52),
+                  _buf(F32, 2 * 3 * 5 * 8, 53), 2, 5, 5, 4, 8, 3, 3, pad=(0, 1), stride=(1, 1),
+                  dilation=(1, 1), alpha=2.0, bias=_buf(F32, 8, 54)),
+    CutlassStats(),
 ]
 
 

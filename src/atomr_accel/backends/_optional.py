@@ -25,6 +25,8 @@ class Optional:
     module: str
     package: str
     extra: str
+    program: str = ""
+    """A program the library runs as well (``nvcc``), looked up on first use."""
 
 
 OPTIONAL: dict[str, Optional] = {
@@ -34,6 +36,7 @@ OPTIONAL: dict[str, Optional] = {
     "cupti": Optional("cupti.cupti", "cupti-python", "cupti"),
     "onnx": Optional("onnxruntime", "onnxruntime", "onnx"),
     "tensorrt": Optional("tensorrt", "tensorrt", "tensorrt"),
+    "cutlass": Optional("cutlass_library", "nvidia-cutlass", "cutlass", program="nvcc"),
 }
 """Library name -> what it needs on CUDA (libraries not listed need nothing optional)."""
 
@@ -59,6 +62,11 @@ def unavailable(library: str) -> LibraryUnavailable | None:
     if isinstance(found, Exception):
         return LibraryUnavailable(library, need.package, need.extra,
                                   f"{type(found).__name__}: {found}")
+    if need.program == "nvcc":
+        from atomr_accel.backends._cutlass_build import find_nvcc
+        if find_nvcc() is None:
+            return LibraryUnavailable(library, "nvcc (the CUDA toolkit)", need.extra,
+                                      "nvcc is not on PATH, CUDA_HOME or /usr/local/cuda")
     return None
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "BlasLtActor",
     "CollectiveActor",
     "CubActor",
+    "CutlassActor",
     "CudnnActor",
     "FftActor",
     "FlashAttnActor",
@@ -193,10 +194,18 @@ class TrainActor(KernelActor):
     library: ClassVar[str] = "train"
 
 
+class CutlassActor(KernelActor):
+    """CUTLASS kernels (fused-epilogue GEMM, grouped GEMM, implicit-GEMM conv2d) built with
+    nvcc on CUDA, NumPy on the CPU."""
+
+    library: ClassVar[str] = "cutlass"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
                 NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
-                RealtimeActor, CollectiveActor, OnnxActor, CubActor, TrainActor)
+                RealtimeActor, CollectiveActor, OnnxActor, CubActor, TrainActor,
+                CutlassActor)
 }
 """Library name -> kernel actor class."""

@@ -20,6 +20,7 @@ from atomr_accel.facade._buffers import (
 )
 from atomr_accel.facade._collective import Collective, CollectiveGroup, CollectiveRank
 from atomr_accel.facade._cub import Cub
+from atomr_accel.facade._cutlass import Cutlass
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
@@ -58,6 +59,7 @@ __all__ = [
     "CollectiveGroup",
     "CollectiveRank",
     "Cub",
+    "Cutlass",
     "Cudnn",
     "Device",
     "Fft",

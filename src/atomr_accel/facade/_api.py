@@ -9,8 +9,8 @@ from __future__ import annotations
 from atomr_accel.facade._generate import Generated
 
 __all__ = [
-    "BlasApi", "BlasLtApi", "CubApi", "CudnnApi", "DeviceApi", "FftApi", "FlashAttnApi", "RngApi",
-    "SolverApi", "SparseApi", "TensorApi",
+    "BlasApi", "BlasLtApi", "CubApi", "CudnnApi", "CutlassApi", "DeviceApi", "FftApi",
+    "FlashAttnApi", "RngApi", "SolverApi", "SparseApi", "TensorApi",
 ]
 
 
@@ -52,6 +52,10 @@ class BlasLtApi(Generated, handle="blaslt"):
 
 class CubApi(Generated, handle="cub"):
     """The device-wide primitives (``Cub``)."""
+
+
+class CutlassApi(Generated, handle="cutlass"):
+    """The CUTLASS kernel methods (``Cutlass``)."""
 
 
 class DeviceApi(Generated, handle="device"):

@@ -45,6 +45,7 @@ from atomr_accel.facade._buffers import (
     typed_ref,
 )
 from atomr_accel.facade._cub import Cub
+from atomr_accel.facade._cutlass import Cutlass
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graphs import GraphRecorder
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
@@ -463,6 +464,12 @@ class Device(DeviceApi):
         unique, run-length encode, segmented reduce and sort)."""
         self._library("cub")
         return Cub(self)
+
+    def cutlass(self, timeout_secs: float | None = None) -> Cutlass:
+        """Return the CUTLASS handle (fused-epilogue GEMM, grouped GEMM, implicit-GEMM
+        conv2d, kernel plans and counters)."""
+        self._library("cutlass")
+        return Cutlass(self)
 
     def solver(self, timeout_secs: float | None = None) -> Solver:
         """Return the dense solver handle (getrf, potrf, gesvd, syevd, ... and batched forms)."""

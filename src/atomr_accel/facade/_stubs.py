@@ -10,6 +10,7 @@ from atomr_accel.facade._api import (
     BlasLtApi,
     CubApi,
     CudnnApi,
+    CutlassApi,
     DeviceApi,
     FftApi,
     FlashAttnApi,
@@ -34,6 +35,7 @@ from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import AttnLayout, AttnMask
 from atomr_accel.core.ops._cub import ReduceKind, ScanKind
+from atomr_accel.core.ops._cutlass import Epilogue
 from atomr_accel.core.ops._dnn import Layout
 from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.core.ops._fft import FftKind
@@ -47,6 +49,6 @@ BufferLike = GpuBuffer | GpuRef
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
-    sets = [BlasApi, BlasLtApi, CubApi, CudnnApi, DeviceApi, FftApi, FlashAttnApi, RngApi,
-            SolverApi, SparseApi, TensorApi]
+    sets = [BlasApi, BlasLtApi, CubApi, CudnnApi, CutlassApi, DeviceApi, FftApi, FlashAttnApi,
+            RngApi, SolverApi, SparseApi, TensorApi]
     return render_stub(sets, _HEADER)

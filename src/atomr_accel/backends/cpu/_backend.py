@@ -16,6 +16,7 @@ from atomr_accel.backends.cpu import (
     _blaslt,
     _collective,
     _cub,
+    _cutlass,
     _dnn,
     _fft,
     _graph,
@@ -85,6 +86,7 @@ class CpuBackend(Backend):
         | _onnx.HANDLERS
         | _cub.HANDLERS
         | _train.HANDLERS
+        | _cutlass.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:

@@ -32,6 +32,7 @@ from atomr_accel.backends.cuda import _blas as cuda_blas
 from atomr_accel.backends.cuda import _blaslt as cuda_blaslt
 from atomr_accel.backends.cuda import _collective as cuda_collective
 from atomr_accel.backends.cuda import _cub as cuda_cub
+from atomr_accel.backends.cuda import _cutlass as cuda_cutlass
 from atomr_accel.backends.cuda import _direct as direct
 from atomr_accel.backends.cuda import _dnn as cuda_dnn
 from atomr_accel.backends.cuda import _fft as cuda_fft
@@ -526,5 +527,6 @@ CudaBackend.handlers = (
     | cuda_onnx.HANDLERS
     | cuda_cub.HANDLERS
     | cuda_train.HANDLERS
+    | cuda_cutlass.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

@@ -1,0 +1,238 @@
+"""``dev.cutlass()`` against cuBLAS: a bf16 GEMM of 8192^3, and a grouped GEMM of 64 mixed
+small problems against 64 separate calls.
+
+GEMM (bf16, f32 accumulation, row-major): after warm-up, the median of ``--reps`` of
+
+1. cuBLAS: ``torch.matmul`` timed back to back with CUDA events;
+2. the CUTLASS kernel alone: our compiled kernel called through ctypes on torch's
+   stream, CUDA events (what the kernel itself achieves);
+3. ours, blocking: ``Cutlass.gemm``, wall time of each call (it returns when ``D``
+   is on the device), and ours, async: ``--inflight`` ``gemm_async`` calls gathered,
+   wall time per call.
+
+TFLOP/s count ``2 m n k``. Goal (issue 14): ours >= 90% of cuBLAS.
+
+Grouped (bf16): 64 problems, ``m`` in 64..512, ``n`` and ``k`` in {256, 512, 1024}
+(seeded). Ours: one ``Cutlass.grouped_gemm`` (one kernel launch) per group, blocking
+wall time; against 64 separate calls gathered as async calls through our ``Blas``
+(``matmul``; cuBLAS has no bf16 there, so f32 data), through our ``BlasLt`` (bf16,
+cuBLASLt), and 64 ``torch.matmul`` calls (bf16, events around the 64). Goal: ours >=
+1.5x faster than the 64 calls through ``Blas``. Results are checked against torch.
+
+    python benchmarks/cutlass_bench.py [--size 8192] [--reps 10] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+from _report import print_table, write_json
+
+from atomr_accel import DType, System
+from atomr_accel.backends._cutlass_build import library
+from atomr_accel.cutlass import build_kernels, gemm_plan, grouped_plan
+
+
+def wall(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
+    """Wall seconds of each of ``reps`` calls of the blocking ``fn`` after ``warm`` calls."""
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def events(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
+    """Seconds of each of ``reps`` back-to-back calls of ``fn`` by CUDA events around each."""
+    for _ in range(warm):
+        fn()
+    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(reps)]
+    for start, end in marks:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / 1e3 for s, e in marks]
+
+
+def pipelined(make: Callable[[], Coroutine[Any, Any, Any]], inflight: int, reps: int,
+              warm: int) -> list[float]:
+    """Wall seconds per call of batches of ``inflight`` gathered async calls."""
+    async def batches() -> list[float]:
+        async def batch() -> None:
+            await asyncio.gather(*(make() for _ in range(inflight)))
+        for _ in range(warm):
+            await batch()
+        out = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            await batch()
+            out.append((time.perf_counter() - start) / inflight)
+        return out
+    return asyncio.run(batches())
+
+
+def upload(dev: Any, t: torch.Tensor, dtype: DType) -> Any:
+    """A device buffer holding ``t``'s values in ``dtype``."""
+    host = t.float().cpu().numpy().reshape(-1)
+    buf = dev.allocate(host.size, dtype)
+    dev.copy_from_numpy(buf, host.astype(ml_dtypes.bfloat16) if dtype is DType.BF16 else host)
+    return buf
+
+
+def gemm_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
+                 ) -> tuple[list[list[Any]], dict[str, Any]]:
+    m = n = k = size
+    flops = 2.0 * m * n * k
+    ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    tb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    tc = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    a, b = upload(dev, ta, DType.BF16), upload(dev, tb, DType.BF16)
+    d = dev.allocate(m * n, DType.BF16)
+    cl = dev.cutlass()
+    plan = gemm_plan(DType.BF16, m, n, k)
+    kernel = library(plan)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    ws = torch.empty(max(1, kernel.lib.atomr_workspace(m, n, k, sm)), dtype=torch.uint8,
+                     device="cuda")
+    td = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+    def direct() -> None:
+        status = kernel.lib.atomr_run(m, n, k, ta.data_ptr(), tb.data_ptr(), td.data_ptr(),
+                                      td.data_ptr(), None, 1.0, 0.0, 0, ws.data_ptr(), sm,
+                                      torch.cuda.current_stream().cuda_stream)
+        assert status == 0, status
+
+    samples = {
+        "cuBLAS (torch.matmul), events": events(lambda: torch.matmul(ta, tb, out=tc), reps, warm),
+        "CUTLASS kernel alone, events": events(direct, reps, warm),
+        "ours, blocking (Cutlass.gemm)": wall(
+            lambda: cl.gemm(a, b, d, m, n, k, timeout_secs=120), reps, warm),
+        "ours, async": pipelined(lambda: cl.gemm_async(a, b, d, m, n, k, timeout_secs=120),
+                                 inflight, reps, warm),
+    }
+    want = tc.float()
+    got = torch.tensor(np.asarray(dev.copy_to_numpy(d), np.float32), device="cuda").view(m, n)
+    error = float(((got - want).abs().max() / want.abs().max()).item())
+    direct_error = float(((td.float() - want).abs().max() / want.abs().max()).item())
+    base = statistics.median(samples["cuBLAS (torch.matmul), events"])
+    rows = []
+    for name, times in samples.items():
+        med = statistics.median(times)
+        rows.append([name, med * 1e3, flops / med / 1e12, base / med])
+    meta = {"plan": plan.name, "stages": kernel.stages, "smem_bytes": kernel.smem_bytes,
+            "max_rel_error_vs_cublas": error, "direct_max_rel_error": direct_error,
+            "samples_s": samples}
+    return rows, meta
+
+
+def grouped_section(dev: Any, reps: int, warm: int) -> tuple[list[list[Any]], dict[str, Any]]:
+    rng = np.random.default_rng(14)
+    problems = [(int(rng.integers(64, 513)), int(rng.choice([256, 512, 1024])),
+                 int(rng.choice([256, 512, 1024]))) for _ in range(64)]
+    flops = sum(2.0 * m * n * k for m, n, k in problems)
+    ta = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for m, _, k in problems]
+    tb = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) for _, n, k in problems]
+    tc = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for m, n, _ in problems]
+    cl, blas, lt = dev.cutlass(), dev.blas(), dev.blaslt()
+    a = upload(dev, torch.cat([x.reshape(-1) for x in ta]), DType.BF16)
+    b = upload(dev, torch.cat([x.reshape(-1) for x in tb]), DType.BF16)
+    total = sum(m * n for m, n, _ in problems)
+    d = dev.allocate(total, DType.BF16)
+    # per-problem buffers for the separate calls (bf16 for BlasLt, f32 for Blas)
+    triples = list(zip(ta, tb, problems, strict=True))
+    lt_bufs = [(upload(dev, x, DType.BF16), upload(dev, y, DType.BF16),
+                dev.allocate(m * n, DType.BF16)) for x, y, (m, n, _) in triples]
+    f32_bufs = [(upload(dev, x, DType.F32), upload(dev, y, DType.F32),
+                 dev.allocate(m * n, DType.F32)) for x, y, (m, n, _) in triples]
+
+    async def separate(calls: Callable[[int], Coroutine[Any, Any, Any]]) -> None:
+        await asyncio.gather(*(calls(i) for i in range(len(problems))))
+
+    def blas_call(i: int) -> Coroutine[Any, Any, Any]:
+        (m, n, k), (x, y, z) = problems[i], f32_bufs[i]
+        return blas.matmul_async(x, y, z, m, n, k, timeout_secs=120)
+
+    def lt_call(i: int) -> Coroutine[Any, Any, Any]:
+        (m, n, k), (x, y, z) = problems[i], lt_bufs[i]
+        return lt.matmul_async(x, y, z, m, n, k, timeout_secs=120)
+
+    def torch_all() -> None:
+        for x, y, z in zip(ta, tb, tc, strict=True):
+            torch.matmul(x, y, out=z)
+
+    samples = {
+        "ours: 1 grouped launch, blocking": wall(
+            lambda: cl.grouped_gemm(a, b, d, problems, timeout_secs=120), reps, warm),
+        "64 calls through our Blas (f32), async gathered": wall(
+            lambda: asyncio.run(separate(blas_call)), reps, warm),
+        "64 calls through our BlasLt (bf16), async gathered": wall(
+            lambda: asyncio.run(separate(lt_call)), reps, warm),
+        "64 torch.matmul (bf16, cuBLAS direct), events": events(torch_all, reps, warm),
+    }
+    torch.cuda.synchronize()
+    got = np.asarray(dev.copy_to_numpy(d), np.float32)
+    worst, start = 0.0, 0
+    for (m, n, _), z in zip(problems, tc, strict=True):
+        want = z.float().cpu().numpy()
+        part = got[start: start + m * n].reshape(m, n)
+        worst = max(worst, float(np.abs(part - want).max() / np.abs(want).max()))
+        start += m * n
+    ours = statistics.median(samples["ours: 1 grouped launch, blocking"])
+    rows = []
+    for name, times in samples.items():
+        med = statistics.median(times)
+        rows.append([name, med * 1e3, flops / med / 1e12, med / ours])
+    meta = {"problems": problems, "max_rel_error_vs_torch": worst, "samples_s": samples}
+    return rows, meta
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--warm", type=int, default=3)
+    parser.add_argument("--inflight", type=int, default=4)
+    parser.add_argument("--json", default="benchmarks/results/cutlass_bench.json")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    build_kernels([gemm_plan(DType.BF16, args.size, args.size, args.size),
+                   grouped_plan(DType.BF16)])
+    print(f"kernels ready in {time.perf_counter() - start:.1f} s; {torch.cuda.get_device_name()}")
+    payload: dict[str, Any] = {"benchmark": "cutlass"}
+    with System.open("cutlass-bench") as system:
+        dev = system.spawn_device(mock=False)
+        try:
+            rows, meta = gemm_section(dev, args.size, args.reps, args.warm, args.inflight)
+            print_table(f"bf16 GEMM {args.size}^3 ({meta['plan']})",
+                        ["path", "ms", "TFLOP/s", "vs cuBLAS"], rows)
+            print(f"max |ours - cuBLAS| / max |cuBLAS| = {meta['max_rel_error_vs_cublas']:.2e}")
+            payload["gemm"] = {"rows": rows, **meta}
+        except Exception:  # report it and go on to the grouped section
+            traceback.print_exc()
+        try:
+            rows, meta = grouped_section(dev, args.reps, args.warm)
+            print_table("grouped GEMM, 64 mixed bf16 problems",
+                        ["path", "ms", "TFLOP/s", "time / ours"], rows)
+            print(f"max relative error vs torch: {meta['max_rel_error_vs_torch']:.2e}")
+            payload["grouped"] = {"rows": rows, **meta}
+        except Exception:
+            traceback.print_exc()
+    write_json(args.json, payload)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The cutlass library's ops on CUDA: CUTLASS kernels built from their plans
+(``backends._cutlass_build``), launched on the op's stream through ctypes.
+
+Every handler runs inside the op's stream context: scratch (workspace, a
+transposed f32 ``B``, padded grouped operands) comes from CuPy's pool on that
+stream, so it is reused only after the kernel that reads it, and nothing
+synchronizes. A reduction node of an epilogue runs as a CuPy sum over the
+stored ``D`` right after the GEMM. The kernels are Hopper kernels (``sm_90a``);
+another device raises ``LibraryUnavailable``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import cupy as cp
+import numpy as np
+
+from atomr_accel.backends._base import Handler
+from atomr_accel.backends._cutlass_build import CompiledKernel, library
+from atomr_accel.backends._optional import require
+from atomr_accel.backends.cpu._cutlass import ledger, plan_of
+from atomr_accel.core._errors import LibraryError, LibraryUnavailable
+from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._cutlass import (
+    Axis,
+    CutlassConv2d,
+    CutlassGemm,
+    CutlassGroupedGemm,
+    CutlassStats,
+    alignment,
+)
+from atomr_accel.core.ops._cutlass_plan import KernelPlan
+
+if TYPE_CHECKING:
+    from atomr_accel.backends.cuda._backend import CudaBackend
+
+__all__ = ["HANDLERS"]
+
+_STEPS = {1: "the kernel cannot run this problem (can_implement)",
+          2: "initializing the kernel failed", 3: "launching the kernel failed",
+          4: "uploading the grouped problem tables failed"}
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+@functools.cache
+def _compute_capability(device: int) -> str:
+    return str(cp.cuda.Device(device).compute_capability)
+
+
+def _kernel(backend: CudaBackend, plan: KernelPlan) -> CompiledKernel:
+    """``plan``'s kernel, after checking the device is a Hopper one and the package is here."""
+    require("cutlass")
+    cc = _compute_capability(backend.device_id)
+    if cc != "90":
+        raise LibraryUnavailable("cutlass", "nvidia-cutlass", "cutlass",
+                                 f"its kernels are built for sm_90a; this device is sm_{cc}")
+    return library(plan)
+
+
+def _check(status: int, plan: KernelPlan) -> None:
+    if status != 0:
+        raise LibraryError("cutlass", status, f"{plan.name}: {_STEPS.get(status, 'failed')}")
+
+
+def _ptr(backend: CudaBackend, ref: GpuRef, offset: int = 0) -> int:
+    return int(backend.array(ref.buffer_id).data.ptr) + offset * ref.dtype.itemsize
+
+
+def _workspace(nbytes: int) -> tuple[Any, int]:
+    """Scratch of ``nbytes`` on the current stream (None, 0 when none is needed)."""
+    if nbytes == 0:
+        return None, 0
+    buf = cp.empty(nbytes, dtype=cp.uint8)
+    return buf, int(buf.data.ptr)
+
+
+def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
+    """The fused GEMM; an f32 ``B`` is transposed first (TF32 operands are K-major)."""
+    plan = plan_of(op)
+    kernel = _kernel(backend, plan)
+    m, n, k = op.m, op.n, op.k
+    keep = []
+    b_ptr = _ptr(backend, op.b)
+    if plan.dtype.value == "f32":
+        bt = cp.ascontiguousarray(backend.array(op.b.buffer_id)[: k * n].reshape(k, n).T)
+        keep.append(bt)
+        b_ptr = int(bt.data.ptr)
+    ep = op.epilogue
+    residual, bias = ep.residual, ep.bias_node
+    d_ptr = _ptr(backend, op.d)
+    c_ptr = d_ptr if residual is None else _ptr(backend, residual.c)
+    beta = 0.0 if residual is None else float(residual.beta)
+    bias_ptr = None if bias is None else _ptr(backend, bias.bias)
+    sm = _sm_count(backend.device_id)
+    ws, ws_ptr = _workspace(kernel.lib.atomr_workspace(m, n, k, sm))
+    stream = cp.cuda.get_current_stream().ptr
+    _check(kernel.lib.atomr_run(m, n, k, _ptr(backend, op.a), b_ptr, c_ptr, d_ptr, bias_ptr,
+                                ep.alpha, beta, ep.act.code, ws_ptr, sm, stream), plan)
+    ledger(backend).launched(plan)
+    del ws, keep
+    reduction = ep.reduction
+    if reduction is not None:
+        d = backend.array(op.d.buffer_id)[: m * n].reshape(m, n)
+        axis = 1 if reduction.axis is Axis.ROW else 0
+        out = backend.array(reduction.out.buffer_id)[: m if axis == 1 else n]
+        cp.sum(d, axis=axis, dtype=cp.float32, out=out)
+
+
+def _padded(x: Any, rows: int, cols: int) -> Any:
+    out = cp.zeros((rows, cols), dtype=x.dtype)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
+    """One ptr-array grouped launch over every non-empty problem. A problem whose ``k`` or
+    ``n`` is not a multiple of the vector width, or whose operands do not start on 16
+    bytes, runs on zero-padded copies (written back after the launch); ``k = 0`` writes
+    zeros."""
+    plan = plan_of(op)
+    step = alignment(plan.dtype)
+    item = plan.dtype.itemsize
+    a_all, b_all, d_all = (backend.array(r.buffer_id) for r in (op.a, op.b, op.d))
+    base = (int(a_all.data.ptr), int(b_all.data.ptr), int(d_all.data.ptr))
+    shapes: list[tuple[int, int, int]] = []
+    pointers: list[int] = []
+    staged: list[tuple[Any, Any]] = []  # (padded D, the problem's D view)
+    keep: list[Any] = []
+    for (m, n, k), (oa, ob, od) in zip(op.problems, op.offsets(), strict=True):
+        if m == 0 or n == 0:
+            continue
+        d_view = d_all[od: od + m * n].reshape(m, n)
+        if k == 0:
+            d_view.fill(0)
+            continue
+        ptrs = (base[0] + oa * item, base[1] + ob * item, base[2] + od * item)
+        if n % step or k % step or any(p % 16 for p in ptrs):
+            kp, np_ = -(-k // step) * step, -(-n // step) * step
+            a = _padded(a_all[oa: oa + m * k].reshape(m, k), m, kp)
+            b = _padded(b_all[ob: ob + k * n].reshape(k, n), kp, np_)
+            d = cp.empty((m, np_), dtype=d_all.dtype)
+            keep += [a, b]
+            staged.append((d, d_view))
+            shapes.append((m, np_, kp))
+            pointers += [int(a.data.ptr), int(b.data.ptr), int(d.data.ptr)]
+        else:
+            shapes.append((m, n, k))
+            pointers += list(ptrs)
+    if not shapes:
+        return
+    kernel = _kernel(backend, plan)
+    mnk = np.ascontiguousarray(np.array(shapes, dtype=np.int32).reshape(-1))
+    table = np.ascontiguousarray(np.array(pointers, dtype=np.uint64))
+    sm = _sm_count(backend.device_id)
+    groups = len(shapes)
+    ws, ws_ptr = _workspace(kernel.lib.atomr_workspace(groups, mnk.ctypes.data, sm))
+    stream = cp.cuda.get_current_stream().ptr
+    _check(kernel.lib.atomr_run(groups, mnk.ctypes.data, table.ctypes.data, float(op.alpha),
+                                ws_ptr, sm, stream), plan)
+    ledger(backend).launched(plan)
+    for padded, view in staged:
+        view[...] = padded[:, : view.shape[1]]
+    del ws, keep
+
+
+def conv2d(backend: CudaBackend, op: CutlassConv2d) -> None:
+    """The implicit-GEMM forward convolution; the bias (zeros without one) is a stride-0 C."""
+    plan = plan_of(op)
+    kernel = _kernel(backend, plan)
+    p, q = op.out_hw
+    dims = np.array([op.n, op.h, op.w, op.c, op.k, op.r, op.s, p, q, op.pad[0], op.pad[1],
+                     op.stride[0], op.stride[1], op.dilation[0], op.dilation[1]], dtype=np.int32)
+    if op.bias is None:
+        zeros = cp.zeros(op.k, dtype=backend.array(op.y.buffer_id).dtype)
+        bias_ptr = int(zeros.data.ptr)
+    else:
+        zeros, bias_ptr = None, _ptr(backend, op.bias)
+    ws, ws_ptr = _workspace(kernel.lib.atomr_workspace(dims.ctypes.data))
+    stream = cp.cuda.get_current_stream().ptr
+    _check(kernel.lib.atomr_run(dims.ctypes.data, _ptr(backend, op.x), _ptr(backend, op.weight),
+                                bias_ptr, _ptr(backend, op.y), float(op.alpha), ws_ptr, stream),
+           plan)
+    ledger(backend).launched(plan)
+    del ws, zeros
+
+
+def stats(backend: CudaBackend, op: CutlassStats) -> tuple[int, int]:
+    """``(kernels launched, distinct plans used)`` on this device."""
+    book = ledger(backend)
+    return book.dispatched, len(book.plans)
+
+
+HANDLERS: dict[type[Op], Handler] = {
+    CutlassGemm: gemm,
+    CutlassGroupedGemm: grouped_gemm,
+    CutlassConv2d: conv2d,
+    CutlassStats: stats,
+}

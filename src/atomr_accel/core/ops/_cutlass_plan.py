@@ -1,0 +1,172 @@
+"""Kernel plans of the ``cutlass`` library: which CUTLASS kernel runs a problem.
+
+A plan is pure data decided on the host from the problem class (the op kind,
+the dtype, the problem's size class, the bias broadcast) and the target
+architecture: the CTA tile, the thread-block cluster, the kernel schedule and
+the pipeline stage count. The CUDA backend instantiates exactly that kernel
+from the plan (``backends.cuda._cutlass_source``) and caches it on disk under
+``key``, which also names the CUTLASS version the kernel was generated with.
+
+GEMMs and grouped GEMMs run CUTLASS 3.x's Hopper kernels (TMA loads, WGMMA,
+warp-specialized ``cooperative`` schedule, a persistent tile scheduler), so
+plans exist for ``sm_90`` / ``sm_90a``; convolutions run CUTLASS 2.x's
+implicit-GEMM ``Conv2dFprop`` (Ampere-style ``multistage``: ``cp.async`` and
+``mma.sync``), which Hopper runs as well.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._fields import pickle_by_name
+
+__all__ = [
+    "ARCHS",
+    "CUTLASS_VERSION",
+    "KNOWN_ARCHS",
+    "SMEM_BYTES",
+    "KernelPlan",
+    "PlanKind",
+    "conv2d_plan",
+    "gemm_plan",
+    "grouped_plan",
+]
+
+CUTLASS_VERSION = "4.2.0"
+"""The CUTLASS release (``nvidia-cutlass``) the kernels are generated from."""
+KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_120")
+"""The architectures the original package's plans named."""
+ARCHS = ("sm_90", "sm_90a")
+"""The architectures this package builds CUTLASS kernels for (compiled as ``sm_90a``)."""
+SMEM_BYTES = 232448
+"""Shared memory a Hopper CTA may use (227 KiB)."""
+_EPILOGUE_RESERVE = {2: 34816, 4: 69632}
+"""Shared memory kept for the epilogue (C/D staging, bias) when counting mainloop stages, by
+element size (measured: 33664 bytes for a 16-bit 128x256 tile, 34688 for the 16-bit grouped
+kernel, 67392 for an f32 128x128 tile)."""
+_STAGE_BARRIER = 32
+"""Bytes of pipeline barriers per mainloop stage."""
+_MAX_STAGES = 8
+_LARGE = 2048 * 2048
+"""Output elements from which a GEMM takes the 128x256 tile and a 2x1 cluster."""
+
+
+class PlanKind(enum.Enum):
+    """What a plan's kernel computes."""
+
+    GEMM = "gemm"
+    GROUPED = "grouped"
+    CONV2D = "conv2d"
+
+    __reduce_ex__ = pickle_by_name
+
+
+@dataclass(frozen=True, slots=True)
+class KernelPlan:
+    """One CUTLASS kernel: ``kind``, element ``dtype`` (f32 runs as TF32 on tensor cores),
+    ``arch``, CTA ``tile`` (M, N, K), ``cluster`` shape, ``schedule``, mainloop ``stages``,
+    ``warp`` tile (convolutions) and ``bias_axis`` (GEMMs: the fused bias broadcast,
+    ``"row"`` or ``"column"``). ``key`` names it in the kernel cache; ``int(plan)`` is the
+    key (the original package's plans were ints)."""
+
+    kind: PlanKind
+    dtype: DType
+    arch: str
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    schedule: str
+    stages: int
+    warp: tuple[int, int, int] = (0, 0, 0)
+    bias_axis: str = "column"
+
+    @property
+    def name(self) -> str:
+        """A readable name: kind, dtype, tile, cluster, schedule, stages, arch."""
+        t = "x".join(map(str, self.tile))
+        c = "x".join(map(str, self.cluster))
+        extra = f"_bias{self.bias_axis}" if self.kind is PlanKind.GEMM else ""
+        return (f"{self.kind.value}_{self.dtype.value}_{t}_c{c}_{self.schedule}"
+                f"_s{self.stages}{extra}_{self.arch}")
+
+    @property
+    def key(self) -> int:
+        """A stable 63-bit key of the plan and the CUTLASS version."""
+        text = f"{self.name}/{self.warp}/cutlass-{CUTLASS_VERSION}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+    def __int__(self) -> int:
+        return self.key
+
+    def __index__(self) -> int:
+        return self.key
+
+
+def _arch(arch: str) -> str:
+    if not isinstance(arch, str) or arch not in KNOWN_ARCHS:
+        raise InvalidArgument(f"arch must be one of {', '.join(KNOWN_ARCHS)}, got {arch!r}")
+    if arch not in ARCHS:
+        raise InvalidArgument(
+            f"no CUTLASS plan for {arch}: this package builds Hopper kernels ({', '.join(ARCHS)})")
+    return arch
+
+
+def _dtype(dtype: DType, allowed: tuple[DType, ...], what: str) -> DType:
+    if dtype not in allowed:
+        names = ", ".join(d.value for d in allowed)
+        raise InvalidArgument(f"{what} takes {names} data, got {getattr(dtype, 'value', dtype)}")
+    return dtype
+
+
+def _stages(tile: tuple[int, int, int], itemsize: int) -> int:
+    per_stage = (tile[0] + tile[1]) * tile[2] * itemsize + _STAGE_BARRIER
+    return min(_MAX_STAGES, (SMEM_BYTES - _EPILOGUE_RESERVE[itemsize]) // per_stage)
+
+
+GEMM_DTYPES = (DType.F16, DType.BF16, DType.F32)
+
+
+def gemm_plan(dtype: DType, m: int, n: int, k: int, arch: str = "sm_90a",
+              bias_axis: str = "column") -> KernelPlan:
+    """The kernel of an ``m x n x k`` GEMM: 16-bit data with at least 2048x2048 outputs
+    takes a 128x256x64 tile on a 2x1 cluster, smaller ones 128x128x64; f32 (TF32)
+    takes 128x128x32. Cooperative warp-specialized schedule; as many stages as fit."""
+    _dtype(dtype, GEMM_DTYPES, "a CUTLASS GEMM")
+    arch = _arch(arch)
+    if bias_axis not in ("row", "column"):
+        raise InvalidArgument(f"bias_axis must be 'row' or 'column', got {bias_axis!r}")
+    if dtype is DType.F32:
+        tile, cluster = (128, 128, 32), (1, 1, 1)
+    elif m * n >= _LARGE:
+        tile, cluster = (128, 256, 64), (2, 1, 1)
+    else:
+        tile, cluster = (128, 128, 64), (1, 1, 1)
+    return KernelPlan(PlanKind.GEMM, dtype, arch, tile, cluster, "cooperative",
+                      _stages(tile, dtype.itemsize), bias_axis=bias_axis)
+
+
+GROUPED_DTYPES = (DType.F16, DType.BF16)
+
+
+def grouped_plan(dtype: DType, arch: str = "sm_90a") -> KernelPlan:
+    """The ptr-array grouped GEMM kernel (``GroupProblemShape``): 128x128x64 tiles,
+    cooperative schedule, one persistent launch over every problem's tiles."""
+    _dtype(dtype, GROUPED_DTYPES, "a CUTLASS grouped GEMM")
+    tile = (128, 128, 64)
+    return KernelPlan(PlanKind.GROUPED, dtype, _arch(arch), tile, (1, 1, 1), "cooperative",
+                      _stages(tile, dtype.itemsize))
+
+
+CONV_DTYPES = (DType.F16, DType.BF16, DType.F32)
+
+
+def conv2d_plan(dtype: DType, arch: str = "sm_90a") -> KernelPlan:
+    """The implicit-GEMM forward convolution kernel (NHWC): 128x128 tiles of 64 (16-bit)
+    or 32 (TF32) along the reduction, 64x64 warp tiles, 3 ``cp.async`` stages."""
+    _dtype(dtype, CONV_DTYPES, "a CUTLASS convolution")
+    depth = 32 if dtype is DType.F32 else 64
+    return KernelPlan(PlanKind.CONV2D, dtype, _arch(arch), (128, 128, depth), (1, 1, 1),
+                      "multistage", 3, warp=(64, 64, depth))

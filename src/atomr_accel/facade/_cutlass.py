@@ -1,0 +1,80 @@
+"""The ``Cutlass`` handle: CUTLASS kernel templates on one device (``dev.cutlass()``).
+
+Its op methods come from the ops' declarations (``atomr_accel.core.ops._cutlass``):
+``gemm`` with an ``Epilogue`` visitor tree (scale, bias, residual add,
+activation, reduction), ``grouped_gemm`` over differently shaped problems in one
+launch, and ``conv2d`` (implicit GEMM, NHWC). On CUDA they run CUTLASS kernels
+generated from their plans, compiled by nvcc and cached on disk (needs the
+``nvidia-cutlass`` package, nvcc and a Hopper GPU; ``is_available()`` says
+whether they are here); on the CPU, NumPy. ``gemm_f32_plan`` and the other
+``*_plan`` methods answer the kernel plan a problem gets, ``dispatched`` and
+``plan_cache_len`` the device's counters, as in the original package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, ClassVar
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core.ops._cutlass import CutlassStats
+from atomr_accel.core.ops._cutlass_plan import KernelPlan, conv2d_plan, gemm_plan, grouped_plan
+from atomr_accel.facade._api import CutlassApi
+from atomr_accel.facade._dnn import OptionalLibrary
+from atomr_accel.facade._portal import blocking
+
+__all__ = ["Cutlass"]
+
+
+def _dtype(dtype: DType | str) -> DType:
+    return dtype if isinstance(dtype, DType) else DType(dtype)
+
+
+class Cutlass(OptionalLibrary, CutlassApi):
+    """CUTLASS GEMMs, grouped GEMMs and convolutions on one device, with the original
+    package's ``gemm_f32_plan``, ``dispatched`` and ``plan_cache_len``."""
+
+    library: ClassVar[str] = "cutlass"
+
+    @staticmethod
+    def gemm_f32_plan(m: int, n: int, k: int, arch: str = "sm_90a") -> KernelPlan:
+        """The kernel plan of an f32 (TF32) ``m x n x k`` GEMM on ``arch``: tile, cluster,
+        schedule, stages; ``int(plan)`` is its cache key (the original answered an int).
+        Plans exist for ``sm_90`` / ``sm_90a``; other architectures of the original's list
+        raise ``InvalidArgument``."""
+        return gemm_plan(DType.F32, m, n, k, arch)
+
+    @staticmethod
+    def gemm_plan(dtype: DType | str, m: int, n: int, k: int, arch: str = "sm_90a",
+                  bias_axis: str = "column") -> KernelPlan:
+        """The kernel plan of an ``m x n x k`` GEMM of ``dtype`` (f16, bf16, f32) whose
+        epilogue's bias, if any, lies along ``bias_axis``."""
+        return gemm_plan(_dtype(dtype), m, n, k, arch, bias_axis)
+
+    @staticmethod
+    def grouped_plan(dtype: DType | str, arch: str = "sm_90a") -> KernelPlan:
+        """The kernel plan of a grouped GEMM of ``dtype`` (f16, bf16)."""
+        return grouped_plan(_dtype(dtype), arch)
+
+    @staticmethod
+    def conv2d_plan(dtype: DType | str, arch: str = "sm_90a") -> KernelPlan:
+        """The kernel plan of a forward convolution of ``dtype`` (f16, bf16, f32)."""
+        return conv2d_plan(_dtype(dtype), arch)
+
+    def stats_async(self, timeout_secs: float | None = None,
+                    ) -> Coroutine[Any, Any, tuple[int, int]]:
+        """``(dispatched, plan_cache_len)``: kernels launched by this device's cutlass ops,
+        and the distinct kernel plans it has used."""
+        return self._submit(CutlassStats(), timeout_secs)
+
+    stats = blocking(stats_async)
+
+    @property
+    def dispatched(self) -> int:
+        """Kernels the device's cutlass ops have launched."""
+        return self.stats()[0]
+
+    @property
+    def plan_cache_len(self) -> int:
+        """Distinct kernel plans the device holds (built or loaded once, then reused)."""
+        return self.stats()[1]
