@@ -6,7 +6,8 @@ import json
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +49,15 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     }
     out.write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {out}")
+
+
+def wall_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
+    """Wall seconds of each of ``reps`` calls of a blocking ``fn``, after ``warm`` calls."""
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out

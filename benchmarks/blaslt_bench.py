@@ -31,7 +31,7 @@ from typing import Any
 import cupy as cp
 import ml_dtypes
 import numpy as np
-from _report import print_table, write_json
+from _report import print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 
@@ -55,17 +55,6 @@ extern "C" __global__ void bias_gelu_bf16(unsigned short* d, const unsigned shor
 def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
-
-def wall_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
-    """Wall seconds of each of ``reps`` calls of a blocking ``fn``, after ``warm`` calls."""
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def event_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import cupy as cp
 import numpy as np
-from _report import print_table, write_json
+from _report import print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 
@@ -43,17 +43,6 @@ PEAK_GBS = 3000.0
 PRIMITIVES = ["sort keys", "sort pairs", "reduce sum", "inclusive sum"]
 """What the benchmark times, in its table's order."""
 
-
-def wall(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
-    """Wall seconds of each of ``reps`` calls of the blocking ``fn`` after ``warm`` calls."""
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def events(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
@@ -151,7 +140,7 @@ def main() -> None:
         }
         ours = {name: paths for name, paths in ours.items() if name in args.primitives}
         for name, (blocking, running) in ours.items():
-            samples[name] = {"ours, blocking": wall(blocking, reps, warm),
+            samples[name] = {"ours, blocking": wall_samples(blocking, reps, warm),
                              f"ours, async ({args.inflight} in flight)":
                                  pipelined(running, args.inflight, reps, warm)}
         ours_keys = dev.copy_to_numpy(keys_out)
@@ -174,7 +163,7 @@ def main() -> None:
     direct = {name: fn for name, fn in direct.items() if name in args.primitives}
     for name, fn in direct.items():
         samples[name]["direct CuPy, back to back"] = events(fn, reps, warm)
-        samples[name]["direct CuPy, + synchronize"] = wall(synced(fn), reps, warm)
+        samples[name]["direct CuPy, + synchronize"] = wall_samples(synced(fn), reps, warm)
     if "sort keys" in ours:
         checks["sort keys equal"] = bool(np.array_equal(ours_keys, cp.asnumpy(cp.sort(ck))))
     if "sort pairs" in ours:

@@ -35,23 +35,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from _report import print_table, write_json
+from _report import print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 from atomr_accel.backends._cutlass_build import library
 from atomr_accel.cutlass import build_kernels, gemm_plan, grouped_plan
-
-
-def wall(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
-    """Wall seconds of each of ``reps`` calls of the blocking ``fn`` after ``warm`` calls."""
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def events(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
@@ -119,7 +107,7 @@ def gemm_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
     samples = {
         "cuBLAS (torch.matmul), events": events(lambda: torch.matmul(ta, tb, out=tc), reps, warm),
         "CUTLASS kernel alone, events": events(direct, reps, warm),
-        "ours, blocking (Cutlass.gemm)": wall(
+        "ours, blocking (Cutlass.gemm)": wall_samples(
             lambda: cl.gemm(a, b, d, m, n, k, timeout_secs=120), reps, warm),
         "ours, async": pipelined(lambda: cl.gemm_async(a, b, d, m, n, k, timeout_secs=120),
                                  inflight, reps, warm),
@@ -175,11 +163,11 @@ def grouped_section(dev: Any, reps: int, warm: int) -> tuple[list[list[Any]], di
             torch.matmul(x, y, out=z)
 
     samples = {
-        "ours: 1 grouped launch, blocking": wall(
+        "ours: 1 grouped launch, blocking": wall_samples(
             lambda: cl.grouped_gemm(a, b, d, problems, timeout_secs=120), reps, warm),
-        "64 calls through our Blas (f32), async gathered": wall(
+        "64 calls through our Blas (f32), async gathered": wall_samples(
             lambda: asyncio.run(separate(blas_call)), reps, warm),
-        "64 calls through our BlasLt (bf16), async gathered": wall(
+        "64 calls through our BlasLt (bf16), async gathered": wall_samples(
             lambda: asyncio.run(separate(lt_call)), reps, warm),
         "64 torch.matmul (bf16, cuBLAS direct), events": events(torch_all, reps, warm),
     }

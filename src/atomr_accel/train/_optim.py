@@ -186,26 +186,11 @@ class Adam(Optimizer):
 
 
 @dataclass(frozen=True, slots=True)
-class AdamW(Optimizer):
+class AdamW(Adam):
     """Adam with bias correction and decoupled weight decay (``p *= 1 - lr * wd`` before the
     update), as ``torch.optim.AdamW``."""
 
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
     weight_decay: float = 1e-2
-    schedule: WarmupCosine | None = field(default=None, kw_only=True)
 
     decoupled = True
     """Whether the weight decay is decoupled (AdamW) rather than L2."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _number("lr", self.lr))
-        object.__setattr__(self, "betas", _betas(self.betas))
-        object.__setattr__(self, "eps", _number("eps", self.eps, open_low=True))
-        object.__setattr__(self, "weight_decay", _number("weight_decay", self.weight_decay))
-        _schedule(self.schedule)
-
-    @property
-    def state_names(self) -> tuple[str, ...]:
-        return ("exp_avg", "exp_avg_sq")

@@ -68,7 +68,6 @@ from atomr_accel.train._model import Flatten, Sequential, train_dtype
 from atomr_accel.train._optim import (
     SGD,
     Adam,
-    AdamW,
     CrossEntropyLoss,
     Loss,
     MSELoss,
@@ -570,7 +569,7 @@ class ModelReplica:
                                      opt.nesterov, opt.weight_decay, grad_scale,
                                      self.step == 0))
             else:
-                assert isinstance(opt, Adam | AdamW)
+                assert isinstance(opt, Adam)  # AdamW is an Adam
                 ops.append(AdamUpdate(p.ref, g.ref, self.optimizer_state["exp_avg"][b].ref,
                                       self.optimizer_state["exp_avg_sq"][b].ref, 0, len(p),
                                       lr, self.step + 1, opt.betas[0], opt.betas[1], opt.eps,
