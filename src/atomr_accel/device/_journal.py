@@ -32,6 +32,7 @@ import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument, LibraryError
 from atomr_accel.core._op import Op
+from atomr_accel.device._payloads import PayloadPool
 
 __all__ = [
     "JOURNAL_ENV",
@@ -285,6 +286,8 @@ class Journal:
         self.batches = 0
         """Transactions committed so far."""
         self._remove_on_close = remove_on_close
+        self.payloads = PayloadPool()
+        """Where ``copy_payload`` puts copies; the writer gives them back once stored."""
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Condition()
         """Guards the counters below and ``_error``; notified when the writer takes entries."""
@@ -343,6 +346,11 @@ class Journal:
 
     # ------------------------------------------------------------ writing
 
+    def copy_payload(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """A private copy of an upload's ``data`` for an op about to be ``record``-ed, in
+        memory the writer recycles once the entry is stored (``PayloadPool``)."""
+        return self.payloads.copy(data)
+
     def record(self, stream: str, seq: int, op: Op, result: Any = None,
                outcome: str = "ok") -> None:
         """Queue one entry (any thread). ``op`` must not change afterwards.
@@ -364,6 +372,7 @@ class Journal:
                     f"{self.max_queued} entries, {self.max_queued_bytes} bytes); it is stuck, "
                     "so nothing recorded from now on is stored")
             if self._error is not None:
+                self.payloads.give_back(data)
                 return
             self._queued += 1
             self._queued_bytes += size
@@ -413,6 +422,8 @@ class Journal:
             else:
                 self.written += len(pending)
                 self.batches += 1
+        for item in pending:
+            self.payloads.give_back(getattr(item[2], "data", None))
         size = sum(item[5] for item in pending)
         with self._lock:
             self._queued -= len(pending)

@@ -318,7 +318,8 @@ class DeviceRecorder:
         if self.canonical:
             op = remap(op, self.canonical)
         if isinstance(op, Upload) and isinstance(op.data, np.ndarray):
-            op = dataclasses.replace(op, data=op.data.copy())  # the caller may reuse its array
+            # the caller may reuse its array; the copy's memory is recycled once stored
+            op = dataclasses.replace(op, data=self.journal.copy_payload(op.data))
         self.journal.record(self.stream, pending.seq, op,
                             result if isinstance(result, _HANDLES) else None, outcome)
         if self.writes and self.compact_after is not None:
