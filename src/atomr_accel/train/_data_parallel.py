@@ -8,7 +8,7 @@ import asyncio
 import math
 import os
 from collections.abc import Coroutine, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from atomr_accel.train._dp_actor import (
     LoadState,
     Predict,
     Ready,
+    ReplicaStates,
     StateDict,
     Stats,
     Step,
@@ -37,6 +38,7 @@ from atomr_accel.train._torch_module import TorchModule
 
 __all__ = ["DataParallelTrainer"]
 
+T = TypeVar("T")
 Array = np.ndarray[Any, Any]
 STEP_TIMEOUT = 10.0
 """The default ``timeout_secs`` of ``step``, ``predict`` and ``evaluate`` (the original's)."""
@@ -218,6 +220,14 @@ class DataParallelTrainer(AgentClient):
 
     state_dict = blocking_twin(state_dict_async)
 
+    def replica_states_async(self, timeout_secs: float = STEP_TIMEOUT,
+                             ) -> Coroutine[Any, Any, list[dict[str, Array]]]:
+        """Every replica's whole state, in replica order (they are equal after every
+        step: this is how to check it)."""
+        return self._call(ReplicaStates(), require_timeout(timeout_secs), "replica_states")
+
+    replica_states = blocking_twin(replica_states_async)
+
     def load_state_dict_async(self, state: dict[str, Array],
                               timeout_secs: float = STEP_TIMEOUT) -> Coroutine[Any, Any, None]:
         """Load ``state`` (as ``state_dict`` answers it) into every replica."""
@@ -234,17 +244,24 @@ class DataParallelTrainer(AgentClient):
         """Write the state to ``path`` (an ``.npz`` archive, the name as given)."""
         target = _path(path)
         state = await self.state_dict_async(timeout_secs)
-        await asyncio.to_thread(_write, target, state)
+        await self._on_loop(asyncio.to_thread(_write, target, state))
 
     save = blocking_twin(save_async)
 
     async def load_async(self, path: str | os.PathLike[str],
                          timeout_secs: float = STEP_TIMEOUT) -> None:
         """Load a state written by ``save`` into every replica."""
-        state = await asyncio.to_thread(_read, _path(path))
+        state = await self._on_loop(asyncio.to_thread(_read, _path(path)))
         await self.load_state_dict_async(state, timeout_secs)
 
     load = blocking_twin(load_async)
+
+    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the system's loop (file work in its executor, whether the
+        caller blocks or awaits)."""
+        portal = self._portal
+        assert portal is not None  # spawned in a facade System
+        return await portal.acall(coro)
 
     def stats_async(self, timeout_secs: float = 2.0) -> Coroutine[Any, Any, TrainerStats]:
         """A ``TrainerStats`` snapshot (steps, samples, recoveries, ...)."""

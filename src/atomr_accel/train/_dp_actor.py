@@ -49,8 +49,8 @@ from atomr_accel.train._dp_split import Share, batch_arrays, plan_shares
 from atomr_accel.train._step_result import StepResult
 
 __all__ = [
-    "DataParallelActor", "Evaluate", "LoadState", "Predict", "Ready", "StateDict", "Stats",
-    "Step",
+    "DataParallelActor", "Evaluate", "LoadState", "Predict", "Ready", "ReplicaStates",
+    "StateDict", "Stats", "Step",
 ]
 
 T = TypeVar("T")
@@ -92,6 +92,11 @@ class Evaluate:
 @dataclass(frozen=True, slots=True)
 class StateDict:
     """The whole state of replica 0 (all replicas hold the same)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStates:
+    """Every replica's whole state, in replica order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,11 @@ class DataParallelActor(AgentActor):
         if isinstance(message, StateDict):
             await self._require_model()
             return await self._guarded(self._first_state)
+        if isinstance(message, ReplicaStates):
+            await self._require_model()
+            await self._heal_between_steps()
+            return list(await asyncio.gather(*(s.replica.state_dict_async()
+                                               for s in self.slots)))
         if isinstance(message, LoadState):
             return await self._load(message.state)
         if isinstance(message, Stats):
@@ -419,11 +429,13 @@ class DataParallelActor(AgentActor):
 async def _all_or_first_error(tasks: list[asyncio.Future[T]]) -> list[T]:
     """Every task's result; at the first error cancel the others (and wait for them)."""
     try:
-        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        if pending:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:  # the first error, not the cancellations it caused
+            if task in done and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
         return [task.result() for task in tasks]
     except BaseException:
         for task in tasks:
