@@ -121,7 +121,7 @@ def torch_single(args: argparse.Namespace) -> float:
         loss = torch.nn.functional.mse_loss(out, torch.from_numpy(y).cuda(non_blocking=True))
         loss.backward()
         optim.step()
-        return float(loss)
+        return float(loss.item())
 
     return time_steps(step, args.warmup, args.steps)
 
@@ -146,7 +146,7 @@ def _ddp_worker(rank: int, world: int, port: int, args: argparse.Namespace, out:
         loss = torch.nn.functional.mse_loss(out_, torch.from_numpy(y).cuda(non_blocking=True))
         loss.backward()
         optim.step()
-        return float(loss)
+        return float(loss.item())
 
     for _ in range(args.warmup):
         step()

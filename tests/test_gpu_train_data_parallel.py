@@ -153,7 +153,7 @@ def torch_losses(torch: Any, net: Any, xs: list[Array], ys: list[Array]) -> list
                                                  torch.from_numpy(y).cuda())
         loss.backward()
         optim.step()
-        out.append(float(loss))
+        out.append(loss.item())
     return out
 
 

@@ -405,7 +405,7 @@ def test_torch_module_trains_like_plain_torch_on_the_cpu(system: System) -> None
         loss = torch.nn.functional.mse_loss(reference(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
         optim.step()
-        expected.append(float(loss))
+        expected.append(loss.item())
     trainer = DataParallelTrainer.spawn(system, TorchModule(net, bucket_bytes=256),
                                         loss=MSELoss(), optimizer=SGD(lr=0.1, momentum=0.9),
                                         devices=devices(system, 3))

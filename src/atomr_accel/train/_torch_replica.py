@@ -321,6 +321,7 @@ async def _alias(device: Device, buffer: GpuBuffer, torch: Any) -> Any:
     """A torch tensor over ``buffer``'s device memory (same process), through DLPack."""
     cupy = importlib.import_module("cupy")
     address = await device.buffer_address_async(buffer)
-    memory = cupy.cuda.UnownedMemory(address, len(buffer) * 4, buffer, device.device_id)
-    array = cupy.ndarray((len(buffer),), cupy.float32, cupy.cuda.MemoryPointer(memory, 0))
-    return torch.from_dlpack(array)
+    with cupy.cuda.Device(device.device_id):
+        memory = cupy.cuda.UnownedMemory(address, len(buffer) * 4, buffer, device.device_id)
+        array = cupy.ndarray((len(buffer),), cupy.float32, cupy.cuda.MemoryPointer(memory, 0))
+        return torch.from_dlpack(array)
