@@ -256,11 +256,14 @@ def main() -> None:
         for label, model in variants:
             one = ours(system, model, 1, args)
             two = ours(system, model, gpus, args) if gpus > 1 else float("nan")
+            print(f"{label}: 1 GPU {one:.2f} steps/s, {gpus} GPUs {two:.2f} steps/s", flush=True)
             results[label] = {"steps_per_s_1gpu": one, f"steps_per_s_{gpus}gpu": two}
             rows.append([label, one, one * args.batch, two, two * args.batch * gpus,
                          f"{two * gpus / one:.2f}x"])
         torch_one = torch_single(args)
         ddp = torch_ddp(gpus, args) if "ddp" not in skip and gpus > 1 else float("nan")
+        print(f"torch: 1 GPU {torch_one:.2f} steps/s, DDP {gpus} GPUs {ddp:.2f} steps/s",
+              flush=True)
         results["torch"] = {"steps_per_s_1gpu": torch_one, f"steps_per_s_{gpus}gpu": ddp}
         rows.append(["torch / DDP", torch_one, torch_one * args.batch, ddp,
                      ddp * args.batch * gpus, f"{ddp * gpus / torch_one:.2f}x"])

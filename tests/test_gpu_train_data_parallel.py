@@ -100,8 +100,8 @@ def test_nccl_training_matches_the_cpu_backend(system: System) -> None:
 def test_a_poisoned_context_mid_training_on_two_gpus(system: System) -> None:
     x, y, x_test, y_test = digits()
     rng = np.random.default_rng(1)
-    order = [p[i:i + 128] for p in (rng.permutation(len(x)) for _ in range(10))
-             for i in range(0, len(x), 128)]
+    order = [p[i:i + 64] for p in (rng.permutation(len(x)) for _ in range(10))
+             for i in range(0, len(x), 64)]
     devices = spawn(system, 2, False, "process")
     reference = DataParallelTrainer.spawn(system, MODEL, loss=CrossEntropyLoss(),
                                           optimizer=Adam(lr=2e-3), devices=spawn(system, 2, False))
