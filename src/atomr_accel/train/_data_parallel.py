@@ -30,7 +30,7 @@ from atomr_accel.train._dp_actor import (
 )
 from atomr_accel.train._dp_ledger import Ledger, TrainerStats
 from atomr_accel.train._dp_spec import Model, TrainerSpec, original_spec
-from atomr_accel.train._dp_split import batch_arrays
+from atomr_accel.train._dp_split import batch_arrays, rows_array
 from atomr_accel.train._model import Sequential
 from atomr_accel.train._optim import Loss, Optimizer
 from atomr_accel.train._step_result import StepResult
@@ -188,10 +188,11 @@ class DataParallelTrainer(AgentClient):
             timeout_secs, y = float(y), None
         if y is None and not self._original:
             raise InvalidArgument("step(x, y) needs the targets y")
-        xs = _rows(x)
-        if y is not None:
-            xs, y = batch_arrays(xs, y, None, self._spec.classification)
-        return self._call(Step(xs, y), require_timeout(timeout_secs), "step")
+        timeout = require_timeout(timeout_secs)
+        if y is None:
+            return self._call(Step(rows_array(x), None), timeout, "step")
+        xs, ys = batch_arrays(x, y, self._spec.classification)
+        return self._call(Step(xs, ys), timeout, "step")
 
     step = blocking_twin(step_async)
 
@@ -199,7 +200,7 @@ class DataParallelTrainer(AgentClient):
                       ) -> Coroutine[Any, Any, Array]:
         """The model's outputs on ``x`` (evaluation mode: no dropout), rows split across
         the replicas."""
-        return self._call(Predict(_rows(x)), require_timeout(timeout_secs), "predict")
+        return self._call(Predict(rows_array(x)), require_timeout(timeout_secs), "predict")
 
     predict = blocking_twin(predict_async)
 
@@ -207,7 +208,7 @@ class DataParallelTrainer(AgentClient):
                        ) -> Coroutine[Any, Any, dict[str, float]]:
         """``{"loss", "samples"}`` on ``(x, y)``, plus ``"accuracy"`` for
         ``CrossEntropyLoss`` (loss computed on the host in float64 from the outputs)."""
-        xs, ys = batch_arrays(_rows(x), y, None, self._spec.classification)
+        xs, ys = batch_arrays(x, y, self._spec.classification)
         return self._call(Evaluate(xs, ys), require_timeout(timeout_secs), "evaluate")
 
     evaluate = blocking_twin(evaluate_async)
@@ -276,20 +277,6 @@ class DataParallelTrainer(AgentClient):
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) \
         and math.isfinite(value)
-
-
-def _rows(x: Any) -> Array:
-    """``x`` checked as numeric rows (the actor checks the width)."""
-    rows, _ = batch_arrays(x, np.zeros(_count(x)), None, None)
-    return rows
-
-
-def _count(x: Any) -> int:
-    try:
-        return len(x)
-    except TypeError:
-        raise InvalidArgument(f"x must hold one row per sample, got {type(x).__name__}"
-                              ) from None
 
 
 def _write(target: str, state: dict[str, Array]) -> None:

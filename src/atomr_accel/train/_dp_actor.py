@@ -45,7 +45,7 @@ from atomr_accel.facade import Collective, Device, System
 from atomr_accel.train._dp_ledger import Ledger, ReplicaRecovered, TrainerStats
 from atomr_accel.train._dp_replica import Slot, settled_generation
 from atomr_accel.train._dp_spec import TrainerSpec
-from atomr_accel.train._dp_split import Share, batch_arrays, plan_shares
+from atomr_accel.train._dp_split import Share, plan_shares, require_width
 from atomr_accel.train._step_result import StepResult
 
 __all__ = [
@@ -68,25 +68,26 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """Train one step on ``(x, y)`` (``y`` None: each row's sum, the original's model)."""
+    """Train one step on rows ``x`` and targets ``y`` (None: each row's sum, the original
+    form's model); both already checked by the client."""
 
-    x: Any
-    y: Any
+    x: Array
+    y: Array | None
 
 
 @dataclass(frozen=True, slots=True)
 class Predict:
-    """The model's outputs on ``x``."""
+    """The model's outputs on rows ``x`` (checked by the client)."""
 
-    x: Any
+    x: Array
 
 
 @dataclass(frozen=True, slots=True)
 class Evaluate:
-    """Loss (and accuracy for classification) on ``(x, y)``."""
+    """Loss (and accuracy for classification) on ``(x, y)`` (checked by the client)."""
 
-    x: Any
-    y: Any
+    x: Array
+    y: Array
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,15 +196,14 @@ class DataParallelActor(AgentActor):
 
     # ------------------------------------------------------------------ the step
 
-    async def _step(self, x: Any, y: Any) -> StepResult:
+    async def _step(self, xs: Array, y: Array | None) -> StepResult:
+        """One trainer step over rows ``xs`` (checked by the client) and targets ``y``
+        (None: each row's sum, the original form's model)."""
         started = time.perf_counter()
-        if y is None and not self.spec.default_targets:
-            raise InvalidArgument("step(x, y) needs the targets y for this trainer's model")
-        xs, ys = batch_arrays(x, self._targets(x) if y is None else y, self.features,
-                              self.spec.classification)
+        ys = xs.reshape(len(xs), -1).sum(axis=1, keepdims=True) if y is None else y
         await self._devices()
         await self._replicas(int(np.prod(xs.shape[1:])))
-        xs, ys = batch_arrays(xs, ys, self.features, self.spec.classification)
+        require_width(xs, self.features)
         recovered = 0
         attempts = 0
         while True:
@@ -231,11 +231,6 @@ class DataParallelActor(AgentActor):
         micros = int((time.perf_counter() - started) * 1e6)
         return StepResult(loss, norm, micros, recovered)
 
-    def _targets(self, x: Any) -> Array:
-        rows = batch_arrays(x, np.zeros(len(x) if hasattr(x, "__len__") else 0), None, None)[0]
-        sums: Array = rows.reshape(len(rows), -1).sum(axis=1, keepdims=True)
-        return sums
-
     async def _attempt(self, xs: Array, ys: Array, stepped: set[int]) -> tuple[float, float]:
         """One step over every replica (module doc); ``stepped`` collects the replicas
         whose update was applied. Answers (loss, global gradient norm)."""
@@ -249,14 +244,20 @@ class DataParallelActor(AgentActor):
         reduce = asyncio.ensure_future(self._reduce(ready))
         sums = await _all_or_first_error([*work, reduce])
         loss = float(sum(sums[:len(slots)])) / total
-        norm = await self._grad_norm()
-        self._done_step = (loss, norm)
+        self._done_step = (loss, math.nan)
+        # The norm's reads are submitted before the updates (which never write the
+        # gradients), so both run back to back on the devices.
+        norm_task = asyncio.ensure_future(self._grad_norm())
         results = await asyncio.gather(*(self._update(i, slot, stepped)
                                          for i, slot in enumerate(slots)),
                                        return_exceptions=True)
-        for result in results:
+        norm_results = await asyncio.gather(norm_task, return_exceptions=True)
+        for result in (*results, *norm_results):
             if isinstance(result, BaseException):
                 raise result
+        norm = norm_results[0]
+        assert isinstance(norm, float)
+        self._done_step = (loss, norm)
         return loss, norm
 
     async def _local(self, slot: Slot, share: Share, xs: Array, ys: Array, total: int,
@@ -299,7 +300,8 @@ class DataParallelActor(AgentActor):
     async def _grad_norm(self) -> float:
         slot = self.slots[0]
         blas = slot.device.blas()
-        norms = [await blas.nrm2_async(len(b), b) for b in slot.replica.gradient_buckets]
+        norms = await asyncio.gather(*(blas.nrm2_async(len(b), b)
+                                       for b in slot.replica.gradient_buckets))
         return math.sqrt(sum(n * n for n in norms))
 
     async def _update(self, index: int, slot: Slot, stepped: set[int]) -> None:
@@ -391,9 +393,9 @@ class DataParallelActor(AgentActor):
     async def _first_state(self) -> dict[str, Array]:
         return await self.slots[0].replica.state_dict_async()
 
-    async def _predict(self, x: Any) -> Array:
+    async def _predict(self, rows: Array) -> Array:
         await self._require_model()
-        rows = batch_arrays(x, np.zeros(_length(x)), self.features, None)[0]
+        require_width(rows, self.features)
         return await self._guarded(lambda: self._predict_rows(rows))
 
     async def _predict_rows(self, rows: Array) -> Array:
@@ -402,9 +404,9 @@ class DataParallelActor(AgentActor):
                                        for slot, s in zip(self.slots, shares, strict=False)))
         return np.concatenate([np.asarray(p) for p in parts])
 
-    async def _evaluate(self, x: Any, y: Any) -> dict[str, float]:
+    async def _evaluate(self, xs: Array, ys: Array) -> dict[str, float]:
         await self._require_model()
-        xs, ys = batch_arrays(x, y, self.features, self.spec.classification)
+        require_width(xs, self.features)
         outputs = await self._guarded(lambda: self._predict_rows(xs))
         return self.spec.metrics(outputs, ys)
 
@@ -442,12 +444,3 @@ async def _all_or_first_error(tasks: list[asyncio.Future[T]]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
-
-def _length(x: Any) -> int:
-    try:
-        return len(x)
-    except TypeError:
-        raise InvalidArgument(f"x must hold one row per sample, got {type(x).__name__}"
-                              ) from None
-

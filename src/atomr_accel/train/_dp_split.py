@@ -10,7 +10,7 @@ import numpy as np
 
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
 
-__all__ = ["Share", "batch_arrays", "plan_shares"]
+__all__ = ["Share", "batch_arrays", "plan_shares", "require_width", "rows_array"]
 
 Array = np.ndarray[Any, Any]
 
@@ -46,29 +46,37 @@ def plan_shares(rows: int, replicas: int, micro_batch: int | None) -> list[Share
     return shares
 
 
-def batch_arrays(x: object, y: object, features: int | None, classes: bool | None
-                 ) -> tuple[Array, Array]:
-    """``x`` and ``y`` as NumPy arrays with one row per sample, checked before anything
-    runs: ``x`` numeric with ``features`` columns (None: any), ``y`` of the same length
-    (integer class labels when ``classes`` is True, numbers when False, either when
-    None). ``InvalidArgument`` / ``DTypeMismatch`` otherwise."""
+def rows_array(x: object) -> Array:
+    """``x`` as a NumPy array of numeric rows (2-D or more, at least one row), checked
+    once, before anything runs (``InvalidArgument`` / ``DTypeMismatch``)."""
     xs = _numeric("x", x)
     if xs.ndim < 2:
         raise InvalidArgument(f"x must hold one row per sample (2-D or more), got shape "
                               f"{xs.shape}")
     if len(xs) == 0:
         raise InvalidArgument("x holds no rows")
-    if features is not None and int(np.prod(xs.shape[1:])) != features:
-        raise InvalidArgument(f"x rows hold {int(np.prod(xs.shape[1:]))} features, the "
-                              f"model takes {features}")
+    return xs
+
+
+def batch_arrays(x: object, y: object, classes: bool) -> tuple[Array, Array]:
+    """``x`` as ``rows_array`` and ``y`` with one target per row (integer class labels
+    when ``classes``, numbers otherwise), each checked once."""
+    xs = rows_array(x)
     ys = _numeric("y", y)
     if ys.ndim == 0 or len(ys) != len(xs):
         raise InvalidArgument(f"y must hold one target per row of x ({len(xs)}), got shape "
                               f"{ys.shape}")
-    if classes is True and not np.issubdtype(ys.dtype, np.integer):
+    if classes and not np.issubdtype(ys.dtype, np.integer):
         raise DTypeMismatch(f"y must hold integer class labels for CrossEntropyLoss, got "
                             f"{ys.dtype}")
     return xs, ys
+
+
+def require_width(xs: Array, features: int | None) -> None:
+    """``InvalidArgument`` unless the rows of ``xs`` hold ``features`` numbers (None: any)."""
+    width = int(np.prod(xs.shape[1:]))
+    if features is not None and width != features:
+        raise InvalidArgument(f"x rows hold {width} features, the model takes {features}")
 
 
 def _numeric(name: str, value: object) -> Array:
@@ -85,6 +93,16 @@ def _numeric(name: str, value: object) -> Array:
         raise InvalidArgument(f"{name} must hold numbers, got dtype {array.dtype}")
     if np.issubdtype(array.dtype, np.complexfloating):
         raise DTypeMismatch(f"{name} must hold real numbers, got {array.dtype}")
-    if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+    # One fast pass: a finite sum proves every value finite; only a sum that is not
+    # finite (a NaN or an infinity, or finite values whose sum overflows) is checked
+    # value by value.
+    if np.issubdtype(array.dtype, np.floating) and array.size and not _all_finite(array):
         raise InvalidArgument(f"{name} holds NaN or infinite values")
     return array
+
+
+def _all_finite(array: Array) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(array.sum()):
+            return True
+    return bool(np.all(np.isfinite(array)))
