@@ -120,6 +120,7 @@ class DataParallelActor(AgentActor):
         self.spec = spec
         self.ledger = ledger
         self.devices: list[Device] = []
+        self._spawned: list[Device] = []
         self.world: Collective | None = None
         self.slots: list[Slot] = []
         self.features: int | None = None
@@ -163,10 +164,13 @@ class DataParallelActor(AgentActor):
         spec = self.spec
         if spec.devices is not None:
             devices = list(spec.devices)
-        else:
-            devices = [await self.system.spawn_device_async(
-                index, mock=spec.mock, isolation=spec.isolation_mode, standby=spec.standby)
-                for index in range(spec.n_replicas)]
+        else:  # kept as they come up: a failed attempt does not spawn them twice
+            spawned = self._spawned
+            while len(spawned) < spec.n_replicas:
+                spawned.append(await self.system.spawn_device_async(
+                    len(spawned), mock=spec.mock, isolation=spec.isolation_mode,
+                    standby=spec.standby))
+            devices = list(spawned)
         if len(devices) > 1 and self.world is None:
             self.world = await self.system.nccl_world_async(devices)
         self.devices = devices
