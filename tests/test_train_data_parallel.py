@@ -119,7 +119,7 @@ def random_regression(rows: int, steps: int, seed: int = 3) -> tuple[list[Array]
 # ------------------------------------------------------------------------ the tests
 
 
-EPOCHS = 12
+EPOCHS = 15
 KILL_EPOCHS = 3
 early: list[dict[str, Array]] = []
 """The digits run's state after ``KILL_EPOCHS`` epochs (the kill test's reference)."""
