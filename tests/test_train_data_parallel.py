@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from atomr_accel import (
+    CollectiveAborted,
     ContextPoisoned,
     DTypeMismatch,
     FaultKind,
+    GpuRefStale,
     InvalidArgument,
     LibraryUnavailable,
     System,
@@ -32,6 +34,7 @@ from atomr_accel.train import (
     Linear,
     MSELoss,
     ReLU,
+    ReplicaRecovered,
     Sequential,
     StepResult,
     Tanh,
@@ -241,6 +244,8 @@ def test_a_poisoned_context_mid_step_is_recovered_exactly(system: System) -> Non
     devs = devices(system, 2)
     trainer = DataParallelTrainer.spawn(system, DIGITS_MODEL, loss=CrossEntropyLoss(),
                                         optimizer=Adam(lr=3e-3), devices=devs)
+    events: list[ReplicaRecovered] = []
+    system.actors.event_stream.subscribe(events.append, ReplicaRecovered)
 
     async def poisoned_step(rows: Array) -> StepResult:
         step = asyncio.ensure_future(trainer.step_async(x[rows], y[rows]))
@@ -268,6 +273,43 @@ def test_a_poisoned_context_mid_step_is_recovered_exactly(system: System) -> Non
         np.testing.assert_allclose(states[0][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
     assert trainer.evaluate(x_test, y_test)["accuracy"] == \
         reference.evaluate(x_test, y_test)["accuracy"]
+    mine = [e for e in events if e.trainer == trainer.path]
+    assert len(mine) == stats.recoveries
+    assert {e.replica for e in mine} == {0, 1}
+    assert all(e.source in ("replica 0", "replica 1") and e.seconds >= 0 for e in mine)
+    assert all(e.reason.split(":")[0] in ("ContextPoisoned", "CollectiveAborted",
+                                          "GpuRefStale") for e in mine), mine
+
+
+def test_without_retries_a_broken_step_raises_typed_and_the_next_one_heals(
+        system: System) -> None:
+    xs, ys = random_regression(16, 4, seed=17)
+    devs = devices(system, 2)
+    trainer = DataParallelTrainer.spawn(system, MLP, loss=MSELoss(), optimizer=SGD(lr=0.05),
+                                        devices=devs, max_retries=0, seed=3)
+    reference = DataParallelTrainer.spawn(system, MLP, loss=MSELoss(), optimizer=SGD(lr=0.05),
+                                          devices=devices(system, 2), seed=3)
+    trainer.step(xs[0], ys[0])
+    with pytest.raises((ContextPoisoned, CollectiveAborted, GpuRefStale)):
+        # no retry: the step fails with a typed error and no replica applied it
+        system._portal.call(_poisoned(trainer, devs[1], xs[1], ys[1]))
+    assert trainer.stats().steps == 1
+    for x, y in zip(xs[1:], ys[1:], strict=True):  # the first heals replica 1
+        trainer.step(x, y)
+    assert trainer.stats().recoveries == 1
+    for x, y in zip(xs, ys, strict=True):
+        reference.step(x, y)
+    states = trainer.replica_states()
+    states_agree(states)
+    for key, value in reference.state_dict().items():
+        np.testing.assert_allclose(states[0][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+async def _poisoned(trainer: DataParallelTrainer, device: Device, x: Array, y: Array) -> Any:
+    step = asyncio.ensure_future(trainer.step_async(x, y))
+    with pytest.raises(ContextPoisoned):
+        await device.inject_fault_async(FaultKind.POISON)
+    return await step
 
 
 def test_a_sigkilled_worker_mid_training_is_recovered(
