@@ -219,16 +219,19 @@ class DataParallelActor(AgentActor):
             except GpuRuntimeError as exc:
                 attempts += 1
                 retry = isinstance(exc, RECOVERABLE) and attempts <= self.spec.max_retries
-                if not retry and (not stepped or len(stepped) == len(self.slots)):
-                    raise  # nothing diverged: the replicas agree
+                if len(stepped) == len(self.slots):  # every replica applied it: it stands
+                    loss, norm = self._done_step  # (a lost context heals next call)
+                    break
+                if not retry and not stepped:
+                    raise  # nothing was applied: the replicas agree
                 rebuilt, done = await self._recover(exc, stepped)
                 recovered += rebuilt
-                if not retry:
-                    raise
-                self.ledger.redone_steps += 0 if done else 1
-                if done:
+                if done:  # a healthy replica had applied it: the others took its state
                     loss, norm = self._done_step
                     break
+                if not retry:
+                    raise
+                self.ledger.redone_steps += 1
         self.ledger.record(xs, ys, loss)
         if self.ledger.due():
             self.ledger.keep(await self.slots[0].replica.state_dict_async())
