@@ -460,6 +460,36 @@ def test_torch_module_trains_like_plain_torch_on_the_cpu(system: System) -> None
     states_agree(trainer.replica_states())
 
 
+def test_torch_module_replicas_recover_their_adam_state(system: System) -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    xs, ys = random_regression(12, 6, seed=23)
+    reference = TorchModule(net).copy_module()
+    optim = torch.optim.Adam(reference.parameters(), lr=0.01, foreach=False)
+    for x, y in zip(xs, ys, strict=True):
+        optim.zero_grad()
+        torch.nn.functional.mse_loss(reference(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        optim.step()
+    devs = devices(system, 2)
+    trainer = DataParallelTrainer.spawn(system, TorchModule(net, bucket_bytes=256),
+                                        loss=MSELoss(), optimizer=Adam(lr=0.01), devices=devs)
+    for index, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if index == 2:
+            system._portal.call(_poisoned(trainer, devs[1], x, y))
+        else:
+            if index == 4:
+                with pytest.raises(ContextPoisoned):
+                    devs[0].inject_fault(FaultKind.POISON)
+            trainer.step(x, y)
+    assert trainer.stats().recoveries >= 2
+    states = trainer.replica_states()
+    states_agree(states)
+    assert int(states[0]["step"]) == len(xs)
+    for name, value in reference.state_dict().items():
+        np.testing.assert_allclose(states[0][name], value.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_torch_module_without_torch_names_the_package() -> None:
     try:
         import torch  # noqa: F401
