@@ -427,6 +427,8 @@ def test_typed_errors_leave_the_trainer_serving(system: System, tmp_path: Path) 
         trainer.step(x, np.full(8, 10))  # a label out of range, found on the device
     assert float(trainer.step(x, labels)) > 0  # still serving, replicas in step
     states_agree(trainer.replica_states())
+    with pytest.raises(TypeError):
+        DataParallelTrainer()  # type: ignore[call-arg]  # no __new__ form: use spawn
     original = DataParallelTrainer.spawn(system, 2)
     with pytest.raises(InvalidArgument):
         original.predict([[1.0, 2.0]])  # no width before the first batch

@@ -188,7 +188,8 @@ class DataParallelActor(AgentActor):
 
     async def _build(self, device: Device) -> Slot:
         generation = device.generation
-        replica = await self.spec.create_replica(device, self.spec.model_for(self.features))
+        replica = await self.spec.create_replica(device, self.spec.model_for(self.features),
+                                                 self.devices.index(device))
         return Slot(device, replica, generation)
 
     async def _require_model(self) -> None:

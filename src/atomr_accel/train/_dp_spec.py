@@ -18,7 +18,7 @@ from atomr_accel.train._model import Linear, Sequential, train_dtype
 from atomr_accel.train._optim import SGD, CrossEntropyLoss, Loss, MSELoss, Optimizer
 from atomr_accel.train._torch_module import TorchModule
 
-__all__ = ["Model", "TrainerSpec", "default_model"]
+__all__ = ["Model", "TrainerSpec", "default_model", "original_spec"]
 
 Array = np.ndarray[Any, Any]
 Model = Sequential | TorchModule
@@ -119,9 +119,10 @@ class TrainerSpec:
         """The row width the model takes (None when it does not fix one)."""
         return model.in_features()
 
-    async def create_replica(self, device: Device, model: Model) -> Replica:
-        """A fresh replica of ``model`` on ``device`` (the same initial state on every
-        device: parameters drawn from ``seed``, or the torch module's own)."""
+    async def create_replica(self, device: Device, model: Model, index: int) -> Replica:
+        """A fresh replica ``index`` of ``model`` on ``device``: the same initial state on
+        every device (parameters drawn from ``seed``, or the torch module's own), and for
+        a ``Sequential`` its own Dropout stream (``seed + index``)."""
         if isinstance(model, TorchModule):
             from atomr_accel.train._torch_replica import TorchReplica
 
@@ -130,7 +131,8 @@ class TrainerSpec:
         from atomr_accel.train._replica import ModelReplica
 
         replica: Replica = await ModelReplica.create_async(
-            device, model, loss=self.loss, optimizer=self.optimizer, seed=self.seed,
+            device, model, loss=self.loss, optimizer=self.optimizer,
+            parameters=model.init_parameters(self.seed, self.dtype), seed=self.seed + index,
             dtype=self.dtype)
         return replica
 
