@@ -12,6 +12,8 @@ backend, CuPy kernels on CUDA). See ``docs/train.md``.
 
 from __future__ import annotations
 
+from atomr_accel.train._data_parallel import DataParallelTrainer
+from atomr_accel.train._dp_ledger import ReplicaRecovered, TrainerStats
 from atomr_accel.train._model import (
     GELU,
     Dropout,
@@ -33,6 +35,8 @@ from atomr_accel.train._optim import (
     WarmupCosine,
 )
 from atomr_accel.train._replica import ModelReplica, ParamInfo
+from atomr_accel.train._step_result import StepResult
+from atomr_accel.train._torch_module import TorchModule
 
 __all__ = [
     "GELU",
@@ -40,6 +44,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "CrossEntropyLoss",
+    "DataParallelTrainer",
     "Dropout",
     "Flatten",
     "Layer",
@@ -49,8 +54,12 @@ __all__ = [
     "ModelReplica",
     "ParamInfo",
     "ReLU",
+    "ReplicaRecovered",
     "Sequential",
     "Sigmoid",
+    "StepResult",
     "Tanh",
+    "TorchModule",
+    "TrainerStats",
     "WarmupCosine",
 ]

@@ -1,0 +1,454 @@
+"""The actor behind ``DataParallelTrainer``: replicas on devices, the bucketed gradient
+all-reduce, and the recovery of a replica whose context died mid-step.
+
+A step (``_attempt``) runs in three phases. *Backward*: every replica zeroes its
+gradients and runs forward, loss and backward on its share of the global batch
+(micro-batch by micro-batch, accumulating). *Reduce*: bucket by bucket, in the
+order backward fills them (last layer first), as soon as every replica's bucket
+is final, each replica scales it by its share of the batch and the world
+all-reduces it, while backward still fills the next buckets. *Update*: every
+replica applies the same optimizer step to the same summed gradient, so the
+parameters stay identical.
+
+When a step fails because a replica's context went down (``ContextPoisoned``,
+a killed worker, the collective that aborted with it), ``_recover`` waits for
+the devices to serve again, rebuilds the replicas whose buffers died, copies
+into them the whole state (parameters, optimizer state, step) of a healthy
+replica, or, with none left, of the last host checkpoint followed by a replay of
+the batches trained since, and the step runs again. A step whose update had
+already been applied by a healthy replica is not run again: the rebuilt
+replicas take that replica's updated state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from atomr_accel.agents._client import AgentActor
+from atomr_accel.core._errors import (
+    CollectiveAborted,
+    ContextPoisoned,
+    GpuRefStale,
+    GpuRuntimeError,
+    InvalidArgument,
+    Unrecoverable,
+    WorkerLost,
+)
+from atomr_accel.facade import Collective, Device, System
+from atomr_accel.train._dp_ledger import Ledger, ReplicaRecovered, TrainerStats
+from atomr_accel.train._dp_replica import Slot, settled_generation
+from atomr_accel.train._dp_spec import TrainerSpec
+from atomr_accel.train._dp_split import Share, plan_shares, require_width
+from atomr_accel.train._step_result import StepResult
+
+__all__ = [
+    "DataParallelActor", "Evaluate", "LoadState", "Predict", "Ready", "ReplicaStates",
+    "StateDict", "Stats", "Step",
+]
+
+T = TypeVar("T")
+Array = np.ndarray[Any, Any]
+RECOVERABLE = (ContextPoisoned, CollectiveAborted, GpuRefStale, WorkerLost)
+"""Errors that mean a replica's context went down (or a collective aborted with it)."""
+REBUILD_TIMEOUT = 120.0
+"""Seconds a recovery waits for a device's context to come back."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Build the devices, the world and the replicas (if not yet); answer None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Train one step on rows ``x`` and targets ``y`` (None: each row's sum, the original
+    form's model); both already checked by the client."""
+
+    x: Array
+    y: Array | None
+
+
+@dataclass(frozen=True, slots=True)
+class Predict:
+    """The model's outputs on rows ``x`` (checked by the client)."""
+
+    x: Array
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluate:
+    """Loss (and accuracy for classification) on ``(x, y)`` (checked by the client)."""
+
+    x: Array
+    y: Array
+
+
+@dataclass(frozen=True, slots=True)
+class StateDict:
+    """The whole state of replica 0 (all replicas hold the same)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStates:
+    """Every replica's whole state, in replica order."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadState:
+    """Load ``state`` into every replica (and keep it as the checkpoint)."""
+
+    state: dict[str, Array]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A ``TrainerStats`` snapshot."""
+
+
+class DataParallelActor(AgentActor):
+    """One replica per device, the gradient all-reduce, recovery (see the module doc)."""
+
+    def __init__(self, system: System, spec: TrainerSpec, ledger: Ledger) -> None:
+        self.system = system
+        self.spec = spec
+        self.ledger = ledger
+        self.devices: list[Device] = []
+        self._spawned: list[Device] = []
+        self.world: Collective | None = None
+        self.slots: list[Slot] = []
+        self.features: int | None = None
+        self._done_step = (0.0, 0.0)
+
+    # ------------------------------------------------------------------ messages
+
+    async def handle(self, message: Any) -> Any:
+        """Serve one request (the message classes above)."""
+        if isinstance(message, Ready):
+            await self._devices()
+            if self.spec.model is not None:
+                await self._replicas(None)
+            return None
+        if isinstance(message, Step):
+            return await self._step(message.x, message.y)
+        if isinstance(message, Predict):
+            return await self._predict(message.x)
+        if isinstance(message, Evaluate):
+            return await self._evaluate(message.x, message.y)
+        if isinstance(message, StateDict):
+            await self._require_model()
+            return await self._guarded(self._first_state)
+        if isinstance(message, ReplicaStates):
+            await self._require_model()
+            await self._heal_between_steps()
+            return list(await asyncio.gather(*(s.replica.state_dict_async()
+                                               for s in self.slots)))
+        if isinstance(message, LoadState):
+            return await self._load(message.state)
+        if isinstance(message, Stats):
+            return self._stats()
+        return await super().handle(message)
+
+    # ------------------------------------------------------------------ set-up
+
+    async def _devices(self) -> None:
+        """The devices (given or spawned) and, with several, their world."""
+        if self.devices:
+            return
+        spec = self.spec
+        if spec.devices is not None:
+            devices = list(spec.devices)
+        else:  # kept as they come up: a failed attempt does not spawn them twice
+            spawned = self._spawned
+            while len(spawned) < spec.n_replicas:
+                spawned.append(await self.system.spawn_device_async(
+                    len(spawned), mock=spec.mock, isolation=spec.isolation_mode,
+                    standby=spec.standby))
+            devices = list(spawned)
+        if len(devices) > 1 and self.world is None:
+            self.world = await self.system.nccl_world_async(devices)
+        self.devices = devices
+
+    async def _replicas(self, features: int | None) -> None:
+        """Build one replica a device, all with the same initial state."""
+        if self.slots:
+            return
+        await self._devices()
+        model = self.spec.model_for(features)
+        self.features = self.spec.features_of(model)
+        self.slots = list(await asyncio.gather(*(self._build(d) for d in self.devices)))
+        if self.ledger.steps:  # a restarted incarnation: go back to where the last one was
+            await self._rewind("actor restart")
+
+    async def _build(self, device: Device) -> Slot:
+        generation = device.generation
+        replica = await self.spec.create_replica(device, self.spec.model_for(self.features),
+                                                 self.devices.index(device))
+        return Slot(device, replica, generation)
+
+    async def _require_model(self) -> None:
+        await self._devices()
+        if self.spec.model is None and not self.slots:
+            raise InvalidArgument("the trainer's model takes its width from the first batch: "
+                                  "call step() first")
+        await self._replicas(None)
+
+    # ------------------------------------------------------------------ the step
+
+    async def _step(self, xs: Array, y: Array | None) -> StepResult:
+        """One trainer step over rows ``xs`` (checked by the client) and targets ``y``
+        (None: each row's sum, the original form's model)."""
+        started = time.perf_counter()
+        ys = xs.reshape(len(xs), -1).sum(axis=1, keepdims=True) if y is None else y
+        await self._devices()
+        await self._replicas(int(np.prod(xs.shape[1:])))
+        require_width(xs, self.features)
+        recovered = 0
+        attempts = 0
+        while True:
+            recovered += await self._heal_between_steps()
+            stepped: set[int] = set()
+            try:
+                loss, norm = await self._attempt(xs, ys, stepped)
+                break
+            except GpuRuntimeError as exc:
+                attempts += 1
+                retry = isinstance(exc, RECOVERABLE) and attempts <= self.spec.max_retries
+                if len(stepped) == len(self.slots):  # every replica applied it: it stands
+                    loss, norm = self._done_step  # (a lost context heals next call)
+                    break
+                if not retry and not stepped:
+                    raise  # nothing was applied: the replicas agree
+                rebuilt, done = await self._recover(exc, stepped)
+                recovered += rebuilt
+                if done:  # a healthy replica had applied it: the others took its state
+                    loss, norm = self._done_step
+                    break
+                if not retry:
+                    raise
+                self.ledger.redone_steps += 1
+        self.ledger.record(xs, ys, loss)
+        if self.ledger.due():
+            self.ledger.keep(await self.slots[0].replica.state_dict_async())
+        micros = int((time.perf_counter() - started) * 1e6)
+        return StepResult(loss, norm, micros, recovered)
+
+    async def _attempt(self, xs: Array, ys: Array, stepped: set[int]) -> tuple[float, float]:
+        """One step over every replica (module doc); ``stepped`` collects the replicas
+        whose update was applied. Answers (loss, global gradient norm)."""
+        slots, total = self.slots, len(xs)
+        shares = plan_shares(total, len(slots), self.spec.micro_batch)
+        loop = asyncio.get_running_loop()
+        count = len(slots[0].replica.gradient_buckets)
+        ready = [[loop.create_future() for _ in range(count)] for _ in slots]
+        work = [asyncio.ensure_future(self._local(slot, share, xs, ys, total, marks))
+                for slot, share, marks in zip(slots, shares, ready, strict=True)]
+        reduce = asyncio.ensure_future(self._reduce(ready))
+        sums = await _all_or_first_error([*work, reduce])
+        loss = float(sum(sums[:len(slots)])) / total
+        self._done_step = (loss, math.nan)
+        # The norm's reads are submitted before the updates (which never write the
+        # gradients), so both run back to back on the devices.
+        norm_task = asyncio.ensure_future(self._grad_norm())
+        results = await asyncio.gather(*(self._update(i, slot, stepped)
+                                         for i, slot in enumerate(slots)),
+                                       return_exceptions=True)
+        norm_results = await asyncio.gather(norm_task, return_exceptions=True)
+        for result in (*results, *norm_results):
+            if isinstance(result, BaseException):
+                raise result
+        norm = norm_results[0]
+        assert isinstance(norm, float)
+        self._done_step = (loss, norm)
+        return loss, norm
+
+    async def _local(self, slot: Slot, share: Share, xs: Array, ys: Array, total: int,
+                     ready: list[asyncio.Future[None]]) -> float:
+        """Backward of one replica's share, micro-batch by micro-batch, each loss gradient
+        scaled by its rows / the global batch's (so the replicas' gradients sum to the
+        whole batch's mean gradient); marks each bucket in ``ready`` once the ops that
+        complete it are submitted. Answers the sum of its rows' losses."""
+        replica = slot.replica
+
+        def mark(index: int) -> None:
+            if not ready[index].done():
+                ready[index].set_result(None)
+
+        await replica.zero_grad_async()
+        loss_sum = 0.0
+        for number, (start, stop) in enumerate(share.chunks):
+            rows = stop - start
+            last = number == len(share.chunks) - 1
+            await replica.forward_async(xs[start:stop], train=True)
+            loss_sum += await replica.loss_async(ys[start:stop], grad_scale=rows / total) * rows
+            await replica.backward_async(bucket_ready=mark if last else None)
+        for index in range(len(ready)):  # an empty share, or a bucket nothing reached
+            mark(index)
+        return loss_sum
+
+    async def _reduce(self, ready: list[list[asyncio.Future[None]]]) -> float:
+        """All-reduce (sum) the buckets in backward's order, each as soon as every
+        replica has submitted the ops that complete it (module doc)."""
+        world = self.world
+        slots = self.slots
+        for index in range(len(ready[0])):
+            await asyncio.gather(*(marks[index] for marks in ready))
+            if world is not None:
+                await world.all_reduce_async(
+                    [s.replica.gradient_buckets[index] for s in slots],
+                    timeout_secs=self.spec.collective_timeout)
+        return 0.0
+
+    async def _grad_norm(self) -> float:
+        slot = self.slots[0]
+        blas = slot.device.blas()
+        norms = await asyncio.gather(*(blas.nrm2_async(len(b), b)
+                                       for b in slot.replica.gradient_buckets))
+        return math.sqrt(sum(n * n for n in norms))
+
+    async def _update(self, index: int, slot: Slot, stepped: set[int]) -> None:
+        await slot.replica.optimizer_step_async()
+        stepped.add(index)
+
+    # ------------------------------------------------------------------ recovery
+
+    async def _heal_between_steps(self) -> int:
+        """Rebuild replicas whose context went down since the last step."""
+        if all(s.device.generation == s.generation for s in self.slots):
+            return 0
+        rebuilt, _ = await self._recover(ContextPoisoned("a replica's context was rebuilt "
+                                                         "between two steps"), set())
+        return rebuilt
+
+    async def _recover(self, reason: GpuRuntimeError, stepped: set[int]) -> tuple[int, bool]:
+        """Bring every replica back to one state (module doc). Answers how many replicas
+        were rebuilt and whether the failed step's update stands (then not run again)."""
+        started = time.perf_counter()
+        slots = self.slots
+        generations = await asyncio.gather(*(settled_generation(s.device, REBUILD_TIMEOUT)
+                                             for s in slots))
+        broken = {i for i, (s, g) in enumerate(zip(slots, generations, strict=True))
+                  if g != s.generation}
+        healthy = [i for i in range(len(slots)) if i not in broken]
+        if not healthy:
+            await self._rewind(repr(reason), broken, started)
+            return len(broken), False
+        source = next((i for i in healthy if i in stepped), healthy[0])
+        done = source in stepped
+        state = await slots[source].replica.state_dict_async()
+        targets = [i for i in range(len(slots))
+                   if i != source and (i in broken or (i in stepped) != done)]
+        for index in targets:
+            await self._restore(index, state, index in broken)
+        self._publish(broken, reason, f"replica {source}", started)
+        return len(broken), done
+
+    async def _restore(self, index: int, state: dict[str, Array], rebuild: bool) -> None:
+        slot = self.slots[index]
+        if rebuild:
+            slot = self.slots[index] = await self._build(slot.device)
+        await slot.replica.load_state_dict_async(state)
+
+    async def _rewind(self, reason: str, broken: set[int] | None = None,
+                      started: float | None = None) -> None:
+        """No healthy replica is left: rebuild all from the last checkpoint, then replay
+        the batches trained since."""
+        begin = time.perf_counter() if started is None else started
+        ledger = self.ledger
+        checkpoint = ledger.checkpoint
+        if checkpoint is None:
+            raise Unrecoverable(
+                f"no healthy replica is left ({reason}) and the trainer keeps no checkpoint "
+                "(checkpoint_every=0): its state is lost")
+        gone = set(range(len(self.slots))) if broken is None else broken
+        for index in range(len(self.slots)):
+            await self._restore(index, checkpoint.state, index in gone and broken is not None)
+        replay = list(ledger.since)
+        for xs, ys in replay:
+            await self._attempt(xs, ys, set())
+        ledger.replayed_steps += len(replay)
+        self._publish(gone, ContextPoisoned(reason), f"checkpoint@{checkpoint.steps}", begin)
+
+    def _publish(self, broken: set[int], reason: GpuRuntimeError, source: str,
+                 started: float) -> None:
+        seconds = time.perf_counter() - started
+        ledger = self.ledger
+        ledger.recoveries += len(broken)
+        ledger.last_recovery_seconds = seconds
+        path = self.context.self_ref.path
+        for index in sorted(broken):
+            self.context.system.event_stream.publish(ReplicaRecovered(
+                path, index, self.slots[index].device.ref.path,
+                f"{type(reason).__name__}: {reason}", source, ledger.steps, seconds))
+
+    async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, rebuilding broken replicas and calling once more if a context died."""
+        await self._heal_between_steps()
+        try:
+            return await call()
+        except RECOVERABLE as exc:
+            await self._recover(exc, set())
+            return await call()
+
+    # ------------------------------------------------------------------ the rest
+
+    async def _first_state(self) -> dict[str, Array]:
+        return await self.slots[0].replica.state_dict_async()
+
+    async def _predict(self, rows: Array) -> Array:
+        await self._require_model()
+        require_width(rows, self.features)
+        return await self._guarded(lambda: self._predict_rows(rows))
+
+    async def _predict_rows(self, rows: Array) -> Array:
+        shares = [s for s in plan_shares(len(rows), len(self.slots), None) if s.rows]
+        parts = await asyncio.gather(*(slot.replica.predict_async(rows[s.start:s.stop])
+                                       for slot, s in zip(self.slots, shares, strict=False)))
+        return np.concatenate([np.asarray(p) for p in parts])
+
+    async def _evaluate(self, xs: Array, ys: Array) -> dict[str, float]:
+        await self._require_model()
+        require_width(xs, self.features)
+        outputs = await self._guarded(lambda: self._predict_rows(xs))
+        return self.spec.metrics(outputs, ys)
+
+    async def _load(self, state: dict[str, Array]) -> None:
+        await self._require_model()
+        await self._heal_between_steps()
+        await asyncio.gather(*(s.replica.load_state_dict_async(state) for s in self.slots))
+        self.ledger.keep(dict(state))
+
+    def _stats(self) -> TrainerStats:
+        ledger = self.ledger
+        buckets = len(self.slots[0].replica.gradient_buckets) if self.slots else 0
+        checkpoint = ledger.checkpoint
+        return TrainerStats(
+            ledger.steps, ledger.samples, self.spec.n_replicas,
+            tuple(d.ref.path for d in self.devices), ledger.recoveries, ledger.redone_steps,
+            ledger.replayed_steps, ledger.last_recovery_seconds,
+            0 if checkpoint is None else checkpoint.steps, ledger.last_loss,
+            None if self.world is None else self.world.epoch, buckets)
+
+
+async def _all_or_first_error(tasks: list[asyncio.Future[T]]) -> list[T]:
+    """Every task's result; at the first error cancel the others (and wait for them)."""
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:  # the first error, not the cancellations it caused
+            if task in done and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return [task.result() for task in tasks]
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
