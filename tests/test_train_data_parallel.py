@@ -436,6 +436,36 @@ def test_typed_errors_leave_the_trainer_serving(system: System, tmp_path: Path) 
         original.step([["a", "b"]])
 
 
+@pytest.mark.parametrize(("where", "value"), [("x", np.nan), ("x", np.inf), ("y", np.nan),
+                                             ("y", -np.inf)])
+def test_a_nan_or_infinity_anywhere_in_a_batch_applies_nothing(
+        system: System, where: str, value: float) -> None:
+    """One bad value in one replica's share: found on the devices (the loss or the summed
+    gradient), a typed error, every replica's parameters and momentum as before, and the
+    next step trains. A NaN input the first ReLU would drop still reaches the gradient."""
+    model = Sequential(Linear(16, 32), ReLU(), Linear(32, 4))
+    trainer = DataParallelTrainer.spawn(system, model, loss=MSELoss(),
+                                        optimizer=SGD(lr=0.05, momentum=0.9),
+                                        devices=devices(system, 2))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((10, 16)).astype(np.float32)
+    y = rng.standard_normal((10, 4)).astype(np.float32)
+    trainer.step(x, y)
+    before = trainer.replica_states()
+    bad_x, bad_y = x.copy(), y.copy()
+    (bad_x if where == "x" else bad_y)[7, 3] = value  # row 7: the second replica's share
+    with pytest.raises(InvalidArgument, match="not finite"):
+        trainer.step(bad_x, bad_y)
+    after = trainer.replica_states()
+    for old, new in zip(before, after, strict=True):
+        assert old.keys() == new.keys()
+        for key in old:
+            np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+    assert np.isfinite(float(trainer.step(x, y)))
+    states_agree(trainer.replica_states())
+    trainer.stop()
+
+
 def test_torch_module_trains_like_plain_torch_on_the_cpu(system: System) -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)

@@ -189,9 +189,11 @@ class DataParallelTrainer(AgentClient):
         if y is None and not self._original:
             raise InvalidArgument("step(x, y) needs the targets y")
         timeout = require_timeout(timeout_secs)
+        # NaN and infinities are found on the devices, from the loss and the gradient
+        # norm, before anything is applied: a pass over a large batch here cost more.
         if y is None:
-            return self._call(Step(rows_array(x), None), timeout, "step")
-        xs, ys = batch_arrays(x, y, self._spec.classification)
+            return self._call(Step(rows_array(x, finite=False), None), timeout, "step")
+        xs, ys = batch_arrays(x, y, self._spec.classification, finite=False)
         return self._call(Step(xs, ys), timeout, "step")
 
     step = blocking_twin(step_async)

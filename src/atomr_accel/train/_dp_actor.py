@@ -252,20 +252,22 @@ class DataParallelActor(AgentActor):
         reduce = asyncio.ensure_future(self._reduce(ready))
         sums = await _all_or_first_error([*work, reduce])
         loss = float(sum(sums[:len(slots)])) / total
-        self._done_step = (loss, math.nan)
-        # The norm's reads are submitted before the updates (which never write the
-        # gradients), so both run back to back on the devices.
-        norm_task = asyncio.ensure_future(self._grad_norm())
+        # The batch's values are checked here, on the devices, rather than by a pass over
+        # it on the host: a NaN or an infinity in x or y makes the loss or the summed
+        # gradient (a NaN input reaches the first layer's weight gradient even where an
+        # activation drops it) non-finite, and then nothing is applied.
+        norm = await self._grad_norm()
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            raise InvalidArgument(
+                f"the step's loss ({loss}) or gradient norm ({norm}) is not finite: a NaN or "
+                "an infinity in the batch, or a diverged model; nothing was applied")
+        self._done_step = (loss, norm)
         results = await asyncio.gather(*(self._update(i, slot, stepped)
                                          for i, slot in enumerate(slots)),
                                        return_exceptions=True)
-        norm_results = await asyncio.gather(norm_task, return_exceptions=True)
-        for result in (*results, *norm_results):
+        for result in results:
             if isinstance(result, BaseException):
                 raise result
-        norm = norm_results[0]
-        assert isinstance(norm, float)
-        self._done_step = (loss, norm)
         return loss, norm
 
     async def _local(self, slot: Slot, share: Share, xs: Array, ys: Array, total: int,
@@ -280,14 +282,15 @@ class DataParallelActor(AgentActor):
             if not ready[index].done():
                 ready[index].set_result(None)
 
-        await replica.zero_grad_async()
+        if not share.chunks:
+            await replica.zero_grad_async()
         loss_sum = 0.0
         for number, (start, stop) in enumerate(share.chunks):
             rows = stop - start
             last = number == len(share.chunks) - 1
-            await replica.forward_async(xs[start:stop], train=True)
-            loss_sum += await replica.loss_async(ys[start:stop], grad_scale=rows / total) * rows
-            await replica.backward_async(bucket_ready=mark if last else None)
+            loss_sum += rows * await replica.gradient_step_async(
+                xs[start:stop], ys[start:stop], grad_scale=rows / total, zero=number == 0,
+                bucket_ready=mark if last else None)
         for index in range(len(ready)):  # an empty share, or a bucket nothing reached
             mark(index)
         return loss_sum

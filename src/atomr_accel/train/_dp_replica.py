@@ -51,6 +51,12 @@ class Replica(Protocol):
         """Add the gradients into the buckets; ``bucket_ready(i)`` once bucket ``i`` is
         complete for every op submitted after that call."""
 
+    async def gradient_step_async(self, x: Any, y: Any, *, grad_scale: float = 1.0,
+                                  zero: bool = True, micro_batch: int = 0,
+                                  bucket_ready: Callable[[int], None] | None = None,
+                                  ) -> float:
+        """Zero (when ``zero``), forward, loss and backward of one batch; the loss."""
+
     async def optimizer_step_async(self, *, grad_scale: float = 1.0) -> None:
         """Apply the optimizer to every parameter."""
 

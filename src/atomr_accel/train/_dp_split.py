@@ -46,10 +46,11 @@ def plan_shares(rows: int, replicas: int, micro_batch: int | None) -> list[Share
     return shares
 
 
-def rows_array(x: object) -> Array:
+def rows_array(x: object, *, finite: bool = True) -> Array:
     """``x`` as a NumPy array of numeric rows (2-D or more, at least one row), checked
-    once, before anything runs (``InvalidArgument`` / ``DTypeMismatch``)."""
-    xs = _numeric("x", x)
+    once, before anything runs (``InvalidArgument`` / ``DTypeMismatch``; ``finite``: NaN
+    and infinities too)."""
+    xs = _numeric("x", x, finite)
     if xs.ndim < 2:
         raise InvalidArgument(f"x must hold one row per sample (2-D or more), got shape "
                               f"{xs.shape}")
@@ -58,11 +59,13 @@ def rows_array(x: object) -> Array:
     return xs
 
 
-def batch_arrays(x: object, y: object, classes: bool) -> tuple[Array, Array]:
+def batch_arrays(x: object, y: object, classes: bool, *, finite: bool = True,
+                 ) -> tuple[Array, Array]:
     """``x`` as ``rows_array`` and ``y`` with one target per row (integer class labels
-    when ``classes``, numbers otherwise), each checked once."""
-    xs = rows_array(x)
-    ys = _numeric("y", y)
+    when ``classes``, numbers otherwise), each checked once (``finite``: also for NaN and
+    infinities, one pass over each)."""
+    xs = rows_array(x, finite=finite)
+    ys = _numeric("y", y, finite)
     if ys.ndim == 0 or len(ys) != len(xs):
         raise InvalidArgument(f"y must hold one target per row of x ({len(xs)}), got shape "
                               f"{ys.shape}")
@@ -79,7 +82,7 @@ def require_width(xs: Array, features: int | None) -> None:
         raise InvalidArgument(f"x rows hold {width} features, the model takes {features}")
 
 
-def _numeric(name: str, value: object) -> Array:
+def _numeric(name: str, value: object, finite: bool = True) -> Array:
     if isinstance(value, str | bytes):
         raise InvalidArgument(f"{name} must be a NumPy array or nested lists of numbers, "
                               f"got {type(value).__name__}")
@@ -96,7 +99,8 @@ def _numeric(name: str, value: object) -> Array:
     # One fast pass: a finite sum proves every value finite; only a sum that is not
     # finite (a NaN or an infinity, or finite values whose sum overflows) is checked
     # value by value.
-    if np.issubdtype(array.dtype, np.floating) and array.size and not _all_finite(array):
+    if (finite and np.issubdtype(array.dtype, np.floating) and array.size
+            and not _all_finite(array)):
         raise InvalidArgument(f"{name} holds NaN or infinite values")
     return array
 

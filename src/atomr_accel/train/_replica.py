@@ -585,14 +585,40 @@ class ModelReplica:
 
     optimizer_step = blocking(optimizer_step_async)
 
+    async def _gradient_ops(self, x: Any, y: Any, *, grad_scale: float, zero: bool,
+                            micro_batch: int, bucket_ready: Callable[[int], None] | None,
+                            ) -> list[Thunk]:
+        """Zero (when ``zero``), forward, loss and backward of one batch, as calls to start
+        in order."""
+        forward, _ = await self._forward_ops(x, micro_batch, True, None)
+        loss = await self._loss_ops(y, micro_batch, grad_scale)
+        backward, _ = await self._backward_ops(None, micro_batch, False, bucket_ready)
+        return [*(self._zero_ops() if zero else ()), *forward, *loss, *backward]
+
+    async def gradient_step_async(self, x: Any, y: Any, *, grad_scale: float = 1.0,
+                                  zero: bool = True, micro_batch: int = 0,
+                                  bucket_ready: Callable[[int], None] | None = None,
+                                  ) -> float:
+        """Zero the gradients (unless ``zero`` is False: they accumulate), forward ``x``,
+        take the loss against ``y`` (its gradient times ``grad_scale``) and backward, all
+        submitted back to back and awaited once; no update. Answers the loss.
+        ``bucket_ready`` as for ``backward_async``: what a data-parallel trainer needs
+        between backward and the update (its all-reduce)."""
+        _require_real("grad_scale", grad_scale)
+        coros = await self._gradient_ops(x, y, grad_scale=float(grad_scale), zero=zero,
+                                         micro_batch=micro_batch, bucket_ready=bucket_ready)
+        coros.append(self._read_loss)
+        results = await _gather(coros)
+        return float(results[-1])
+
+    gradient_step = blocking(gradient_step_async)
+
     async def train_step_async(self, x: Any, y: Any) -> float:
         """Zero the gradients, forward ``x``, take the loss against ``y``, backward, update;
         all submitted back to back and awaited once. Answers the loss (before the update)."""
-        forward, _ = await self._forward_ops(x, 0, True, None)
-        loss = await self._loss_ops(y, 0, 1.0)
-        backward, _ = await self._backward_ops(None, 0, False, None)
-        coros = [*self._zero_ops(), *forward, *loss, *backward, *self._update_ops(1.0)]
-        coros.append(self._read_loss)
+        coros = await self._gradient_ops(x, y, grad_scale=1.0, zero=True, micro_batch=0,
+                                         bucket_ready=None)
+        coros += [*self._update_ops(1.0), self._read_loss]
         results = await _gather(coros)
         return float(results[-1])
 

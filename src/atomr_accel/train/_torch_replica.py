@@ -194,6 +194,19 @@ class TorchReplica:
             if bucket_ready is not None:
                 bucket_ready(index)
 
+    async def gradient_step_async(self, x: Any, y: Any, *, grad_scale: float = 1.0,
+                                  zero: bool = True, micro_batch: int = 0,
+                                  bucket_ready: Callable[[int], None] | None = None,
+                                  ) -> float:
+        """``zero_grad_async`` (when ``zero``), ``forward_async``, ``loss_async`` and
+        ``backward_async`` in turn; answers the loss."""
+        if zero:
+            await self.zero_grad_async()
+        await self.forward_async(x, micro_batch=micro_batch)
+        value = await self.loss_async(y, micro_batch=micro_batch, grad_scale=grad_scale)
+        await self.backward_async(micro_batch=micro_batch, bucket_ready=bucket_ready)
+        return value
+
     def _hook(self, index: int) -> Any:
         def hook(_: Any) -> None:
             bucket = self.buckets[index]

@@ -37,6 +37,7 @@ from atomr_accel.backends.cpu import (
 )
 from atomr_accel.backends.cpu._ipc import SharedStorage
 from atomr_accel.backends.cpu._memory import host_memory
+from atomr_accel.backends.cpu._quiet import quieted
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core._op import Op, is_int
@@ -77,6 +78,7 @@ class CpuBackend(Backend):
         | _ipc.HANDLERS
         | _blaslt.HANDLERS
         | _dnn.HANDLERS
+        | quieted(_dnn.SHARED)  # the element-wise layers of training
         | _norm.HANDLERS
         | _rnn.HANDLERS
         | _attention.HANDLERS
@@ -85,7 +87,7 @@ class CpuBackend(Backend):
         | _realtime_frames.HANDLERS
         | _onnx.HANDLERS
         | _cub.HANDLERS
-        | _train.HANDLERS
+        | quieted(_train.HANDLERS)
         | _cutlass.HANDLERS
     )
 
