@@ -173,6 +173,13 @@ async def test_send_recv_and_a_group_of_calls() -> None:
         with pytest.raises(InvalidArgument, match="nest"):
             async with world.group(), world.group():
                 pass
+        async with world.group(timeout_secs=5.0):  # its own time-out
+            await world.all_reduce_async(bufs)
+        np.testing.assert_allclose(await devices[1].copy_to_numpy_async(bufs[1]),
+                                   3 * sum(xs), rtol=1e-12)
+        for bad in (0, -1.0, float("nan"), True, "1"):
+            with pytest.raises(InvalidArgument, match="timeout_secs"):
+                world.group(timeout_secs=bad)  # type: ignore[arg-type]
 
 
 async def test_rank_views_from_separate_tasks() -> None:

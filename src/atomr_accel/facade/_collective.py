@@ -330,12 +330,14 @@ class Collective:
 
     send_recv = blocking(send_recv_async)
 
-    def group(self) -> CollectiveGroup:
+    def group(self, *, timeout_secs: float | None = None) -> CollectiveGroup:
         """Fuse the collectives called inside ``with world.group():`` (or ``async with``)
-        into one launch per rank (one NCCL group), run when it exits. The calls inside
-        return at once; the exit raises what the group raised. NCCL may run a group's
-        calls together: no call of a group may read what another one writes."""
-        return CollectiveGroup(self)
+        into one launch per rank (one NCCL group), run when it exits, within
+        ``timeout_secs`` (None: the system's op time-out). The calls inside return at
+        once; the exit raises what the group raised. NCCL may run a group's calls
+        together: no call of a group may read what another one writes."""
+        self._timeout(timeout_secs)  # checked now, not at the exit
+        return CollectiveGroup(self, timeout_secs)
 
     # ------------------------------------------------------------ running
 
@@ -343,7 +345,7 @@ class Collective:
         timeout = timeout_secs if timeout_secs is not None else self._op_timeout
         if timeout is None:
             return DEFAULT_TIMEOUT
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidArgument(f"timeout_secs must be > 0 seconds, got {timeout!r}")
         return float(timeout)
 
@@ -623,9 +625,9 @@ class CollectiveGroup:
     """``with world.group():`` / ``async with world.group():``: the collectives called
     inside run as one launch per rank when it exits (see ``Collective.group``)."""
 
-    def __init__(self, world: Collective) -> None:
+    def __init__(self, world: Collective, timeout_secs: float | None = None) -> None:
         self._world = world
-        self._timeout: float | None = None
+        self._timeout = timeout_secs
 
     def _enter(self) -> None:
         if self._world._group is not None:
@@ -645,7 +647,7 @@ class CollectiveGroup:
         plans = self._take()
         if exc_type is None and plans:
             world = self._world
-            world._portal.call(world._run_checked(plans, world._timeout(None)))
+            world._portal.call(world._run_checked(plans, world._timeout(self._timeout)))
 
     async def __aenter__(self) -> CollectiveGroup:
         self._enter()
@@ -656,7 +658,7 @@ class CollectiveGroup:
         plans = self._take()
         if exc_type is None and plans:
             world = self._world
-            await world._portal.acall(world._run_checked(plans, world._timeout(None)))
+            await world._portal.acall(world._run_checked(plans, world._timeout(self._timeout)))
 
 
 class _Slot:

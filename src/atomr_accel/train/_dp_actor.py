@@ -1,14 +1,16 @@
 """The actor behind ``DataParallelTrainer``: replicas on devices, the bucketed gradient
 all-reduce, and the recovery of a replica whose context died mid-step.
 
-A step (``_attempt``) runs in three phases. *Backward*: every replica zeroes its
+A step (``_attempt``) runs in four phases. *Backward*: every replica zeroes its
 gradients and runs forward, loss and backward on its share of the global batch
-(micro-batch by micro-batch, accumulating). *Reduce*: bucket by bucket, in the
-order backward fills them (last layer first), as soon as every replica's bucket
-is final, each replica scales it by its share of the batch and the world
-all-reduces it, while backward still fills the next buckets. *Update*: every
-replica applies the same optimizer step to the same summed gradient, so the
-parameters stay identical.
+(micro-batch by micro-batch, accumulating), each loss gradient scaled by its
+rows' share of the global batch. *Reduce*: bucket by bucket, in the order
+backward fills them (last layer first), as soon as every replica has submitted
+the ops that complete a bucket, the world all-reduces (sums) it, while backward
+still fills the next buckets. *Check*:
+the loss and the summed gradient's norm must be finite, else nothing is
+applied. *Update*: every replica applies the same optimizer step to the same
+summed gradient, so the parameters stay identical.
 
 When a step fails because a replica's context went down (``ContextPoisoned``,
 a killed worker, the collective that aborted with it), ``_recover`` waits for
@@ -297,7 +299,11 @@ class DataParallelActor(AgentActor):
 
     async def _reduce(self, ready: list[list[asyncio.Future[None]]]) -> float:
         """All-reduce (sum) the buckets in backward's order, each as soon as every
-        replica has submitted the ops that complete it (module doc)."""
+        replica has submitted the ops that complete it (module doc).
+
+        Measured on 2 x H200 (an MLP of 4 x 4096): one group of every bucket after the
+        whole backward made a step slower than this (35 ms against 24 ms, against 17
+        and 14 ms on one GPU in the same runs)."""
         world = self.world
         slots = self.slots
         for index in range(len(ready[0])):
