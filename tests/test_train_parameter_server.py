@@ -1,0 +1,172 @@
+"""AsyncParameterServer on the CPU backend against an independent NumPy model of its rule.
+
+The reference below re-states the documented rule (staleness ``s = version -
+worker_version``; rejected above ``max_staleness``; else applied with weight
+``1/(1+s)``) and the SGD / AdamW formulas, and replays the same pushes in
+float64; the server keeps float32 weights, hence the tolerances.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr_accel import GpuRuntimeError, InvalidArgument, System
+from atomr_accel.train import AsyncParameterServer, StaleGradient
+
+
+@pytest.fixture(scope="module")
+def system() -> Iterator[System]:
+    with System.open("train-ps") as opened:
+        opened.spawn_device(mock=True)
+        yield opened
+
+
+class Reference:
+    """The documented rule in float64 NumPy (SGD or AdamW with the original's settings)."""
+
+    def __init__(self, weights: np.ndarray[Any, Any], optimizer: str, lr: float,
+                 max_staleness: int) -> None:
+        self.w = weights.astype(np.float64)
+        self.optimizer, self.lr, self.max = optimizer, lr, max_staleness
+        self.m = np.zeros_like(self.w)
+        self.v = np.zeros_like(self.w)
+        self.version = self.rejected = 0
+        self.staleness: list[int] = []
+
+    def push(self, worker_version: int, g: np.ndarray[Any, Any]) -> int | None:
+        s = self.version - worker_version
+        if s > self.max:
+            self.rejected += 1
+            return None
+        g = g.astype(np.float64) / (1 + s)
+        if self.optimizer == "sgd":
+            self.w -= self.lr * g
+        else:  # AdamW, betas (0.9, 0.999), eps 1e-8, weight decay 0
+            t = self.version + 1
+            self.m = 0.9 * self.m + 0.1 * g
+            self.v = 0.999 * self.v + 0.001 * g * g
+            m_hat = self.m / (1 - 0.9 ** t)
+            v_hat = self.v / (1 - 0.999 ** t)
+            self.w -= self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+        self.version += 1
+        self.staleness.append(s)
+        return self.version
+
+
+def test_the_originals_example(system: System) -> None:
+    ps = AsyncParameterServer.spawn(system, [10.0, 20.0], "sgd", lr=0.1)
+    assert ps.push_gradient(1, 0, [1.0, 2.0]) == 1
+    weights, version = ps.pull_weights(1)
+    assert isinstance(weights, list) and version == 1
+    np.testing.assert_allclose(weights, [9.9, 19.8], rtol=1e-6)
+    assert tuple(ps.stats()) == (1, 1, 1, 0.0)
+    ps.stop()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_staleness_rule_against_numpy(system: System, optimizer: str) -> None:
+    rng = np.random.default_rng(7)
+    initial = rng.standard_normal((3, 5)).astype(np.float32)
+    ps = AsyncParameterServer.spawn(system, initial, optimizer, lr=0.05, max_staleness=2)
+    ref = Reference(initial.reshape(-1), optimizer, 0.05, 2)
+    for _ in range(40):
+        lag = int(rng.integers(0, 5))
+        worker_version = max(ref.version - lag, 0)
+        g = rng.standard_normal(initial.shape).astype(np.float32)
+        want = ref.push(worker_version, g.reshape(-1))
+        if want is None:
+            with pytest.raises(StaleGradient) as caught:
+                ps.push_gradient(3, worker_version, g)
+            assert caught.value.staleness == ref.version - worker_version
+            assert caught.value.max_staleness == 2
+        else:
+            assert ps.push_gradient(3, worker_version, g) == want
+    weights, version = ps.pull_weights(0)
+    assert isinstance(weights, np.ndarray) and weights.shape == (3, 5)
+    assert version == ref.version
+    np.testing.assert_allclose(weights.reshape(-1), ref.w, rtol=1e-4, atol=1e-5)
+    counters = ps.counters()
+    assert ref.rejected > 0 and any(s > 0 for s in ref.staleness)
+    assert counters.gradients_rejected == ref.rejected
+    assert counters.gradients_downweighted == sum(s > 0 for s in ref.staleness)
+    version, applied, pulled, avg = ps.stats()
+    assert (version, applied, pulled) == (ref.version, ref.version, 1)
+    assert avg == pytest.approx(np.mean(ref.staleness[-128:]))
+    ps.stop()
+
+
+def test_concurrent_pushes_lose_nothing(system: System) -> None:
+    """Threads push distinct gradients against version 0: push number v (the version it
+    returns) is applied with weight 1/v, whatever order the threads won in."""
+    rng = np.random.default_rng(11)
+    initial = rng.standard_normal(64).astype(np.float32)
+    threads, each = 4, 12
+    ps = AsyncParameterServer.spawn(system, initial, lr=0.01, max_staleness=threads * each)
+    gradients = rng.standard_normal((threads, each, 64)).astype(np.float32)
+    versions = np.zeros((threads, each), dtype=np.int64)
+
+    def worker(k: int) -> None:
+        for i in range(each):
+            versions[k, i] = ps.push_gradient(k, 0, gradients[k, i])
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(30)
+    assert sorted(versions.reshape(-1).tolist()) == list(range(1, threads * each + 1))
+    want = initial.astype(np.float64) - 0.01 * np.einsum(
+        "ij,ijk->k", 1.0 / versions, gradients.astype(np.float64))
+    weights, version = ps.pull_weights(0)
+    assert version == threads * each
+    np.testing.assert_allclose(weights, want, rtol=1e-5, atol=1e-5)
+    ps.stop()
+
+
+@pytest.mark.anyio
+async def test_async_twins(system: System) -> None:
+    ps = AsyncParameterServer.spawn(system, np.array([1.0, -1.0], np.float32), lr=0.5)
+    assert await ps.push_gradient_async(0, 0, np.array([2.0, 2.0])) == 1
+    weights, version = await ps.pull_weights_async(0)
+    np.testing.assert_allclose(weights, [0.0, -2.0])
+    assert version == 1
+    assert (await ps.stats_async()).weights_pulled == 1
+    assert await ps.device_async() in system.devices
+    ps.stop()
+
+
+def test_typed_errors(system: System) -> None:
+    with pytest.raises(InvalidArgument):
+        AsyncParameterServer.spawn(system, [1.0], "adam")
+    with pytest.raises(GpuRuntimeError):  # the original's promise: any other optimizer raises
+        AsyncParameterServer.spawn(system, [1.0], "lbfgs")
+    for bad in ({"lr": 0.0}, {"lr": float("nan")}, {"max_staleness": -1}):
+        with pytest.raises(InvalidArgument):
+            AsyncParameterServer.spawn(system, [1.0], **bad)
+    with pytest.raises(InvalidArgument):
+        AsyncParameterServer.spawn(system, ["a"])
+    with pytest.raises(InvalidArgument):
+        AsyncParameterServer.spawn(system, [1.0], device=object())  # type: ignore[arg-type]
+    ps = AsyncParameterServer.spawn(system, [1.0, 2.0], max_staleness=0)
+    with pytest.raises(InvalidArgument):
+        ps.push_gradient(0, 0, [1.0])  # wrong length
+    with pytest.raises(InvalidArgument):
+        ps.push_gradient(0, 0, [1.0, float("inf")])
+    with pytest.raises(InvalidArgument):
+        ps.push_gradient(-1, 0, [1.0, 1.0])
+    with pytest.raises(InvalidArgument):
+        ps.push_gradient(0, 1, [1.0, 1.0])  # a version the server has not made
+    with pytest.raises(InvalidArgument):
+        ps.pull_weights(0, timeout_secs=0)
+    assert ps.push_gradient(0, 0, [1.0, 1.0]) == 1
+    with pytest.raises(StaleGradient):
+        ps.push_gradient(0, 0, [1.0, 1.0])
+    weights, version = ps.pull_weights(0)  # the server kept serving, the weights as they were
+    assert version == 1
+    np.testing.assert_allclose(weights, [0.99, 1.99], rtol=1e-6)
+    ps.stop()
