@@ -15,7 +15,7 @@ __all__ = ["ALL_LIBRARIES", "DeviceConfig"]
 
 ALL_LIBRARIES: tuple[str, ...] = (
     "blas", "fft", "rng", "solver", "sparse", "tensor", "nvrtc", "module", "graph",
-    "cudnn", "flashattn", "blaslt", "realtime", "nccl", "onnx", "cub",
+    "cudnn", "flashattn", "blaslt", "realtime", "nccl", "onnx", "cub", "train",
 )
 """Every library a device can enable."""
 

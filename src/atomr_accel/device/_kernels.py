@@ -31,6 +31,7 @@ __all__ = [
     "SolverActor",
     "SparseActor",
     "TensorActor",
+    "TrainActor",
     "launch",
 ]
 
@@ -185,10 +186,17 @@ class CubActor(KernelActor):
     library: ClassVar[str] = "cub"
 
 
+class TrainActor(KernelActor):
+    """Layer, loss and optimizer ops of model replicas (``atomr_accel.train``): CuPy kernels
+    on CUDA, NumPy on the CPU."""
+
+    library: ClassVar[str] = "train"
+
+
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
     cls.library: cls
     for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
                 NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
-                RealtimeActor, CollectiveActor, OnnxActor, CubActor)
+                RealtimeActor, CollectiveActor, OnnxActor, CubActor, TrainActor)
 }
 """Library name -> kernel actor class."""

@@ -1,12 +1,69 @@
-"""Training blueprints (temporary local export list until train-core lands)."""
+"""Training on our ops: models, losses, optimizers, and the replicas trainers are built of.
 
-from atomr_accel.train._parameter_server import (
+``Sequential`` of ``Linear``, ``ReLU``, ``GELU``, ``Tanh``, ``Sigmoid``,
+``Dropout``, ``LayerNorm`` and ``Flatten`` describes a model (plain and
+picklable, torch's parameter names and initialisation); ``ModelReplica``
+instantiates it on one device with a loss (``MSELoss``,
+``CrossEntropyLoss``) and an optimizer (``SGD``, ``Adam``, ``AdamW``, with an
+optional ``WarmupCosine`` schedule), and runs forward, backward and the fused
+optimizer update as device ops of the ``train`` library (NumPy on the CPU
+backend, CuPy kernels on CUDA). See ``docs/train.md``.
+"""
+
+from __future__ import annotations
+
+from atomr_accel.train._model import (
+    GELU,
+    Dropout,
+    Flatten,
+    LayerNorm,
+    Linear,
+    ReLU,
+    Sequential,
+    Sigmoid,
+    Tanh,
+)
+from atomr_accel.train._optim import (
+    SGD,
+    Adam,
+    AdamW,
+    CrossEntropyLoss,
+    MSELoss,
+    WarmupCosine,
+)
+from atomr_accel.train._replica import ModelReplica, ParamInfo
+
+__all__ = [
+    "GELU",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "CrossEntropyLoss",
+    "Dropout",
+    "Flatten",
+    "LayerNorm",
+    "Linear",
+    "MSELoss",
+    "ModelReplica",
+    "ParamInfo",
+    "ReLU",
+    "Sequential",
+    "Sigmoid",
+    "Tanh",
+    "WarmupCosine",
+]
+
+# part C: model parallelism and the parameter server (docs/train-parallel.md)
+from atomr_accel.train._parameter_server import (  # noqa: E402
     AsyncParameterServer,
     ParameterServerCounters,
     ParameterServerStats,
 )
-from atomr_accel.train._staleness import StaleGradient
+from atomr_accel.train._staleness import StaleGradient  # noqa: E402
 
-__all__ = [
-    "AsyncParameterServer", "ParameterServerCounters", "ParameterServerStats", "StaleGradient",
+__all__ += [
+    "AsyncParameterServer",
+    "ParameterServerCounters",
+    "ParameterServerStats",
+    "StaleGradient",
 ]

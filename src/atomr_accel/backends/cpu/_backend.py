@@ -32,6 +32,7 @@ from atomr_accel.backends.cpu import (
     _solver,
     _sparse,
     _tensor,
+    _train,
 )
 from atomr_accel.backends.cpu._ipc import SharedStorage
 from atomr_accel.backends.cpu._memory import host_memory
@@ -83,6 +84,7 @@ class CpuBackend(Backend):
         | _realtime_frames.HANDLERS
         | _onnx.HANDLERS
         | _cub.HANDLERS
+        | _train.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:

@@ -1,0 +1,711 @@
+"""ModelReplica: a model instantiated on one device, the unit every trainer uses.
+
+**Buffers.** Parameters live in **one buffer per parametrized layer** (a
+``Linear`` or ``LayerNorm``: its weight, then its bias), called a *bucket*;
+the gradients live in buffers of the same layout (``gradient_buckets``), and
+so does each optimizer state (Adam's ``exp_avg`` / ``exp_avg_sq``, SGD's
+``momentum_buffer``). ``parameter_layout`` says where each named parameter
+is. A trainer all-reduces gradients one bucket at a time: ``gradient_buckets``
+lists them in the order backward fills them, **last layer first**, and
+``backward_async(bucket_ready=fn)`` calls ``fn(i)`` as soon as the op that
+completes ``gradient_buckets[i]`` has been submitted. Ops of one device run
+in the order they are submitted, and the device orders every op after the
+earlier ops that wrote its buffers (``backends.cuda._backend``: events per
+buffer across streams), so a collective submitted from ``fn`` sees the whole
+gradient while backward goes on for the layers before it.
+
+**Order and awaiting.** Each method submits its ops back to back (one
+``run_async`` task each, created in order, so they reach the device in
+order) and awaits them together once; ``train_step_async`` does the whole
+step (zero, forward, loss, backward, update, the loss's download) in one such
+batch.
+
+**Micro-batches.** ``forward_async(x, micro_batch=k)`` keeps what backward
+needs under the tag ``k`` (its own activation buffers), so several
+micro-batches may be in flight (1F1B); ``loss_async`` / ``backward_async`` with
+the same tag use them, and gradients accumulate until ``zero_grad_async``.
+
+Parameters and activations are f32, or f64 (float64 checks); bf16/f16 are not
+supported. Every bad argument raises ``InvalidArgument`` (``DTypeMismatch`` for
+an array of the wrong kind) before any op is submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import numpy as np
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
+from atomr_accel.core._op import Op, is_int
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._train import (
+    AdamUpdate,
+    FillZeros,
+    MseLoss,
+    SgdUpdate,
+    SoftmaxCrossEntropy,
+)
+from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._device import Device
+from atomr_accel.train._layers import (
+    ParamSlot,
+    Saved,
+    aliases,
+    backward_ops,
+    forward_ops,
+    saved_sizes,
+)
+from atomr_accel.train._model import Flatten, Sequential, train_dtype
+from atomr_accel.train._optim import (
+    SGD,
+    Adam,
+    AdamW,
+    CrossEntropyLoss,
+    Loss,
+    MSELoss,
+    Optimizer,
+)
+
+__all__ = ["ModelReplica", "ParamInfo"]
+
+Array = np.ndarray[Any, Any]
+P = ParamSpec("P")
+T = TypeVar("T")
+_STEP_KEY = "optimizer.step"
+
+
+@dataclass(frozen=True, slots=True)
+class ParamInfo:
+    """Where one named parameter lives: its bucket, offset and shape there."""
+
+    bucket: int
+    offset: int
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """Its element count."""
+        return math.prod(self.shape)
+
+
+@dataclass
+class _Tape:
+    """One micro-batch's forward: shapes, input buffers of each layer and saved values."""
+
+    rows: int
+    train: bool
+    shapes: list[tuple[int, ...]]
+    inputs: list[GpuRef]
+    output: GpuBuffer
+    saved: list[Saved]
+    keep: list[GpuBuffer] = field(default_factory=list)
+    loss_grad: GpuBuffer | None = None
+
+
+def _features(shape: tuple[int, ...]) -> tuple[int, int]:
+    """``(rows, features)`` of a host shape: the last axis against the others."""
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _flattened(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[0], math.prod(shape[1:])) if len(shape) > 1 else shape
+
+
+def blocking(async_method: Callable[Concatenate[ModelReplica, P], Coroutine[Any, Any, T]],
+             ) -> Callable[Concatenate[ModelReplica, P], T]:
+    """The blocking twin of a replica's ``*_async`` method: the coroutine runs on the
+    system's event loop while this thread waits (never call it on that loop)."""
+
+    @functools.wraps(async_method)
+    def method(self: ModelReplica, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._portal.call(async_method(self, *args, **kwargs))
+
+    name = async_method.__name__.removesuffix("_async")
+    method.__name__ = name
+    method.__qualname__ = async_method.__qualname__.removesuffix("_async")
+    summary = (async_method.__doc__ or "").strip()
+    method.__doc__ = (f"{summary}\n\nBlocking twin of ``{async_method.__name__}``; never call "
+                      "it on the system's own event loop.")
+    return method
+
+
+Thunk = Callable[[], Coroutine[Any, Any, Any]]
+"""A call that makes one device call's coroutine (made only when it is started)."""
+
+
+async def _gather(thunks: Sequence[Thunk]) -> list[Any]:
+    """Start every call in order (each reaches the device in that order) and await
+    them once; the first error is raised after all have finished."""
+    tasks = [asyncio.ensure_future(make()) for make in thunks]
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+class ModelReplica:
+    """A ``Sequential`` on one device with its loss, optimizer, gradients and state.
+
+    Make one with ``await ModelReplica.create_async(device, model, loss=...,
+    optimizer=...)`` (or ``create``). Every ``*_async`` method has a blocking
+    twin without the suffix (never call those on the system's event loop).
+    See the module docstring for the buffers' layout and how ops are ordered.
+    """
+
+    def __init__(self, device: Device, model: Sequential, loss: Loss, optimizer: Optimizer,
+                 dtype: DType, layout: dict[str, ParamInfo], slots: list[ParamSlot | None],
+                 params: list[GpuBuffer], grads: list[GpuBuffer],
+                 state: dict[str, list[GpuBuffer]], seed: int,
+                 timeout_secs: float | None) -> None:
+        """Use ``create_async``; this only binds what it made."""
+        self.device = device
+        self.model = model
+        self.loss = loss
+        self.optimizer = optimizer
+        self.dtype = dtype
+        self.parameter_layout = layout
+        """Each parameter's ``ParamInfo`` by name, in declaration order."""
+        self.slots = slots
+        """Each layer's ``ParamSlot`` (None for a layer without parameters)."""
+        self.params = params
+        """The parameter buckets, in declaration order (one per parametrized layer)."""
+        self.grads = grads
+        """The gradient buckets, in declaration order (``gradient_buckets`` is reversed)."""
+        self.optimizer_state = state
+        """Each optimizer state's buckets by name (``"exp_avg"``, ...), declaration order."""
+        self.step = 0
+        """Optimizer updates applied so far."""
+        self.seed = seed
+        self._timeout = timeout_secs
+        self._portal = device._portal
+        self._tapes: dict[int, _Tape] = {}
+        self._work: dict[tuple[Any, ...], GpuBuffer] = {}
+        self._loss_buffer: GpuBuffer | None = None
+
+    # ------------------------------------------------------------ creation
+
+    @classmethod
+    async def create_async(cls, device: Device, model: Sequential, *, loss: Loss,
+                           optimizer: Optimizer, parameters: Mapping[str, Any] | None = None,
+                           seed: int = 0, dtype: DType | str = "f32",
+                           timeout_secs: float | None = 30.0) -> ModelReplica:
+        """Instantiate ``model`` on ``device``: parameters (``parameters`` by torch-style
+        name, or ``model.init_parameters(seed, dtype)``), zeroed gradients and optimizer
+        state in device buffers. ``seed`` also seeds Dropout masks."""
+        if not isinstance(device, Device):
+            raise InvalidArgument(f"device must be a Device, got {type(device).__name__}")
+        if not isinstance(model, Sequential):
+            raise InvalidArgument(f"model must be a Sequential, got {type(model).__name__}")
+        if not isinstance(loss, Loss):
+            raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(), got {loss!r}")
+        if not isinstance(optimizer, Optimizer):
+            raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
+        if not is_int(seed) or seed < 0:
+            raise InvalidArgument(f"seed must be an int >= 0, got {seed!r}")
+        kind = train_dtype(dtype)
+        shapes = model.parameter_shapes()
+        values = (model.init_parameters(seed, kind) if parameters is None
+                  else _checked_parameters(parameters, shapes, kind))
+        layout: dict[str, ParamInfo] = {}
+        slots: list[ParamSlot | None] = []
+        sizes: list[int] = []
+        for index, layer in zip(model.indices, model.layers, strict=True):
+            local = layer.parameter_shapes()
+            if not local:
+                slots.append(None)
+                continue
+            bucket, offset, offsets = len(sizes), 0, {}
+            for name, shape in local.items():
+                layout[f"{index}.{name}"] = ParamInfo(bucket, offset, shape)
+                offsets[name] = offset
+                offset += math.prod(shape)
+            slots.append(ParamSlot(bucket, offsets["weight"], offsets.get("bias")))
+            sizes.append(offset)
+        params = [await device.allocate_async(n, kind, timeout_secs=timeout_secs)
+                  for n in sizes]
+        grads = [await device.allocate_async(n, kind, timeout_secs=timeout_secs)
+                 for n in sizes]
+        state = {name: [await device.allocate_async(n, kind, timeout_secs=timeout_secs)
+                        for n in sizes] for name in optimizer.state_names}
+        replica = cls(device, model, loss, optimizer, kind, layout, slots, params, grads,
+                      state, int(seed), timeout_secs)
+        await replica._upload_buckets(replica.params, values)
+        return replica
+
+    @classmethod
+    def create(cls, device: Device, model: Sequential, *, loss: Loss, optimizer: Optimizer,
+               parameters: Mapping[str, Any] | None = None, seed: int = 0,
+               dtype: DType | str = "f32", timeout_secs: float | None = 30.0) -> ModelReplica:
+        """Blocking twin of ``create_async`` (never call it on the system's event loop)."""
+        if not isinstance(device, Device):
+            raise InvalidArgument(f"device must be a Device, got {type(device).__name__}")
+        return device._portal.call(cls.create_async(
+            device, model, loss=loss, optimizer=optimizer, parameters=parameters, seed=seed,
+            dtype=dtype, timeout_secs=timeout_secs))
+
+    # -------------------------------------------------------------- layout
+
+    @property
+    def gradient_buckets(self) -> list[GpuBuffer]:
+        """The gradient buffers in the order backward fills them: the last layer's first."""
+        return self.grads[::-1]
+
+    def bucket_names(self, position: int) -> list[str]:
+        """The parameters in ``gradient_buckets[position]``."""
+        bucket = len(self.grads) - 1 - position
+        return [name for name, info in self.parameter_layout.items() if info.bucket == bucket]
+
+    # ----------------------------------------------------------- plumbing
+
+    def _run(self, op: Op) -> Thunk:
+        return partial(self.device.run_async, op, self._timeout)
+
+    async def _buffer(self, key: tuple[Any, ...], length: int,
+                      dtype: DType | None = None) -> GpuBuffer:
+        """A work buffer kept under ``key`` (made again when the length changes)."""
+        buf = self._work.get(key)
+        kind = dtype or self.dtype
+        if buf is None or len(buf) != length or buf.dtype != kind:
+            buf = await self.device.allocate_async(max(length, 1), kind,
+                                                   timeout_secs=self._timeout)
+            self._work[key] = buf
+        return buf
+
+    async def _upload_buckets(self, buckets: list[GpuBuffer], values: Mapping[str, Array],
+                              suffix: str = "") -> None:
+        host = [np.zeros(len(b), self.dtype.numpy) for b in buckets]
+        for name, info in self.parameter_layout.items():
+            host[info.bucket][info.offset: info.offset + info.size] = \
+                values[name + suffix].reshape(-1)
+        await _gather([partial(self.device.copy_from_numpy_async, b, h,
+                               timeout_secs=self._timeout)
+                       for b, h in zip(buckets, host, strict=True)])
+
+    async def _download_buckets(self, buckets: list[GpuBuffer], suffix: str = "",
+                                ) -> dict[str, Array]:
+        host = await _gather([partial(self.device.copy_to_numpy_async, b,
+                                      timeout_secs=self._timeout) for b in buckets])
+        return {name + suffix: host[info.bucket][info.offset: info.offset + info.size]
+                .reshape(info.shape).copy() for name, info in self.parameter_layout.items()}
+
+    def _host_input(self, x: Any) -> Array:
+        data = np.asarray(x)
+        if data.dtype.kind not in "fiu" or data.dtype == np.bool_:
+            raise DTypeMismatch(f"x must hold numbers, got dtype {data.dtype}")
+        if data.ndim < 2 or data.size == 0:
+            raise InvalidArgument(f"x must be a non-empty batch of shape (batch, features...), "
+                                  f"got shape {data.shape}")
+        return np.ascontiguousarray(data, dtype=self.dtype.numpy)
+
+    # ------------------------------------------------------------ forward
+
+    async def _forward_ops(self, x: Any, micro_batch: int, train: bool,
+                           shape: tuple[int, ...] | None
+                           ) -> tuple[list[Thunk], _Tape]:
+        """Make (allocating what is missing) the coroutines of a forward; keep its tape."""
+        if not is_int(micro_batch) or micro_batch < 0:
+            raise InvalidArgument(f"micro_batch must be an int >= 0, got {micro_batch!r}")
+        if not isinstance(train, bool):
+            raise InvalidArgument(f"train must be a bool, got {train!r}")
+        coros: list[Thunk] = []
+        keep: list[GpuBuffer] = []
+        if isinstance(x, GpuBuffer):
+            ref = self.device.ref_of(x, "x")
+            if ref.dtype is not self.dtype:
+                raise DTypeMismatch(f"x holds {ref.dtype.value}; the replica's dtype is "
+                                    f"{self.dtype.value}")
+            if shape is None:
+                first = self.model.in_features()
+                if first is None or len(x) % first:
+                    raise InvalidArgument("pass shape= for a GpuBuffer input: the model's "
+                                          "first layer does not fix its features")
+                shape = (len(x) // first, first)
+            if math.prod(shape) > len(x):
+                raise InvalidArgument(f"x holds {len(x)} elements, fewer than shape {shape}")
+            current, keep = ref, [x]
+        else:
+            data = self._host_input(x)
+            shape = data.shape
+            buf = await self._buffer(("x", micro_batch), data.size)
+            coros.append(partial(self.device.copy_from_numpy_async, buf, data.reshape(-1),
+                                                           timeout_secs=self._timeout))
+            current = buf.ref
+        shape = tuple(int(s) for s in shape)
+        rows = shape[0]
+        shapes, inputs, saved = [shape], [], []
+        for i, (index, layer) in enumerate(zip(self.model.indices, self.model.layers,
+                                               strict=True)):
+            if isinstance(layer, Flatten):
+                out_shape = _flattened(shape)
+            else:
+                lead, features = _features(shape)
+                out_shape = (*shape[:-1], layer.features_out(features))
+            lead, features = _features(shape)
+            inputs.append(current)
+            tags: dict[str, GpuRef] = {}
+            for name, n in saved_sizes(layer, lead, features, train).items():
+                kind = DType.U8 if name == "mask" else self.dtype
+                tags[name] = (await self._buffer((name, micro_batch, i), n, kind)).ref
+            saved.append(Saved(**tags))
+            if not aliases(layer, train):
+                y = await self._buffer(("act", micro_batch, i), math.prod(out_shape))
+                slot = self.slots[i]
+                params = self.params[slot.bucket].ref if slot is not None else None
+                seed = hash((self.seed, self.step, index, micro_batch)) & (2**63 - 1)
+                coros += [self._run(op) for op in forward_ops(
+                    layer, current, y.ref, lead, features, params, slot, saved[-1], train,
+                    seed)]
+                current = y.ref
+            shape = out_shape
+            shapes.append(shape)
+        out = self.device_buffer(current, keep)
+        tape = _Tape(rows, train, shapes, inputs, out, saved, keep)
+        self._tapes[micro_batch] = tape
+        return coros, tape
+
+    def device_buffer(self, ref: GpuRef, keep: list[GpuBuffer]) -> GpuBuffer:
+        """The ``GpuBuffer`` behind ``ref`` among the replica's work buffers and ``keep``."""
+        for buf in (*keep, *self._work.values()):
+            if buf.ref == ref:
+                return buf
+        raise AssertionError("the output is always a work buffer or the input")
+
+    async def forward_async(self, x: Any, *, train: bool = True, micro_batch: int = 0,
+                            shape: tuple[int, ...] | None = None) -> GpuBuffer:
+        """Run the model on ``x`` (a NumPy batch, or a ``GpuBuffer`` of this device with
+        ``shape`` unless the first layer fixes the features) and answer the output buffer
+        (valid until the next forward of this ``micro_batch``). ``train=False``: Dropout is
+        the identity and nothing is kept for backward."""
+        coros, tape = await self._forward_ops(x, micro_batch, train, shape)
+        await _gather(coros)
+        return tape.output
+
+    forward = blocking(forward_async)
+
+    def output_shape(self, micro_batch: int = 0) -> tuple[int, ...]:
+        """The shape of the last forward's output of ``micro_batch``."""
+        return self._tape(micro_batch).shapes[-1]
+
+    def _tape(self, micro_batch: int) -> _Tape:
+        tape = self._tapes.get(micro_batch)
+        if tape is None:
+            raise InvalidArgument(f"no forward of micro_batch {micro_batch!r} to use; run "
+                                  "forward_async first")
+        return tape
+
+    # --------------------------------------------------------------- loss
+
+    async def _loss_ops(self, y: Any, micro_batch: int, grad_scale: float
+                        ) -> list[Thunk]:
+        tape = self._tape(micro_batch)
+        out_shape = tape.shapes[-1]
+        loss = self._loss_buffer = await self._buffer(("loss",), 1)
+        target = np.asarray(y)
+        if isinstance(self.loss, CrossEntropyLoss):
+            if len(out_shape) != 2:
+                raise InvalidArgument(f"CrossEntropyLoss takes (batch, classes) outputs, got "
+                                      f"{out_shape}")
+            rows, classes = out_shape
+            if target.dtype.kind not in "iu":
+                raise DTypeMismatch(f"CrossEntropyLoss takes integer labels, got {target.dtype}")
+            if target.shape != (rows,):
+                raise InvalidArgument(f"labels must have shape ({rows},), got {target.shape}")
+            if target.size and (target.min() < 0 or target.max() >= classes):
+                raise InvalidArgument(f"labels must lie in [0, {classes})")
+            labels = await self._buffer(("labels", micro_batch), rows, DType.I32)
+            grad = await self._buffer(("loss_grad", micro_batch), rows * classes)
+            tape.loss_grad = grad
+            return [partial(self.device.copy_from_numpy_async, labels, target.astype(np.int32),
+                                                      timeout_secs=self._timeout),
+                    self._run(SoftmaxCrossEntropy(
+                        tape.output.ref, labels.ref, loss.ref, grad.ref, rows, classes,
+                        self.loss.label_smoothing, grad_scale))]
+        assert isinstance(self.loss, MSELoss)
+        if target.dtype.kind not in "fiu":
+            raise DTypeMismatch(f"MSELoss takes numeric targets, got {target.dtype}")
+        if target.shape != out_shape:
+            raise InvalidArgument(f"targets must have the output's shape {out_shape}, got "
+                                  f"{target.shape}")
+        count = math.prod(out_shape)
+        buf = await self._buffer(("target", micro_batch), count)
+        grad = await self._buffer(("loss_grad", micro_batch), count)
+        tape.loss_grad = grad
+        return [partial(self.device.copy_from_numpy_async,
+                    buf, np.ascontiguousarray(target, dtype=self.dtype.numpy).reshape(-1),
+                    timeout_secs=self._timeout),
+                self._run(MseLoss(tape.output.ref, buf.ref, loss.ref, grad.ref, count,
+                                  grad_scale))]
+
+    async def _read_loss(self) -> float:
+        assert self._loss_buffer is not None
+        value = await self.device.copy_to_numpy_async(self._loss_buffer, 0, 1,
+                                                      timeout_secs=self._timeout)
+        return float(value[0])
+
+    async def loss_async(self, y: Any, *, micro_batch: int = 0,
+                         grad_scale: float = 1.0) -> float:
+        """The loss of the last forward of ``micro_batch`` against ``y`` (integer labels
+        for ``CrossEntropyLoss``, targets shaped like the output for ``MSELoss``); its
+        gradient (times ``grad_scale``) is left ready for ``backward_async``."""
+        _require_real("grad_scale", grad_scale)
+        await _gather(await self._loss_ops(y, micro_batch, float(grad_scale)))
+        return await self._read_loss()
+
+    compute_loss = blocking(loss_async)
+    compute_loss.__name__ = compute_loss.__qualname__ = "compute_loss"
+
+    # ----------------------------------------------------------- backward
+
+    async def _backward_ops(self, grad_out: Any, micro_batch: int, want_input_grad: bool,
+                            bucket_ready: Callable[[int], None] | None,
+                            ) -> tuple[list[Thunk], GpuRef | None]:
+        tape = self._tape(micro_batch)
+        if not tape.train:
+            raise InvalidArgument("backward needs a forward run with train=True")
+        coros: list[Thunk] = []
+        count = math.prod(tape.shapes[-1])
+        if grad_out is None:
+            if tape.loss_grad is None:
+                raise InvalidArgument("no loss to differentiate: run loss_async first or pass "
+                                      "grad_out")
+            dy: GpuRef = tape.loss_grad.ref
+        elif isinstance(grad_out, GpuBuffer):
+            dy = self.device.ref_of(grad_out, "grad_out")
+            if dy.dtype is not self.dtype or dy.length < count:
+                raise InvalidArgument(f"grad_out must hold {count} {self.dtype.value} values")
+            tape.keep.append(grad_out)
+        else:
+            data = np.asarray(grad_out)
+            if data.shape != tape.shapes[-1]:
+                raise InvalidArgument(f"grad_out must have the output's shape "
+                                      f"{tape.shapes[-1]}, got {data.shape}")
+            buf = await self._buffer(("grad_out", micro_batch), count)
+            coros.append(partial(self.device.copy_from_numpy_async,
+                buf, np.ascontiguousarray(data, dtype=self.dtype.numpy).reshape(-1),
+                timeout_secs=self._timeout))
+            dy = buf.ref
+        last = len(self.grads) - 1
+        layers = list(enumerate(self.model.layers))
+        for i, layer in reversed(layers):
+            rows, features = _features(tape.shapes[i])
+            if aliases(layer, True):
+                continue  # Flatten, or a Dropout that dropped nothing: the gradient passes
+            need_dx = want_input_grad or any(s is not None for s in self.slots[:i])
+            dx = (await self._buffer(("dx", micro_batch, i), rows * features)).ref \
+                if need_dx else None
+            slot = self.slots[i]
+            params = self.params[slot.bucket].ref if slot is not None else None
+            grads = self.grads[slot.bucket].ref if slot is not None else None
+            coros += [self._run(op) for op in backward_ops(
+                layer, tape.inputs[i], dy, dx, rows, features, params, grads, slot,
+                tape.saved[i])]
+            if slot is not None and bucket_ready is not None:
+                position = last - slot.bucket
+                coros.append(partial(_call_soon, bucket_ready, position))
+            if dx is None:
+                return coros, None
+            dy = dx
+        return coros, dy
+
+    async def backward_async(self, grad_out: Any = None, *, micro_batch: int = 0,
+                             want_input_grad: bool = False,
+                             bucket_ready: Callable[[int], None] | None = None,
+                             ) -> GpuBuffer | None:
+        """Backpropagate the last forward of ``micro_batch``: ``grad_out`` None (from the
+        loss), a NumPy array or a ``GpuBuffer`` shaped like the output. Parameter gradients
+        are **added** to the gradient buckets. Answers the input's gradient (a buffer,
+        valid until the next backward of this ``micro_batch``) when ``want_input_grad``,
+        else None. ``bucket_ready(i)`` is called once the ops completing
+        ``gradient_buckets[i]`` are submitted (see the module docstring)."""
+        coros, dx = await self._backward_ops(grad_out, micro_batch, want_input_grad,
+                                             bucket_ready)
+        await _gather(coros)
+        if not want_input_grad:
+            return None
+        tape = self._tape(micro_batch)
+        assert dx is not None
+        return self.device_buffer(dx, tape.keep)
+
+    backward = blocking(backward_async)
+
+    # ---------------------------------------------------------- optimizer
+
+    def _zero_ops(self) -> list[Thunk]:
+        return [self._run(FillZeros(g.ref)) for g in self.grads]
+
+    async def zero_grad_async(self) -> None:
+        """Set every gradient to zero."""
+        await _gather(self._zero_ops())
+
+    zero_grad = blocking(zero_grad_async)
+
+    def _update_ops(self, grad_scale: float) -> list[Thunk]:
+        opt = self.optimizer
+        lr = opt.lr_at(self.step)
+        ops: list[Op] = []
+        for b, (p, g) in enumerate(zip(self.params, self.grads, strict=True)):
+            if isinstance(opt, SGD):
+                buf = self.optimizer_state["momentum_buffer"][b].ref if opt.momentum else None
+                ops.append(SgdUpdate(p.ref, g.ref, buf, 0, len(p), lr, opt.momentum,
+                                     opt.nesterov, opt.weight_decay, grad_scale,
+                                     self.step == 0))
+            else:
+                assert isinstance(opt, Adam | AdamW)
+                ops.append(AdamUpdate(p.ref, g.ref, self.optimizer_state["exp_avg"][b].ref,
+                                      self.optimizer_state["exp_avg_sq"][b].ref, 0, len(p),
+                                      lr, self.step + 1, opt.betas[0], opt.betas[1], opt.eps,
+                                      opt.weight_decay, opt.decoupled, grad_scale))
+        self.step += 1
+        return [self._run(op) for op in ops]
+
+    async def optimizer_step_async(self, *, grad_scale: float = 1.0) -> None:
+        """Apply one fused optimizer update per bucket, the gradients multiplied by
+        ``grad_scale`` first; the step count (and the schedule's learning rate) advances."""
+        _require_real("grad_scale", grad_scale)
+        await _gather(self._update_ops(float(grad_scale)))
+
+    optimizer_step = blocking(optimizer_step_async)
+
+    async def train_step_async(self, x: Any, y: Any) -> float:
+        """Zero the gradients, forward ``x``, take the loss against ``y``, backward, update;
+        all submitted back to back and awaited once. Answers the loss (before the update)."""
+        forward, _ = await self._forward_ops(x, 0, True, None)
+        loss = await self._loss_ops(y, 0, 1.0)
+        backward, _ = await self._backward_ops(None, 0, False, None)
+        coros = [*self._zero_ops(), *forward, *loss, *backward, *self._update_ops(1.0)]
+        coros.append(self._read_loss)
+        results = await _gather(coros)
+        return float(results[-1])
+
+    train_step = blocking(train_step_async)
+
+    async def predict_async(self, x: Any) -> Array:
+        """The model's output for ``x`` in evaluation mode, as a host array."""
+        coros, tape = await self._forward_ops(x, _PREDICT, False, None)
+        coros.append(partial(self.device.copy_to_numpy_async,
+            tape.output, 0, math.prod(tape.shapes[-1]), timeout_secs=self._timeout))
+        results = await _gather(coros)
+        out: Array = results[-1].reshape(tape.shapes[-1])
+        return out
+
+    predict = blocking(predict_async)
+
+    # ------------------------------------------------------------- state
+
+    async def parameters_async(self) -> dict[str, Array]:
+        """The parameters by name, as host arrays."""
+        return await self._download_buckets(self.params)
+
+    parameters = blocking(parameters_async)
+
+    async def gradients_async(self) -> dict[str, Array]:
+        """The accumulated gradients by parameter name, as host arrays."""
+        return await self._download_buckets(self.grads)
+
+    gradients = blocking(gradients_async)
+
+    async def state_dict_async(self) -> dict[str, Array]:
+        """Parameters (by name), optimizer state (``"optimizer.<name>.<state>"``) and the
+        step count (``"optimizer.step"``), as host arrays."""
+        out = await self._download_buckets(self.params)
+        for state, buckets in self.optimizer_state.items():
+            values = await self._download_buckets(buckets)
+            out.update({f"optimizer.{k}.{state}": v for k, v in values.items()})
+        out[_STEP_KEY] = np.array(self.step, np.int64)
+        return out
+
+    state_dict = blocking(state_dict_async)
+
+    async def load_state_dict_async(self, state: Mapping[str, Any]) -> None:
+        """Load what ``state_dict_async`` answered (every key needed, shapes checked)."""
+        if not isinstance(state, Mapping):
+            raise InvalidArgument(f"state must be a mapping, got {type(state).__name__}")
+        shapes = {name: info.shape for name, info in self.parameter_layout.items()}
+        params = _checked_parameters({k: state[k] for k in shapes if k in state}, shapes,
+                                     self.dtype)
+        if _STEP_KEY not in state:
+            raise InvalidArgument(f"state has no {_STEP_KEY!r}")
+        step = np.asarray(state[_STEP_KEY])
+        if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
+            raise InvalidArgument(f"{_STEP_KEY} must be an int >= 0, got {step!r}")
+        loads: list[tuple[list[GpuBuffer], dict[str, Array]]] = [(self.params, params)]
+        for name, buckets in self.optimizer_state.items():
+            keyed = {k: state.get(f"optimizer.{k}.{name}") for k in shapes}
+            missing = [k for k, v in keyed.items() if v is None]
+            if missing:
+                raise InvalidArgument(f"state has no optimizer.{missing[0]}.{name}")
+            loads.append((buckets, _checked_parameters(keyed, shapes, self.dtype)))
+        for buckets, values in loads:
+            await self._upload_buckets(buckets, values)
+        self.step = int(step)
+
+    load_state_dict = blocking(load_state_dict_async)
+
+    async def save_async(self, path: str | os.PathLike[str]) -> None:
+        """Write ``state_dict`` to an ``.npz`` file at ``path``."""
+        state = await self.state_dict_async()
+        np.savez(path, **state)  # type: ignore[arg-type]
+
+    save = blocking(save_async)
+
+    async def load_async(self, path: str | os.PathLike[str]) -> None:
+        """Load a state written by ``save`` from ``path``."""
+        try:
+            with np.load(path) as data:
+                state = {k: data[k] for k in data.files}
+        except (OSError, ValueError) as exc:
+            raise InvalidArgument(f"cannot read a saved state from {path!r}: {exc}") from exc
+        await self.load_state_dict_async(state)
+
+    load = blocking(load_async)
+
+
+_PREDICT = 2**62
+"""The micro-batch tag of ``predict`` (apart from the training tags)."""
+
+
+async def _call_soon(fn: Callable[[int], None], position: int) -> None:
+    fn(position)
+
+
+def _require_real(name: str, value: object) -> None:
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value)):
+        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
+
+
+def _checked_parameters(values: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
+                        dtype: DType) -> dict[str, Array]:
+    """``values`` as contiguous arrays of ``dtype`` with exactly the names and shapes of
+    ``shapes`` (``InvalidArgument`` otherwise; torch tensors are taken through NumPy)."""
+    if not isinstance(values, Mapping):
+        raise InvalidArgument(f"parameters must be a mapping of name to array, got "
+                              f"{type(values).__name__}")
+    missing = [k for k in shapes if k not in values]
+    extra = [k for k in values if k not in shapes]
+    if missing or extra:
+        raise InvalidArgument(f"parameters do not match the model: missing {missing}, "
+                              f"unknown {extra}")
+    out: dict[str, Array] = {}
+    for name, shape in shapes.items():
+        value = values[name]
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        array = np.asarray(value)
+        if array.dtype.kind not in "fiu":
+            raise DTypeMismatch(f"parameter {name} holds {array.dtype}, not numbers")
+        if array.shape != shape:
+            raise InvalidArgument(f"parameter {name} has shape {array.shape}, expected {shape}")
+        out[name] = np.ascontiguousarray(array, dtype=dtype.numpy)
+    return out
+
