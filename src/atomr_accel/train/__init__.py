@@ -54,12 +54,12 @@ __all__ = [
 ]
 
 # part C: model parallelism and the parameter server (docs/train-parallel.md)
-from atomr_accel.train._parameter_server import (  # noqa: E402
+from atomr_accel.train._parameter_server import (
     AsyncParameterServer,
     ParameterServerCounters,
     ParameterServerStats,
 )
-from atomr_accel.train._staleness import StaleGradient  # noqa: E402
+from atomr_accel.train._staleness import StaleGradient
 
 __all__ += [
     "AsyncParameterServer",
