@@ -59,11 +59,13 @@ from atomr_accel.train._parameter_server import (
     ParameterServerCounters,
     ParameterServerStats,
 )
+from atomr_accel.train._pipeline import PipelineParallelTrainer
 from atomr_accel.train._staleness import StaleGradient
 
 __all__ += [
     "AsyncParameterServer",
     "ParameterServerCounters",
     "ParameterServerStats",
+    "PipelineParallelTrainer",
     "StaleGradient",
 ]

@@ -1,0 +1,83 @@
+"""Argument checks the model-parallel trainers share (all raise ``InvalidArgument``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
+from atomr_accel.facade import Device, System
+
+__all__ = ["checked_batch", "checked_devices", "original_devices", "require_count"]
+
+Array = np.ndarray[Any, Any]
+
+
+def require_count(name: str, value: object, least: int = 1) -> int:
+    """``value`` as an int >= ``least``."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < least:
+        raise InvalidArgument(f"{name} must be an int >= {least}, got {value!r}")
+    return int(value)
+
+
+def checked_devices(system: System, devices: object, count: int, what: str) -> list[Device]:
+    """``devices`` as a list of ``count`` devices of ``system`` (one per ``what``)."""
+    if not isinstance(devices, Sequence) or isinstance(devices, str):
+        raise InvalidArgument(f"devices must be a list of Device, got {devices!r}")
+    if len(devices) != count:
+        raise InvalidArgument(f"devices must name one device per {what[:-1]}: {count} "
+                              f"{what}, {len(devices)} devices")
+    for device in devices:
+        if not isinstance(device, Device) or all(d is not device for d in system.devices):
+            raise InvalidArgument(f"devices must be Devices of this system, got {device!r}")
+    return list(devices)
+
+
+def original_devices(system: System, count: int) -> list[Device]:
+    """``count`` devices for the original forms: the system's, cycled in order; one CPU
+    device is started first when the system has none."""
+    devices = list(system.devices) or [system.spawn_device(mock=True)]
+    return [devices[k % len(devices)] for k in range(count)]
+
+
+def checked_batch(x: Any, y: Any, in_features: int, labels: bool,
+                  ) -> tuple[Array, Array | None]:
+    """``x`` as a float32 batch (a 1-D ``x`` is rows of ``in_features``) and ``y``: integer
+    labels (one a row) when ``labels``, else float32 targets (a 1-D ``y``: one row a
+    sample); None stays None (the targets are then ``x``)."""
+    try:
+        data = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"x must be a batch of numbers: {exc}") from exc
+    if data.ndim == 1:
+        if data.size == 0 or data.size % in_features:
+            raise InvalidArgument(f"a flat x needs a non-zero multiple of {in_features} "
+                                  f"numbers, got {data.size}")
+        data = data.reshape(-1, in_features)
+    if data.ndim < 2 or data.shape[0] == 0:
+        raise InvalidArgument(f"x must be a non-empty batch (rows, features...), got shape "
+                              f"{data.shape}")
+    if not np.all(np.isfinite(data)):
+        raise InvalidArgument("x holds a NaN or an infinity")
+    if y is None:
+        if labels:
+            raise InvalidArgument("CrossEntropyLoss needs the labels y")
+        return data, None
+    target = np.asarray(y)
+    if labels:
+        if target.dtype.kind not in "iu":
+            raise DTypeMismatch(f"CrossEntropyLoss takes integer labels, got {target.dtype}")
+        if target.shape != (len(data),):
+            raise InvalidArgument(f"labels must have shape ({len(data)},), got {target.shape}")
+        return data, target.astype(np.int32)
+    if target.dtype.kind not in "fiu":
+        raise DTypeMismatch(f"MSELoss takes numeric targets, got {target.dtype}")
+    target = target.astype(np.float32)
+    if target.ndim == 1:
+        target = target.reshape(len(data), -1) if target.size % len(data) == 0 else target
+    if target.ndim < 2 or target.shape[0] != len(data):
+        raise InvalidArgument(f"y must have one row per row of x ({len(data)}), got shape "
+                              f"{target.shape}")
+    return data, target
