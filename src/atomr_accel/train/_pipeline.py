@@ -56,6 +56,7 @@ from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._trainer_args import (
     checked_batch,
     checked_devices,
+    first_error,
     original_devices,
     require_count,
 )
@@ -186,9 +187,12 @@ class _PipelineActor(AgentActor):
         run = _Run(xs, ys, len(x))
         await asyncio.gather(*(r.zero_grad_async() for r in replicas))
         plan = schedule(self._kind, len(replicas), len(xs))
-        async with asyncio.TaskGroup() as group:
-            for stage, passes in enumerate(plan):
-                group.create_task(self._run_stage(replicas, run, stage, passes))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for stage, passes in enumerate(plan):
+                    group.create_task(self._run_stage(replicas, run, stage, passes))
+        except ExceptionGroup as group_error:
+            raise first_error(group_error) from None
         await asyncio.gather(*(r.optimizer_step_async() for r in replicas))
         loss = sum(run.losses[i] * len(xs[i]) for i in range(len(xs))) / len(x)
         norm = await _grad_norm(replicas)
@@ -273,6 +277,7 @@ class PipelineParallelTrainer(AgentClient):
     """
 
     _in_features = 1
+    _out_features = 1
     _devices: tuple[Device, ...] = ()
     _classes: bool = False
 
@@ -347,7 +352,7 @@ class PipelineParallelTrainer(AgentClient):
         if in_features is None:
             raise InvalidArgument("the first stage must start with a Linear or LayerNorm "
                                   "(the pipeline needs its input width)")
-        model.features_out(in_features)  # every stage fits the next
+        out_features = model.features_out(in_features)  # every stage fits the next
         cuts, start = [], 0
         for stage in stages:
             cuts.append((start, start + len(stage)))
@@ -358,6 +363,7 @@ class PipelineParallelTrainer(AgentClient):
                       micro_batches, micro_batch_size, kind, seed, full)
         client = cls._start_in(system, props, name)
         client._in_features = in_features
+        client._out_features = out_features
         client._devices = tuple(devices)
         client._classes = not isinstance(loss, MSELoss)
         return client
@@ -374,6 +380,10 @@ class PipelineParallelTrainer(AgentClient):
         ``y=None`` trains the model to reproduce ``x`` (the original's ``step(microbatch)``:
         a flat list is a batch of one-feature rows). Answers the ``StepResult``."""
         data, target = checked_batch(x, y, self._in_features, self._classes)
+        if target is None and self._out_features != self._in_features:
+            raise InvalidArgument(f"y=None trains the model to reproduce x, which needs as "
+                                  f"many outputs as inputs ({self._out_features} outputs, "
+                                  f"{self._in_features} inputs)")
         return self._call(_Step(data, target, require_timeout(timeout_secs)),
                           require_timeout(timeout_secs) + 1.0, "step")
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
+from atomr_accel.core._errors import DTypeMismatch, GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import Device, System
 
-__all__ = ["checked_batch", "checked_devices", "original_devices", "require_count"]
+__all__ = ["checked_batch", "checked_devices", "first_error", "original_devices",
+           "require_count"]
 
 Array = np.ndarray[Any, Any]
 
@@ -81,3 +82,20 @@ def checked_batch(x: Any, y: Any, in_features: int, labels: bool,
         raise InvalidArgument(f"y must have one row per row of x ({len(data)}), got shape "
                               f"{target.shape}")
     return data, target
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to raise for a failed group of stage or shard tasks: the first typed
+    device error (``GpuRuntimeError``) if any, else the first error."""
+    leaves: list[BaseException] = []
+
+    def walk(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        else:
+            leaves.append(error)
+
+    walk(group)
+    typed = [e for e in leaves if isinstance(e, GpuRuntimeError)]
+    return (typed or leaves)[0]

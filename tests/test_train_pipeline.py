@@ -1,0 +1,142 @@
+"""PipelineParallelTrainer on CPU devices against the unsplit model on one device.
+
+The reference is a single ``ModelReplica`` of the whole model taking
+``train_step`` on the whole batch: the pipeline must give the same loss every
+step and the same parameters and optimizer state after several (float32
+round-off: the micro-batches sum their gradients in another order). The
+schedules are checked on their own by simulating the stages' dependencies.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from atomr_accel import DTypeMismatch, InvalidArgument, System
+from atomr_accel.train import (
+    SGD,
+    AdamW,
+    CrossEntropyLoss,
+    LayerNorm,
+    Linear,
+    ModelReplica,
+    MSELoss,
+    PipelineParallelTrainer,
+    ReLU,
+    Sequential,
+    Tanh,
+)
+from atomr_accel.train._schedule import schedule, simulate
+
+
+@pytest.fixture(scope="module")
+def system() -> Iterator[System]:
+    with System.open("train-pipeline") as opened:
+        for _ in range(3):
+            opened.spawn_device(mock=True)
+        yield opened
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("n_stages", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
+def test_schedules_run_every_pass_once_without_deadlock(kind: str, n_stages: int,
+                                                        m: int) -> None:
+    plan = schedule(kind, n_stages, m)
+    order = simulate(plan)
+    for stage, passes in enumerate(plan):
+        assert sorted(passes) == sorted([("F", i) for i in range(m)] +
+                                        [("B", i) for i in range(m)])
+        live = peak = 0
+        for step, _ in passes:
+            live += 1 if step == "F" else -1
+            peak = max(peak, live)
+        assert peak == (min(n_stages - stage, m) if kind == "1f1b" else m)
+    assert len(order) == 2 * n_stages * m
+
+
+LAYERS = [Linear(6, 10), Tanh(), Linear(10, 8), ReLU(), LayerNorm(8), Linear(8, 4)]
+CUTS = {2: [2, 6], 3: [2, 5, 6]}
+
+
+def stages(n: int) -> list[Sequential]:
+    bounds = [0, *CUTS[n]]
+    return [Sequential(*LAYERS[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+@pytest.mark.parametrize(("n_stages", "kind", "m", "classes"), [
+    (2, "1f1b", 1, True), (2, "1f1b", 3, False), (2, "gpipe", 4, True),
+    (3, "1f1b", 4, True), (3, "gpipe", 3, False), (3, "gpipe", 1, False),
+])
+def test_same_as_the_unsplit_model(system: System, n_stages: int, kind: str, m: int,
+                                   classes: bool) -> None:
+    rng = np.random.default_rng(n_stages * 10 + m)
+    x = rng.standard_normal((14, 6)).astype(np.float32)  # 14 rows: uneven micro-batches
+    y = rng.integers(0, 4, 14) if classes else rng.standard_normal((14, 4)).astype(np.float32)
+    loss = CrossEntropyLoss(label_smoothing=0.1) if classes else MSELoss()
+    optimizer = AdamW(lr=0.01) if classes else SGD(0.05, momentum=0.9)
+    devices = system.devices[:n_stages]
+    trainer = PipelineParallelTrainer.spawn(system, stages(n_stages), devices, loss=loss,
+                                            optimizer=optimizer, micro_batches=m,
+                                            schedule=kind, seed=3)
+    reference = ModelReplica.create(system.devices[0], Sequential(*LAYERS), loss=loss,
+                                    optimizer=optimizer, seed=3)
+    for _ in range(3):
+        got = trainer.step(x, y)
+        want = reference.train_step(x, y)
+        assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
+        loss_value, grad_norm, micros = got  # the original's triple
+        assert loss_value == float(got) and grad_norm > 0 and micros > 0
+    state, expected = trainer.state_dict(), reference.state_dict()
+    assert state.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(state[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(trainer.predict(x), reference.predict(x), rtol=1e-4, atol=1e-5)
+    trainer.stop()
+
+
+def test_the_originals_form_trains_its_default_model(system: System) -> None:
+    trainer = PipelineParallelTrainer.spawn(system, n_stages=2, micro_batch_size=4, lr=0.05)
+    assert len(trainer.devices) == 2
+    batch = np.random.default_rng(5).uniform(-1, 1, 10).tolist()  # 4 + 4 + 2 rows
+    first = trainer.step(batch)
+    losses = [float(trainer.step(batch)) for _ in range(60)]
+    loss, grad_norm, micros = first
+    assert grad_norm > 0 and micros > 0
+    assert losses[-1] < 0.25 * loss  # it learns to reproduce its inputs
+    out = trainer.predict(batch)
+    assert out.shape == (10, 1)
+    trainer.stop()
+
+
+def test_typed_errors(system: System) -> None:
+    two = stages(2)
+    devices = system.devices[:2]
+    kwargs = {"loss": MSELoss(), "optimizer": SGD(0.1)}
+    with pytest.raises(InvalidArgument):
+        PipelineParallelTrainer.spawn(system, two, devices[:1], **kwargs)
+    with pytest.raises(InvalidArgument):
+        PipelineParallelTrainer.spawn(system, two, devices, schedule="zigzag", **kwargs)
+    with pytest.raises(InvalidArgument):
+        PipelineParallelTrainer.spawn(system, two, devices, micro_batches=0, **kwargs)
+    with pytest.raises(InvalidArgument):  # stage 2 does not take stage 1's 10 features
+        PipelineParallelTrainer.spawn(system, [two[0], Sequential(Linear(9, 2))], devices,
+                                      **kwargs)
+    with pytest.raises(InvalidArgument):
+        PipelineParallelTrainer.spawn(system, n_stages=0)
+    trainer = PipelineParallelTrainer.spawn(system, two, devices, micro_batches=4, **kwargs)
+    with pytest.raises(InvalidArgument):
+        trainer.step(np.ones((3, 6)), np.ones((3, 4)))  # 3 rows, 4 micro-batches
+    with pytest.raises(InvalidArgument):
+        trainer.step(np.ones((8, 6)), np.ones((7, 4)))
+    with pytest.raises(InvalidArgument):
+        trainer.step(np.full((8, 6), np.nan), np.ones((8, 4)))
+    with pytest.raises(DTypeMismatch):
+        trainer.step(np.ones((8, 6)), np.array(["a"] * 8))
+    with pytest.raises(InvalidArgument):  # y=None reconstructs x: 4 outputs cannot match 6
+        trainer.step(np.ones((8, 6)))
+    assert float(trainer.step(np.ones((8, 6)), np.ones((8, 4)))) > 0  # still serving
+    trainer.stop()
