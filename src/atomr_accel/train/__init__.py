@@ -61,6 +61,7 @@ from atomr_accel.train._parameter_server import (
 )
 from atomr_accel.train._pipeline import PipelineParallelTrainer
 from atomr_accel.train._staleness import StaleGradient
+from atomr_accel.train._tensor_parallel import TensorParallelTrainer
 
 __all__ += [
     "AsyncParameterServer",
@@ -68,4 +69,5 @@ __all__ += [
     "ParameterServerStats",
     "PipelineParallelTrainer",
     "StaleGradient",
+    "TensorParallelTrainer",
 ]
