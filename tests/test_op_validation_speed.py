@@ -210,6 +210,17 @@ from atomr_accel.core.ops._solver import (
 from atomr_accel.core.ops._sparse import CsrMatrix, CsrSpMM, CsrSpMV
 from atomr_accel.core.ops._tensor import Contract
 from atomr_accel.core.ops._topk import ScoreTopK, TopK
+from atomr_accel.core.ops._train import (
+    AdamUpdate,
+    FillZeros,
+    LayerNormBackward,
+    LayerNormForward,
+    LinearBackward,
+    LinearForward,
+    MseLoss,
+    SgdUpdate,
+    SoftmaxCrossEntropy,
+)
 
 F32, F64, C64, C128, I32 = DType.F32, DType.F64, DType.C64, DType.C128, DType.I32
 F16, BF16, U8 = DType.F16, DType.BF16, DType.U8
@@ -464,6 +475,21 @@ EXAMPLES: list[Any] = [
                        ReduceKind.MAX),
     CubSegmentedSort(_buf(F32, 9, 41), _buf(F32, 9, 42), _buf(I32, 4, 43), 3, 9,
                      _buf(I32, 9, 44), _buf(I32, 9, 45), descending=True),
+    LinearForward(_buf(F32, 12, 51), _buf(F32, 20, 52), _buf(F32, 15, 53), 3, 4, 5, 0, 20 - 5),
+    LinearBackward(_buf(F32, 12, 51), _buf(F32, 20, 52), _buf(F32, 15, 53), _buf(F32, 20, 54),
+                   _buf(F32, 12, 55), 3, 4, 5, 0, None),
+    LayerNormForward(_buf(F64, 12, 51), _buf(F64, 8, 52), _buf(F64, 12, 53), _buf(F64, 3, 54),
+                     _buf(F64, 3, 55), 3, 4, 0, 4, 1e-5),
+    LayerNormBackward(_buf(F32, 12, 51), _buf(F32, 8, 52), _buf(F32, 12, 53), _buf(F32, 3, 54),
+                      _buf(F32, 3, 55), _buf(F32, 8, 56), None, 3, 4, 0, 4),
+    SoftmaxCrossEntropy(_buf(F32, 12, 51), _buf(I32, 3, 52), _buf(F32, 1, 53),
+                        _buf(F32, 12, 54), 3, 4, label_smoothing=0.1, grad_scale=0.5),
+    MseLoss(_buf(F32, 12, 51), _buf(F32, 12, 52), _buf(F32, 1, 53), None, 12),
+    SgdUpdate(_buf(F32, 20, 51), _buf(F32, 20, 52), _buf(F32, 20, 53), 5, 15, 0.1,
+              momentum=0.9, nesterov=True, weight_decay=1e-4, first_step=True),
+    AdamUpdate(_buf(F32, 20, 51), _buf(F32, 20, 52), _buf(F32, 20, 53), _buf(F32, 20, 54), 0,
+               20, 1e-3, 3, decoupled=True, weight_decay=0.01),
+    FillZeros(_buf(F32, 20, 51), 4),
 ]
 
 

@@ -22,6 +22,7 @@ PACKAGES = [
     "atomr_accel.realtime",
     "atomr_accel.streams",
     "atomr_accel.telemetry",
+    "atomr_accel.train",
 ]
 
 

@@ -48,6 +48,7 @@ from atomr_accel.backends.cuda import _rng as cuda_rng
 from atomr_accel.backends.cuda import _rnn as cuda_rnn
 from atomr_accel.backends.cuda import _solver as cuda_solver
 from atomr_accel.backends.cuda import _tensor as cuda_tensor
+from atomr_accel.backends.cuda import _train as cuda_train
 from atomr_accel.backends.cuda._completion import event_done, make_completion
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
@@ -524,5 +525,6 @@ CudaBackend.handlers = (
     | cuda_realtime_frames.HANDLERS
     | cuda_onnx.HANDLERS
     | cuda_cub.HANDLERS
+    | cuda_train.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )

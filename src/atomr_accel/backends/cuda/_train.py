@@ -1,0 +1,90 @@
+"""The ``train`` library's ops on CUDA: the shared handlers on CuPy, fused optimizer updates.
+
+The layer and loss handlers of ``backends/cpu/_train.py`` are written on
+``backend.xp`` and run here on CuPy, on the op's stream (the backend runs
+each handler inside ``with stream:``): matmuls through cuBLAS, the rest as
+CuPy element-wise and reduction kernels. Nothing is read back to the host.
+
+Each optimizer update is ONE fused ``ElementwiseKernel`` over its span
+(parameters, gradient and state read and written once): SGD without
+momentum, SGD with momentum (plain or Nesterov), and Adam/AdamW. Scalars are
+passed as float64 and the arithmetic runs in the buffers' dtype; the
+bias corrections are computed on the host from the step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+
+from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends.cpu import _train as shared
+from atomr_accel.core._op import Op
+from atomr_accel.core.ops._train import AdamUpdate, SgdUpdate
+
+__all__ = ["HANDLERS", "adam_update", "sgd_update"]
+
+_SGD = cp.ElementwiseKernel(
+    "T g, float64 lr, float64 wd, float64 scale",
+    "T p",
+    "p = p - (T)lr * (g * (T)scale + (T)wd * p)",
+    "atomr_train_sgd",
+)
+_SGD_MOMENTUM = cp.ElementwiseKernel(
+    "T g, float64 lr, float64 momentum, float64 wd, float64 scale, bool first, bool nesterov",
+    "T p, T buf",
+    """
+    T d = g * (T)scale + (T)wd * p;
+    buf = first ? d : (T)momentum * buf + d;
+    d = nesterov ? d + (T)momentum * buf : buf;
+    p = p - (T)lr * d;
+    """,
+    "atomr_train_sgd_momentum",
+)
+_ADAM = cp.ElementwiseKernel(
+    "T g, float64 lr, float64 beta1, float64 beta2, float64 eps, float64 wd, float64 scale, "
+    "float64 correction1, float64 root2, bool decoupled",
+    "T p, T m, T v",
+    """
+    T d = g * (T)scale;
+    if (decoupled) {
+        p = p * (T)(1.0 - lr * wd);
+    } else {
+        d = d + (T)wd * p;
+    }
+    m = (T)beta1 * m + (T)(1.0 - beta1) * d;
+    v = (T)beta2 * v + (T)(1.0 - beta2) * d * d;
+    p = p - (T)(lr / correction1) * m / (sqrt(v) / (T)root2 + (T)eps);
+    """,
+    "atomr_train_adam",
+)
+
+
+def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
+    """torch's SGD over the span, one fused kernel."""
+    p = shared.span(backend, op.params, op.offset, op.length)
+    g = shared.span(backend, op.grads, op.offset, op.length)
+    if op.momentum_buffer is None:
+        _SGD(g, op.lr, op.weight_decay, op.grad_scale, p)
+        return
+    buf = shared.span(backend, op.momentum_buffer, op.offset, op.length)
+    _SGD_MOMENTUM(g, op.lr, op.momentum, op.weight_decay, op.grad_scale, op.first_step,
+                  op.nesterov, p, buf)
+
+
+def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
+    """torch's Adam / AdamW over the span, one fused kernel."""
+    p = shared.span(backend, op.params, op.offset, op.length)
+    g = shared.span(backend, op.grads, op.offset, op.length)
+    m = shared.span(backend, op.exp_avg, op.offset, op.length)
+    v = shared.span(backend, op.exp_avg_sq, op.offset, op.length)
+    _ADAM(g, op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.grad_scale,
+          1.0 - op.beta1 ** op.step, math.sqrt(1.0 - op.beta2 ** op.step), op.decoupled,
+          p, m, v)
+
+
+HANDLERS: dict[type[Op], Handler] = shared.HANDLERS | {
+    SgdUpdate: sgd_update,
+    AdamUpdate: adam_update,
+}
