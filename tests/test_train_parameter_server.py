@@ -16,7 +16,21 @@ import numpy as np
 import pytest
 
 from atomr_accel import GpuRuntimeError, InvalidArgument, System
-from atomr_accel.train import AsyncParameterServer, StaleGradient
+from atomr_accel.train import (
+    SGD,
+    AsyncParameterServer,
+    CrossEntropyLoss,
+    Linear,
+    ModelReplica,
+    MSELoss,
+    ParameterServerWorker,
+    ReLU,
+    Sequential,
+    StaleGradient,
+    WorkerReport,
+    flatten_parameters,
+    unflatten_parameters,
+)
 
 
 @pytest.fixture(scope="module")
@@ -169,4 +183,72 @@ def test_typed_errors(system: System) -> None:
     weights, version = ps.pull_weights(0)  # the server kept serving, the weights as they were
     assert version == 1
     np.testing.assert_allclose(weights, [0.99, 1.99], rtol=1e-6)
+    ps.stop()
+
+
+def blobs(seed: int, rows: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Four Gaussian classes in 8 dimensions (unit noise around fixed random centres)."""
+    centres = np.random.default_rng(0).standard_normal((4, 8)) * 2.0
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 4, rows)
+    return (centres[labels] + rng.standard_normal((rows, 8))).astype(np.float32), labels
+
+
+@pytest.mark.parametrize("max_staleness", [4, 1])
+def test_three_workers_train_a_classifier_through_the_server(max_staleness: int) -> None:
+    """Three workers on three CPU devices, the server on a fourth, train at the same time:
+    >= 95% held-out accuracy, and every push is either applied or counted as rejected."""
+    model = Sequential(Linear(8, 32), ReLU(), Linear(32, 4))
+    x, y = blobs(1, 900)
+    x_test, y_test = blobs(2, 400)
+    with System.open("train-ps-workers") as system:
+        devices = [system.spawn_device(mock=True) for _ in range(4)]
+        ps = AsyncParameterServer.spawn(system, flatten_parameters(model,
+                                                                   model.init_parameters(0)),
+                                        "adamw", lr=0.01, max_staleness=max_staleness,
+                                        device=devices[3])
+        workers = [ParameterServerWorker.spawn(system, ps, model, devices[k],
+                                               loss=CrossEntropyLoss(), worker_id=k)
+                   for k in range(3)]
+        reports: list[WorkerReport] = []
+
+        def work(k: int) -> None:
+            reports.append(workers[k].train(x[k::3], y[k::3], steps=40, batch_size=32, seed=k))
+
+        pool = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join(60)
+        assert len(reports) == 3 and all(r.steps == 40 for r in reports)
+        counters = ps.counters()
+        assert counters.version == sum(r.applied for r in reports)
+        assert counters.gradients_rejected == sum(r.rejected for r in reports)
+        assert counters.gradients_applied + counters.gradients_rejected == 120
+        weights, _ = ps.pull_weights(0)
+        replica = ModelReplica.create(devices[0], model, loss=CrossEntropyLoss(),
+                                      optimizer=SGD(0.0),
+                                      parameters=unflatten_parameters(model, weights))
+        accuracy = float((replica.predict(x_test).argmax(axis=1) == y_test).mean())
+        assert accuracy >= 0.95
+
+
+def test_worker_typed_errors(system: System) -> None:
+    model = Sequential(Linear(3, 2))
+    ps = AsyncParameterServer.spawn(system, np.zeros(8, np.float32))
+    device = system.devices[0]
+    with pytest.raises(InvalidArgument):  # 8 weights, 6 + 2 = 8 parameters: fine; 5: not
+        ParameterServerWorker.spawn(system, ps, Sequential(Linear(2, 2), Linear(2, 1)),
+                                    device, loss=MSELoss(), worker_id=0)
+    with pytest.raises(InvalidArgument):
+        ParameterServerWorker.spawn(system, ps, model, device, loss=MSELoss(), worker_id=-1)
+    worker = ParameterServerWorker.spawn(system, ps, model, device, loss=MSELoss(),
+                                         worker_id=0)
+    with pytest.raises(InvalidArgument):
+        worker.train(np.ones((4, 3)), np.ones((4, 2)), steps=0)
+    with pytest.raises(InvalidArgument):
+        worker.train(np.ones((4, 5)), np.ones((4, 2)), steps=1)
+    assert worker.train(np.ones((4, 3)), np.ones((4, 2)), steps=2).applied == 2
+    with pytest.raises(InvalidArgument):
+        unflatten_parameters(model, np.zeros(7))
     ps.stop()

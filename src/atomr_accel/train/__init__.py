@@ -62,6 +62,12 @@ from atomr_accel.train._parameter_server import (
     ParameterServerStats,
 )
 from atomr_accel.train._pipeline import PipelineParallelTrainer
+from atomr_accel.train._ps_worker import (
+    ParameterServerWorker,
+    WorkerReport,
+    flatten_parameters,
+    unflatten_parameters,
+)
 from atomr_accel.train._staleness import StaleGradient
 from atomr_accel.train._tensor_parallel import TensorParallelTrainer
 
@@ -69,7 +75,11 @@ __all__ += [
     "AsyncParameterServer",
     "ParameterServerCounters",
     "ParameterServerStats",
+    "ParameterServerWorker",
     "PipelineParallelTrainer",
     "StaleGradient",
     "TensorParallelTrainer",
+    "WorkerReport",
+    "flatten_parameters",
+    "unflatten_parameters",
 ]
