@@ -231,6 +231,22 @@ class _TensorParallelActor(AgentActor):
         self._shards = _Shards(model, parts, replicas, world)
         return self._shards
 
+    async def _backward(self, grad: Array | float) -> float:
+        """Backpropagate the last forward (``grad``: the output's gradient, or a scale of
+        the loss's) and update once; answer the gradient's norm."""
+        shards = self._shards
+        target = None if shards is None else shards.last_target
+        if shards is None or target is None:
+            raise InvalidArgument("backward needs a forward (train=True) first")
+        await shards.zero_grad()
+        if isinstance(grad, float):
+            await shards.loss(target, grad)
+            await shards.backward(None)
+        else:
+            await shards.backward(grad)
+        await shards.update()
+        return await shards.grad_norm()
+
     async def handle(self, message: Any) -> Any:
         """Answer a step, a forward, a backward or a state download."""
         if type(message) is _Step:
@@ -254,22 +270,11 @@ class _TensorParallelActor(AgentActor):
             value = await shards.loss(target) if message.train else None
             return out.reshape(shape), value
         if type(message) is _Backward:
-            shards = await self._ready(0)
-            if shards.last_target is None:
-                raise InvalidArgument("backward needs a forward (train=True) first")
-            grad = message.grad
-            await shards.zero_grad()
-            if isinstance(grad, float):
-                await shards.loss(shards.last_target, grad)
-                await shards.backward(None)
-            else:
-                await shards.backward(grad)
-            await shards.update()
-            return await shards.grad_norm()
+            return await self._backward(message.grad)
         if type(message) is _StateDict:
-            if self._model is None and self._shards is None:
+            if self._shards is None and self._model is None:
                 raise InvalidArgument("the default model is made at the first forward")
-            shards = await self._ready(0)
+            shards = await self._ready(0)  # the model is known by now
             return await shards.state_dict()
         return await super().handle(message)
 
