@@ -362,6 +362,21 @@ def test_parameters_by_torch_name_and_init(device: Any) -> None:
         np.testing.assert_array_equal(value, init[name])
 
 
+def test_batches_of_changing_size_reuse_the_work_buffers(device: Any) -> None:
+    model = Sequential(Linear(3, 5), Sigmoid(), Linear(5, 2))
+    replica = ModelReplica.create(device, model, loss=MSELoss(), optimizer=SGD(0.1),
+                                  dtype="f64", seed=4)
+    rng = np.random.default_rng(8)
+    for rows in (9, 4, 9, 1, 6):
+        params = replica.parameters()
+        x, y = rng.normal(size=(rows, 3)), rng.normal(size=(rows, 2))
+        want = np_loss(MSELoss(), np_forward(model, params, x), y)
+        assert replica.train_step(x, y) == pytest.approx(want, rel=1e-12)
+        assert replica.output_shape() == (rows, 2)
+        np.testing.assert_allclose(replica.predict(x), np_forward(
+            model, replica.parameters(), x), rtol=1e-12)
+
+
 # ---------------------------------------------------------------------- digits
 
 
@@ -443,4 +458,6 @@ def test_bad_calls_raise_typed_errors_and_the_replica_goes_on(device: Any) -> No
         r.optimizer_step(grad_scale=float("nan"))
     with pytest.raises(InvalidArgument):
         r.load_state_dict({"0.weight": np.ones((3, 4))})
+    with pytest.raises(InvalidArgument):
+        r.load_state_dict(r.state_dict() | {"1.weight": np.ones(3)})
     assert r.train_step(x, np.array([0, 2])) > 0

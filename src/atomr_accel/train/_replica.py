@@ -272,14 +272,22 @@ class ModelReplica:
 
     async def _buffer(self, key: tuple[Any, ...], length: int,
                       dtype: DType | None = None) -> GpuBuffer:
-        """A work buffer kept under ``key`` (made again when the length changes)."""
+        """A work buffer of at least ``length`` elements kept under ``key`` (made again,
+        larger, when a batch outgrows it)."""
         buf = self._work.get(key)
         kind = dtype or self.dtype
-        if buf is None or len(buf) != length or buf.dtype != kind:
+        if buf is None or len(buf) < length or buf.dtype != kind:
             buf = await self.device.allocate_async(max(length, 1), kind,
                                                    timeout_secs=self._timeout)
             self._work[key] = buf
         return buf
+
+    def _upload(self, buf: GpuBuffer, data: Array) -> Thunk:
+        """The upload of ``data`` (flattened, cast to the buffer's dtype) to the start of
+        ``buf``."""
+        flat = np.ascontiguousarray(data, dtype=buf.dtype.numpy).reshape(-1)
+        return partial(self.device.copy_from_numpy_async, buf, flat, 0,
+                       timeout_secs=self._timeout)
 
     async def _upload_buckets(self, buckets: list[GpuBuffer], values: Mapping[str, Array],
                               suffix: str = "") -> None:
@@ -337,8 +345,7 @@ class ModelReplica:
             data = self._host_input(x)
             shape = data.shape
             buf = await self._buffer(("x", micro_batch), data.size)
-            coros.append(partial(self.device.copy_from_numpy_async, buf, data.reshape(-1),
-                                                           timeout_secs=self._timeout))
+            coros.append(self._upload(buf, data))
             current = buf.ref
         shape = tuple(int(s) for s in shape)
         rows = shape[0]
@@ -383,8 +390,10 @@ class ModelReplica:
     async def forward_async(self, x: Any, *, train: bool = True, micro_batch: int = 0,
                             shape: tuple[int, ...] | None = None) -> GpuBuffer:
         """Run the model on ``x`` (a NumPy batch, or a ``GpuBuffer`` of this device with
-        ``shape`` unless the first layer fixes the features) and answer the output buffer
-        (valid until the next forward of this ``micro_batch``). ``train=False``: Dropout is
+        ``shape`` unless the first layer fixes the features) and answer the output buffer:
+        its first ``prod(output_shape(micro_batch))`` elements, row-major (work buffers
+        are kept for the largest batch seen), valid until the next forward of this
+        ``micro_batch``. ``train=False``: Dropout is
         the identity and nothing is kept for backward."""
         coros, tape = await self._forward_ops(x, micro_batch, train, shape)
         await _gather(coros)
@@ -425,8 +434,7 @@ class ModelReplica:
             labels = await self._buffer(("labels", micro_batch), rows, DType.I32)
             grad = await self._buffer(("loss_grad", micro_batch), rows * classes)
             tape.loss_grad = grad
-            return [partial(self.device.copy_from_numpy_async, labels, target.astype(np.int32),
-                                                      timeout_secs=self._timeout),
+            return [self._upload(labels, target.astype(np.int32)),
                     self._run(SoftmaxCrossEntropy(
                         tape.output.ref, labels.ref, loss.ref, grad.ref, rows, classes,
                         self.loss.label_smoothing, grad_scale))]
@@ -440,9 +448,7 @@ class ModelReplica:
         buf = await self._buffer(("target", micro_batch), count)
         grad = await self._buffer(("loss_grad", micro_batch), count)
         tape.loss_grad = grad
-        return [partial(self.device.copy_from_numpy_async,
-                    buf, np.ascontiguousarray(target, dtype=self.dtype.numpy).reshape(-1),
-                    timeout_secs=self._timeout),
+        return [self._upload(buf, target),
                 self._run(MseLoss(tape.output.ref, buf.ref, loss.ref, grad.ref, count,
                                   grad_scale))]
 
@@ -490,9 +496,7 @@ class ModelReplica:
                 raise InvalidArgument(f"grad_out must have the output's shape "
                                       f"{tape.shapes[-1]}, got {data.shape}")
             buf = await self._buffer(("grad_out", micro_batch), count)
-            coros.append(partial(self.device.copy_from_numpy_async,
-                buf, np.ascontiguousarray(data, dtype=self.dtype.numpy).reshape(-1),
-                timeout_secs=self._timeout))
+            coros.append(self._upload(buf, data))
             dy = buf.ref
         last = len(self.grads) - 1
         layers = list(enumerate(self.model.layers))
@@ -523,10 +527,11 @@ class ModelReplica:
                              ) -> GpuBuffer | None:
         """Backpropagate the last forward of ``micro_batch``: ``grad_out`` None (from the
         loss), a NumPy array or a ``GpuBuffer`` shaped like the output. Parameter gradients
-        are **added** to the gradient buckets. Answers the input's gradient (a buffer,
-        valid until the next backward of this ``micro_batch``) when ``want_input_grad``,
-        else None. ``bucket_ready(i)`` is called once the ops completing
-        ``gradient_buckets[i]`` are submitted (see the module docstring)."""
+        are **added** to the gradient buckets. Answers the input's gradient when
+        ``want_input_grad`` (a buffer whose first elements hold it in the input's shape,
+        valid until the next backward of this ``micro_batch``), else None.
+        ``bucket_ready(i)`` is called once the ops completing ``gradient_buckets[i]`` are
+        submitted (see the module docstring)."""
         coros, dx = await self._backward_ops(grad_out, micro_batch, want_input_grad,
                                              bucket_ready)
         await _gather(coros)
@@ -627,10 +632,16 @@ class ModelReplica:
     state_dict = blocking(state_dict_async)
 
     async def load_state_dict_async(self, state: Mapping[str, Any]) -> None:
-        """Load what ``state_dict_async`` answered (every key needed, shapes checked)."""
+        """Load what ``state_dict_async`` answered: exactly its keys (the same model and
+        optimizer kind), shapes checked, before anything is written."""
         if not isinstance(state, Mapping):
             raise InvalidArgument(f"state must be a mapping, got {type(state).__name__}")
         shapes = {name: info.shape for name, info in self.parameter_layout.items()}
+        known = {*shapes, _STEP_KEY, *(f"optimizer.{k}.{name}" for k in shapes
+                                       for name in self.optimizer_state)}
+        extra = sorted(str(k) for k in state if k not in known)
+        if extra:
+            raise InvalidArgument(f"state has keys this replica does not keep: {extra[:4]}")
         params = _checked_parameters({k: state[k] for k in shapes if k in state}, shapes,
                                      self.dtype)
         if _STEP_KEY not in state:
