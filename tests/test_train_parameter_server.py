@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr_accel import GpuRuntimeError, InvalidArgument, System
+from atomr_accel import ContextPoisoned, FaultKind, GpuRuntimeError, InvalidArgument, System
 from atomr_accel.train import (
     SGD,
     AsyncParameterServer,
@@ -252,3 +252,26 @@ def test_worker_typed_errors(system: System) -> None:
     with pytest.raises(InvalidArgument):
         unflatten_parameters(model, np.zeros(7))
     ps.stop()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_poisoned_context_loses_no_update(optimizer: str) -> None:
+    """The server's context is poisoned after 40 updates (one snapshot at 32, a journal of
+    8): the next push rebuilds the state on the new context and every update counts."""
+    rng = np.random.default_rng(21)
+    initial = rng.standard_normal(50).astype(np.float32)
+    ref = Reference(initial, optimizer, 0.02, 3)
+    with System.open("train-ps-poison") as system:
+        device = system.spawn_device(mock=True)
+        ps = AsyncParameterServer.spawn(system, initial, optimizer, lr=0.02, max_staleness=3,
+                                        device=device)
+        for k in range(60):
+            if k == 40:
+                with pytest.raises(ContextPoisoned):
+                    device.inject_fault(FaultKind.POISON)
+            g = rng.standard_normal(50).astype(np.float32)
+            worker_version = max(ref.version - int(rng.integers(0, 3)), 0)
+            assert ps.push_gradient(0, worker_version, g) == ref.push(worker_version, g)
+        weights, version = ps.pull_weights(0)
+        assert version == 60 and ps.counters().rebuilds == 1
+        np.testing.assert_allclose(weights, ref.w, rtol=1e-4, atol=1e-5)

@@ -11,14 +11,15 @@ The weights live in a float32 device buffer, and so does the optimizer's
 state; an update is device ops only: the gradient is uploaded into a device
 buffer, then ``"sgd"`` is one BLAS axpy (``w += -(lr/(1+s)) g``) and
 ``"adamw"`` one fused optimizer-update op (bias-corrected Adam with decoupled
-weight decay, ``weight_decay=0.0`` as the original's). Pushes and pulls are
+weight decay, ``weight_decay=0.0`` as the original's). A poisoned context is
+survived: the state is rebuilt from a host snapshot and journal (``_ps_update``)
+and the interrupted push or pull redone, nothing lost. Pushes and pulls are
 messages to one actor, handled one at a time, so concurrent pushes from any
 number of threads or tasks are applied one after another and none is lost.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -33,10 +34,9 @@ from atomr_accel.agents._client import (
     require_system,
     require_timeout,
 )
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
-from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.train._ps_update import ServerOptimizer, make_server_optimizer
+from atomr_accel.train._ps_update import WeightStore
 from atomr_accel.train._staleness import StaleGradient, StalenessCounters, staleness_weight
 
 __all__ = ["AsyncParameterServer", "ParameterServerCounters", "ParameterServerStats"]
@@ -73,6 +73,8 @@ class ParameterServerCounters:
     """Applied pushes with staleness > 0 (weighted ``1/(1+s)``)."""
     weights_pulled: int
     avg_staleness: float
+    rebuilds: int = 0
+    """Times the device state was rebuilt after a context rebuild (nothing lost)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,36 +107,26 @@ class _ServerActor(AgentActor):
         self._system = system
         self._device = device
         self._initial = initial
-        self._optimizer_name = optimizer
+        self._optimizer = optimizer
         self._lr = lr
         self._max_staleness = max_staleness
         self._counters = StalenessCounters()
-        self._weights: GpuBuffer | None = None
-        self._gradient: GpuBuffer | None = None
-        self._optimizer: ServerOptimizer | None = None
+        self._store: WeightStore | None = None
 
-    async def _ready(self) -> tuple[Device, GpuBuffer, GpuBuffer, ServerOptimizer]:
-        """The device and buffers, made on the first request: the weights uploaded once."""
-        if self._device is None:
-            system = self._system
-            self._device = (await system.place_async(self._initial.nbytes * 4)
-                            if system.devices else await system.spawn_device_async(mock=True))
-        device = self._device
-        if self._weights is None or self._gradient is None or self._optimizer is None:
-            size = max(self._initial.size, 1)
-            weights = await device.allocate_async(size)
-            if self._initial.size:
-                await device.copy_from_numpy_async(weights, self._initial)
-            self._gradient = await device.allocate_async(size)
-            self._optimizer = await make_server_optimizer(
-                device, self._optimizer_name, self._lr, weights, self._gradient,
-                self._initial.size)
-            self._weights = weights
-        return device, self._weights, self._gradient, self._optimizer
+    async def _ready(self) -> WeightStore:
+        """The store on its device (placed at the first request if spawn named none)."""
+        if self._store is None:
+            device = self._device
+            if device is None:
+                system = self._system
+                device = (await system.place_async(self._initial.nbytes * 4)
+                          if system.devices else await system.spawn_device_async(mock=True))
+            self._store = WeightStore(device, self._optimizer, self._lr, self._initial)
+        return self._store
 
     async def handle(self, message: Any) -> Any:
         """Answer a push, a pull, a stats request or the device question."""
-        device, weights, gradient, optimizer = await self._ready()
+        store = await self._ready()
         counters = self._counters
         if type(message) is _Push:
             try:
@@ -143,33 +135,25 @@ class _ServerActor(AgentActor):
             except StaleGradient:
                 counters.gradients_rejected += 1
                 raise
-            if message.gradient.size:
-                await device.copy_from_numpy_async(gradient, message.gradient)
-                await optimizer.apply(weight)
+            await store.apply(message.gradient, weight)
             return counters.applied(staleness)
         if type(message) is _Pull:
-            data = (await device.copy_to_numpy_async(weights, 0, self._initial.size)
-                    if self._initial.size else np.zeros(0, np.float32))
+            data = await store.read()
             counters.weights_pulled += 1
             return data, counters.version
         if type(message) is _Stats:
             return ParameterServerCounters(
                 counters.version, counters.gradients_applied, counters.gradients_rejected,
                 counters.gradients_downweighted, counters.weights_pulled,
-                counters.avg_staleness)
+                counters.avg_staleness, store.rebuilds)
         if type(message) is _Device:
-            return device
+            return store.device
         return await super().handle(message)
 
     async def post_stop(self) -> None:
-        """Free the device buffers (errors of a device already gone are ignored)."""
-        if self._device is not None:
-            buffers = [self._weights, self._gradient,
-                       *(self._optimizer.buffers if self._optimizer else ())]
-            for buffer in buffers:
-                if buffer is not None:
-                    with contextlib.suppress(GpuRuntimeError):
-                        await self._device.free_async(buffer)
+        """Free the device buffers."""
+        if self._store is not None:
+            await self._store.close()
 
 
 def _float_vector(values: object, name: str) -> np.ndarray[Any, Any]:
