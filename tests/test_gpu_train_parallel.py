@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from test_train_parameter_server import blobs
 
-from atomr_accel import System
+from atomr_accel import ContextPoisoned, FaultKind, System
 from atomr_accel.backends import cuda_device_count
 from atomr_accel.facade import Device
 from atomr_accel.train import (
@@ -184,3 +184,27 @@ def test_workers_on_two_gpus_train_through_the_server(system: System,
     for worker in workers:
         worker.stop()
     ps.stop()
+
+
+def test_parameter_server_survives_a_poisoned_gpu_context(system: System,
+                                                          devices: dict[str, Any]) -> None:
+    """A real illegal-address fault on the server's GPU (process host) after 40 of 60
+    pushes: the state is rebuilt on the new context and matches a CPU server's."""
+    rng = np.random.default_rng(8)
+    initial = rng.standard_normal(4096).astype(np.float32)
+    pushes = [rng.standard_normal(4096).astype(np.float32) for _ in range(60)]
+    results = {}
+    for where in ("process", "cpu"):
+        device = devices[where][1]
+        ps = AsyncParameterServer.spawn(system, initial, "adamw", lr=0.01, device=device)
+        for k, gradient in enumerate(pushes):
+            if k == 40 and where == "process":
+                with pytest.raises(ContextPoisoned):
+                    device.inject_fault(FaultKind.POISON)
+            ps.push_gradient(0, k, gradient)
+        results[where] = (ps.pull_weights(0), ps.counters().rebuilds)
+        ps.stop()
+    (gpu_weights, gpu_version), rebuilds = results["process"]
+    (cpu_weights, cpu_version), _ = results["cpu"]
+    assert gpu_version == cpu_version == 60 and rebuilds == 1
+    np.testing.assert_allclose(gpu_weights, cpu_weights, rtol=1e-4, atol=1e-5)
