@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from atomr_accel import DTypeMismatch, InvalidArgument, System
+from atomr_accel import ContextPoisoned, DTypeMismatch, FaultKind, InvalidArgument, System
 from atomr_accel.train import (
     SGD,
     AdamW,
@@ -140,3 +140,32 @@ def test_typed_errors(system: System) -> None:
         trainer.step(np.ones((8, 6)))
     assert float(trainer.step(np.ones((8, 6)), np.ones((8, 4)))) > 0  # still serving
     trainer.stop()
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_lost_stage_is_rebuilt_and_training_goes_on_exactly(isolation: str) -> None:
+    """Stage 2's context is poisoned (thread host) or its worker killed (process host)
+    after 20 steps, past the checkpoint at 16: the next step rebuilds it, replays steps
+    17-20 and redoes the step; every loss and the final state equal an undisturbed run."""
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((12, 6)).astype(np.float32)
+    y = rng.integers(0, 4, 12)
+    kwargs = {"loss": CrossEntropyLoss(), "optimizer": AdamW(0.01), "micro_batches": 3,
+              "seed": 1}
+    with System.open("train-pipeline-recovery") as system:
+        first = system.spawn_device(mock=True)
+        lost = system.spawn_device(mock=True, isolation=isolation)
+        calm = [system.spawn_device(mock=True) for _ in range(2)]
+        trainer = PipelineParallelTrainer.spawn(system, stages(2), [first, lost], **kwargs)
+        reference = PipelineParallelTrainer.spawn(system, stages(2), calm, **kwargs)
+        for k in range(24):
+            if k == 20:
+                fault = FaultKind.POISON if isolation == "thread" else FaultKind.CRASH
+                with pytest.raises(ContextPoisoned):
+                    lost.inject_fault(fault)
+            got, want = trainer.step(x, y), reference.step(x, y)
+            assert got.recovered == (k == 20)
+            assert float(got) == float(want)
+        state, expected = trainer.state_dict(), reference.state_dict()
+        for name, value in expected.items():
+            np.testing.assert_array_equal(state[name], value, err_msg=name)

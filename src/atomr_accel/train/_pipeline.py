@@ -19,9 +19,13 @@ Parameters start as ``Sequential(*every stage's layers).init_parameters(seed)``
 (or the ``parameters=`` given), cut by stage, and keep the full model's names
 in ``state_dict``.
 
-A step that fails (a device error, a time-out) cancels the other stages' work
-and raises; the parameters change only in the final update, so a step that
-fails before it leaves them as they were.
+A step that fails cancels the other stages' work. When a context went down
+(poisoned, its worker killed), the trainer recovers (``_recovery``): it
+rebuilds the stages whose context was rebuilt, loads the last host checkpoint
+(every 16 steps) into every stage, replays the steps since and redoes the
+failed one; ``StepResult.recovered`` says so. Any other error is raised, and
+the parameters change only in the final update, so a step that fails before
+it leaves them as they were.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._model import Linear, Sequential, Tanh
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
+from atomr_accel.train._recovery import StepJournal, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica import _checked_parameters as checked_parameters
 from atomr_accel.train._schedule import SCHEDULES, Pass, schedule
@@ -74,6 +79,9 @@ DEFAULT_HIDDEN = 16
 
 _PREDICT = 2**61
 """The micro-batch tag ``predict`` uses on every stage."""
+
+SETTLE_TIMEOUT = 60.0
+"""How long a recovery waits for a device to serve again, seconds."""
 
 
 def default_pipeline_model(n_stages: int, hidden: int = DEFAULT_HIDDEN) -> list[Sequential]:
@@ -141,32 +149,56 @@ class _PipelineActor(AgentActor):
         self._seed = seed
         self._parameters = parameters
         self._replicas: list[ModelReplica] = []
+        self._generations: list[int] = []
         self._buffers = WorkBuffers()
+        self._journal = StepJournal(self._save, self._restore)
+
+    async def _replica(self, stage: int, parameters: Mapping[str, Array]) -> ModelReplica:
+        """A new replica of stage ``stage`` on its device with ``parameters`` (by name)."""
+        start, stop = self._cuts[stage]
+        model = self._model[start:stop]
+        return await ModelReplica.create_async(
+            self._devices[stage], model, loss=self._loss, optimizer=self._optimizer,
+            parameters={n: parameters[n] for n in model.parameter_shapes()}, seed=self._seed)
 
     async def _ready(self) -> list[ModelReplica]:
         if not self._replicas:
             full = (dict(self._parameters) if self._parameters is not None
                     else self._model.init_parameters(self._seed))
-            for (start, stop), device in zip(self._cuts, self._devices, strict=True):
-                stage = self._model[start:stop]
-                names = stage.parameter_shapes()
-                self._replicas.append(await ModelReplica.create_async(
-                    device, stage, loss=self._loss, optimizer=self._optimizer,
-                    parameters={n: full[n] for n in names}, seed=self._seed))
+            for stage, device in enumerate(self._devices):
+                self._generations.append(device.generation)
+                self._replicas.append(await self._replica(stage, full))
         return self._replicas
+
+    async def _save(self) -> list[dict[str, Array]]:
+        return [await r.state_dict_async() for r in self._replicas]
+
+    async def _restore(self, states: list[dict[str, Array]]) -> None:
+        """Rebuild the stages whose context was rebuilt; load ``states`` into every one."""
+        for stage, device in enumerate(self._devices):
+            generation = await settled_generation(device, SETTLE_TIMEOUT)
+            if generation != self._generations[stage]:
+                self._replicas[stage] = await self._replica(stage, states[stage])
+                self._generations[stage] = generation
+            await self._replicas[stage].load_state_dict_async(states[stage])
 
     async def handle(self, message: Any) -> Any:
         """Answer a step, a prediction or a state download."""
-        replicas = await self._ready()
+        await self._ready()
         if type(message) is _Step:
+            started = time.perf_counter()
             async with asyncio.timeout(message.timeout):
-                return await self._step(replicas, message.x, message.y)
+                (loss, norm), recovered = await self._journal.run(self._step, message.x,
+                                                                  message.y)
+            return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
+                              int(recovered))
         if type(message) is _Predict:
-            return await self._predict(replicas, message.x)
+            x = message.x
+            return await self._journal.read(lambda: self._predict(self._replicas, x))
         if type(message) is _StateDict:
             state: dict[str, Array] = {}
-            for replica in replicas:
-                state.update(await replica.state_dict_async())
+            for replica_state in await self._journal.read(self._save):
+                state.update(replica_state)
             return state
         return await super().handle(message)
 
@@ -179,8 +211,9 @@ class _PipelineActor(AgentActor):
                                   f"micro-batches")
         return list(np.array_split(x, self._m))
 
-    async def _step(self, replicas: list[ModelReplica], x: Array, y: Array | None) -> StepResult:
-        started = time.perf_counter()
+    async def _step(self, x: Array, y: Array | None) -> tuple[float, float]:
+        """One step on every stage; answers the mean loss and the gradient's norm."""
+        replicas = self._replicas
         target = x if y is None else y
         xs = self._split(x)
         ys = self._split(target)
@@ -195,8 +228,7 @@ class _PipelineActor(AgentActor):
             raise first_error(group_error) from None
         await asyncio.gather(*(r.optimizer_step_async() for r in replicas))
         loss = sum(run.losses[i] * len(xs[i]) for i in range(len(xs))) / len(x)
-        norm = await _grad_norm(replicas)
-        return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6))
+        return loss, await _grad_norm(replicas)
 
     async def _run_stage(self, replicas: list[ModelReplica], run: _Run, stage: int,
                          passes: list[Pass]) -> None:

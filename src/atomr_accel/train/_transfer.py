@@ -23,7 +23,8 @@ async def transfer(system: System, src: GpuBuffer, dst: GpuBuffer, count: int) -
 
 class WorkBuffers:
     """Device buffers kept by key and reused from step to step (made again, the old one
-    freed, when the length a step needs changes)."""
+    freed, when the length a step needs changes; made again when a context rebuild took
+    it)."""
 
     def __init__(self) -> None:
         self._held: dict[tuple[object, ...], GpuBuffer] = {}
@@ -31,6 +32,9 @@ class WorkBuffers:
     async def get(self, key: tuple[object, ...], device: Device, length: int) -> GpuBuffer:
         """The float32 buffer ``key`` of exactly ``length`` (>= 1) elements on ``device``."""
         held = self._held.get(key)
+        if held is not None and held.is_stale():  # a context rebuild took its memory
+            del self._held[key]
+            held = None
         if held is not None and len(held) == length and held.device is device:
             return held
         if held is not None:

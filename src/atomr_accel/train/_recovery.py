@@ -1,0 +1,117 @@
+"""Recovery of the model-parallel trainers: a checkpoint, a journal of steps, a replay.
+
+A model-parallel trainer's state is split over its devices, so no healthy
+device holds a copy of a lost one's. ``StepJournal`` keeps a host checkpoint
+of every replica's state (``state_dict``), taken every ``every`` steps, and
+the batches of the steps since. When a step fails because a context went down
+(``ContextPoisoned``, ``WorkerLost``, ``GpuRefStale``, or ``CollectiveAborted``
+on the ranks that were not at fault), the trainer waits until every device
+serves again, rebuilds the replicas whose context was rebuilt, loads the
+checkpoint into all of them, replays the journal's steps (the same ops on the
+same data give the same state) and redoes the failed step once. The caller
+sees the step's correct result (``StepResult.recovered`` = 1) or, when the
+redo fails too, its typed error; never a replica that silently diverged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from atomr_accel.core._errors import (
+    CollectiveAborted,
+    ContextPoisoned,
+    GpuRefStale,
+    Unrecoverable,
+)
+from atomr_accel.device._state import Status
+from atomr_accel.facade import Device
+
+__all__ = ["CHECKPOINT_EVERY", "RECOVERABLE", "StepJournal", "settled_generation"]
+
+Array = np.ndarray[Any, Any]
+R = TypeVar("R")
+
+CHECKPOINT_EVERY = 16
+"""Steps between two host checkpoints (the journal holds at most this many batches)."""
+
+RECOVERABLE = (ContextPoisoned, GpuRefStale, CollectiveAborted)
+"""The errors of a step that recovery answers (``WorkerLost`` is a ``ContextPoisoned``)."""
+
+SETTLE_POLL = 0.02
+"""How often a recovery looks whether a device serves again, seconds."""
+
+
+async def settled_generation(device: Device, timeout: float) -> int:
+    """``device``'s context generation once it serves again (it may be rebuilding);
+    ``Unrecoverable`` when it stopped for good or is not back within ``timeout``."""
+    deadline = time.perf_counter() + timeout
+    while True:
+        stats = await device.stats_async(timeout_secs=max(deadline - time.perf_counter(), 0.1))
+        if stats.status is Status.READY:
+            return int(stats.generation)
+        if stats.status is Status.STOPPED or time.perf_counter() > deadline:
+            raise Unrecoverable(f"device {device.ref.path} did not serve again "
+                                f"({stats.status.value}); the trainer cannot rebuild it")
+        await asyncio.sleep(SETTLE_POLL)
+
+
+Update = Callable[..., Awaitable[Any]]
+"""A call that changes the trainer's state (a step); replayed with the same arguments."""
+
+
+@dataclass
+class StepJournal:
+    """The last checkpoint (one state a replica) and the updates made since."""
+
+    save: Callable[[], Awaitable[list[dict[str, Array]]]]
+    """Download every replica's state."""
+    restore: Callable[[list[dict[str, Array]]], Awaitable[None]]
+    """Rebuild what a context rebuild took and load a checkpoint into every replica."""
+    every: int = CHECKPOINT_EVERY
+    checkpoint: list[dict[str, Array]] | None = None
+    updates: list[tuple[Update, tuple[Any, ...]]] = field(default_factory=list)
+    recoveries: int = 0
+    """Recoveries so far."""
+
+    async def recover(self) -> None:
+        """Load the checkpoint (rebuilding what is gone) and replay the updates since."""
+        assert self.checkpoint is not None
+        await self.restore(self.checkpoint)
+        for update, args in self.updates:
+            await update(*args)
+        self.recoveries += 1
+
+    async def read(self, call: Callable[[], Awaitable[R]]) -> R:
+        """Run ``call`` (no state change); after a recoverable error, recover and run it
+        once more."""
+        if self.checkpoint is None:
+            return await call()
+        try:
+            return await call()
+        except RECOVERABLE:
+            await self.recover()
+            return await call()
+
+    async def run(self, update: Update, *args: Any) -> tuple[Any, bool]:
+        """Run ``update(*args)`` and journal it; after a recoverable error, recover and run it
+        once more. Answers ``(result, recovered)``."""
+        if self.checkpoint is None:
+            self.checkpoint = await self.save()
+        recovered = False
+        try:
+            result = await update(*args)
+        except RECOVERABLE:
+            await self.recover()
+            result = await update(*args)
+            recovered = True
+        self.updates.append((update, args))
+        if len(self.updates) >= self.every:
+            self.checkpoint = await self.save()
+            self.updates.clear()
+        return result, recovered
