@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from atomr_accel import InvalidArgument, System
+from atomr_accel import ContextPoisoned, FaultKind, InvalidArgument, System
 from atomr_accel.train import (
     GELU,
     SGD,
@@ -169,3 +169,31 @@ def test_typed_errors(system: System) -> None:
         trainer.backward()  # no forward yet
     assert float(trainer.step(np.ones((3, 4)), np.ones((3, 2)))) > 0  # still serving
     trainer.stop()
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_lost_rank_is_rebuilt_and_training_goes_on_exactly(isolation: str) -> None:
+    """Rank 1's context is poisoned (thread host) or its worker killed (process host) after
+    20 steps: the next step rebuilds its shards, reloads the checkpoint of step 16 on both
+    ranks, replays 17-20 and redoes the step; all equal an undisturbed run."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((10, 6)).astype(np.float32)
+    y = rng.integers(0, 4, 10)
+    kwargs = {"loss": CrossEntropyLoss(), "optimizer": AdamW(0.01), "seed": 6}
+    with System.open("train-tp-recovery") as system:
+        first = system.spawn_device(mock=True)
+        lost = system.spawn_device(mock=True, isolation=isolation)
+        calm = [system.spawn_device(mock=True) for _ in range(2)]
+        trainer = TensorParallelTrainer.spawn(system, MODEL, [first, lost], **kwargs)
+        reference = TensorParallelTrainer.spawn(system, MODEL, calm, **kwargs)
+        for k in range(23):
+            if k == 20:
+                fault = FaultKind.POISON if isolation == "thread" else FaultKind.CRASH
+                with pytest.raises(ContextPoisoned):
+                    lost.inject_fault(fault)
+            got, want = trainer.step(x, y), reference.step(x, y)
+            assert got.recovered == (k == 20)
+            assert float(got) == float(want)
+        state, expected = trainer.state_dict(), reference.state_dict()
+        for name, value in expected.items():
+            np.testing.assert_array_equal(state[name], value, err_msg=name)

@@ -52,6 +52,7 @@ from atomr_accel.facade import Collective, Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._model import GELU, Linear, Sequential
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
+from atomr_accel.train._recovery import StepJournal, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica import _checked_parameters as checked_parameters
 from atomr_accel.train._step_result import StepResult
@@ -77,6 +78,9 @@ STEP_TIMEOUT = 60.0
 """The default ``timeout_secs`` of a step, forward or backward, seconds."""
 
 _STEP_KEY = "optimizer.step"
+
+SETTLE_TIMEOUT = 60.0
+"""How long a recovery waits for a device to serve again, seconds."""
 
 
 def default_tensor_parallel_model(features: int) -> Sequential:
@@ -118,7 +122,8 @@ class _Shards:
         self.parts = parts
         self.replicas = replicas
         self.world = world
-        self.last_target: Array | None = None
+        self.last: tuple[Array, Array] | None = None
+        """The last training forward's input and target (for ``backward``)."""
 
     async def all_reduce(self, buffers: list[GpuBuffer]) -> None:
         """Sum ``buffers`` (one a rank) in place on every rank (nothing with one rank)."""
@@ -199,7 +204,8 @@ class _Shards:
 
 
 class _TensorParallelActor(AgentActor):
-    """Owns the shards; answers steps, forwards, backwards and state downloads."""
+    """Owns the shards; answers steps, forwards, backwards and state downloads, and
+    recovers from a lost context (``_recovery``)."""
 
     def __init__(self, system: System, model: Sequential | None, devices: list[Device],
                  loss: Loss, optimizer: Optimizer, seed: int,
@@ -212,6 +218,8 @@ class _TensorParallelActor(AgentActor):
         self._seed = seed
         self._parameters = parameters
         self._shards: _Shards | None = None
+        self._generations: list[int] = []
+        self._journal = StepJournal(self._save, self._restore)
 
     async def _ready(self, features: int) -> _Shards:
         if self._shards is not None:
@@ -221,24 +229,81 @@ class _TensorParallelActor(AgentActor):
                 else model.init_parameters(self._seed))
         n = len(self._devices)
         parts = segments(model)
-        replicas = [[await ModelReplica.create_async(
-            device, shard_model(model, part, rank, n), loss=self._loss,
-            optimizer=self._optimizer, seed=self._seed,
-            parameters=shard_parameters(model, part, rank, n, full))
-            for rank, device in enumerate(self._devices)] for part in parts]
+        self._generations = [d.generation for d in self._devices]
+        ranks = [await self._make_rank(model, parts, rank, {
+            k: v for part in parts for k, v in shard_parameters(model, part, rank, n,
+                                                                 full).items()})
+            for rank in range(n)]
         world = (await self._system.nccl_world_async(self._devices)
                  if n > 1 and any(p.sharded for p in parts) else None)
+        replicas = [[ranks[rank][i] for rank in range(n)] for i in range(len(parts))]
         self._shards = _Shards(model, parts, replicas, world)
         return self._shards
 
-    async def _backward(self, grad: Array | float) -> float:
-        """Backpropagate the last forward (``grad``: the output's gradient, or a scale of
-        the loss's) and update once; answer the gradient's norm."""
+    async def _save(self) -> list[dict[str, Array]]:
+        assert self._shards is not None
+        return [await r.state_dict_async() for rs in self._shards.replicas for r in rs]
+
+    async def _restore(self, states: list[dict[str, Array]]) -> None:
+        """Rebuild the ranks whose context was rebuilt; load ``states`` into every
+        replica."""
         shards = self._shards
-        target = None if shards is None else shards.last_target
-        if shards is None or target is None:
-            raise InvalidArgument("backward needs a forward (train=True) first")
+        assert shards is not None
+        n = len(self._devices)
+        for rank, device in enumerate(self._devices):
+            generation = await settled_generation(device, SETTLE_TIMEOUT)
+            if generation != self._generations[rank]:
+                mine = [states[i * n + rank] for i in range(len(shards.parts))]
+                full = {k: v for state in mine for k, v in state.items()}
+                rebuilt = await self._make_rank(shards.model, shards.parts, rank, full)
+                for i, replica in enumerate(rebuilt):
+                    shards.replicas[i][rank] = replica
+                self._generations[rank] = generation
+        for state, replica in zip(states, (r for rs in shards.replicas for r in rs),
+                                  strict=True):
+            await replica.load_state_dict_async(state)
+
+    async def _make_rank(self, model: Sequential, parts: list[Segment], rank: int,
+                         values: Mapping[str, Array]) -> list[ModelReplica]:
+        """Rank ``rank``'s replicas (one a segment) from the values of its shards."""
+        n, device = len(self._devices), self._devices[rank]
+        out = []
+        for part in parts:
+            shard = shard_model(model, part, rank, n)
+            out.append(await ModelReplica.create_async(
+                device, shard, loss=self._loss, optimizer=self._optimizer, seed=self._seed,
+                parameters={k: values[k] for k in shard.parameter_shapes()}))
+        return out
+
+    async def _step(self, x: Array, y: Array | None) -> tuple[float, float]:
+        """Zero, forward, loss, backward, update; answers the loss and gradient norm."""
+        shards = await self._ready(x.shape[-1])
         await shards.zero_grad()
+        await shards.forward(x, True)
+        loss = await shards.loss(x if y is None else y)
+        await shards.backward(None)
+        await shards.update()
+        return loss, await shards.grad_norm()
+
+    async def _forward(self, x: Array, y: Array | None, train: bool,
+                       ) -> tuple[Array, float | None]:
+        shards = await self._ready(x.shape[-1])
+        outs = await shards.forward(x, train)
+        shape = shards.replicas[-1][0].output_shape(0)
+        device = shards.replicas[-1][0].device
+        out = await device.copy_to_numpy_async(outs[0], 0, math.prod(shape))
+        target = x if y is None else y
+        shards.last = (x, target) if train else None
+        value = await shards.loss(target) if train else None
+        return out.reshape(shape), value
+
+    async def _backward(self, x: Array, target: Array, grad: Array | float) -> float:
+        """Forward ``x`` again (the same tape, so a replay redoes it exactly), backpropagate
+        ``grad`` (the output's gradient, or a scale of the loss's against ``target``) and
+        update once; answers the gradient's norm."""
+        shards = await self._ready(x.shape[-1])
+        await shards.zero_grad()
+        await shards.forward(x, True)
         if isinstance(grad, float):
             await shards.loss(target, grad)
             await shards.backward(None)
@@ -250,32 +315,28 @@ class _TensorParallelActor(AgentActor):
     async def handle(self, message: Any) -> Any:
         """Answer a step, a forward, a backward or a state download."""
         if type(message) is _Step:
-            shards = await self._ready(message.x.shape[-1])
             started = time.perf_counter()
-            await shards.zero_grad()
-            await shards.forward(message.x, True)
-            loss = await shards.loss(message.x if message.y is None else message.y)
-            await shards.backward(None)
-            await shards.update()
-            norm = await shards.grad_norm()
-            return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6))
+            await self._ready(message.x.shape[-1])
+            (loss, norm), recovered = await self._journal.run(self._step, message.x,
+                                                              message.y)
+            return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
+                              int(recovered))
         if type(message) is _Forward:
-            shards = await self._ready(message.x.shape[-1])
-            outs = await shards.forward(message.x, message.train)
-            shape = shards.replicas[-1][0].output_shape(0)
-            device = shards.replicas[-1][0].device
-            out = await device.copy_to_numpy_async(outs[0], 0, math.prod(shape))
-            target = message.x if message.y is None else message.y
-            shards.last_target = target if message.train else None
-            value = await shards.loss(target) if message.train else None
-            return out.reshape(shape), value
+            await self._ready(message.x.shape[-1])
+            request = message
+            return await self._journal.read(
+                lambda: self._forward(request.x, request.y, request.train))
         if type(message) is _Backward:
-            return await self._backward(message.grad)
+            last = None if self._shards is None else self._shards.last
+            if last is None:
+                raise InvalidArgument("backward needs a forward (train=True) first")
+            norm, _ = await self._journal.run(self._backward, *last, message.grad)
+            return norm
         if type(message) is _StateDict:
             if self._shards is None and self._model is None:
                 raise InvalidArgument("the default model is made at the first forward")
             shards = await self._ready(0)  # the model is known by now
-            return await shards.state_dict()
+            return await self._journal.read(shards.state_dict)
         return await super().handle(message)
 
 
