@@ -208,3 +208,34 @@ def test_parameter_server_survives_a_poisoned_gpu_context(system: System,
     (cpu_weights, cpu_version), _ = results["cpu"]
     assert gpu_version == cpu_version == 60 and rebuilds == 1
     np.testing.assert_allclose(gpu_weights, cpu_weights, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("trainer_kind", ["pipeline", "tensor"])
+def test_a_poisoned_gpu_mid_training_is_recovered(system: System, devices: dict[str, Any],
+                                                  trainer_kind: str) -> None:
+    """A real illegal-address fault on GPU 1 (process host) after 20 steps: the trainer
+    rebuilds that device's part, replays from its checkpoint and ends as the CPU run."""
+    x, y = data(6)
+    kwargs: dict[str, Any] = {"loss": CrossEntropyLoss(), "optimizer": AdamW(1e-3), "seed": 2}
+    runs = {}
+    for where in ("process", "cpu"):
+        if trainer_kind == "pipeline":
+            trainer: Any = PipelineParallelTrainer.spawn(
+                system, [Sequential(*LAYERS[:3]), Sequential(*LAYERS[3:])], devices[where],
+                micro_batches=2, **kwargs)
+        else:
+            trainer = TensorParallelTrainer.spawn(system, Sequential(*LAYERS), devices[where],
+                                                  **kwargs)
+        losses, recovered = [], []
+        for k in range(24):
+            if k == 20 and where == "process":
+                with pytest.raises(ContextPoisoned):
+                    devices[where][1].inject_fault(FaultKind.POISON)
+            result = trainer.step(x, y)
+            losses.append(float(result))
+            recovered.append(result.recovered)
+        runs[where] = (losses, recovered, trainer.state_dict())
+        trainer.stop()
+    assert runs["process"][1] == [int(k == 20) for k in range(24)]
+    np.testing.assert_allclose(runs["process"][0], runs["cpu"][0], rtol=1e-4)
+    assert_states_close(runs["process"][2], runs["cpu"][2])
