@@ -275,3 +275,21 @@ def test_a_poisoned_context_loses_no_update(optimizer: str) -> None:
         weights, version = ps.pull_weights(0)
         assert version == 60 and ps.counters().rebuilds == 1
         np.testing.assert_allclose(weights, ref.w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_worker_survives_its_poisoned_context(system: System) -> None:
+    model = Sequential(Linear(3, 2))
+    x = np.random.default_rng(3).standard_normal((16, 3)).astype(np.float32)
+    y = x[:, :2] * 2.0
+    device = system.spawn_device(mock=True)
+    ps = AsyncParameterServer.spawn(system, flatten_parameters(model,
+                                                               model.init_parameters(0)),
+                                    lr=0.1, device=system.devices[0])
+    worker = ParameterServerWorker.spawn(system, ps, model, device, loss=MSELoss(),
+                                         worker_id=0)
+    assert worker.train(x, y, steps=5, batch_size=8).rebuilds == 0
+    with pytest.raises(ContextPoisoned):
+        device.inject_fault(FaultKind.POISON)
+    report = worker.train(x, y, steps=5, batch_size=8)
+    assert report.rebuilds == 1 and report.applied == 5 and ps.stats().version == 10
+    ps.stop()

@@ -10,7 +10,10 @@ that order, flattened). Each step of a worker:
 4. downloads the gradient, flattens it and pushes it with the pulled version.
 
 A push the server refuses as too stale (``StaleGradient``) is counted and the
-worker goes on with a fresh pull. Workers on several devices run at the same
+worker goes on with a fresh pull. When the worker's own context is lost
+(poisoned, its process killed), it makes its replica again on the rebuilt
+context and computes that step's gradient once more (a worker keeps no state
+of its own between steps). Workers on several devices run at the same
 time; the server applies their gradients one after another with its staleness
 rule. The replica's own optimizer is never stepped: the server updates.
 """
@@ -36,6 +39,7 @@ from atomr_accel.facade import Device
 from atomr_accel.train._model import Sequential
 from atomr_accel.train._optim import SGD, Loss, MSELoss
 from atomr_accel.train._parameter_server import AsyncParameterServer
+from atomr_accel.train._recovery import RECOVERABLE, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._staleness import StaleGradient
 from atomr_accel.train._trainer_args import checked_batch, require_count
@@ -47,6 +51,9 @@ Array = np.ndarray[Any, Any]
 
 TRAIN_TIMEOUT = 300.0
 """The default ``timeout_secs`` of ``train``, seconds."""
+
+SETTLE_TIMEOUT = 60.0
+"""How long a worker waits for its device to serve again after a fault, seconds."""
 
 _STEP_KEY = "optimizer.step"
 
@@ -97,6 +104,8 @@ class WorkerReport:
     """Each step's mini-batch loss, in order."""
     version: int = 0
     """The server's version after this worker's last applied push."""
+    rebuilds: int = 0
+    """Times the worker's replica was made again after its context was lost."""
 
 
 @dataclass
@@ -119,6 +128,8 @@ class _WorkerActor(AgentActor):
         self._loss = loss
         self._worker_id = worker_id
         self._replica: ModelReplica | None = None
+        self.rebuilds = 0
+        """Times the replica was made again after its context was rebuilt."""
 
     async def _ready(self) -> ModelReplica:
         if self._replica is None:
@@ -129,26 +140,44 @@ class _WorkerActor(AgentActor):
     async def handle(self, message: Any) -> Any:
         """Run a ``train`` request."""
         if type(message) is _Train:
-            return await self._train(await self._ready(), message)
+            return await self._train(message)
         return await super().handle(message)
 
-    async def _train(self, replica: ModelReplica, request: _Train) -> WorkerReport:
-        report = WorkerReport()
+    async def _gradient(self, x: Array, y: Array) -> tuple[float, Array, int]:
+        """Pull, load, and compute the gradient of ``x``, ``y``: ``(loss, gradient,
+        version)``. A context rebuild of the worker's device (its replica's buffers gone)
+        makes the replica again and computes once more."""
+        try:
+            return await self._compute(await self._ready(), x, y)
+        except RECOVERABLE:
+            await settled_generation(self._device, SETTLE_TIMEOUT)
+            self._replica = None
+            self.rebuilds += 1
+            return await self._compute(await self._ready(), x, y)
+
+    async def _compute(self, replica: ModelReplica, x: Array, y: Array,
+                       ) -> tuple[float, Array, int]:
+        weights, version = await self._server.pull_weights_async(self._worker_id)
+        state: dict[str, Any] = unflatten_parameters(self._model, weights)
+        state[_STEP_KEY] = np.array(0, np.int64)
+        await replica.load_state_dict_async(state)
+        await replica.zero_grad_async()
+        await replica.forward_async(x)
+        loss = await replica.loss_async(y)
+        await replica.backward_async()
+        gradient = flatten_parameters(self._model, await replica.gradients_async())
+        return loss, gradient, version
+
+    async def _train(self, request: _Train) -> WorkerReport:
+        report, before = WorkerReport(), self.rebuilds
         rng = np.random.default_rng(request.seed)
         rows = len(request.x)
         for _ in range(request.steps):
-            weights, version = await self._server.pull_weights_async(self._worker_id)
-            state: dict[str, Any] = unflatten_parameters(self._model, weights)
-            state[_STEP_KEY] = np.array(0, np.int64)
-            await replica.load_state_dict_async(state)
             pick = rng.choice(rows, size=min(request.batch_size, rows), replace=False)
             x = request.x[pick]
             y = x if request.y is None else request.y[pick]
-            await replica.zero_grad_async()
-            await replica.forward_async(x)
-            report.losses.append(await replica.loss_async(y))
-            await replica.backward_async()
-            gradient = flatten_parameters(self._model, await replica.gradients_async())
+            loss, gradient, version = await self._gradient(x, y)
+            report.losses.append(loss)
             report.steps += 1
             try:
                 report.version = await self._server.push_gradient_async(
@@ -157,6 +186,7 @@ class _WorkerActor(AgentActor):
                 report.rejected += 1
                 continue
             report.applied += 1
+        report.rebuilds = self.rebuilds - before
         return report
 
 
