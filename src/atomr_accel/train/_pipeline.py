@@ -51,6 +51,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._grad_norm import gradient_norm
 from atomr_accel.train._model import Linear, Sequential, Tanh
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import StepJournal, settled_generation
@@ -228,7 +229,7 @@ class _PipelineActor(AgentActor):
             raise first_error(group_error) from None
         await asyncio.gather(*(r.optimizer_step_async() for r in replicas))
         loss = sum(run.losses[i] * len(xs[i]) for i in range(len(xs))) / len(x)
-        return loss, await _grad_norm(replicas)
+        return loss, await gradient_norm(replicas)
 
     async def _run_stage(self, replicas: list[ModelReplica], run: _Run, stage: int,
                          passes: list[Pass]) -> None:
@@ -288,15 +289,6 @@ class _PipelineActor(AgentActor):
     async def post_stop(self) -> None:
         """Free the transfer buffers."""
         await self._buffers.close()
-
-
-async def _grad_norm(replicas: list[ModelReplica]) -> float:
-    """The L2 norm of every stage's accumulated gradient (float64 on the host)."""
-    total = 0.0
-    for replica in replicas:
-        for value in (await replica.gradients_async()).values():
-            total += float(np.square(value, dtype=np.float64).sum())
-    return math.sqrt(total)
 
 
 class PipelineParallelTrainer(AgentClient):

@@ -50,6 +50,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Collective, Device, System
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._grad_norm import gradient_norm
 from atomr_accel.train._model import GELU, Linear, Sequential
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import StepJournal, settled_generation
@@ -180,13 +181,10 @@ class _Shards:
 
     async def grad_norm(self) -> float:
         """The L2 norm of the whole model's gradient (shards once each, replicated
-        segments once)."""
-        total = 0.0
-        for part, replicas in zip(self.parts, self.replicas, strict=True):
-            for replica in replicas if part.sharded else replicas[:1]:
-                for value in (await replica.gradients_async()).values():
-                    total += float(np.square(value, dtype=np.float64).sum())
-        return math.sqrt(total)
+        segments once), computed on the devices."""
+        return await gradient_norm(r for part, replicas in zip(self.parts, self.replicas,
+                                                                strict=True)
+                                   for r in (replicas if part.sharded else replicas[:1]))
 
     async def state_dict(self) -> dict[str, Array]:
         """The whole model's parameters and optimizer state, shards merged."""
