@@ -377,6 +377,21 @@ def test_batches_of_changing_size_reuse_the_work_buffers(device: Any) -> None:
             model, replica.parameters(), x), rtol=1e-12)
 
 
+def test_a_replica_in_a_worker_process_trains_as_in_a_thread(system: System,
+                                                             device: Any) -> None:
+    worker = system.spawn_device(mock=True, isolation="process")
+    model = Sequential(Linear(6, 8), GELU(), LayerNorm(8), Dropout(0.2), Linear(8, 3))
+    opt = SGD(0.1, momentum=0.9)
+    a = ModelReplica.create(device, model, loss=CrossEntropyLoss(), optimizer=opt, seed=6)
+    b = ModelReplica.create(worker, model, loss=CrossEntropyLoss(), optimizer=opt, seed=6)
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        x, y = rng.normal(size=(12, 6)).astype(np.float32), rng.integers(0, 3, 12)
+        assert a.train_step(x, y) == b.train_step(x, y)
+    for name, value in a.state_dict().items():
+        np.testing.assert_array_equal(value, b.state_dict()[name], err_msg=name)
+
+
 # ---------------------------------------------------------------------- digits
 
 
@@ -439,6 +454,8 @@ def test_bad_calls_raise_typed_errors_and_the_replica_goes_on(device: Any) -> No
                             parameters={"0.weight": np.ones((4, 3)), "0.bias": np.ones(3)})
     with pytest.raises(InvalidArgument):
         ModelReplica.create(device, model, loss="mse", optimizer=SGD(0.1))  # type: ignore
+    with pytest.raises(InvalidArgument):
+        ModelReplica.create(device, model, loss=MSELoss(), optimizer=SGD(0.1), timeout_secs=0)
     with pytest.raises(InvalidArgument):
         r.forward(np.ones((2, 5), np.float32))
     with pytest.raises(DTypeMismatch):

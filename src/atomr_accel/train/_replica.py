@@ -201,7 +201,8 @@ class ModelReplica:
                            timeout_secs: float | None = 30.0) -> ModelReplica:
         """Instantiate ``model`` on ``device``: parameters (``parameters`` by torch-style
         name, or ``model.init_parameters(seed, dtype)``), zeroed gradients and optimizer
-        state in device buffers. ``seed`` also seeds Dropout masks."""
+        state in device buffers. ``seed`` also seeds Dropout masks; ``timeout_secs``
+        bounds each device call (None: the system's ``op_timeout``)."""
         if not isinstance(device, Device):
             raise InvalidArgument(f"device must be a Device, got {type(device).__name__}")
         if not isinstance(model, Sequential):
@@ -212,6 +213,10 @@ class ModelReplica:
             raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
         if not is_int(seed) or seed < 0:
             raise InvalidArgument(f"seed must be an int >= 0, got {seed!r}")
+        if timeout_secs is not None:
+            _require_real("timeout_secs", timeout_secs)
+            if timeout_secs <= 0:
+                raise InvalidArgument(f"timeout_secs must be > 0 or None, got {timeout_secs!r}")
         kind = train_dtype(dtype)
         shapes = model.parameter_shapes()
         values = (model.init_parameters(seed, kind) if parameters is None
@@ -375,12 +380,12 @@ class ModelReplica:
                 current = y.ref
             shape = out_shape
             shapes.append(shape)
-        out = self.device_buffer(current, keep)
+        out = self._device_buffer(current, keep)
         tape = _Tape(rows, train, shapes, inputs, out, saved, keep)
         self._tapes[micro_batch] = tape
         return coros, tape
 
-    def device_buffer(self, ref: GpuRef, keep: list[GpuBuffer]) -> GpuBuffer:
+    def _device_buffer(self, ref: GpuRef, keep: list[GpuBuffer]) -> GpuBuffer:
         """The ``GpuBuffer`` behind ``ref`` among the replica's work buffers and ``keep``."""
         for buf in (*keep, *self._work.values()):
             if buf.ref == ref:
@@ -539,7 +544,7 @@ class ModelReplica:
             return None
         tape = self._tape(micro_batch)
         assert dx is not None
-        return self.device_buffer(dx, tape.keep)
+        return self._device_buffer(dx, tape.keep)
 
     backward = blocking(backward_async)
 
