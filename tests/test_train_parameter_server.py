@@ -293,3 +293,10 @@ def test_a_worker_survives_its_poisoned_context(system: System) -> None:
     report = worker.train(x, y, steps=5, batch_size=8)
     assert report.rebuilds == 1 and report.applied == 5 and ps.stats().version == 10
     ps.stop()
+
+
+def test_a_server_in_a_system_without_devices_starts_its_own() -> None:
+    with System.open("train-ps-bare") as bare:
+        ps = AsyncParameterServer.spawn(bare, [10.0])
+        assert ps.push_gradient(0, 0, [1.0]) == 1
+        assert ps.device().backend == "cpu" and bare.devices == [ps.device()]

@@ -172,3 +172,25 @@ def test_a_lost_stage_is_rebuilt_and_training_goes_on_exactly(isolation: str) ->
         state, expected = trainer.state_dict(), reference.state_dict()
         for name, value in expected.items():
             np.testing.assert_array_equal(state[name], value, err_msg=name)
+
+
+def test_stages_may_share_a_device(system: System) -> None:
+    """Three stages on two devices (the first and last share one: a device copy there)."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((9, 6)).astype(np.float32)
+    y = rng.standard_normal((9, 4)).astype(np.float32)
+    a, b = system.devices[:2]
+    trainer = PipelineParallelTrainer.spawn(system, stages(3), [a, b, a], loss=MSELoss(),
+                                            optimizer=SGD(0.1), micro_batches=3)
+    reference = ModelReplica.create(a, Sequential(*LAYERS), loss=MSELoss(), optimizer=SGD(0.1))
+    for _ in range(2):
+        assert float(trainer.step(x, y)) == pytest.approx(reference.train_step(x, y), rel=1e-5)
+    trainer.stop()
+
+
+def test_the_originals_form_in_a_system_without_devices() -> None:
+    with System.open("train-pipeline-bare") as bare:
+        trainer = PipelineParallelTrainer.spawn(bare, n_stages=3)
+        assert len(bare.devices) == 1 and trainer.devices == (bare.devices[0],) * 3
+        loss, grad_norm, _ = trainer.step([0.5, -0.5, 0.25, 1.0, -1.0])
+        assert loss > 0 and grad_norm > 0

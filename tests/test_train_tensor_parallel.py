@@ -197,3 +197,11 @@ def test_a_lost_rank_is_rebuilt_and_training_goes_on_exactly(isolation: str) -> 
         state, expected = trainer.state_dict(), reference.state_dict()
         for name, value in expected.items():
             np.testing.assert_array_equal(state[name], value, err_msg=name)
+
+
+def test_the_originals_form_in_a_system_without_devices() -> None:
+    with System.open("train-tp-bare") as bare:
+        trainer = TensorParallelTrainer.spawn(bare, n_shards=2)
+        assert len(bare.devices) == 2
+        out, loss = trainer.forward([[1.0, 2.0], [3.0, 4.0]])
+        assert len(out) == 2 and len(out[0]) == 2 and loss > 0
