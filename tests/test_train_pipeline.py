@@ -10,12 +10,23 @@ schedules are checked on their own by simulating the stages' dependencies.
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from atomr_accel import ContextPoisoned, DTypeMismatch, FaultKind, InvalidArgument, System
+from atomr_accel import (
+    AskTimeout,
+    ContextPoisoned,
+    DTypeMismatch,
+    FaultKind,
+    InvalidArgument,
+    OutOfMemory,
+    System,
+)
+from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.train import (
     SGD,
     AdamW,
@@ -194,3 +205,41 @@ def test_the_originals_form_in_a_system_without_devices() -> None:
         assert len(bare.devices) == 1 and trainer.devices == (bare.devices[0],) * 3
         loss, grad_norm, _ = trainer.step([0.5, -0.5, 0.25, 1.0, -1.0])
         assert loss > 0 and grad_norm > 0
+
+
+def test_a_step_past_its_time_out_is_a_typed_error_and_training_goes_on(
+        system: System) -> None:
+    """Stage 2's device is held busy past the step's time-out: the step raises
+    ``AskTimeout``; the next step restores the state the timed-out step may have left
+    half-made, and every later loss and the final state equal a run without it."""
+    rng = np.random.default_rng(37)
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    y = rng.integers(0, 4, 8)
+    kwargs = {"loss": CrossEntropyLoss(), "optimizer": AdamW(0.01), "micro_batches": 2}
+    a, b, c = system.devices[:3]
+    trainer = PipelineParallelTrainer.spawn(system, stages(2), [a, b], **kwargs)
+    reference = PipelineParallelTrainer.spawn(system, stages(2), [c, c], **kwargs)
+    for _ in range(3):
+        assert float(trainer.step(x, y)) == float(reference.step(x, y))
+    held: list[BaseException] = []
+
+    def hold() -> None:  # 1.5 s of work on stage 2's device, then an OutOfMemory
+        try:
+            b.run(InjectFault(FaultKind.OOM, delay=1.5))
+        except OutOfMemory as exc:
+            held.append(exc)
+
+    busy = threading.Thread(target=hold)
+    busy.start()
+    time.sleep(0.2)
+    with pytest.raises(AskTimeout):
+        trainer.step(x, y, timeout_secs=0.5)
+    busy.join(10)
+    assert len(held) == 1
+    for _ in range(3):
+        assert float(trainer.step(x, y)) == float(reference.step(x, y))
+    state, expected = trainer.state_dict(), reference.state_dict()
+    for name, value in expected.items():
+        np.testing.assert_array_equal(state[name], value, err_msg=name)
+    trainer.stop()
+    reference.stop()

@@ -60,8 +60,10 @@ from atomr_accel.train._replica import _checked_parameters as checked_parameters
 from atomr_accel.train._schedule import SCHEDULES, Pass, schedule
 from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._trainer_args import (
+    ANSWER_MARGIN,
     checked_batch,
     checked_devices,
+    deadline,
     first_error,
     original_devices,
     require_count,
@@ -105,11 +107,12 @@ class _Step:
 @dataclass
 class _Predict:
     x: Array
+    timeout: float
 
 
 @dataclass(frozen=True)
 class _StateDict:
-    pass
+    timeout: float
 
 
 @dataclass
@@ -184,24 +187,29 @@ class _PipelineActor(AgentActor):
             await self._replicas[stage].load_state_dict_async(states[stage])
 
     async def handle(self, message: Any) -> Any:
-        """Answer a step, a prediction or a state download."""
-        await self._ready()
-        if type(message) is _Step:
+        """Answer a step, a prediction or a state download, each within its time-out
+        (``AskTimeout`` past it; the next call then recovers the state first)."""
+        if type(message) not in (_Step, _Predict, _StateDict):
+            return await super().handle(message)
+        async with deadline(f"pipeline {type(message).__name__[1:].lower()}",
+                            message.timeout):
+            await self._ready()
+            return await self._answer(message)
+
+    async def _answer(self, message: _Step | _Predict | _StateDict) -> Any:
+        if isinstance(message, _Step):
             started = time.perf_counter()
-            async with asyncio.timeout(message.timeout):
-                (loss, norm), recovered = await self._journal.run(self._step, message.x,
-                                                                  message.y)
+            (loss, norm), recovered = await self._journal.run(self._step, message.x,
+                                                              message.y)
             return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
                               int(recovered))
-        if type(message) is _Predict:
+        if isinstance(message, _Predict):
             x = message.x
             return await self._journal.read(lambda: self._predict(self._replicas, x))
-        if type(message) is _StateDict:
-            state: dict[str, Array] = {}
-            for replica_state in await self._journal.read(self._save):
-                state.update(replica_state)
-            return state
-        return await super().handle(message)
+        state: dict[str, Array] = {}
+        for replica_state in await self._journal.read(self._save):
+            state.update(replica_state)
+        return state
 
     def _split(self, x: Array) -> list[Array]:
         if self._micro_batch_size is not None:
@@ -408,8 +416,8 @@ class PipelineParallelTrainer(AgentClient):
             raise InvalidArgument(f"y=None trains the model to reproduce x, which needs as "
                                   f"many outputs as inputs ({self._out_features} outputs, "
                                   f"{self._in_features} inputs)")
-        return self._call(_Step(data, target, require_timeout(timeout_secs)),
-                          require_timeout(timeout_secs) + 1.0, "step")
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
     step = blocking_twin(step_async)
 
@@ -417,7 +425,8 @@ class PipelineParallelTrainer(AgentClient):
                       ) -> Coroutine[Any, Any, Array]:
         """The model's output for the batch ``x`` (evaluation mode), as a host array."""
         data, _ = checked_batch(x, None, self._in_features, False)
-        return self._call(_Predict(data), require_timeout(timeout_secs), "predict")
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Predict(data, timeout), timeout + ANSWER_MARGIN, "predict")
 
     predict = blocking_twin(predict_async)
 
@@ -425,6 +434,7 @@ class PipelineParallelTrainer(AgentClient):
                          ) -> Coroutine[Any, Any, dict[str, Array]]:
         """Every stage's parameters and optimizer state under the full model's names (as
         ``ModelReplica.state_dict``; one ``"optimizer.step"``)."""
-        return self._call(_StateDict(), require_timeout(timeout_secs), "state_dict")
+        timeout = require_timeout(timeout_secs)
+        return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
     state_dict = blocking_twin(state_dict_async)

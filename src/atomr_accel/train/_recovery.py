@@ -78,6 +78,8 @@ class StepJournal:
     updates: list[tuple[Update, tuple[Any, ...]]] = field(default_factory=list)
     recoveries: int = 0
     """Recoveries so far."""
+    dirty: bool = False
+    """An update broke off (an error, a time-out): the next call recovers first."""
 
     async def recover(self) -> None:
         """Load the checkpoint (rebuilding what is gone) and replay the updates since."""
@@ -86,12 +88,19 @@ class StepJournal:
         for update, args in self.updates:
             await update(*args)
         self.recoveries += 1
+        self.dirty = False
+
+    async def _settle(self) -> None:
+        """Bring the state back to the journal's first, if an update broke off."""
+        if self.dirty:
+            await self.recover()
 
     async def read(self, call: Callable[[], Awaitable[R]]) -> R:
         """Run ``call`` (no state change); after a recoverable error, recover and run it
         once more."""
         if self.checkpoint is None:
             return await call()
+        await self._settle()
         try:
             return await call()
         except RECOVERABLE:
@@ -100,16 +109,22 @@ class StepJournal:
 
     async def run(self, update: Update, *args: Any) -> tuple[Any, bool]:
         """Run ``update(*args)`` and journal it; after a recoverable error, recover and run it
-        once more. Answers ``(result, recovered)``."""
+        once more. Answers ``(result, recovered)``. An update that raises (or is cancelled,
+        by a time-out) may have changed part of the state: the next call recovers first."""
         if self.checkpoint is None:
             self.checkpoint = await self.save()
+        await self._settle()
         recovered = False
         try:
-            result = await update(*args)
-        except RECOVERABLE:
-            await self.recover()
-            result = await update(*args)
-            recovered = True
+            try:
+                result = await update(*args)
+            except RECOVERABLE:
+                await self.recover()
+                result = await update(*args)
+                recovered = True
+        except BaseException:
+            self.dirty = True
+            raise
         self.updates.append((update, args))
         if len(self.updates) >= self.every:
             self.checkpoint = await self.save()

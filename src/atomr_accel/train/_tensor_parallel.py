@@ -65,8 +65,10 @@ from atomr_accel.train._tp_split import (
     shard_parameters,
 )
 from atomr_accel.train._trainer_args import (
+    ANSWER_MARGIN,
     checked_batch,
     checked_devices,
+    deadline,
     first_error,
     require_count,
 )
@@ -95,6 +97,7 @@ def default_tensor_parallel_model(features: int) -> Sequential:
 class _Step:
     x: Array
     y: Array | None
+    timeout: float
 
 
 @dataclass
@@ -102,16 +105,18 @@ class _Forward:
     x: Array
     y: Array | None
     train: bool
+    timeout: float
 
 
 @dataclass
 class _Backward:
     grad: Array | float
+    timeout: float
 
 
 @dataclass(frozen=True)
 class _StateDict:
-    pass
+    timeout: float
 
 
 class _Shards:
@@ -311,7 +316,15 @@ class _TensorParallelActor(AgentActor):
         return await shards.grad_norm()
 
     async def handle(self, message: Any) -> Any:
-        """Answer a step, a forward, a backward or a state download."""
+        """Answer a step, a forward, a backward or a state download, each within its
+        time-out (``AskTimeout`` past it; the next call then recovers the state first)."""
+        if type(message) not in (_Step, _Forward, _Backward, _StateDict):
+            return await super().handle(message)
+        async with deadline(f"tensor-parallel {type(message).__name__[1:].lower()}",
+                            message.timeout):
+            return await self._answer(message)
+
+    async def _answer(self, message: Any) -> Any:
         if type(message) is _Step:
             started = time.perf_counter()
             await self._ready(message.x.shape[-1])
@@ -335,7 +348,7 @@ class _TensorParallelActor(AgentActor):
                 raise InvalidArgument("the default model is made at the first forward")
             shards = await self._ready(0)  # the model is known by now
             return await self._journal.read(shards.state_dict)
-        return await super().handle(message)
+        raise AssertionError(f"unexpected {message!r}")
 
 
 class TensorParallelTrainer(AgentClient):
@@ -466,13 +479,15 @@ class TensorParallelTrainer(AgentClient):
         """One training step on the batch ``x`` against ``y`` (``y=None``: reproduce ``x``):
         zero, forward, loss, backward, update. Answers the ``StepResult``."""
         data, target = self._batch(x, y)
-        return self._call(_Step(data, target), require_timeout(timeout_secs), "step")
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
     step = blocking_twin(step_async)
 
     async def _forward(self, x: Any, data: Array, target: Array | None, train: bool,
                        timeout: float) -> tuple[Any, float | None]:
-        out, loss = await self._call(_Forward(data, target, train), timeout, "forward")
+        out, loss = await self._call(_Forward(data, target, train, timeout),
+                                     timeout + ANSWER_MARGIN, "forward")
         if isinstance(x, np.ndarray):
             return out, loss
         return (out[0].tolist() if len(np.shape(x)) == 1 else out.tolist()), loss
@@ -500,12 +515,14 @@ class TensorParallelTrainer(AgentClient):
             value = np.atleast_2d(np.asarray(grad, dtype=np.float32))
             if not np.all(np.isfinite(value)):
                 raise InvalidArgument("grad holds a NaN or an infinity")
-        return self._call(_Backward(value), require_timeout(timeout_secs), "backward")
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Backward(value, timeout), timeout + ANSWER_MARGIN, "backward")
 
     backward = blocking_twin(backward_async)
 
     async def _predict(self, data: Array, timeout: float) -> Array:
-        out, _ = await self._call(_Forward(data, None, False), timeout, "predict")
+        out, _ = await self._call(_Forward(data, None, False, timeout),
+                                  timeout + ANSWER_MARGIN, "predict")
         result: Array = out
         return result
 
@@ -521,6 +538,7 @@ class TensorParallelTrainer(AgentClient):
                          ) -> Coroutine[Any, Any, dict[str, Array]]:
         """The whole model's parameters and optimizer state (shards merged), under the
         model's names (as ``ModelReplica.state_dict``)."""
-        return self._call(_StateDict(), require_timeout(timeout_secs), "state_dict")
+        timeout = require_timeout(timeout_secs)
+        return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
     state_dict = blocking_twin(state_dict_async)

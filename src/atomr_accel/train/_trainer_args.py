@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from atomr_accel.core._errors import DTypeMismatch, GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import AskTimeout, DTypeMismatch, GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import Device, System
 
-__all__ = ["checked_batch", "checked_devices", "first_error", "original_devices",
-           "require_count"]
+__all__ = ["ANSWER_MARGIN", "checked_batch", "checked_devices", "deadline", "first_error",
+           "original_devices", "require_count"]
 
 Array = np.ndarray[Any, Any]
+
+ANSWER_MARGIN = 1.0
+"""Seconds a client waits past a request's own time-out, so the trainer's typed
+``AskTimeout`` (not the ask's) answers a request that ran too long."""
 
 
 def require_count(name: str, value: object, least: int = 1) -> int:
@@ -99,3 +105,14 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     walk(group)
     typed = [e for e in leaves if isinstance(e, GpuRuntimeError)]
     return (typed or leaves)[0]
+
+
+@contextlib.asynccontextmanager
+async def deadline(what: str, seconds: float) -> AsyncIterator[None]:
+    """Bound the work inside to ``seconds``; past it the work is cancelled and ``AskTimeout``
+    (a typed error, which leaves the trainer actor serving) is raised naming ``what``."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError as exc:
+        raise AskTimeout(what, seconds) from exc
