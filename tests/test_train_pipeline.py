@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -236,6 +237,41 @@ def test_a_step_past_its_time_out_is_a_typed_error_and_training_goes_on(
         trainer.step(x, y, timeout_secs=0.5)
     busy.join(10)
     assert len(held) == 1
+    for _ in range(3):
+        assert float(trainer.step(x, y)) == float(reference.step(x, y))
+    state, expected = trainer.state_dict(), reference.state_dict()
+    for name, value in expected.items():
+        np.testing.assert_array_equal(state[name], value, err_msg=name)
+    trainer.stop()
+    reference.stop()
+
+
+def test_a_crashed_trainer_actor_keeps_its_model(system: System,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected error inside the actor (a bug, simulated) restarts it: the new
+    incarnation keeps the replicas, recovers from the checkpoint and trains on as a run
+    without the crash would."""
+    from atomr_accel.train import _pipeline
+
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    y = rng.integers(0, 4, 8)
+    kwargs = {"loss": CrossEntropyLoss(), "optimizer": AdamW(0.01), "micro_batches": 2}
+    a, b, c = system.devices[:3]
+    trainer = PipelineParallelTrainer.spawn(system, stages(2), [a, b], **kwargs)
+    reference = PipelineParallelTrainer.spawn(system, stages(2), [c, c], **kwargs)
+    for _ in range(3):
+        assert float(trainer.step(x, y)) == float(reference.step(x, y))
+    real = _pipeline._PipelineActor._step
+
+    async def broken(self: Any, *args: Any) -> Any:
+        await real(self, *args)  # the update happens, then the "bug"
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(_pipeline._PipelineActor, "_step", broken)
+    with pytest.raises(RuntimeError, match="simulated bug"):  # the caller sees the bug
+        trainer.step(x, y)
+    monkeypatch.setattr(_pipeline._PipelineActor, "_step", real)
     for _ in range(3):
         assert float(trainer.step(x, y)) == float(reference.step(x, y))
     state, expected = trainer.state_dict(), reference.state_dict()

@@ -21,7 +21,7 @@ number of threads or tasks are applied one after another and none is lost.
 from __future__ import annotations
 
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -99,35 +99,45 @@ class _Device:
     pass
 
 
+@dataclass
+class _Kept:
+    """The server's state, shared by its actor's incarnations (a restart keeps it)."""
+
+    counters: StalenessCounters = field(default_factory=StalenessCounters)
+    store: WeightStore | None = None
+
+
 class _ServerActor(AgentActor):
     """Holds the weights and optimizer state on its device; answers pushes and pulls."""
 
     def __init__(self, system: System, device: Device | None, initial: np.ndarray[Any, Any],
-                 optimizer: str, lr: float, max_staleness: int) -> None:
+                 optimizer: str, lr: float, max_staleness: int, kept: _Kept) -> None:
         self._system = system
         self._device = device
         self._initial = initial
         self._optimizer = optimizer
         self._lr = lr
         self._max_staleness = max_staleness
-        self._counters = StalenessCounters()
-        self._store: WeightStore | None = None
+        self._kept = kept
 
     async def _ready(self) -> WeightStore:
         """The store on its device (placed at the first request if spawn named none)."""
-        if self._store is None:
+        if self._kept.store is None:
             device = self._device
             if device is None:
                 system = self._system
                 device = (await system.place_async(self._initial.nbytes * 4)
                           if system.devices else await system.spawn_device_async(mock=True))
-            self._store = WeightStore(device, self._optimizer, self._lr, self._initial)
-        return self._store
+            self._kept.store = WeightStore(device, self._optimizer, self._lr, self._initial)
+        return self._kept.store
+
+    async def pre_restart(self, exc: BaseException, message: Any) -> None:
+        """Keep the device state for the next incarnation (the default would free it)."""
 
     async def handle(self, message: Any) -> Any:
         """Answer a push, a pull, a stats request or the device question."""
         store = await self._ready()
-        counters = self._counters
+        counters = self._kept.counters
         if type(message) is _Push:
             try:
                 staleness, weight = staleness_weight(counters.version, message.worker_version,
@@ -152,8 +162,8 @@ class _ServerActor(AgentActor):
 
     async def post_stop(self) -> None:
         """Free the device buffers."""
-        if self._store is not None:
-            await self._store.close()
+        if self._kept.store is not None:
+            await self._kept.store.close()
 
 
 def _float_vector(values: object, name: str) -> np.ndarray[Any, Any]:
@@ -218,7 +228,7 @@ class AsyncParameterServer(AgentClient):
                                   f"{device!r}")
         initial = _float_vector(initial_weights, "initial_weights")
         props = Props(_ServerActor, facade, device, initial, optimizer.lower(), float(lr),
-                      staleness)
+                      staleness, _Kept())
         client = cls._start_in(facade, props, name)
         client._shape = np.shape(initial_weights)
         client._as_list = not isinstance(initial_weights, np.ndarray)

@@ -54,7 +54,7 @@ from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._grad_norm import gradient_norm
 from atomr_accel.train._model import Linear, Sequential, Tanh
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
-from atomr_accel.train._recovery import StepJournal, settled_generation
+from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica import _checked_parameters as checked_parameters
 from atomr_accel.train._schedule import SCHEDULES, Pass, schedule
@@ -68,7 +68,7 @@ from atomr_accel.train._trainer_args import (
     original_devices,
     require_count,
 )
-from atomr_accel.train._transfer import WorkBuffers, transfer
+from atomr_accel.train._transfer import transfer
 
 __all__ = ["PipelineParallelTrainer", "default_pipeline_model"]
 
@@ -140,7 +140,7 @@ class _PipelineActor(AgentActor):
     def __init__(self, system: System, model: Sequential, cuts: list[tuple[int, int]],
                  devices: list[Device], loss: Loss, optimizer: Optimizer, micro_batches: int,
                  micro_batch_size: int | None, kind: str, seed: int,
-                 parameters: Mapping[str, Array] | None) -> None:
+                 parameters: Mapping[str, Array] | None, kept: KeptState) -> None:
         self._system = system
         self._model = model
         self._cuts = cuts
@@ -152,10 +152,8 @@ class _PipelineActor(AgentActor):
         self._kind = kind
         self._seed = seed
         self._parameters = parameters
-        self._replicas: list[ModelReplica] = []
-        self._generations: list[int] = []
-        self._buffers = WorkBuffers()
-        self._journal = StepJournal(self._save, self._restore)
+        self._s = kept
+        kept.bind(self._save, self._restore)
 
     async def _replica(self, stage: int, parameters: Mapping[str, Array]) -> ModelReplica:
         """A new replica of stage ``stage`` on its device with ``parameters`` (by name)."""
@@ -166,25 +164,25 @@ class _PipelineActor(AgentActor):
             parameters={n: parameters[n] for n in model.parameter_shapes()}, seed=self._seed)
 
     async def _ready(self) -> list[ModelReplica]:
-        if not self._replicas:
+        if not self._s.replicas:
             full = (dict(self._parameters) if self._parameters is not None
                     else self._model.init_parameters(self._seed))
             for stage, device in enumerate(self._devices):
-                self._generations.append(device.generation)
-                self._replicas.append(await self._replica(stage, full))
-        return self._replicas
+                self._s.generations.append(device.generation)
+                self._s.replicas.append(await self._replica(stage, full))
+        return self._s.replicas
 
     async def _save(self) -> list[dict[str, Array]]:
-        return [await r.state_dict_async() for r in self._replicas]
+        return [await r.state_dict_async() for r in self._s.replicas]
 
     async def _restore(self, states: list[dict[str, Array]]) -> None:
         """Rebuild the stages whose context was rebuilt; load ``states`` into every one."""
         for stage, device in enumerate(self._devices):
             generation = await settled_generation(device, SETTLE_TIMEOUT)
-            if generation != self._generations[stage]:
-                self._replicas[stage] = await self._replica(stage, states[stage])
-                self._generations[stage] = generation
-            await self._replicas[stage].load_state_dict_async(states[stage])
+            if generation != self._s.generations[stage]:
+                self._s.replicas[stage] = await self._replica(stage, states[stage])
+                self._s.generations[stage] = generation
+            await self._s.replicas[stage].load_state_dict_async(states[stage])
 
     async def handle(self, message: Any) -> Any:
         """Answer a step, a prediction or a state download, each within its time-out
@@ -199,15 +197,15 @@ class _PipelineActor(AgentActor):
     async def _answer(self, message: _Step | _Predict | _StateDict) -> Any:
         if isinstance(message, _Step):
             started = time.perf_counter()
-            (loss, norm), recovered = await self._journal.run(self._step, message.x,
+            (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
                                                               message.y)
             return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
                               int(recovered))
         if isinstance(message, _Predict):
             x = message.x
-            return await self._journal.read(lambda: self._predict(self._replicas, x))
+            return await self._s.journal.read(lambda: self._predict(self._s.replicas, x))
         state: dict[str, Array] = {}
-        for replica_state in await self._journal.read(self._save):
+        for replica_state in await self._s.journal.read(self._save):
             state.update(replica_state)
         return state
 
@@ -222,7 +220,7 @@ class _PipelineActor(AgentActor):
 
     async def _step(self, x: Array, y: Array | None) -> tuple[float, float]:
         """One step on every stage; answers the mean loss and the gradient's norm."""
-        replicas = self._replicas
+        replicas = self._s.replicas
         target = x if y is None else y
         xs = self._split(x)
         ys = self._split(target)
@@ -258,7 +256,7 @@ class _PipelineActor(AgentActor):
                                                              grad_scale=scale)
                 else:
                     count = math.prod(replica.output_shape(i))
-                    dst = await self._buffers.get(("act", stage + 1, i),
+                    dst = await self._s.buffers.get(("act", stage + 1, i),
                                                   replicas[stage + 1].device, count)
                     await transfer(self._system, out, dst, count)
                     run.acts[stage + 1, i] = dst
@@ -271,7 +269,7 @@ class _PipelineActor(AgentActor):
                                                   want_input_grad=stage > 0)
                 if dx is not None:
                     count = math.prod(replicas[stage - 1].output_shape(i))
-                    dst = await self._buffers.get(("grad", stage - 1, i),
+                    dst = await self._s.buffers.get(("grad", stage - 1, i),
                                                   replicas[stage - 1].device, count)
                     await transfer(self._system, dx, dst, count)
                     run.grads[stage - 1, i] = dst
@@ -288,15 +286,25 @@ class _PipelineActor(AgentActor):
             if stage == len(replicas) - 1:
                 result = await replica.device.copy_to_numpy_async(out, 0, count)
                 return result.reshape(shape)
-            dst = await self._buffers.get(("predict", stage + 1), replicas[stage + 1].device,
+            dst = await self._s.buffers.get(("predict", stage + 1), replicas[stage + 1].device,
                                           count)
             await transfer(self._system, out, dst, count)
             current = dst
         raise AssertionError("a pipeline has at least one stage")
 
+    async def post_restart(self, exc: BaseException) -> None:
+        """A new incarnation after a crash: it keeps the replicas (``KeptState``), and the
+        next call recovers them from the checkpoint first (the crash may have left a step
+        half-made)."""
+        self._s.journal.dirty = self._s.journal.checkpoint is not None
+        await super().post_restart(exc)
+
+    async def pre_restart(self, exc: BaseException, message: Any) -> None:
+        """Keep every buffer for the next incarnation (the default would free them)."""
+
     async def post_stop(self) -> None:
         """Free the transfer buffers."""
-        await self._buffers.close()
+        await self._s.buffers.close()
 
 
 class PipelineParallelTrainer(AgentClient):
@@ -392,7 +400,7 @@ class PipelineParallelTrainer(AgentClient):
         full = (None if parameters is None
                 else checked_parameters(parameters, model.parameter_shapes(), DType.F32))
         props = Props(_PipelineActor, system, model, cuts, devices, loss, optimizer,
-                      micro_batches, micro_batch_size, kind, seed, full)
+                      micro_batches, micro_batch_size, kind, seed, full, KeptState())
         client = cls._start_in(system, props, name)
         client._in_features = in_features
         client._out_features = out_features

@@ -117,25 +117,32 @@ class _Train:
     seed: int
 
 
+@dataclass
+class _Kept:
+    """The worker's replica, shared by its actor's incarnations (a restart keeps it)."""
+
+    replica: ModelReplica | None = None
+    rebuilds: int = 0
+    """Times the replica was made again after its context was rebuilt."""
+
+
 class _WorkerActor(AgentActor):
     """Owns the replica on its device; runs ``train`` requests."""
 
     def __init__(self, server: AsyncParameterServer, model: Sequential, device: Device,
-                 loss: Loss, worker_id: int) -> None:
+                 loss: Loss, worker_id: int, kept: _Kept) -> None:
         self._server = server
         self._model = model
         self._device = device
         self._loss = loss
         self._worker_id = worker_id
-        self._replica: ModelReplica | None = None
-        self.rebuilds = 0
-        """Times the replica was made again after its context was rebuilt."""
+        self._kept = kept
 
     async def _ready(self) -> ModelReplica:
-        if self._replica is None:
-            self._replica = await ModelReplica.create_async(
+        if self._kept.replica is None:
+            self._kept.replica = await ModelReplica.create_async(
                 self._device, self._model, loss=self._loss, optimizer=SGD(0.0))
-        return self._replica
+        return self._kept.replica
 
     async def handle(self, message: Any) -> Any:
         """Run a ``train`` request."""
@@ -151,8 +158,8 @@ class _WorkerActor(AgentActor):
             return await self._compute(await self._ready(), x, y)
         except RECOVERABLE:
             await settled_generation(self._device, SETTLE_TIMEOUT)
-            self._replica = None
-            self.rebuilds += 1
+            self._kept.replica = None
+            self._kept.rebuilds += 1
             return await self._compute(await self._ready(), x, y)
 
     async def _compute(self, replica: ModelReplica, x: Array, y: Array,
@@ -169,7 +176,7 @@ class _WorkerActor(AgentActor):
         return loss, gradient, version
 
     async def _train(self, request: _Train) -> WorkerReport:
-        report, before = WorkerReport(), self.rebuilds
+        report, before = WorkerReport(), self._kept.rebuilds
         rng = np.random.default_rng(request.seed)
         rows = len(request.x)
         for _ in range(request.steps):
@@ -186,7 +193,7 @@ class _WorkerActor(AgentActor):
                 report.rejected += 1
                 continue
             report.applied += 1
-        report.rebuilds = self.rebuilds - before
+        report.rebuilds = self._kept.rebuilds - before
         return report
 
 
@@ -223,7 +230,7 @@ class ParameterServerWorker(AgentClient):
         if in_features is None:
             raise InvalidArgument("the model must start with a Linear or LayerNorm")
         client = cls._start_in(facade, Props(_WorkerActor, server, model, device, loss,
-                                             int(worker_id)), name)
+                                             int(worker_id), _Kept()), name)
         client._in_features = in_features
         client._classes = not isinstance(loss, MSELoss)
         return client

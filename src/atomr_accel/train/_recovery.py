@@ -31,8 +31,9 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.device._state import Status
 from atomr_accel.facade import Device
+from atomr_accel.train._transfer import WorkBuffers
 
-__all__ = ["CHECKPOINT_EVERY", "RECOVERABLE", "StepJournal", "settled_generation"]
+__all__ = ["CHECKPOINT_EVERY", "RECOVERABLE", "KeptState", "StepJournal", "settled_generation"]
 
 Array = np.ndarray[Any, Any]
 R = TypeVar("R")
@@ -130,3 +131,30 @@ class StepJournal:
             self.checkpoint = await self.save()
             self.updates.clear()
         return result, recovered
+
+
+async def _nothing_saved() -> list[dict[str, Array]]:
+    raise AssertionError("a KeptState is bound to its actor before use")
+
+
+async def _nothing_restored(states: list[dict[str, Array]]) -> None:
+    raise AssertionError("a KeptState is bound to its actor before use")
+
+
+@dataclass
+class KeptState:
+    """What a trainer actor keeps across its own restarts (passed in its ``Props``, so
+    every incarnation shares it): the replicas, their context generations, transfer
+    buffers and the journal. A crashed incarnation's successor goes on with them (after
+    a recovery) instead of starting from the initial parameters."""
+
+    replicas: list[Any] = field(default_factory=list)
+    generations: list[int] = field(default_factory=list)
+    buffers: WorkBuffers = field(default_factory=WorkBuffers)
+    journal: StepJournal = field(
+        default_factory=lambda: StepJournal(_nothing_saved, _nothing_restored))
+
+    def bind(self, save: Callable[[], Awaitable[list[dict[str, Array]]]],
+             restore: Callable[[list[dict[str, Array]]], Awaitable[None]]) -> None:
+        """Point the journal at the current incarnation's ``save`` and ``restore``."""
+        self.journal.save, self.journal.restore = save, restore

@@ -53,7 +53,7 @@ from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._grad_norm import gradient_norm
 from atomr_accel.train._model import GELU, Linear, Sequential
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
-from atomr_accel.train._recovery import StepJournal, settled_generation
+from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica import _checked_parameters as checked_parameters
 from atomr_accel.train._step_result import StepResult
@@ -206,13 +206,20 @@ class _Shards:
         return out
 
 
+@dataclass
+class _Kept(KeptState):
+    """``KeptState`` with the shards (``replicas`` stays unused)."""
+
+    shards: _Shards | None = None
+
+
 class _TensorParallelActor(AgentActor):
     """Owns the shards; answers steps, forwards, backwards and state downloads, and
     recovers from a lost context (``_recovery``)."""
 
     def __init__(self, system: System, model: Sequential | None, devices: list[Device],
                  loss: Loss, optimizer: Optimizer, seed: int,
-                 parameters: Mapping[str, Array] | None) -> None:
+                 parameters: Mapping[str, Array] | None, kept: _Kept) -> None:
         self._system = system
         self._model = model
         self._devices = devices
@@ -220,19 +227,18 @@ class _TensorParallelActor(AgentActor):
         self._optimizer = optimizer
         self._seed = seed
         self._parameters = parameters
-        self._shards: _Shards | None = None
-        self._generations: list[int] = []
-        self._journal = StepJournal(self._save, self._restore)
+        self._s = kept
+        kept.bind(self._save, self._restore)
 
     async def _ready(self, features: int) -> _Shards:
-        if self._shards is not None:
-            return self._shards
+        if self._s.shards is not None:
+            return self._s.shards
         model = self._model or default_tensor_parallel_model(features)
         full = (dict(self._parameters) if self._parameters is not None
                 else model.init_parameters(self._seed))
         n = len(self._devices)
         parts = segments(model)
-        self._generations = [d.generation for d in self._devices]
+        self._s.generations = [d.generation for d in self._devices]
         ranks = [await self._make_rank(model, parts, rank, {
             k: v for part in parts for k, v in shard_parameters(model, part, rank, n,
                                                                  full).items()})
@@ -240,28 +246,28 @@ class _TensorParallelActor(AgentActor):
         world = (await self._system.nccl_world_async(self._devices)
                  if n > 1 and any(p.sharded for p in parts) else None)
         replicas = [[ranks[rank][i] for rank in range(n)] for i in range(len(parts))]
-        self._shards = _Shards(model, parts, replicas, world)
-        return self._shards
+        self._s.shards = _Shards(model, parts, replicas, world)
+        return self._s.shards
 
     async def _save(self) -> list[dict[str, Array]]:
-        assert self._shards is not None
-        return [await r.state_dict_async() for rs in self._shards.replicas for r in rs]
+        assert self._s.shards is not None
+        return [await r.state_dict_async() for rs in self._s.shards.replicas for r in rs]
 
     async def _restore(self, states: list[dict[str, Array]]) -> None:
         """Rebuild the ranks whose context was rebuilt; load ``states`` into every
         replica."""
-        shards = self._shards
+        shards = self._s.shards
         assert shards is not None
         n = len(self._devices)
         for rank, device in enumerate(self._devices):
             generation = await settled_generation(device, SETTLE_TIMEOUT)
-            if generation != self._generations[rank]:
+            if generation != self._s.generations[rank]:
                 mine = [states[i * n + rank] for i in range(len(shards.parts))]
                 full = {k: v for state in mine for k, v in state.items()}
                 rebuilt = await self._make_rank(shards.model, shards.parts, rank, full)
                 for i, replica in enumerate(rebuilt):
                     shards.replicas[i][rank] = replica
-                self._generations[rank] = generation
+                self._s.generations[rank] = generation
         for state, replica in zip(states, (r for rs in shards.replicas for r in rs),
                                   strict=True):
             await replica.load_state_dict_async(state)
@@ -315,6 +321,15 @@ class _TensorParallelActor(AgentActor):
         await shards.update()
         return await shards.grad_norm()
 
+    async def post_restart(self, exc: BaseException) -> None:
+        """A new incarnation after a crash: it keeps the shards (``KeptState``), and the
+        next call recovers them from the checkpoint first."""
+        self._s.journal.dirty = self._s.journal.checkpoint is not None
+        await super().post_restart(exc)
+
+    async def pre_restart(self, exc: BaseException, message: Any) -> None:
+        """Keep every buffer for the next incarnation."""
+
     async def handle(self, message: Any) -> Any:
         """Answer a step, a forward, a backward or a state download, each within its
         time-out (``AskTimeout`` past it; the next call then recovers the state first)."""
@@ -328,26 +343,26 @@ class _TensorParallelActor(AgentActor):
         if type(message) is _Step:
             started = time.perf_counter()
             await self._ready(message.x.shape[-1])
-            (loss, norm), recovered = await self._journal.run(self._step, message.x,
+            (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
                                                               message.y)
             return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
                               int(recovered))
         if type(message) is _Forward:
             await self._ready(message.x.shape[-1])
             request = message
-            return await self._journal.read(
+            return await self._s.journal.read(
                 lambda: self._forward(request.x, request.y, request.train))
         if type(message) is _Backward:
-            last = None if self._shards is None else self._shards.last
+            last = None if self._s.shards is None else self._s.shards.last
             if last is None:
                 raise InvalidArgument("backward needs a forward (train=True) first")
-            norm, _ = await self._journal.run(self._backward, *last, message.grad)
+            norm, _ = await self._s.journal.run(self._backward, *last, message.grad)
             return norm
         if type(message) is _StateDict:
-            if self._shards is None and self._model is None:
+            if self._s.shards is None and self._model is None:
                 raise InvalidArgument("the default model is made at the first forward")
             shards = await self._ready(0)  # the model is known by now
-            return await self._journal.read(shards.state_dict)
+            return await self._s.journal.read(shards.state_dict)
         raise AssertionError(f"unexpected {message!r}")
 
 
@@ -443,7 +458,7 @@ class TensorParallelTrainer(AgentClient):
             raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
         require_count("seed", seed, least=0)
         props = Props(_TensorParallelActor, system, model, devices, loss, optimizer, seed,
-                      parameters)
+                      parameters, _Kept())
         client = cls._start_in(system, props, name)
         client._devices = tuple(devices)
         client._classes = not isinstance(loss, MSELoss)
