@@ -68,7 +68,7 @@ from atomr_accel.train._trainer_args import (
     original_devices,
     require_count,
 )
-from atomr_accel.train._transfer import transfer
+from atomr_accel.train._transfer import free_replicas, transfer
 
 __all__ = ["PipelineParallelTrainer", "default_pipeline_model"]
 
@@ -167,9 +167,9 @@ class _PipelineActor(AgentActor):
         if not self._s.replicas:
             full = (dict(self._parameters) if self._parameters is not None
                     else self._model.init_parameters(self._seed))
-            for stage, device in enumerate(self._devices):
-                self._s.generations.append(device.generation)
-                self._s.replicas.append(await self._replica(stage, full))
+            generations = [device.generation for device in self._devices]
+            replicas = [await self._replica(stage, full) for stage in range(len(self._cuts))]
+            self._s.generations, self._s.replicas = generations, replicas
         return self._s.replicas
 
     async def _save(self) -> list[dict[str, Array]]:
@@ -303,8 +303,9 @@ class _PipelineActor(AgentActor):
         """Keep every buffer for the next incarnation (the default would free them)."""
 
     async def post_stop(self) -> None:
-        """Free the transfer buffers."""
+        """Free the transfer buffers and the stages' parameters, gradients and state."""
         await self._s.buffers.close()
+        await free_replicas(self._s.replicas)
 
 
 class PipelineParallelTrainer(AgentClient):
@@ -318,6 +319,7 @@ class PipelineParallelTrainer(AgentClient):
 
     _in_features = 1
     _out_features = 1
+    _micro_batches = 1
     _devices: tuple[Device, ...] = ()
     _classes: bool = False
 
@@ -404,6 +406,7 @@ class PipelineParallelTrainer(AgentClient):
         client = cls._start_in(system, props, name)
         client._in_features = in_features
         client._out_features = out_features
+        client._micro_batches = micro_batches
         client._devices = tuple(devices)
         client._classes = not isinstance(loss, MSELoss)
         return client
@@ -420,6 +423,9 @@ class PipelineParallelTrainer(AgentClient):
         ``y=None`` trains the model to reproduce ``x`` (the original's ``step(microbatch)``:
         a flat list is a batch of one-feature rows). Answers the ``StepResult``."""
         data, target = checked_batch(x, y, self._in_features, self._classes)
+        if len(data) < self._micro_batches:
+            raise InvalidArgument(f"a batch of {len(data)} rows cannot make "
+                                  f"{self._micro_batches} micro-batches")
         if target is None and self._out_features != self._in_features:
             raise InvalidArgument(f"y=None trains the model to reproduce x, which needs as "
                                   f"many outputs as inputs ({self._out_features} outputs, "

@@ -43,6 +43,7 @@ from atomr_accel.train._recovery import RECOVERABLE, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._staleness import StaleGradient
 from atomr_accel.train._trainer_args import checked_batch, require_count
+from atomr_accel.train._transfer import free_replicas
 
 __all__ = ["ParameterServerWorker", "WorkerReport", "flatten_parameters",
            "unflatten_parameters"]
@@ -143,6 +144,14 @@ class _WorkerActor(AgentActor):
             self._kept.replica = await ModelReplica.create_async(
                 self._device, self._model, loss=self._loss, optimizer=SGD(0.0))
         return self._kept.replica
+
+    async def pre_restart(self, exc: BaseException, message: Any) -> None:
+        """Keep the replica for the next incarnation."""
+
+    async def post_stop(self) -> None:
+        """Free the replica's parameters and gradients."""
+        if self._kept.replica is not None:
+            await free_replicas([self._kept.replica])
 
     async def handle(self, message: Any) -> Any:
         """Run a ``train`` request."""

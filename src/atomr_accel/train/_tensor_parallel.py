@@ -72,6 +72,7 @@ from atomr_accel.train._trainer_args import (
     first_error,
     require_count,
 )
+from atomr_accel.train._transfer import free_replicas
 
 __all__ = ["TensorParallelTrainer", "default_tensor_parallel_model"]
 
@@ -328,7 +329,19 @@ class _TensorParallelActor(AgentActor):
         await super().post_restart(exc)
 
     async def pre_restart(self, exc: BaseException, message: Any) -> None:
-        """Keep every buffer for the next incarnation."""
+        """Keep every buffer (and the world) for the next incarnation."""
+
+    async def post_stop(self) -> None:
+        """Stop the trainer's communicator world and free the shards' parameters,
+        gradients and optimizer state."""
+        shards = self._s.shards
+        if shards is not None:
+            await free_replicas([r for rs in shards.replicas for r in rs])
+        if shards is not None and shards.world is not None:
+            world = shards.world
+            if world in self._system.worlds:
+                self._system.worlds.remove(world)
+            self._system.actors.stop(world.ref)
 
     async def handle(self, message: Any) -> Any:
         """Answer a step, a forward, a backward or a state download, each within its

@@ -7,8 +7,9 @@ import contextlib
 from atomr_accel.core._errors import GpuRuntimeError
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._replica import ModelReplica
 
-__all__ = ["WorkBuffers", "transfer"]
+__all__ = ["WorkBuffers", "free_replicas", "transfer"]
 
 
 async def transfer(system: System, src: GpuBuffer, dst: GpuBuffer, count: int) -> None:
@@ -48,3 +49,16 @@ class WorkBuffers:
         for buffer in held:
             with contextlib.suppress(GpuRuntimeError):
                 await buffer.device.free_async(buffer)
+
+
+async def free_replicas(replicas: list[ModelReplica]) -> None:
+    """Free the parameter, gradient and optimizer-state buffers of ``replicas`` (their
+    work buffers stay until the device closes: ``ModelReplica`` does not expose them);
+    errors of a device or context already gone are ignored."""
+    for replica in replicas:
+        buffers = [*replica.params, *replica.grads,
+                   *(b for state in replica.optimizer_state.values() for b in state)]
+        for buffer in buffers:
+            if not buffer.is_stale():
+                with contextlib.suppress(GpuRuntimeError):
+                    await replica.device.free_async(buffer)
