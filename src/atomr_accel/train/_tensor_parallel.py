@@ -431,6 +431,8 @@ class TensorParallelTrainer(AgentClient):
         placed = checked_devices(facade, devices, len(devices), "devices")
         if len({id(d) for d in placed}) != len(placed):
             raise InvalidArgument("devices must be distinct (one shard a device)")
+        if len({d.backend for d in placed}) > 1:
+            raise InvalidArgument("devices must share one backend (their collectives do)")
         in_features = model.in_features()
         if in_features is None:
             raise InvalidArgument("the model must start with a Linear or LayerNorm")
