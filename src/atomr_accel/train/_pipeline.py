@@ -83,8 +83,6 @@ DEFAULT_HIDDEN = 16
 _PREDICT = 2**61
 """The micro-batch tag ``predict`` uses on every stage."""
 
-SETTLE_TIMEOUT = 60.0
-"""How long a recovery waits for a device to serve again, seconds."""
 
 
 def default_pipeline_model(n_stages: int, hidden: int = DEFAULT_HIDDEN) -> list[Sequential]:
@@ -178,7 +176,7 @@ class _PipelineActor(AgentActor):
     async def _restore(self, states: list[dict[str, Array]]) -> None:
         """Rebuild the stages whose context was rebuilt; load ``states`` into every one."""
         for stage, device in enumerate(self._devices):
-            generation = await settled_generation(device, SETTLE_TIMEOUT)
+            generation = await settled_generation(device)
             if generation != self._s.generations[stage]:
                 self._s.replicas[stage] = await self._replica(stage, states[stage])
                 self._s.generations[stage] = generation

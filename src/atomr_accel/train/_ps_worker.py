@@ -53,8 +53,6 @@ Array = np.ndarray[Any, Any]
 TRAIN_TIMEOUT = 300.0
 """The default ``timeout_secs`` of ``train``, seconds."""
 
-SETTLE_TIMEOUT = 60.0
-"""How long a worker waits for its device to serve again after a fault, seconds."""
 
 _STEP_KEY = "optimizer.step"
 
@@ -166,7 +164,7 @@ class _WorkerActor(AgentActor):
         try:
             return await self._compute(await self._ready(), x, y)
         except RECOVERABLE:
-            await settled_generation(self._device, SETTLE_TIMEOUT)
+            await settled_generation(self._device)
             self._kept.replica = None
             self._kept.rebuilds += 1
             return await self._compute(await self._ready(), x, y)

@@ -47,8 +47,11 @@ RECOVERABLE = (ContextPoisoned, GpuRefStale, CollectiveAborted)
 SETTLE_POLL = 0.02
 """How often a recovery looks whether a device serves again, seconds."""
 
+SETTLE_TIMEOUT = 60.0
+"""How long a recovery waits for a device to serve again, seconds."""
 
-async def settled_generation(device: Device, timeout: float) -> int:
+
+async def settled_generation(device: Device, timeout: float = SETTLE_TIMEOUT) -> int:
     """``device``'s context generation once it serves again (it may be rebuilding);
     ``Unrecoverable`` when it stopped for good or is not back within ``timeout``."""
     deadline = time.perf_counter() + timeout

@@ -83,8 +83,6 @@ STEP_TIMEOUT = 60.0
 
 _STEP_KEY = "optimizer.step"
 
-SETTLE_TIMEOUT = 60.0
-"""How long a recovery waits for a device to serve again, seconds."""
 
 
 def default_tensor_parallel_model(features: int) -> Sequential:
@@ -261,7 +259,7 @@ class _TensorParallelActor(AgentActor):
         assert shards is not None
         n = len(self._devices)
         for rank, device in enumerate(self._devices):
-            generation = await settled_generation(device, SETTLE_TIMEOUT)
+            generation = await settled_generation(device)
             if generation != self._s.generations[rank]:
                 mine = [states[i * n + rank] for i in range(len(shards.parts))]
                 full = {k: v for state in mine for k, v in state.items()}
