@@ -1,4 +1,5 @@
-"""Argument checks the model-parallel trainers share (all raise ``InvalidArgument``)."""
+"""What the model-parallel trainers share: argument checks (``InvalidArgument``), the
+devices of the original forms, and time-outs and errors of their work inside the actor."""
 
 from __future__ import annotations
 
