@@ -126,6 +126,8 @@ class _Run:
     losses: dict[int, float] = field(default_factory=dict)
 
     def event(self, stage: int, kind: str, i: int) -> asyncio.Event:
+        """Set once ``stage`` has run pass ``kind`` (``"F"``/``"B"``) of micro-batch ``i``
+        and sent on what it made."""
         key = (stage, kind, i)
         if key not in self.done:
             self.done[key] = asyncio.Event()

@@ -55,6 +55,7 @@ class _Buffers:
     exp_avg_sq: GpuBuffer | None
 
     def all(self) -> list[GpuBuffer]:
+        """Every buffer held."""
         return [b for b in (self.weights, self.gradient, self.exp_avg, self.exp_avg_sq)
                 if b is not None]
 
