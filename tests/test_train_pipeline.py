@@ -279,3 +279,11 @@ def test_a_crashed_trainer_actor_keeps_its_model(system: System,
         np.testing.assert_array_equal(state[name], value, err_msg=name)
     trainer.stop()
     reference.stop()
+
+
+def test_no_construction_without_spawn() -> None:
+    """As the original's trainers (no ``__new__``): only ``spawn`` makes one."""
+    with pytest.raises(TypeError):
+        PipelineParallelTrainer()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        PipelineParallelTrainer(object())  # type: ignore[arg-type]

@@ -205,3 +205,11 @@ def test_the_originals_form_in_a_system_without_devices() -> None:
         assert len(bare.devices) == 2
         out, loss = trainer.forward([[1.0, 2.0], [3.0, 4.0]])
         assert len(out) == 2 and len(out[0]) == 2 and loss > 0
+
+
+def test_no_construction_without_spawn() -> None:
+    """As the original's trainers (no ``__new__``): only ``spawn`` makes one."""
+    with pytest.raises(TypeError):
+        TensorParallelTrainer()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        TensorParallelTrainer(object())  # type: ignore[arg-type]
