@@ -63,3 +63,32 @@ __all__ = [
     "TrainerStats",
     "WarmupCosine",
 ]
+
+# part C: model parallelism and the parameter server (docs/train-parallel.md)
+from atomr_accel.train._parameter_server import (
+    AsyncParameterServer,
+    ParameterServerCounters,
+    ParameterServerStats,
+)
+from atomr_accel.train._pipeline import PipelineParallelTrainer
+from atomr_accel.train._ps_worker import (
+    ParameterServerWorker,
+    WorkerReport,
+    flatten_parameters,
+    unflatten_parameters,
+)
+from atomr_accel.train._staleness import StaleGradient
+from atomr_accel.train._tensor_parallel import TensorParallelTrainer
+
+__all__ += [
+    "AsyncParameterServer",
+    "ParameterServerCounters",
+    "ParameterServerStats",
+    "ParameterServerWorker",
+    "PipelineParallelTrainer",
+    "StaleGradient",
+    "TensorParallelTrainer",
+    "WorkerReport",
+    "flatten_parameters",
+    "unflatten_parameters",
+]

@@ -1,0 +1,572 @@
+"""TensorParallelTrainer: a model's Linear pairs split across devices, Megatron style.
+
+The model is cut into segments (``_tp_split``): a *sharded* segment is a
+``Linear``, element-wise activations, then a ``Linear``; the first is split
+column-parallel and the second row-parallel over the ``n`` devices; every
+other layer is *replicated*. Each (segment, device) is one ``ModelReplica``
+(the device's shard of the segment), so forward, backward and the optimizer
+update are the training core's device ops.
+
+The collectives (one communicator world over the devices, ``System.nccl_world``:
+NCCL on GPUs, the host collective on CPU devices):
+
+* forward: a sharded segment leaves a partial sum on every device; it is
+  **all-reduced** (sum) in place, so every device holds the whole output (the
+  row-parallel bias lives on device 0 only, so it is added once) and the next
+  segment, or the loss, takes it there;
+* backward: the gradient reaching a sharded segment is whole on every device;
+  the row-parallel backward gives each device the gradient of its own columns
+  (no communication), and the column-parallel backward a partial input
+  gradient, which is **all-reduced** before it goes on.
+
+Replicated segments compute the same values on every device (one seed, so
+Dropout draws the same mask), so their parameters stay equal without
+communication. The whole-output all-reduce plays the role of Megatron's
+all-gather of a column-parallel output: no output stays split between
+segments. The result equals the unsplit model's step (float32 round-off).
+Inputs are ``(rows, features)`` batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atomr_accel.actor import Props
+from atomr_accel.agents._client import (
+    AgentActor,
+    AgentClient,
+    blocking_twin,
+    require_system,
+    require_timeout,
+)
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.facade import Collective, Device, System
+from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._grad_norm import gradient_norm
+from atomr_accel.train._model import GELU, Linear, Sequential
+from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
+from atomr_accel.train._recovery import KeptState, settled_generation
+from atomr_accel.train._replica import ModelReplica
+from atomr_accel.train._replica import _checked_parameters as checked_parameters
+from atomr_accel.train._step_result import StepResult
+from atomr_accel.train._tp_split import (
+    Segment,
+    merge_parameters,
+    segments,
+    shard_model,
+    shard_parameters,
+)
+from atomr_accel.train._trainer_args import (
+    ANSWER_MARGIN,
+    checked_batch,
+    checked_devices,
+    deadline,
+    first_error,
+    require_count,
+)
+from atomr_accel.train._transfer import free_replicas
+
+__all__ = ["TensorParallelTrainer", "default_tensor_parallel_model"]
+
+Array = np.ndarray[Any, Any]
+
+STEP_TIMEOUT = 60.0
+"""The default ``timeout_secs`` of a step, forward or backward, seconds."""
+
+_STEP_KEY = "optimizer.step"
+
+
+
+def default_tensor_parallel_model(features: int) -> Sequential:
+    """The original form's model for inputs of ``features`` numbers: a transformer-style
+    MLP block ``Linear(d, 4d), GELU, Linear(4d, d)`` (one sharded segment), trained to
+    reproduce its input (MSE against the input)."""
+    return Sequential(Linear(features, 4 * features), GELU(), Linear(4 * features, features))
+
+
+@dataclass
+class _Step:
+    x: Array
+    y: Array | None
+    timeout: float
+
+
+@dataclass
+class _Forward:
+    x: Array
+    y: Array | None
+    train: bool
+    timeout: float
+
+
+@dataclass
+class _Backward:
+    grad: Array | float
+    timeout: float
+
+
+@dataclass(frozen=True)
+class _StateDict:
+    timeout: float
+
+
+class _Shards:
+    """The replicas: ``replicas[segment][rank]``, and the world that joins the ranks."""
+
+    def __init__(self, model: Sequential, parts: list[Segment],
+                 replicas: list[list[ModelReplica]], world: Collective | None) -> None:
+        self.model = model
+        self.parts = parts
+        self.replicas = replicas
+        self.world = world
+        self.last: tuple[Array, Array] | None = None
+        """The last training forward's input and target (for ``backward``)."""
+
+    async def all_reduce(self, buffers: list[GpuBuffer]) -> None:
+        """Sum ``buffers`` (one a rank) in place on every rank (nothing with one rank)."""
+        if self.world is not None:
+            await self.world.all_reduce_async(buffers)
+
+    async def each(self, calls: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+        """Await one call a rank together; the first typed error is raised."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(c) for c in calls]
+        except ExceptionGroup as error:
+            raise first_error(error) from None
+        return [t.result() for t in tasks]
+
+    async def forward(self, x: Array, train: bool) -> list[GpuBuffer]:
+        """Every rank's whole output of the model for ``x`` (tag 0)."""
+        current: list[Any] = [x] * len(self.replicas[0])
+        shape: tuple[int, ...] | None = None
+        for part, replicas in zip(self.parts, self.replicas, strict=True):
+            outs = await self.each([r.forward_async(c, train=train, shape=shape)
+                                    for r, c in zip(replicas, current, strict=True)])
+            if part.sharded:
+                await self.all_reduce(outs)
+            current, shape = outs, replicas[0].output_shape(0)
+        return current
+
+    async def loss(self, y: Array, scale: float = 1.0) -> float:
+        """The loss of the last forward against ``y`` on every rank (rank 0's answered);
+        its gradient, times ``scale``, is left ready on every rank."""
+        losses = await self.each([r.loss_async(y, grad_scale=scale)
+                                  for r in self.replicas[-1]])
+        return float(losses[0])
+
+    async def backward(self, grad_out: Array | None) -> None:
+        """Backpropagate (from the loss when ``grad_out`` is None), every rank."""
+        current: list[Any] = [grad_out] * len(self.replicas[0])
+        for index in reversed(range(len(self.parts))):
+            part, replicas = self.parts[index], self.replicas[index]
+            want = index > 0
+            grads = await self.each([r.backward_async(g, want_input_grad=want)
+                                     for r, g in zip(replicas, current, strict=True)])
+            if want and part.sharded:
+                await self.all_reduce(grads)
+            current = grads
+
+    async def update(self) -> None:
+        """One optimizer update on every replica."""
+        await self.each([r.optimizer_step_async() for rs in self.replicas for r in rs])
+
+    async def zero_grad(self) -> None:
+        """Zero every gradient."""
+        await self.each([r.zero_grad_async() for rs in self.replicas for r in rs])
+
+    async def grad_norm(self) -> float:
+        """The L2 norm of the whole model's gradient (shards once each, replicated
+        segments once), computed on the devices."""
+        return await gradient_norm(r for part, replicas in zip(self.parts, self.replicas,
+                                                                strict=True)
+                                   for r in (replicas if part.sharded else replicas[:1]))
+
+    async def state_dict(self) -> dict[str, Array]:
+        """The whole model's parameters and optimizer state, shards merged."""
+        out: dict[str, Array] = {}
+        for part, replicas in zip(self.parts, self.replicas, strict=True):
+            states = [await r.state_dict_async() for r in replicas]
+            out[_STEP_KEY] = states[0].pop(_STEP_KEY)
+            patterns = ["{}", *(f"optimizer.{{}}.{kind}" for kind in replicas[0].optimizer_state)]
+            for pattern in patterns:
+                shards = [{n: s[pattern.format(n)] for n in r.parameter_layout}
+                          for s, r in zip(states, replicas, strict=True)]
+                merged = merge_parameters(self.model, part, shards)
+                out.update({pattern.format(k): v for k, v in merged.items()})
+        return out
+
+
+@dataclass
+class _Kept(KeptState):
+    """``KeptState`` with the shards (``replicas`` stays unused)."""
+
+    shards: _Shards | None = None
+
+
+class _TensorParallelActor(AgentActor):
+    """Owns the shards; answers steps, forwards, backwards and state downloads, and
+    recovers from a lost context (``_recovery``)."""
+
+    def __init__(self, system: System, model: Sequential | None, devices: list[Device],
+                 loss: Loss, optimizer: Optimizer, seed: int,
+                 parameters: Mapping[str, Array] | None, kept: _Kept) -> None:
+        self._system = system
+        self._model = model
+        self._devices = devices
+        self._loss = loss
+        self._optimizer = optimizer
+        self._seed = seed
+        self._parameters = parameters
+        self._s = kept
+        kept.bind(self._save, self._restore)
+
+    async def _ready(self, features: int) -> _Shards:
+        if self._s.shards is not None:
+            return self._s.shards
+        model = self._model or default_tensor_parallel_model(features)
+        full = (dict(self._parameters) if self._parameters is not None
+                else model.init_parameters(self._seed))
+        n = len(self._devices)
+        parts = segments(model)
+        self._s.generations = [d.generation for d in self._devices]
+        ranks = [await self._make_rank(model, parts, rank, {
+            k: v for part in parts for k, v in shard_parameters(model, part, rank, n,
+                                                                 full).items()})
+            for rank in range(n)]
+        world = (await self._system.nccl_world_async(self._devices)
+                 if n > 1 and any(p.sharded for p in parts) else None)
+        replicas = [[ranks[rank][i] for rank in range(n)] for i in range(len(parts))]
+        self._s.shards = _Shards(model, parts, replicas, world)
+        return self._s.shards
+
+    async def _save(self) -> list[dict[str, Array]]:
+        assert self._s.shards is not None
+        return [await r.state_dict_async() for rs in self._s.shards.replicas for r in rs]
+
+    async def _restore(self, states: list[dict[str, Array]]) -> None:
+        """Rebuild the ranks whose context was rebuilt; load ``states`` into every
+        replica."""
+        shards = self._s.shards
+        assert shards is not None
+        n = len(self._devices)
+        for rank, device in enumerate(self._devices):
+            generation = await settled_generation(device)
+            if generation != self._s.generations[rank]:
+                mine = [states[i * n + rank] for i in range(len(shards.parts))]
+                full = {k: v for state in mine for k, v in state.items()}
+                rebuilt = await self._make_rank(shards.model, shards.parts, rank, full)
+                for i, replica in enumerate(rebuilt):
+                    shards.replicas[i][rank] = replica
+                self._s.generations[rank] = generation
+        for state, replica in zip(states, (r for rs in shards.replicas for r in rs),
+                                  strict=True):
+            await replica.load_state_dict_async(state)
+
+    async def _make_rank(self, model: Sequential, parts: list[Segment], rank: int,
+                         values: Mapping[str, Array]) -> list[ModelReplica]:
+        """Rank ``rank``'s replicas (one a segment) from the values of its shards."""
+        n, device = len(self._devices), self._devices[rank]
+        out = []
+        for part in parts:
+            shard = shard_model(model, part, rank, n)
+            out.append(await ModelReplica.create_async(
+                device, shard, loss=self._loss, optimizer=self._optimizer, seed=self._seed,
+                parameters={k: values[k] for k in shard.parameter_shapes()}))
+        return out
+
+    async def _step(self, x: Array, y: Array | None) -> tuple[float, float]:
+        """Zero, forward, loss, backward, update; answers the loss and gradient norm."""
+        shards = await self._ready(x.shape[-1])
+        await shards.zero_grad()
+        await shards.forward(x, True)
+        loss = await shards.loss(x if y is None else y)
+        await shards.backward(None)
+        await shards.update()
+        return loss, await shards.grad_norm()
+
+    async def _forward(self, x: Array, y: Array | None, train: bool,
+                       ) -> tuple[Array, float | None]:
+        shards = await self._ready(x.shape[-1])
+        outs = await shards.forward(x, train)
+        shape = shards.replicas[-1][0].output_shape(0)
+        device = shards.replicas[-1][0].device
+        out = await device.copy_to_numpy_async(outs[0], 0, math.prod(shape))
+        target = x if y is None else y
+        shards.last = (x, target) if train else None
+        value = await shards.loss(target) if train else None
+        return out.reshape(shape), value
+
+    async def _backward(self, x: Array, target: Array, grad: Array | float) -> float:
+        """Forward ``x`` again (the same tape, so a replay redoes it exactly), backpropagate
+        ``grad`` (the output's gradient, or a scale of the loss's against ``target``) and
+        update once; answers the gradient's norm."""
+        shards = await self._ready(x.shape[-1])
+        await shards.zero_grad()
+        await shards.forward(x, True)
+        if isinstance(grad, float):
+            await shards.loss(target, grad)
+            await shards.backward(None)
+        else:
+            await shards.backward(grad)
+        await shards.update()
+        return await shards.grad_norm()
+
+    async def post_restart(self, exc: BaseException) -> None:
+        """A new incarnation after a crash: it keeps the shards (``KeptState``), and the
+        next call recovers them from the checkpoint first."""
+        self._s.journal.dirty = self._s.journal.checkpoint is not None
+        await super().post_restart(exc)
+
+    async def pre_restart(self, exc: BaseException, message: Any) -> None:
+        """Keep every buffer (and the world) for the next incarnation."""
+
+    async def post_stop(self) -> None:
+        """Stop the trainer's communicator world and free the shards' parameters,
+        gradients and optimizer state."""
+        shards = self._s.shards
+        if shards is not None:
+            await free_replicas([r for rs in shards.replicas for r in rs])
+        if shards is not None and shards.world is not None:
+            world = shards.world
+            if world in self._system.worlds:
+                self._system.worlds.remove(world)
+            self._system.actors.stop(world.ref)
+
+    async def handle(self, message: Any) -> Any:
+        """Answer a step, a forward, a backward or a state download, each within its
+        time-out (``AskTimeout`` past it; the next call then recovers the state first)."""
+        if type(message) not in (_Step, _Forward, _Backward, _StateDict):
+            return await super().handle(message)
+        async with deadline(f"tensor-parallel {type(message).__name__[1:].lower()}",
+                            message.timeout):
+            return await self._answer(message)
+
+    async def _answer(self, message: Any) -> Any:
+        if type(message) is _Step:
+            started = time.perf_counter()
+            await self._ready(message.x.shape[-1])
+            (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
+                                                              message.y)
+            return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
+                              int(recovered))
+        if type(message) is _Forward:
+            await self._ready(message.x.shape[-1])
+            request = message
+            return await self._s.journal.read(
+                lambda: self._forward(request.x, request.y, request.train))
+        if type(message) is _Backward:
+            last = None if self._s.shards is None else self._s.shards.last
+            if last is None:
+                raise InvalidArgument("backward needs a forward (train=True) first")
+            norm, _ = await self._s.journal.run(self._backward, *last, message.grad)
+            return norm
+        if type(message) is _StateDict:
+            if self._s.shards is None and self._model is None:
+                raise InvalidArgument("the default model is made at the first forward")
+            shards = await self._ready(0)  # the model is known by now
+            return await self._s.journal.read(shards.state_dict)
+        raise AssertionError(f"unexpected {message!r}")
+
+
+class TensorParallelTrainer(AgentClient):
+    """A ``Sequential`` whose ``Linear`` pairs are split over several devices.
+
+    See the module for the split and the collectives. ``step(x, y)`` answers a
+    ``StepResult`` (a float, the mean loss, that unpacks as ``(loss,
+    grad_norm, step_micros)``); the original's ``forward(x) -> (output, loss)``
+    and ``backward(grad) -> grad_norm`` work on every trainer. Every method has
+    an ``_async`` twin.
+    """
+
+    _in_features: int | None = None
+    _out_features: int | None = None
+    _classes = False
+    _original = False
+    _devices: tuple[Device, ...] = ()
+
+    @classmethod
+    def spawn(cls, system: Any, *args: Any, **kwargs: Any) -> TensorParallelTrainer:
+        """Start a tensor-parallel trainer in the facade ``system``, in one of two forms.
+
+        ``spawn(system, model, devices, *, loss, optimizer, seed=0,
+        parameters=None, name=None)``: ``model`` a ``Sequential``, split over
+        ``devices`` (distinct devices of the system); ``parameters`` the whole
+        model's by name (default: ``model.init_parameters(seed)``).
+
+        ``spawn(system, n_shards=2, lr=0.01, name=None)``, the original's form:
+        the default model (``default_tensor_parallel_model``, its width fixed
+        by the first ``forward``'s input) with ``MSELoss`` against the input and
+        ``SGD(lr)``, on the system's first ``n_shards`` devices (CPU devices
+        are started for the ones it lacks).
+
+        Raises ``InvalidArgument`` for bad settings.
+        """
+        if kwargs.keys() & {"n_shards", "lr"} or (
+                "model" not in kwargs and (not args or isinstance(args[0], int))):
+            return cls._spawn_original(system, *args, **kwargs)
+        return cls._spawn_own(system, *args, **kwargs)
+
+    @classmethod
+    def _spawn_own(cls, system: Any, model: Sequential, devices: Sequence[Device], *,
+                   loss: Loss, optimizer: Optimizer, seed: int = 0,
+                   parameters: Mapping[str, Any] | None = None,
+                   name: str | None = None) -> TensorParallelTrainer:
+        facade = require_system(system)
+        if not isinstance(model, Sequential):
+            raise InvalidArgument(f"model must be a Sequential, got {model!r}")
+        if not isinstance(devices, Sequence) or not devices:
+            raise InvalidArgument(f"devices must be a non-empty list of Device, got "
+                                  f"{devices!r}")
+        placed = checked_devices(facade, devices, len(devices), "devices")
+        if len({id(d) for d in placed}) != len(placed):
+            raise InvalidArgument("devices must be distinct (one shard a device)")
+        if len({d.backend for d in placed}) > 1:
+            raise InvalidArgument("devices must share one backend (their collectives do)")
+        in_features = model.in_features()
+        if in_features is None:
+            raise InvalidArgument("the model must start with a Linear or LayerNorm")
+        out_features = model.features_out(in_features)
+        for part in segments(model):
+            if part.sharded:
+                first = model[part.start]
+                assert isinstance(first, Linear)
+                if first.out_features < len(placed):
+                    raise InvalidArgument(f"{first!r} has fewer outputs than there are "
+                                          f"devices ({len(placed)}) to split them over")
+        full = (None if parameters is None
+                else checked_parameters(parameters, model.parameter_shapes(), DType.F32))
+        client = cls._launch(facade, model, placed, loss, optimizer, seed, full, name)
+        client._in_features, client._out_features = in_features, out_features
+        return client
+
+    @classmethod
+    def _spawn_original(cls, system: Any, n_shards: int = 2, lr: float = 0.01,
+                        name: str | None = None) -> TensorParallelTrainer:
+        facade = require_system(system)
+        require_count("n_shards", n_shards)
+        devices = list(facade.devices[:n_shards])
+        while len(devices) < n_shards:
+            devices.append(facade.spawn_device(mock=True))
+        client = cls._launch(facade, None, devices, MSELoss(), SGD(lr), 0, None, name)
+        client._original = True
+        return client
+
+    @classmethod
+    def _launch(cls, system: System, model: Sequential | None, devices: list[Device],
+                loss: Loss, optimizer: Optimizer, seed: int,
+                parameters: Mapping[str, Array] | None, name: str | None,
+                ) -> TensorParallelTrainer:
+        if not isinstance(loss, Loss):
+            raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(), got {loss!r}")
+        if not isinstance(optimizer, Optimizer):
+            raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
+        require_count("seed", seed, least=0)
+        props = Props(_TensorParallelActor, system, model, devices, loss, optimizer, seed,
+                      parameters, _Kept())
+        client = cls._start_in(system, props, name)
+        client._devices = tuple(devices)
+        client._classes = not isinstance(loss, MSELoss)
+        return client
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The shards' devices, rank order."""
+        return self._devices
+
+    def _batch(self, x: Any, y: Any, *, labels: bool | None = None,
+               ) -> tuple[Array, Array | None]:
+        if self._in_features is None:  # the original form's model: fixed by the first x
+            try:
+                shape = np.shape(x)
+            except ValueError as exc:
+                raise InvalidArgument(f"x must be a batch of numbers: {exc}") from exc
+            if not shape or shape[-1] < 1:
+                raise InvalidArgument(f"x must hold at least one number, got shape {shape}")
+            self._in_features = self._out_features = int(shape[-1])
+        features = self._in_features
+        data, target = checked_batch(x, y, features,
+                                     self._classes if labels is None else labels)
+        if data.ndim != 2:
+            raise InvalidArgument(f"x must be a (rows, features) batch, got {data.shape}")
+        if target is None and labels is None and self._out_features != features:
+            raise InvalidArgument("y=None trains the model to reproduce x, which needs as "
+                                  "many outputs as inputs")
+        return data, target
+
+    def step_async(self, x: Any, y: Any = None, timeout_secs: float = STEP_TIMEOUT,
+                   ) -> Coroutine[Any, Any, StepResult]:
+        """One training step on the batch ``x`` against ``y`` (``y=None``: reproduce ``x``):
+        zero, forward, loss, backward, update. Answers the ``StepResult``."""
+        data, target = self._batch(x, y)
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
+
+    step = blocking_twin(step_async)
+
+    async def _forward(self, x: Any, data: Array, target: Array | None, train: bool,
+                       timeout: float) -> tuple[Any, float | None]:
+        out, loss = await self._call(_Forward(data, target, train, timeout),
+                                     timeout + ANSWER_MARGIN, "forward")
+        if isinstance(x, np.ndarray):
+            return out, loss
+        return (out[0].tolist() if len(np.shape(x)) == 1 else out.tolist()), loss
+
+    def forward_async(self, x: Any, y: Any = None, timeout_secs: float = STEP_TIMEOUT,
+                      ) -> Coroutine[Any, Any, tuple[Any, float | None]]:
+        """The original's ``forward``: the model's output for ``x`` (a list of numbers is one
+        sample, a list of lists a batch; lists answer lists, arrays arrays) and the loss
+        against ``y`` (None: against ``x``), its gradient kept for ``backward``."""
+        data, target = self._batch(x, y)
+        return self._forward(x, data, target, True, require_timeout(timeout_secs))
+
+    forward = blocking_twin(forward_async)
+
+    def backward_async(self, grad: Any = 1.0, timeout_secs: float = STEP_TIMEOUT,
+                       ) -> Coroutine[Any, Any, float]:
+        """The original's ``backward``: backpropagate the last ``forward`` and update once;
+        ``grad`` is the gradient of the output (shaped like it) or a number scaling the
+        loss's own gradient (1.0: the loss's). Answers the gradient's L2 norm."""
+        if isinstance(grad, int | float) and not isinstance(grad, bool):
+            if not math.isfinite(grad):
+                raise InvalidArgument(f"grad must be finite, got {grad!r}")
+            value: Array | float = float(grad)
+        else:
+            value = np.atleast_2d(np.asarray(grad, dtype=np.float32))
+            if not np.all(np.isfinite(value)):
+                raise InvalidArgument("grad holds a NaN or an infinity")
+        timeout = require_timeout(timeout_secs)
+        return self._call(_Backward(value, timeout), timeout + ANSWER_MARGIN, "backward")
+
+    backward = blocking_twin(backward_async)
+
+    async def _predict(self, data: Array, timeout: float) -> Array:
+        out, _ = await self._call(_Forward(data, None, False, timeout),
+                                  timeout + ANSWER_MARGIN, "predict")
+        result: Array = out
+        return result
+
+    def predict_async(self, x: Any, timeout_secs: float = STEP_TIMEOUT,
+                      ) -> Coroutine[Any, Any, Array]:
+        """The model's output for the batch ``x`` (evaluation mode), as a host array."""
+        data, _ = self._batch(x, None, labels=False)
+        return self._predict(data, require_timeout(timeout_secs))
+
+    predict = blocking_twin(predict_async)
+
+    def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
+                         ) -> Coroutine[Any, Any, dict[str, Array]]:
+        """The whole model's parameters and optimizer state (shards merged), under the
+        model's names (as ``ModelReplica.state_dict``)."""
+        timeout = require_timeout(timeout_secs)
+        return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
+
+    state_dict = blocking_twin(state_dict_async)

@@ -1,0 +1,119 @@
+"""What the model-parallel trainers share: argument checks (``InvalidArgument``), the
+devices of the original forms, and time-outs and errors of their work inside the actor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from atomr_accel.core._errors import AskTimeout, DTypeMismatch, GpuRuntimeError, InvalidArgument
+from atomr_accel.facade import Device, System
+
+__all__ = ["ANSWER_MARGIN", "checked_batch", "checked_devices", "deadline", "first_error",
+           "original_devices", "require_count"]
+
+Array = np.ndarray[Any, Any]
+
+ANSWER_MARGIN = 1.0
+"""Seconds a client waits past a request's own time-out, so the trainer's typed
+``AskTimeout`` (not the ask's) answers a request that ran too long."""
+
+
+def require_count(name: str, value: object, least: int = 1) -> int:
+    """``value`` as an int >= ``least``."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < least:
+        raise InvalidArgument(f"{name} must be an int >= {least}, got {value!r}")
+    return int(value)
+
+
+def checked_devices(system: System, devices: object, count: int, what: str) -> list[Device]:
+    """``devices`` as a list of ``count`` devices of ``system`` (one per ``what``)."""
+    if not isinstance(devices, Sequence) or isinstance(devices, str):
+        raise InvalidArgument(f"devices must be a list of Device, got {devices!r}")
+    if len(devices) != count:
+        raise InvalidArgument(f"devices must name one device per {what[:-1]}: {count} "
+                              f"{what}, {len(devices)} devices")
+    for device in devices:
+        if not isinstance(device, Device) or all(d is not device for d in system.devices):
+            raise InvalidArgument(f"devices must be Devices of this system, got {device!r}")
+    return list(devices)
+
+
+def original_devices(system: System, count: int) -> list[Device]:
+    """``count`` devices for the original forms: the system's, cycled in order; one CPU
+    device is started first when the system has none."""
+    devices = list(system.devices) or [system.spawn_device(mock=True)]
+    return [devices[k % len(devices)] for k in range(count)]
+
+
+def checked_batch(x: Any, y: Any, in_features: int, labels: bool,
+                  ) -> tuple[Array, Array | None]:
+    """``x`` as a float32 batch (a 1-D ``x`` is rows of ``in_features``) and ``y``: integer
+    labels (one a row) when ``labels``, else float32 targets (a 1-D ``y``: one row a
+    sample); None stays None (the targets are then ``x``)."""
+    try:
+        data = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"x must be a batch of numbers: {exc}") from exc
+    if data.ndim == 1:
+        if data.size == 0 or data.size % in_features:
+            raise InvalidArgument(f"a flat x needs a non-zero multiple of {in_features} "
+                                  f"numbers, got {data.size}")
+        data = data.reshape(-1, in_features)
+    if data.ndim < 2 or data.shape[0] == 0:
+        raise InvalidArgument(f"x must be a non-empty batch (rows, features...), got shape "
+                              f"{data.shape}")
+    if not np.all(np.isfinite(data)):
+        raise InvalidArgument("x holds a NaN or an infinity")
+    if y is None:
+        if labels:
+            raise InvalidArgument("CrossEntropyLoss needs the labels y")
+        return data, None
+    target = np.asarray(y)
+    if labels:
+        if target.dtype.kind not in "iu":
+            raise DTypeMismatch(f"CrossEntropyLoss takes integer labels, got {target.dtype}")
+        if target.shape != (len(data),):
+            raise InvalidArgument(f"labels must have shape ({len(data)},), got {target.shape}")
+        return data, target.astype(np.int32)
+    if target.dtype.kind not in "fiu":
+        raise DTypeMismatch(f"MSELoss takes numeric targets, got {target.dtype}")
+    target = target.astype(np.float32)
+    if target.ndim == 1:
+        target = target.reshape(len(data), -1) if target.size % len(data) == 0 else target
+    if target.ndim < 2 or target.shape[0] != len(data):
+        raise InvalidArgument(f"y must have one row per row of x ({len(data)}), got shape "
+                              f"{target.shape}")
+    return data, target
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to raise for a failed group of stage or shard tasks: the first typed
+    device error (``GpuRuntimeError``) if any, else the first error."""
+    leaves: list[BaseException] = []
+
+    def walk(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        else:
+            leaves.append(error)
+
+    walk(group)
+    typed = [e for e in leaves if isinstance(e, GpuRuntimeError)]
+    return (typed or leaves)[0]
+
+
+@contextlib.asynccontextmanager
+async def deadline(what: str, seconds: float) -> AsyncIterator[None]:
+    """Bound the work inside to ``seconds``; past it the work is cancelled and ``AskTimeout``
+    (a typed error, which leaves the trainer actor serving) is raised naming ``what``."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError as exc:
+        raise AskTimeout(what, seconds) from exc
