@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import print_table, write_json
+from _report import print_table, wall_samples, write_json
 
 from atomr_accel import System
 from atomr_accel.train import (
@@ -53,18 +51,6 @@ def mlp(width: int, layers: int) -> list[Any]:
     return [*parts, Linear(width, 10)]
 
 
-def timed(step: Callable[[], object], warmup: int, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` calls of ``step`` after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        step()
-    out = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - started)
-    return out
-
-
 def run(args: argparse.Namespace) -> dict[str, list[float]]:
     """Every row's step times, seconds."""
     rng = np.random.default_rng(0)
@@ -79,23 +65,23 @@ def run(args: argparse.Namespace) -> dict[str, list[float]]:
                    for i in range(2)]
         replica = ModelReplica.create(devices[0], Sequential(*layers), timeout_secs=300.0,
                                       **kwargs)
-        times["unsplit"] = timed(lambda: replica.train_step(x, y), args.warmup, args.steps)
+        times["unsplit"] = wall_samples(lambda: replica.train_step(x, y), args.steps, args.warmup)
         for kind in ("1f1b", "gpipe"):
             pipe = PipelineParallelTrainer.spawn(
                 system, [Sequential(*layers[:half]), Sequential(*layers[half:])], devices,
                 micro_batches=args.micro_batches, schedule=kind, **kwargs)
-            times[f"pipeline {kind} m={args.micro_batches}"] = timed(
-                lambda p=pipe: p.step(x, y, timeout_secs=300), args.warmup, args.steps)
+            times[f"pipeline {kind} m={args.micro_batches}"] = wall_samples(
+                lambda p=pipe: p.step(x, y, timeout_secs=300), args.steps, args.warmup)
             pipe.stop()
         tensor = TensorParallelTrainer.spawn(system, Sequential(*layers), devices, **kwargs)
-        times["tensor parallel"] = timed(lambda: tensor.step(x, y, timeout_secs=300),
-                                         args.warmup, args.steps)
+        times["tensor parallel"] = wall_samples(lambda: tensor.step(x, y, timeout_secs=300),
+                                           args.steps, args.warmup)
         tensor.stop()
         gradient = rng.standard_normal(args.ps_size).astype(np.float32)
         ps = AsyncParameterServer.spawn(system, np.zeros(args.ps_size, np.float32), "sgd",
                                         lr=1e-3, max_staleness=10**9, device=devices[0])
-        times["parameter server"] = timed(lambda: ps.push_gradient(0, 0, gradient, 300),
-                                          args.warmup, args.steps)
+        times["parameter server"] = wall_samples(lambda: ps.push_gradient(0, 0, gradient, 300),
+                                          args.steps, args.warmup)
         ps.stop()
     return times
 

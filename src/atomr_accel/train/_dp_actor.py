@@ -35,19 +35,17 @@ import numpy as np
 
 from atomr_accel.agents._client import AgentActor
 from atomr_accel.core._errors import (
-    CollectiveAborted,
     ContextPoisoned,
-    GpuRefStale,
     GpuRuntimeError,
     InvalidArgument,
     Unrecoverable,
-    WorkerLost,
 )
 from atomr_accel.facade import Collective, Device, System
 from atomr_accel.train._dp_ledger import Ledger, ReplicaRecovered, TrainerStats
-from atomr_accel.train._dp_replica import Slot, settled_generation
+from atomr_accel.train._dp_replica import Slot
 from atomr_accel.train._dp_spec import TrainerSpec
 from atomr_accel.train._dp_split import Share, plan_shares, require_width
+from atomr_accel.train._recovery import RECOVERABLE, settled_generation
 from atomr_accel.train._step_result import StepResult
 
 __all__ = [
@@ -57,8 +55,6 @@ __all__ = [
 
 T = TypeVar("T")
 Array = np.ndarray[Any, Any]
-RECOVERABLE = (ContextPoisoned, CollectiveAborted, GpuRefStale, WorkerLost)
-"""Errors that mean a replica's context went down (or a collective aborted with it)."""
 REBUILD_TIMEOUT = 120.0
 """Seconds a recovery waits for a device's context to come back."""
 

@@ -3,24 +3,18 @@ makes one for a model description or a ``TorchModule``, and how it tells a broke
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from atomr_accel.core._errors import Unrecoverable
-from atomr_accel.device import Status
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
 
-__all__ = ["Replica", "Slot", "settled_generation"]
+__all__ = ["Replica", "Slot"]
 
 Array = np.ndarray[Any, Any]
-SETTLE_POLL = 0.005
-"""Seconds between two looks at a rebuilding device."""
 
 
 class Replica(Protocol):
@@ -78,19 +72,3 @@ class Slot:
     device: Device
     replica: Replica
     generation: int
-
-
-async def settled_generation(device: Device, timeout: float) -> int:
-    """The device's context generation once it serves again (it may be rebuilding after
-    a fault); ``Unrecoverable`` if it stopped for good or did not come back in time."""
-    deadline = time.perf_counter() + timeout
-    while True:
-        stats = await device.stats_async(timeout_secs=max(deadline - time.perf_counter(), 0.1))
-        if stats.status is Status.READY:
-            return stats.generation
-        if stats.status is Status.STOPPED:
-            raise Unrecoverable(f"device {device.ref.path} stopped for good; its replica cannot "
-                                "be rebuilt")
-        if time.perf_counter() > deadline:
-            raise Unrecoverable(f"device {device.ref.path} was not rebuilt within {timeout:g} s")
-        await asyncio.sleep(SETTLE_POLL)

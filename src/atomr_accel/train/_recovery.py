@@ -44,7 +44,7 @@ CHECKPOINT_EVERY = 16
 RECOVERABLE = (ContextPoisoned, GpuRefStale, CollectiveAborted)
 """The errors of a step that recovery answers (``WorkerLost`` is a ``ContextPoisoned``)."""
 
-SETTLE_POLL = 0.02
+SETTLE_POLL = 0.005
 """How often a recovery looks whether a device serves again, seconds."""
 
 SETTLE_TIMEOUT = 60.0
@@ -52,16 +52,18 @@ SETTLE_TIMEOUT = 60.0
 
 
 async def settled_generation(device: Device, timeout: float = SETTLE_TIMEOUT) -> int:
-    """``device``'s context generation once it serves again (it may be rebuilding);
-    ``Unrecoverable`` when it stopped for good or is not back within ``timeout``."""
+    """``device``'s context generation once it serves again (it may be rebuilding after a
+    fault); ``Unrecoverable`` when it stopped for good or is not back within ``timeout``."""
     deadline = time.perf_counter() + timeout
     while True:
         stats = await device.stats_async(timeout_secs=max(deadline - time.perf_counter(), 0.1))
         if stats.status is Status.READY:
             return int(stats.generation)
-        if stats.status is Status.STOPPED or time.perf_counter() > deadline:
-            raise Unrecoverable(f"device {device.ref.path} did not serve again "
-                                f"({stats.status.value}); the trainer cannot rebuild it")
+        if stats.status is Status.STOPPED:
+            raise Unrecoverable(f"device {device.ref.path} stopped for good; the trainer "
+                                "cannot rebuild what it held")
+        if time.perf_counter() > deadline:
+            raise Unrecoverable(f"device {device.ref.path} was not rebuilt within {timeout:g} s")
         await asyncio.sleep(SETTLE_POLL)
 
 
