@@ -23,7 +23,8 @@ fp8 (e4m3 x e4m3 -> bf16, f32 accumulation, ``--size``^3): ``torch._scaled_mm``
 (cuBLASLt; its default accumulation, and ``use_fast_accum=True``) and our fp8
 kernel alone by CUDA events, ``Cutlass.gemm_fp8`` blocking and async by wall
 time; TFLOP/s and the ratio to ``torch._scaled_mm``; the result is checked
-against it.
+against it. ``--fp8-candidates`` also times other fp8 kernels alone (tiles,
+clusters, the pingpong and fast-accumulation schedules).
 
     python benchmarks/cutlass_bench.py [--size 8192] [--reps 10] [--json PATH]
         [--sections gemm,grouped,fp8]
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import time
 import traceback
@@ -46,7 +48,13 @@ from _report import print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 from atomr_accel.backends._cutlass_build import library
-from atomr_accel.cutlass import build_kernels, gemm_fp8_plan, gemm_plan, grouped_plan
+from atomr_accel.cutlass import (
+    KernelPlan,
+    build_kernels,
+    gemm_fp8_plan,
+    gemm_plan,
+    grouped_plan,
+)
 
 
 def events(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
@@ -195,8 +203,27 @@ def grouped_section(dev: Any, reps: int, warm: int) -> tuple[list[list[Any]], di
     return rows, meta
 
 
+def fp8_candidates(size: int) -> list[KernelPlan]:
+    """Other fp8 kernels than the plan's, timed alone with ``--fp8-candidates`` (what the
+    plan's choice of tile, cluster and schedule rests on)."""
+    base = gemm_fp8_plan(DType.BF16, size, size, size)
+    return [
+        dataclasses.replace(base, tile=(128, 128, 128), cluster=(2, 1, 1), stages=6),
+        dataclasses.replace(base, tile=(128, 128, 128), cluster=(1, 2, 1), stages=6),
+        dataclasses.replace(base, tile=(64, 128, 128), cluster=(1, 2, 1), schedule="pingpong",
+                            stages=8),
+        dataclasses.replace(base, tile=(128, 256, 128), cluster=(2, 1, 1),
+                            schedule="cooperative_fastaccum", stages=4),
+    ]
+
+
+def _short(plan: KernelPlan) -> str:
+    return (f"{'x'.join(map(str, plan.tile))} c{'x'.join(map(str, plan.cluster[:2]))} "
+            f"{plan.schedule}")
+
+
 def fp8_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
-                ) -> tuple[list[list[Any]], dict[str, Any]]:
+                candidates: list[KernelPlan]) -> tuple[list[list[Any]], dict[str, Any]]:
     m = n = k = size
     flops = 2.0 * m * n * k
     e4m3 = torch.float8_e4m3fn
@@ -211,15 +238,19 @@ def fp8_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
     plan = gemm_fp8_plan(DType.BF16, m, n, k)
     kernel = library(plan)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    ws = torch.empty(max(1, kernel.lib.atomr_workspace(m, n, k, sm)), dtype=torch.uint8,
-                     device="cuda")
     td = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
-    def direct() -> None:
-        status = kernel.lib.atomr_run(m, n, k, ta.data_ptr(), tb.data_ptr(), td.data_ptr(),
-                                      td.data_ptr(), None, 1.0, 0.0, 0, ws.data_ptr(), sm,
-                                      torch.cuda.current_stream().cuda_stream)
-        assert status == 0, status
+    def direct(candidate: KernelPlan) -> Callable[[], None]:
+        lib = library(candidate).lib
+        ws = torch.empty(max(1, lib.atomr_workspace(m, n, k, sm)), dtype=torch.uint8,
+                         device="cuda")
+
+        def call() -> None:
+            status = lib.atomr_run(m, n, k, ta.data_ptr(), tb.data_ptr(), td.data_ptr(),
+                                   td.data_ptr(), None, 1.0, 0.0, 0, ws.data_ptr(), sm,
+                                   torch.cuda.current_stream().cuda_stream)
+            assert status == 0, (candidate.name, status)
+        return call
 
     def scaled(fast: bool) -> Callable[[], Any]:
         return lambda: torch._scaled_mm(ta, tb.t(), scale_a=one, scale_b=one,
@@ -228,14 +259,20 @@ def fp8_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
     samples = {
         "torch._scaled_mm (cuBLASLt), events": events(scaled(False), reps, warm),
         "torch._scaled_mm fast accum, events": events(scaled(True), reps, warm),
-        "CUTLASS fp8 kernel alone, events": events(direct, reps, warm),
+        "CUTLASS fp8 kernel alone, events": events(direct(plan), reps, warm),
         "ours, blocking (Cutlass.gemm_fp8)": wall_samples(
             lambda: cl.gemm_fp8(a, b, d, m, n, k, timeout_secs=120), reps, warm),
         "ours, async": pipelined(lambda: cl.gemm_fp8_async(a, b, d, m, n, k, timeout_secs=120),
                                  inflight, reps, warm),
     }
-    torch.cuda.synchronize()
     want = scaled(False)().float()
+    candidate_errors = {}
+    for candidate in candidates:
+        samples[f"candidate kernel {_short(candidate)}, events"] = events(
+            direct(candidate), reps, warm)
+        candidate_errors[candidate.name] = float(
+            ((td.float() - want).abs().max() / want.abs().max()).item())
+    torch.cuda.synchronize()
     got = torch.tensor(np.asarray(dev.copy_to_numpy(d), np.float32), device="cuda").view(m, n)
     error = float(((got - want).abs().max() / want.abs().max()).item())
     base = statistics.median(samples["torch._scaled_mm (cuBLASLt), events"])
@@ -244,7 +281,8 @@ def fp8_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
         med = statistics.median(times)
         rows.append([name, med * 1e3, flops / med / 1e12, base / med])
     meta = {"plan": plan.name, "stages": kernel.stages, "smem_bytes": kernel.smem_bytes,
-            "max_rel_error_vs_scaled_mm": error, "samples_s": samples}
+            "max_rel_error_vs_scaled_mm": error, "candidate_errors": candidate_errors,
+            "samples_s": samples}
     return rows, meta
 
 
@@ -265,11 +303,13 @@ def run_grouped(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_fp8(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
-    rows, meta = fp8_section(dev, args.size, args.reps, args.warm, args.inflight)
+    candidates = [p for p in fp8_candidates(args.size) if p != gemm_fp8_plan(
+        DType.BF16, args.size, args.size, args.size)] if args.fp8_candidates else []
+    rows, meta = fp8_section(dev, args.size, args.reps, args.warm, args.inflight, candidates)
     print_table(f"fp8 GEMM {args.size}^3, e4m3 -> bf16 ({meta['plan']})",
                 ["path", "ms", "TFLOP/s", "vs _scaled_mm"], rows)
     print(f"max |ours - _scaled_mm| / max |_scaled_mm| = "
-          f"{meta['max_rel_error_vs_scaled_mm']:.2e}")
+          f"{meta['max_rel_error_vs_scaled_mm']:.2e}; candidates: {meta['candidate_errors']}")
     return {"rows": rows, **meta}
 
 
@@ -286,13 +326,16 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/cutlass_bench.json")
     parser.add_argument("--sections", default="gemm,grouped,fp8",
                         help="comma-separated: gemm, grouped, fp8")
+    parser.add_argument("--fp8-candidates", action="store_true",
+                        help="also time other fp8 kernels (tile, cluster, schedule) alone")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     start = time.perf_counter()
     plans = {"gemm": gemm_plan(DType.BF16, args.size, args.size, args.size),
              "grouped": grouped_plan(DType.BF16),
              "fp8": gemm_fp8_plan(DType.BF16, args.size, args.size, args.size)}
-    build_kernels([plan for name, plan in plans.items() if name in sections])
+    build_kernels([plan for name, plan in plans.items() if name in sections]
+                  + (fp8_candidates(args.size) if args.fp8_candidates else []))
     print(f"kernels ready in {time.perf_counter() - start:.1f} s; {torch.cuda.get_device_name()}")
     payload: dict[str, Any] = {"benchmark": "cutlass"}
     with System.open("cutlass-bench") as system:

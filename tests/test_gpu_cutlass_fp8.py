@@ -36,6 +36,8 @@ PLANS = [
     gemm_fp8_plan(DType.BF16, 256, 256, 256),
     gemm_fp8_plan(DType.F16, 256, 256, 256, "e5m2", "e4m3", bias_axis="row"),
     gemm_fp8_plan(DType.F32, 256, 256, 256, "e4m3", "e5m2"),
+    gemm_fp8_plan(DType.F32, 256, 256, 256),
+    gemm_fp8_plan(DType.BF16, 256, 256, 256, "e4m3", "e5m2"),
     gemm_fp8_plan(DType.BF16, 4096, 4096, 4096),
 ]
 TOL = {"bf16": 8e-3, "f16": 1e-3, "f32": 1e-5}
