@@ -208,12 +208,11 @@ def fp8_candidates(size: int) -> list[KernelPlan]:
     plan's choice of tile, cluster and schedule rests on)."""
     base = gemm_fp8_plan(DType.BF16, size, size, size)
     return [
-        dataclasses.replace(base, tile=(128, 128, 128), cluster=(2, 1, 1), stages=6),
+        dataclasses.replace(base, tile=(128, 256, 128), cluster=(2, 1, 1), stages=4),
         dataclasses.replace(base, tile=(128, 128, 128), cluster=(1, 2, 1), stages=6),
         dataclasses.replace(base, tile=(64, 128, 128), cluster=(1, 2, 1), schedule="pingpong",
                             stages=8),
-        dataclasses.replace(base, tile=(128, 256, 128), cluster=(2, 1, 1),
-                            schedule="cooperative_fastaccum", stages=4),
+        gemm_fp8_plan(DType.BF16, size, size, size, fast_accum=True),
     ]
 
 

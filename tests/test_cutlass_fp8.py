@@ -224,16 +224,21 @@ def test_gemm_fp8_async_twin_and_counters(env: tuple[Any, Cutlass]) -> None:
     asyncio.run(cl.gemm_fp8_async(A, B, D, m, n, k, timeout_secs=30))
     np.testing.assert_array_equal(get(dev, D, (m, n)), (a @ bt.T).astype(np.float32))
     cl.gemm_fp8(A, B, D, m, n, k, b_format="e5m2")
-    assert cl.dispatched == before + 2
-    assert cl.plan_cache_len >= plans and cl.plan_cache_len >= 2
+    cl.gemm_fp8(A, B, D, m, n, k, fast_accum=True)  # the CPU sums in f32 either way
+    np.testing.assert_array_equal(get(dev, D, (m, n)), (a @ bt.T).astype(np.float32))
+    assert cl.dispatched == before + 3
+    assert cl.plan_cache_len >= plans and cl.plan_cache_len >= 3
 
 
 def test_gemm_fp8_plans() -> None:
     small = gemm_fp8_plan(DType.BF16, 256, 256, 256)
     large = Cutlass.gemm_fp8_plan("bf16", 8192, 8192, 8192)
     assert small.kind is PlanKind.GEMM_FP8 and small.formats == ("e4m3", "e4m3")
-    assert small.tile == (128, 128, 128) and large.tile == (128, 256, 128)
-    assert large.cluster == (2, 1, 1) and 1 <= large.stages <= small.stages
+    assert small.tile == large.tile == (128, 128, 128) and small.cluster == (1, 1, 1)
+    assert large.cluster == (2, 1, 1) and small.schedule == large.schedule == "cooperative"
+    fast = Cutlass.gemm_fp8_plan("bf16", 8192, 8192, 8192, fast_accum=True)
+    assert fast.tile == (128, 256, 128) and fast.schedule == "cooperative_fastaccum"
+    assert 1 <= fast.stages <= large.stages and fast.key != large.key
     variants = {gemm_fp8_plan(DType.BF16, 256, 256, 256, fa, fb, bias_axis=ax).key
                 for fa in ("e4m3", "e5m2") for fb in ("e4m3", "e5m2") for ax in ("row", "column")}
     variants |= {gemm_fp8_plan(dt, 256, 256, 256).key for dt in (DType.F16, DType.F32)}
@@ -243,6 +248,8 @@ def test_gemm_fp8_plans() -> None:
                 (DType.BF16, "e4m3", "sm_80")):
         with pytest.raises(InvalidArgument):
             gemm_fp8_plan(bad[0], 64, 64, 64, bad[1], arch=bad[2])
+    with pytest.raises(InvalidArgument):
+        gemm_fp8_plan(DType.BF16, 64, 64, 64, fast_accum=1)  # type: ignore[arg-type]
 
 
 def test_gemm_fp8_typed_errors(env: tuple[Any, Cutlass]) -> None:
@@ -264,6 +271,8 @@ def test_gemm_fp8_typed_errors(env: tuple[Any, Cutlass]) -> None:
         cl.gemm_fp8(A, B, D, m, n, k, a_format="e4m3fnuz")
     with pytest.raises(InvalidArgument, match="scale_b"):
         cl.gemm_fp8(A, B, D, m, n, k, scale_b="2")
+    with pytest.raises(InvalidArgument, match="fast_accum"):
+        cl.gemm_fp8(A, B, D, m, n, k, fast_accum="yes")
     with pytest.raises(InvalidArgument, match="elements"):
         cl.gemm_fp8(A, B, D, 64, n, k)
     with pytest.raises(InvalidArgument):  # bias of another dtype than D

@@ -61,10 +61,11 @@ class Cutlass(OptionalLibrary, CutlassApi):
     @staticmethod
     def gemm_fp8_plan(dtype: DType | str, m: int, n: int, k: int, a_format: str = "e4m3",
                       b_format: str = "e4m3", arch: str = "sm_90a",
-                      bias_axis: str = "column") -> KernelPlan:
+                      bias_axis: str = "column", fast_accum: bool = False) -> KernelPlan:
         """The kernel plan of an ``m x n x k`` fp8 GEMM (operands in ``a_format`` /
         ``b_format``) storing ``D`` in ``dtype`` (bf16, f16, f32)."""
-        return gemm_fp8_plan(_dtype(dtype), m, n, k, a_format, b_format, arch, bias_axis)
+        return gemm_fp8_plan(_dtype(dtype), m, n, k, a_format, b_format, arch, bias_axis,
+                             fast_accum)
 
     @staticmethod
     def grouped_plan(dtype: DType | str, arch: str = "sm_90a") -> KernelPlan:

@@ -1,9 +1,10 @@
 """The fp8 GEMM on NumPy (the reference the CUDA kernel is checked against).
 
 The operands' bits are decoded with ``ml_dtypes`` (exact in f32), multiplied
-and accumulated in f32, scaled by ``scale_a * scale_b`` (and the epilogue's
-``scale``), then the epilogue runs node by node as for ``CutlassGemm``, with
-one rounding to D's dtype after the activation.
+and accumulated in f32 (``fast_accum`` changes only the CUDA kernel), scaled
+by ``scale_a * scale_b`` (and the epilogue's ``scale``), then the epilogue runs
+node by node as for ``CutlassGemm``, with one rounding to D's dtype after the
+activation.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def fp8_plan_of(op: CutlassGemmFp8) -> KernelPlan:
     bias = op.epilogue.bias_node
     axis = "row" if bias is not None and bias.axis is Axis.ROW else "column"
     return gemm_fp8_plan(op.d.dtype, op.m, op.n, op.k, op.a_format, op.b_format, "sm_90a",
-                         axis)
+                         axis, op.fast_accum)
 
 
 def kernel_epilogue(op: CutlassGemmFp8) -> Epilogue:

@@ -47,7 +47,9 @@ class CutlassGemmFp8(Op):
     ``a_format`` / ``b_format`` (``e4m3`` or ``e5m2``; ``atomr_accel.cutlass.to_fp8``);
     ``d`` (``m x n``) is bf16, f16 or f32; f32 accumulation; ``m``, ``n``, ``k`` multiples
     of 16. ``epilogue``: an ``Epilogue`` (None: store the scaled product), its buffers of
-    D's dtype. ``d`` must not be an input."""
+    D's dtype. ``fast_accum``: keep the whole sum in the tensor cores' fp8 accumulator
+    (faster, less accurate; default: promote it to f32 every few k-blocks, as
+    ``torch._scaled_mm`` does). ``d`` must not be an input."""
 
     library: ClassVar[str] = "cutlass"
     outputs: ClassVar[tuple[str, ...]] = ("d",)
@@ -65,6 +67,7 @@ class CutlassGemmFp8(Op):
     b_format: str = "e4m3"
     scale_a: float = 1.0
     scale_b: float = 1.0
+    fast_accum: bool = False
 
     def refs(self) -> tuple[GpuRef, ...]:
         """``a``, ``b``, ``d``, then the epilogue's buffers."""
@@ -86,6 +89,8 @@ class CutlassGemmFp8(Op):
             value = getattr(self, name)
             require(isinstance(value, str) and value in FP8_FORMATS,
                     f"{name} must be 'e4m3' or 'e5m2', got {value!r}")
+        require(isinstance(self.fast_accum, bool),
+                f"fast_accum must be a bool, got {self.fast_accum!r}")
         _number(self.scale_a, "scale_a")
         _number(self.scale_b, "scale_b")
         for name, ref in (("a", self.a), ("b", self.b)):
