@@ -19,13 +19,22 @@ wall time; against 64 separate calls gathered as async calls through our ``Blas`
 cuBLASLt), and 64 ``torch.matmul`` calls (bf16, events around the 64). Goal: ours >=
 1.5x faster than the 64 calls through ``Blas``. Results are checked against torch.
 
+fp8 (e4m3 x e4m3 -> bf16, f32 accumulation, ``--size``^3): ``torch._scaled_mm``
+(cuBLASLt; its default accumulation, and ``use_fast_accum=True``) and our fp8
+kernel alone by CUDA events, ``Cutlass.gemm_fp8`` blocking and async by wall
+time; TFLOP/s and the ratio to ``torch._scaled_mm``; the result is checked
+against it. ``--fp8-candidates`` also times other fp8 kernels alone (tiles,
+clusters, the pingpong and fast-accumulation schedules).
+
     python benchmarks/cutlass_bench.py [--size 8192] [--reps 10] [--json PATH]
+        [--sections gemm,grouped,fp8]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import time
 import traceback
@@ -39,7 +48,13 @@ from _report import print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 from atomr_accel.backends._cutlass_build import library
-from atomr_accel.cutlass import build_kernels, gemm_plan, grouped_plan
+from atomr_accel.cutlass import (
+    KernelPlan,
+    build_kernels,
+    gemm_fp8_plan,
+    gemm_plan,
+    grouped_plan,
+)
 
 
 def events(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
@@ -188,6 +203,119 @@ def grouped_section(dev: Any, reps: int, warm: int) -> tuple[list[list[Any]], di
     return rows, meta
 
 
+def fp8_candidates(size: int) -> list[KernelPlan]:
+    """Other fp8 kernels than the plan's, timed alone with ``--fp8-candidates`` (what the
+    plan's choice of tile, cluster and schedule rests on)."""
+    base = gemm_fp8_plan(DType.BF16, size, size, size)
+    return [
+        dataclasses.replace(base, tile=(128, 256, 128), cluster=(2, 1, 1), stages=4),
+        dataclasses.replace(base, tile=(128, 128, 128), cluster=(1, 2, 1), stages=6),
+        dataclasses.replace(base, tile=(64, 128, 128), cluster=(1, 2, 1), schedule="pingpong",
+                            stages=8),
+        gemm_fp8_plan(DType.BF16, size, size, size, fast_accum=True),
+    ]
+
+
+def _short(plan: KernelPlan) -> str:
+    return (f"{'x'.join(map(str, plan.tile))} c{'x'.join(map(str, plan.cluster[:2]))} "
+            f"{plan.schedule}")
+
+
+def fp8_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
+                candidates: list[KernelPlan]) -> tuple[list[list[Any]], dict[str, Any]]:
+    m = n = k = size
+    flops = 2.0 * m * n * k
+    e4m3 = torch.float8_e4m3fn
+    ta = torch.randn(m, k, device="cuda").to(e4m3)
+    tb = torch.randn(n, k, device="cuda").to(e4m3)  # B transposed: n x k, K-major
+    one = torch.tensor(1.0, device="cuda")
+    a, b = dev.allocate(m * k, DType.U8), dev.allocate(n * k, DType.U8)
+    dev.copy_from_numpy(a, ta.view(torch.uint8).cpu().numpy().reshape(-1))
+    dev.copy_from_numpy(b, tb.view(torch.uint8).cpu().numpy().reshape(-1))
+    d = dev.allocate(m * n, DType.BF16)
+    cl = dev.cutlass()
+    plan = gemm_fp8_plan(DType.BF16, m, n, k)
+    kernel = library(plan)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    td = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+    def direct(candidate: KernelPlan) -> Callable[[], None]:
+        lib = library(candidate).lib
+        ws = torch.empty(max(1, lib.atomr_workspace(m, n, k, sm)), dtype=torch.uint8,
+                         device="cuda")
+
+        def call() -> None:
+            status = lib.atomr_run(m, n, k, ta.data_ptr(), tb.data_ptr(), td.data_ptr(),
+                                   td.data_ptr(), None, 1.0, 0.0, 0, ws.data_ptr(), sm,
+                                   torch.cuda.current_stream().cuda_stream)
+            assert status == 0, (candidate.name, status)
+        return call
+
+    def scaled(fast: bool) -> Callable[[], Any]:
+        return lambda: torch._scaled_mm(ta, tb.t(), scale_a=one, scale_b=one,
+                                        out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+    samples = {
+        "torch._scaled_mm (cuBLASLt), events": events(scaled(False), reps, warm),
+        "torch._scaled_mm fast accum, events": events(scaled(True), reps, warm),
+        "CUTLASS fp8 kernel alone, events": events(direct(plan), reps, warm),
+        "ours, blocking (Cutlass.gemm_fp8)": wall_samples(
+            lambda: cl.gemm_fp8(a, b, d, m, n, k, timeout_secs=120), reps, warm),
+        "ours, async": pipelined(lambda: cl.gemm_fp8_async(a, b, d, m, n, k, timeout_secs=120),
+                                 inflight, reps, warm),
+    }
+    want = scaled(False)().float()
+    candidate_errors = {}
+    for candidate in candidates:
+        samples[f"candidate kernel {_short(candidate)}, events"] = events(
+            direct(candidate), reps, warm)
+        candidate_errors[candidate.name] = float(
+            ((td.float() - want).abs().max() / want.abs().max()).item())
+    torch.cuda.synchronize()
+    got = torch.tensor(np.asarray(dev.copy_to_numpy(d), np.float32), device="cuda").view(m, n)
+    error = float(((got - want).abs().max() / want.abs().max()).item())
+    base = statistics.median(samples["torch._scaled_mm (cuBLASLt), events"])
+    rows = []
+    for name, times in samples.items():
+        med = statistics.median(times)
+        rows.append([name, med * 1e3, flops / med / 1e12, base / med])
+    meta = {"plan": plan.name, "stages": kernel.stages, "smem_bytes": kernel.smem_bytes,
+            "max_rel_error_vs_scaled_mm": error, "candidate_errors": candidate_errors,
+            "samples_s": samples}
+    return rows, meta
+
+
+def run_gemm(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
+    rows, meta = gemm_section(dev, args.size, args.reps, args.warm, args.inflight)
+    print_table(f"bf16 GEMM {args.size}^3 ({meta['plan']})",
+                ["path", "ms", "TFLOP/s", "vs cuBLAS"], rows)
+    print(f"max |ours - cuBLAS| / max |cuBLAS| = {meta['max_rel_error_vs_cublas']:.2e}")
+    return {"rows": rows, **meta}
+
+
+def run_grouped(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
+    rows, meta = grouped_section(dev, args.reps, args.warm)
+    print_table("grouped GEMM, 64 mixed bf16 problems",
+                ["path", "ms", "TFLOP/s", "time / ours"], rows)
+    print(f"max relative error vs torch: {meta['max_rel_error_vs_torch']:.2e}")
+    return {"rows": rows, **meta}
+
+
+def run_fp8(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
+    candidates = [p for p in fp8_candidates(args.size) if p != gemm_fp8_plan(
+        DType.BF16, args.size, args.size, args.size)] if args.fp8_candidates else []
+    rows, meta = fp8_section(dev, args.size, args.reps, args.warm, args.inflight, candidates)
+    print_table(f"fp8 GEMM {args.size}^3, e4m3 -> bf16 ({meta['plan']})",
+                ["path", "ms", "TFLOP/s", "vs _scaled_mm"], rows)
+    print(f"max |ours - _scaled_mm| / max |_scaled_mm| = "
+          f"{meta['max_rel_error_vs_scaled_mm']:.2e}; candidates: {meta['candidate_errors']}")
+    return {"rows": rows, **meta}
+
+
+SECTIONS: dict[str, Callable[[Any, argparse.Namespace], dict[str, Any]]] = {
+    "gemm": run_gemm, "grouped": run_grouped, "fp8": run_fp8}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=8192)
@@ -195,30 +323,29 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=3)
     parser.add_argument("--inflight", type=int, default=4)
     parser.add_argument("--json", default="benchmarks/results/cutlass_bench.json")
+    parser.add_argument("--sections", default="gemm,grouped,fp8",
+                        help="comma-separated: gemm, grouped, fp8")
+    parser.add_argument("--fp8-candidates", action="store_true",
+                        help="also time other fp8 kernels (tile, cluster, schedule) alone")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     start = time.perf_counter()
-    build_kernels([gemm_plan(DType.BF16, args.size, args.size, args.size),
-                   grouped_plan(DType.BF16)])
+    plans = {"gemm": gemm_plan(DType.BF16, args.size, args.size, args.size),
+             "grouped": grouped_plan(DType.BF16),
+             "fp8": gemm_fp8_plan(DType.BF16, args.size, args.size, args.size)}
+    build_kernels([plan for name, plan in plans.items() if name in sections]
+                  + (fp8_candidates(args.size) if args.fp8_candidates else []))
     print(f"kernels ready in {time.perf_counter() - start:.1f} s; {torch.cuda.get_device_name()}")
     payload: dict[str, Any] = {"benchmark": "cutlass"}
     with System.open("cutlass-bench") as system:
         dev = system.spawn_device(mock=False)
-        try:
-            rows, meta = gemm_section(dev, args.size, args.reps, args.warm, args.inflight)
-            print_table(f"bf16 GEMM {args.size}^3 ({meta['plan']})",
-                        ["path", "ms", "TFLOP/s", "vs cuBLAS"], rows)
-            print(f"max |ours - cuBLAS| / max |cuBLAS| = {meta['max_rel_error_vs_cublas']:.2e}")
-            payload["gemm"] = {"rows": rows, **meta}
-        except Exception:  # report it and go on to the grouped section
-            traceback.print_exc()
-        try:
-            rows, meta = grouped_section(dev, args.reps, args.warm)
-            print_table("grouped GEMM, 64 mixed bf16 problems",
-                        ["path", "ms", "TFLOP/s", "time / ours"], rows)
-            print(f"max relative error vs torch: {meta['max_rel_error_vs_torch']:.2e}")
-            payload["grouped"] = {"rows": rows, **meta}
-        except Exception:
-            traceback.print_exc()
+        for name in ("gemm", "grouped", "fp8"):
+            if name not in sections:
+                continue
+            try:  # a failing section is reported, and the others still run
+                payload[name] = SECTIONS[name](dev, args)
+            except Exception:
+                traceback.print_exc()
     write_json(args.json, payload)
 
 

@@ -105,6 +105,7 @@ from atomr_accel.core.ops._cutlass import (
     CutlassStats,
 )
 from atomr_accel.core.ops._cutlass import Epilogue as CutlassEpilogue
+from atomr_accel.core.ops._cutlass_fp8 import CutlassGemmFp8
 from atomr_accel.core.ops._dnn import (
     Activation,
     ActivationBackward,
@@ -506,6 +507,9 @@ EXAMPLES: list[Any] = [
                   _buf(F32, 2 * 3 * 5 * 8, 53), 2, 5, 5, 4, 8, 3, 3, pad=(0, 1), stride=(1, 1),
                   dilation=(1, 1), alpha=2.0, bias=_buf(F32, 8, 54)),
     CutlassStats(),
+    CutlassGemmFp8(_buf(U8, 32 * 16, 51), _buf(U8, 16 * 16, 52),
+                   _buf(BF16, 32 * 16, 53), 32, 16, 16,
+                   CutlassEpilogue().bias(_buf(BF16, 16, 54)).relu(), "e4m3", "e5m2", 0.5, 2.0),
 ]
 
 

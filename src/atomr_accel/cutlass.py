@@ -1,9 +1,11 @@
 """CUTLASS kernel templates: the ``Cutlass`` handle (``dev.cutlass()``), its epilogue visitor
-trees, kernel plans, and ``build_kernels`` to fill the kernel cache ahead of time."""
+trees, kernel plans, ``build_kernels`` to fill the kernel cache ahead of time, and
+``to_fp8`` / ``from_fp8`` to encode and decode the fp8 bits ``Cutlass.gemm_fp8`` takes."""
 
 from collections.abc import Iterable
 from pathlib import Path
 
+from atomr_accel.core._fp8 import FP8_MAX, from_fp8, to_fp8
 from atomr_accel.core.ops._cutlass import (
     Activate,
     Activation,
@@ -16,9 +18,11 @@ from atomr_accel.core.ops._cutlass import (
 )
 from atomr_accel.core.ops._cutlass_plan import (
     CUTLASS_VERSION,
+    FP8_FORMATS,
     KernelPlan,
     PlanKind,
     conv2d_plan,
+    gemm_fp8_plan,
     gemm_plan,
     grouped_plan,
 )
@@ -26,6 +30,8 @@ from atomr_accel.facade._cutlass import Cutlass
 
 __all__ = [
     "CUTLASS_VERSION",
+    "FP8_FORMATS",
+    "FP8_MAX",
     "Activate",
     "Activation",
     "Axis",
@@ -39,8 +45,11 @@ __all__ = [
     "Scale",
     "build_kernels",
     "conv2d_plan",
+    "from_fp8",
+    "gemm_fp8_plan",
     "gemm_plan",
     "grouped_plan",
+    "to_fp8",
 ]
 
 

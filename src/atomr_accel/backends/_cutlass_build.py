@@ -173,7 +173,7 @@ def _load(plan: KernelPlan, path: Path) -> CompiledKernel:
     lib.atomr_smem_bytes.restype = ctypes.c_size_t
     lib.atomr_workspace.restype = ctypes.c_size_t
     lib.atomr_run.restype = _INT
-    if plan.kind is PlanKind.GEMM:
+    if plan.kind in (PlanKind.GEMM, PlanKind.GEMM_FP8):
         lib.atomr_workspace.argtypes = [_INT, _INT, _INT, _INT]
         lib.atomr_run.argtypes = [_INT, _INT, _INT, _PTR, _PTR, _PTR, _PTR, _PTR,
                                   ctypes.c_float, ctypes.c_float, _INT, _PTR, _INT, _PTR]

@@ -31,6 +31,15 @@ from atomr_accel.core.ops._cutlass_plan import KernelPlan, PlanKind
 __all__ = ["render"]
 
 _ELEMENT = {DType.F16: "cutlass::half_t", DType.BF16: "cutlass::bfloat16_t", DType.F32: "float"}
+_FP8 = {"e4m3": "cutlass::float_e4m3_t", "e5m2": "cutlass::float_e5m2_t"}
+_SCHEDULES = {
+    "cooperative": ("KernelTmaWarpSpecializedCooperative", "TmaWarpSpecializedCooperative"),
+    "pingpong": ("KernelTmaWarpSpecializedPingpong", "TmaWarpSpecialized"),
+    "cooperative_fastaccum": ("KernelTmaWarpSpecializedCooperativeFP8FastAccum",
+                              "TmaWarpSpecializedCooperative"),
+}
+"""A GEMM plan's ``schedule``: CUTLASS's mainloop and epilogue schedules (the fp8 ones
+included: ``fastaccum`` keeps the sum in the tensor cores' fp8 accumulator)."""
 _INSTRUCTION = {DType.F16: "16,8,16", DType.BF16: "16,8,16", DType.F32: "16,8,8"}
 
 _GEMM = Template(r"""#include <cuda_runtime.h>
@@ -72,8 +81,8 @@ struct AtomrAct<cutlass::Array<T, N>> {
   }
 };
 
-using ElementA = $ELEMENT;
-using ElementB = $ELEMENT;
+using ElementA = $ELEMENT_A;
+using ElementB = $ELEMENT_B;
 using ElementC = $ELEMENT;
 using ElementD = $ELEMENT;
 using ElementAcc = float;
@@ -366,5 +375,11 @@ def render(plan: KernelPlan) -> str:
             common, EPI_SCHEDULE="PtrArrayTmaWarpSpecializedCooperative",
             KERNEL_SCHEDULE="KernelPtrArrayTmaWarpSpecializedCooperative")
     fusion = "LinCombPerRowBiasEltAct" if plan.bias_axis == "row" else "LinCombPerColBiasEltAct"
-    return _GEMM.substitute(common, FUSION=fusion, EPI_SCHEDULE="TmaWarpSpecializedCooperative",
-                            KERNEL_SCHEDULE="KernelTmaWarpSpecializedCooperative")
+    operands = {"ELEMENT_A": element, "ELEMENT_B": element}
+    schedules = _SCHEDULES["cooperative"]
+    if plan.kind is PlanKind.GEMM_FP8:
+        operands = {"ELEMENT_A": _FP8[plan.formats[0]], "ELEMENT_B": _FP8[plan.formats[1]],
+                    "LAYOUT_B": "cutlass::layout::ColumnMajor"}
+        schedules = _SCHEDULES[plan.schedule]
+    return _GEMM.substitute(common, **operands, FUSION=fusion, EPI_SCHEDULE=schedules[1],
+                            KERNEL_SCHEDULE=schedules[0])

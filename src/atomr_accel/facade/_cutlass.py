@@ -2,7 +2,8 @@
 
 Its op methods come from the ops' declarations (``atomr_accel.core.ops._cutlass``):
 ``gemm`` with an ``Epilogue`` visitor tree (scale, bias, residual add,
-activation, reduction), ``grouped_gemm`` over differently shaped problems in one
+activation, reduction), ``gemm_fp8`` (fp8 operands as ``u8`` bits, the same
+epilogue), ``grouped_gemm`` over differently shaped problems in one
 launch, and ``conv2d`` (implicit GEMM, NHWC). On CUDA they run CUTLASS kernels
 generated from their plans, compiled by nvcc and cached on disk (needs the
 ``nvidia-cutlass`` package, nvcc and a Hopper GPU; ``is_available()`` says
@@ -18,7 +19,13 @@ from typing import Any, ClassVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._cutlass import CutlassStats
-from atomr_accel.core.ops._cutlass_plan import KernelPlan, conv2d_plan, gemm_plan, grouped_plan
+from atomr_accel.core.ops._cutlass_plan import (
+    KernelPlan,
+    conv2d_plan,
+    gemm_fp8_plan,
+    gemm_plan,
+    grouped_plan,
+)
 from atomr_accel.facade._api import CutlassApi
 from atomr_accel.facade._dnn import OptionalLibrary
 from atomr_accel.facade._portal import blocking
@@ -50,6 +57,15 @@ class Cutlass(OptionalLibrary, CutlassApi):
         """The kernel plan of an ``m x n x k`` GEMM of ``dtype`` (f16, bf16, f32) whose
         epilogue's bias, if any, lies along ``bias_axis``."""
         return gemm_plan(_dtype(dtype), m, n, k, arch, bias_axis)
+
+    @staticmethod
+    def gemm_fp8_plan(dtype: DType | str, m: int, n: int, k: int, a_format: str = "e4m3",
+                      b_format: str = "e4m3", arch: str = "sm_90a",
+                      bias_axis: str = "column", fast_accum: bool = False) -> KernelPlan:
+        """The kernel plan of an ``m x n x k`` fp8 GEMM (operands in ``a_format`` /
+        ``b_format``) storing ``D`` in ``dtype`` (bf16, f16, f32)."""
+        return gemm_fp8_plan(_dtype(dtype), m, n, k, a_format, b_format, arch, bias_axis,
+                             fast_accum)
 
     @staticmethod
     def grouped_plan(dtype: DType | str, arch: str = "sm_90a") -> KernelPlan:

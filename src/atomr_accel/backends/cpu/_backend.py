@@ -17,6 +17,7 @@ from atomr_accel.backends.cpu import (
     _collective,
     _cub,
     _cutlass,
+    _cutlass_fp8,
     _dnn,
     _fft,
     _graph,
@@ -89,6 +90,7 @@ class CpuBackend(Backend):
         | _cub.HANDLERS
         | quieted(_train.HANDLERS)
         | _cutlass.HANDLERS
+        | _cutlass_fp8.HANDLERS
     )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:

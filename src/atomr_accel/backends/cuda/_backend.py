@@ -33,6 +33,7 @@ from atomr_accel.backends.cuda import _blaslt as cuda_blaslt
 from atomr_accel.backends.cuda import _collective as cuda_collective
 from atomr_accel.backends.cuda import _cub as cuda_cub
 from atomr_accel.backends.cuda import _cutlass as cuda_cutlass
+from atomr_accel.backends.cuda import _cutlass_fp8 as cuda_cutlass_fp8
 from atomr_accel.backends.cuda import _direct as direct
 from atomr_accel.backends.cuda import _dnn as cuda_dnn
 from atomr_accel.backends.cuda import _fft as cuda_fft
@@ -528,5 +529,6 @@ CudaBackend.handlers = (
     | cuda_cub.HANDLERS
     | cuda_train.HANDLERS
     | cuda_cutlass.HANDLERS
+    | cuda_cutlass_fp8.HANDLERS
     | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
 )
