@@ -106,6 +106,19 @@ def test_gemm_without_epilogue_and_row_bias(env: tuple[Any, Cutlass], name: str)
     close(get(dev, D, (m, n)), ACTS["silu"](f32(a) @ f32(b) + f32(bias)[:, None]), name)
 
 
+def test_silu_of_a_very_negative_product_is_zero_without_an_error(
+        env: tuple[Any, Cutlass]) -> None:
+    """exp(-x) overflows f32 below x ~ -88: silu is -0 there, as a GPU computes it, not a
+    warning turned into an error."""
+    dev, cl = env
+    m, n, k = 4, 8, 16
+    a = np.full((m, k), -20.0, np.float32)
+    b = np.random.default_rng(3).uniform(1.0, 2.0, (k, n)).astype(np.float32)
+    A, B, D = put(dev, a, "f32"), put(dev, b, "f32"), dev.allocate(m * n, DType.F32)
+    cl.gemm(A, B, D, m, n, k, Epilogue().silu())  # products below -320
+    np.testing.assert_array_equal(get(dev, D, (m, n)), np.zeros((m, n), np.float32))
+
+
 @pytest.mark.parametrize("axis", ["row", "column"])
 def test_gemm_reduction_sums_the_stored_output(env: tuple[Any, Cutlass], axis: str) -> None:
     dev, cl = env

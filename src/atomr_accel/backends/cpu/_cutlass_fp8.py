@@ -48,9 +48,8 @@ def gemm_fp8(backend: ArrayBackend, op: CutlassGemmFp8) -> None:
     a = _operand(backend, op, "a")
     bt = _operand(backend, op, "b")
     out = backend.array(op.d.buffer_id)[: op.m * op.n].reshape(op.m, op.n)
-    with np.errstate(over="ignore"):  # silu's exp(-x) of a large negative x: inf, x / inf = -0
-        apply_epilogue(np, a @ bt.T, kernel_epilogue(op), lambda r: backend.array(r.buffer_id),
-                       out, _erf)
+    apply_epilogue(np, a @ bt.T, kernel_epilogue(op), lambda r: backend.array(r.buffer_id),
+                   out, _erf)  # run quieted (cpu/_backend.py): silu's exp(-x) may overflow
     ledger(backend).launched(fp8_plan_of(op))
 
 

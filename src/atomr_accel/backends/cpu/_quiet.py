@@ -1,9 +1,10 @@
-"""Handlers that compute through NaN and infinities without NumPy's warnings, as a GPU does.
+"""Handlers that compute through NaN, infinities and overflow without NumPy's warnings.
 
-Training data may hold NaN or infinities (a trainer refuses such a step from its
-loss and gradient norm afterwards); a CUDA kernel computes through them without
-a word, so the CPU backend's training-path handlers do too. Elsewhere NumPy's
-warnings stay as they are.
+A CUDA kernel computes through them without a word, and so do these CPU
+handlers: the training path (training data may hold NaN or infinities; a
+trainer refuses such a step from its loss and gradient norm afterwards) and
+CUTLASS's epilogues (silu's ``exp(-x)`` overflows to infinity below about -88,
+giving -0). Elsewhere NumPy's warnings stay as they are.
 """
 
 from __future__ import annotations
