@@ -110,10 +110,20 @@ from atomr_accel.realtime import (
     SpatialIndexActor,
 )
 from atomr_accel.telemetry import CuptiSession, NvmlActor, NvtxKernelTrace
+from atomr_accel.train import (
+    AsyncParameterServer,
+    DataParallelTrainer,
+    PipelineParallelTrainer,
+    TensorParallelTrainer,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncParameterServer",
+    "DataParallelTrainer",
+    "PipelineParallelTrainer",
+    "TensorParallelTrainer",
     "ClothSimulationActor",
     "CuptiSession",
     "FluidSimulationActor",

@@ -8,6 +8,14 @@ instantiates it on one device with a loss (``MSELoss``,
 optional ``WarmupCosine`` schedule), and runs forward, backward and the fused
 optimizer update as device ops of the ``train`` library (NumPy on the CPU
 backend, CuPy kernels on CUDA). See ``docs/train.md``.
+
+The trainers are supervised actors built of replicas: ``DataParallelTrainer``
+(a replica per device, gradients all-reduced per bucket; ``TorchModule`` puts
+a ``torch.nn.Module`` in it), ``PipelineParallelTrainer`` (stages on devices,
+1F1B or GPipe micro-batches), ``TensorParallelTrainer`` (Megatron-style split
+``Linear`` pairs) and ``AsyncParameterServer`` with ``ParameterServerWorker``
+actors (a stated staleness rule). Each rebuilds what a lost context took and
+goes on; see ``docs/train-data-parallel.md`` and ``docs/train-parallel.md``.
 """
 
 from __future__ import annotations
