@@ -417,6 +417,26 @@ class Collective:
         """Run one coroutine per rank; the first error aborts the epoch at once (the others
         then abort themselves); past ``timeout`` the unfinished ones are cancelled."""
         tasks = [asyncio.ensure_future(c) for c in coros]
+        try:
+            await self._watch(tasks, epoch, timeout)
+        except BaseException:  # the caller was cancelled: the ranks' calls finish unwatched
+            for task in tasks:
+                task.add_done_callback(_consume)
+            raise
+        results: list[Any] = []
+        for task in tasks:
+            if task.cancelled() or not task.done():
+                results.append(CollectiveAborted(
+                    f"collective of world {self._state.name} did not finish within its "
+                    f"time-out of {timeout:g} s"))
+            else:
+                error = task.exception()
+                results.append(task.result() if error is None else error)
+        return results
+
+    async def _watch(self, tasks: list[asyncio.Task[Any]], epoch: int, timeout: float) -> None:
+        """Wait for the ranks' ``tasks`` (see ``_first_failure``); cancel those unfinished
+        past ``timeout``."""
         deadline = time.perf_counter() + timeout
         members = self._state.members
         generations = [m.generation for m in members]
@@ -438,16 +458,6 @@ class Collective:
                 _, pending = await asyncio.wait(pending, timeout=left)
             for task in pending:
                 task.cancel()
-        results: list[Any] = []
-        for task in tasks:
-            if task.cancelled() or not task.done():
-                results.append(CollectiveAborted(
-                    f"collective of world {self._state.name} did not finish within its "
-                    f"time-out of {timeout:g} s"))
-            else:
-                error = task.exception()
-                results.append(task.result() if error is None else error)
-        return results
 
     async def _run_cuda(self, plans: list[_Planned], epoch: int, timeout: float
                         ) -> list[GpuRuntimeError | None]:
@@ -619,6 +629,13 @@ def _cpu_results(kind: CallKind, step: Step, data: dict[int, np.ndarray[Any, Any
     if kind is CallKind.REDUCE_SCATTER:
         return {r: reduced[r * count:(r + 1) * count] for r in range(n)}
     return {r: reduced for r in range(n)}
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Mark a rank's call as heard: its caller is gone, and a failure of it is the world's
+    (it aborts the epoch and rebuilds), so nothing is lost by not raising it here."""
+    if not task.cancelled():
+        task.exception()
 
 
 class CollectiveGroup:
