@@ -466,6 +466,20 @@ def test_a_nan_or_infinity_anywhere_in_a_batch_applies_nothing(
     trainer.stop()
 
 
+def test_the_original_form_refuses_a_row_whose_sum_is_not_finite(system: System) -> None:
+    trainer = DataParallelTrainer.spawn(system, 2)
+    batch = [[1.0, 2.0], [3.0, 4.0]]
+    trainer.step(batch)
+    before = trainer.replica_states()
+    with pytest.raises(InvalidArgument, match="not finite"):
+        trainer.step([[np.inf, -np.inf], [3.0, 4.0]])  # its target, the row's sum, is NaN
+    for old, new in zip(before, trainer.replica_states(), strict=True):
+        for key in old:
+            np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+    assert np.isfinite(float(trainer.step(batch)))
+    trainer.stop()
+
+
 def test_torch_module_trains_like_plain_torch_on_the_cpu(system: System) -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)

@@ -203,7 +203,8 @@ class DataParallelActor(AgentActor):
         """One trainer step over rows ``xs`` (checked by the client) and targets ``y``
         (None: each row's sum, the original form's model)."""
         started = time.perf_counter()
-        ys = xs.reshape(len(xs), -1).sum(axis=1, keepdims=True) if y is None else y
+        with np.errstate(all="ignore"):  # inf - inf in a row: a NaN target, refused below
+            ys = xs.reshape(len(xs), -1).sum(axis=1, keepdims=True) if y is None else y
         await self._devices()
         await self._replicas(int(np.prod(xs.shape[1:])))
         require_width(xs, self.features)
