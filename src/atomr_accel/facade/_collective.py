@@ -632,8 +632,9 @@ def _cpu_results(kind: CallKind, step: Step, data: dict[int, np.ndarray[Any, Any
 
 
 def _consume(task: asyncio.Future[Any]) -> None:
-    """Mark a rank's call as heard: its caller is gone, and a failure of it is the world's
-    (it aborts the epoch and rebuilds), so nothing is lost by not raising it here."""
+    """Mark a rank's call as heard: its caller is gone (cancelled), so nobody can take its
+    error; a member whose context went down is seen by the world's next call, which waits
+    for the communicators to be rebuilt (``WorldState.changed``)."""
     if not task.cancelled():
         task.exception()
 
