@@ -271,6 +271,9 @@ def test_gemm_fp8_typed_errors(env: tuple[Any, Cutlass]) -> None:
         cl.gemm_fp8(A, B, D, m, n, k, a_format="e4m3fnuz")
     with pytest.raises(InvalidArgument, match="scale_b"):
         cl.gemm_fp8(A, B, D, m, n, k, scale_b="2")
+    for bad in (math.nan, math.inf):
+        with pytest.raises(InvalidArgument, match="scale_a"):
+            cl.gemm_fp8(A, B, D, m, n, k, scale_a=bad)
     with pytest.raises(InvalidArgument, match="fast_accum"):
         cl.gemm_fp8(A, B, D, m, n, k, fast_accum="yes")
     with pytest.raises(InvalidArgument, match="elements"):

@@ -18,6 +18,7 @@ The epilogue is the ``Epilogue`` of ``CutlassGemm``, every node included:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,8 +37,8 @@ FP8_ALIGNMENT = 16
 
 
 def _number(value: object, name: str) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be a number, got {value!r}")
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
