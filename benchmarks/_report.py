@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,36 @@ def wall_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - start)
     return out
+
+
+def pipelined(make: Callable[[], Coroutine[Any, Any, Any]], inflight: int, reps: int,
+              warm: int) -> list[float]:
+    """Wall seconds per call of batches of ``inflight`` gathered async calls."""
+    async def batches() -> list[float]:
+        async def batch() -> None:
+            await asyncio.gather(*(make() for _ in range(inflight)))
+        for _ in range(warm):
+            await batch()
+        out = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            await batch()
+            out.append((time.perf_counter() - start) / inflight)
+        return out
+    return asyncio.run(batches())
+
+
+def cupy_event_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
+    """Seconds of each of ``reps`` back-to-back calls of ``fn`` on CuPy's current stream, by
+    CUDA events around each (one synchronize at the end; needs CuPy and a GPU)."""
+    import cupy as cp
+
+    for _ in range(warm):
+        fn()
+    marks = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+    for start, end in marks:
+        start.record()
+        fn()
+        end.record()
+    marks[-1][1].synchronize()
+    return [float(cp.cuda.get_elapsed_time(s, e)) / 1e3 for s, e in marks]

@@ -31,7 +31,7 @@ from typing import Any
 import cupy as cp
 import ml_dtypes
 import numpy as np
-from _report import print_table, wall_samples, write_json
+from _report import cupy_event_samples, print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 
@@ -57,18 +57,6 @@ def median_ms(samples: list[float]) -> float:
 
 
 
-def event_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
-    """Seconds of each of ``reps`` back-to-back calls of ``fn`` on the current stream, by CUDA
-    events around each (one synchronize at the end)."""
-    for _ in range(warm):
-        fn()
-    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    events[-1][1].synchronize()
-    return [float(cp.cuda.get_elapsed_time(s, e)) / 1e3 for s, e in events]
 
 
 def synced(fn: Callable[[], Any]) -> Callable[[], None]:
@@ -165,7 +153,7 @@ def main() -> None:
     def direct() -> None:
         mm.execute(stream=stream)
 
-    rows["direct nvmath, back to back"] = event_samples(direct, reps, warm)
+    rows["direct nvmath, back to back"] = cupy_event_samples(direct, reps, warm)
     rows["direct nvmath, execute + synchronize"] = wall_samples(synced(direct), reps, warm)
 
     def rebound() -> None:  # our handler's pattern: operands bound, run, released per call
@@ -174,7 +162,7 @@ def main() -> None:
         mm.execute(stream=stream)
         mm.release_operands()
 
-    rows["direct nvmath, operands reset + released per call"] = event_samples(rebound, reps,
+    rows["direct nvmath, operands reset + released per call"] = cupy_event_samples(rebound, reps,
                                                                               warm)
     stream.synchronize()
     direct_d = cp.asnumpy(cd[:64]).astype(np.float64)
@@ -189,7 +177,7 @@ def main() -> None:
         kernel((132 * 16,), (256,), (du16, bias_u16, np.int64(m), np.int64(n)))
 
     label = f"unfused: {gemm_name} + bias/GELU kernel"
-    rows[f"{label}, back to back"] = event_samples(unfused, reps, warm)
+    rows[f"{label}, back to back"] = cupy_event_samples(unfused, reps, warm)
     rows[f"{label}, + synchronize"] = wall_samples(synced(unfused), reps, warm)
     stream.synchronize()
     unfused_d = cp.asnumpy(cd[:64]).astype(np.float64)

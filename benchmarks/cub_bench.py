@@ -23,16 +23,14 @@ CuPy's accelerators (CUB routes ``sum`` / ``cumsum`` when ``cub`` is among them)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import statistics
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import cupy as cp
 import numpy as np
-from _report import print_table, wall_samples, write_json
+from _report import cupy_event_samples, pipelined, print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 
@@ -45,17 +43,6 @@ PRIMITIVES = ["sort keys", "sort pairs", "reduce sum", "inclusive sum"]
 
 
 
-def events(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
-    """Seconds of each of ``reps`` back-to-back calls of ``fn`` by CUDA events around each."""
-    for _ in range(warm):
-        fn()
-    marks = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-    for start, end in marks:
-        start.record()
-        fn()
-        end.record()
-    marks[-1][1].synchronize()
-    return [float(cp.cuda.get_elapsed_time(s, e)) / 1e3 for s, e in marks]
 
 
 def synced(fn: Callable[[], Any]) -> Callable[[], None]:
@@ -65,21 +52,6 @@ def synced(fn: Callable[[], Any]) -> Callable[[], None]:
     return run
 
 
-def pipelined(make: Callable[[], Coroutine[Any, Any, Any]], inflight: int, reps: int,
-              warm: int) -> list[float]:
-    """Wall seconds per call of batches of ``inflight`` gathered async calls."""
-    async def batches() -> list[float]:
-        async def batch() -> None:
-            await asyncio.gather(*(make() for _ in range(inflight)))
-        for _ in range(warm):
-            await batch()
-        out = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            await batch()
-            out.append((time.perf_counter() - start) / inflight)
-        return out
-    return asyncio.run(batches())
 
 
 def accelerators() -> str:
@@ -162,7 +134,7 @@ def main() -> None:
     }
     direct = {name: fn for name, fn in direct.items() if name in args.primitives}
     for name, fn in direct.items():
-        samples[name]["direct CuPy, back to back"] = events(fn, reps, warm)
+        samples[name]["direct CuPy, back to back"] = cupy_event_samples(fn, reps, warm)
         samples[name]["direct CuPy, + synchronize"] = wall_samples(synced(fn), reps, warm)
     if "sort keys" in ours:
         checks["sort keys equal"] = bool(np.array_equal(ours_keys, cp.asnumpy(cp.sort(ck))))

@@ -44,7 +44,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from _report import print_table, wall_samples, write_json
+from _report import pipelined, print_table, wall_samples, write_json
 
 from atomr_accel import DType, System
 from atomr_accel.backends._cutlass_build import library
@@ -71,21 +71,6 @@ def events(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
     return [s.elapsed_time(e) / 1e3 for s, e in marks]
 
 
-def pipelined(make: Callable[[], Coroutine[Any, Any, Any]], inflight: int, reps: int,
-              warm: int) -> list[float]:
-    """Wall seconds per call of batches of ``inflight`` gathered async calls."""
-    async def batches() -> list[float]:
-        async def batch() -> None:
-            await asyncio.gather(*(make() for _ in range(inflight)))
-        for _ in range(warm):
-            await batch()
-        out = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            await batch()
-            out.append((time.perf_counter() - start) / inflight)
-        return out
-    return asyncio.run(batches())
 
 
 def upload(dev: Any, t: torch.Tensor, dtype: DType) -> Any:
