@@ -84,19 +84,35 @@ struct Level { int w, h, span, w0, h0; };
 #define LEVEL int lw, int lh, int span, int w0, int h0
 #define MAKE_LEVEL Level l = {lw, lh, span, w0, h0}
 
-// A x at cell (i, j) of a level, from the values get(ii, jj): the diagonal (the weights of
-// the cell's faces; 1 for a cell with none) times x, less each weighted neighbour, in the
-// order of the NumPy reference; *diag receives that diagonal.
-template <typename Get>
-__device__ __forceinline__ float apply_at(Get get, int i, int j, Level l, float* diag)
+// The weight of cell (i, j)'s horizontal faces (the finest rows its block spans) and of
+// its vertical ones (the finest columns), and its diagonal: the weights of its faces, 1 for
+// a cell with none.
+__device__ __forceinline__ float row_weight(int j, Level l)
 {
-    float rw = (float)min(l.span, l.h0 - j * l.span), cw = (float)min(l.span, l.w0 - i * l.span);
-    float d = 0.0f;
+    return (float)min(l.span, l.h0 - j * l.span);
+}
+
+__device__ __forceinline__ float column_weight(int i, Level l)
+{
+    return (float)min(l.span, l.w0 - i * l.span);
+}
+
+__device__ __forceinline__ float diag_at(int i, int j, Level l)
+{
+    float rw = row_weight(j, l), cw = column_weight(i, l), d = 0.0f;
     if (i > 0) d += rw;
     if (i < l.w - 1) d += rw;
     if (j > 0) d += cw;
     if (j < l.h - 1) d += cw;
-    if (d == 0.0f) d = 1.0f;
+    return d == 0.0f ? 1.0f : d;
+}
+
+// A x at cell (i, j) of a level, from the values get(ii, jj): the diagonal times x, less
+// each weighted neighbour, in the order of the NumPy reference; *diag receives the diagonal.
+template <typename Get>
+__device__ __forceinline__ float apply_at(Get get, int i, int j, Level l, float* diag)
+{
+    float rw = row_weight(j, l), cw = column_weight(i, l), d = diag_at(i, j, l);
     float y = d * get(i, j);
     if (i > 0) y -= rw * get(i - 1, j);
     if (i < l.w - 1) y -= rw * get(i + 1, j);
@@ -136,13 +152,10 @@ extern "C" __global__ void mg_smooth(const float* b, float* x, LEVEL, const int*
 {
     MAKE_LEVEL;
     if (stopped(ctl, tol, budget)) return;
-    auto get = [&](int i, int j) { return 0.0f; };
     for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < l.w * l.h;
          idx += gridDim.x * blockDim.x) {
         int j = idx / l.w, i = idx - j * l.w;
-        float d;
-        apply_at(get, i, j, l, &d);
-        x[idx] = OMEGA * b[idx] / d;
+        x[idx] = OMEGA * b[idx] / diag_at(i, j, l);
     }
 }
 

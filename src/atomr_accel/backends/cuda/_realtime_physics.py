@@ -23,6 +23,7 @@ for their own stream (as a download does).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -545,22 +546,22 @@ def fluid_step(backend: CudaBackend, op: FluidStep) -> None:
     """Set ``dt`` and ``viscosity * dt`` on the device; run the stage before the solve,
     runs of ``CHECK_EVERY`` solve iterations until the solve stops (the host reads its
     state after each run), and the stage after it."""
-    f = _Fields(backend, op)
+    fields = functools.cache(lambda: _Fields(backend, op))  # cut only to queue kernels
     plans = _plans_of(backend)
     plan = plans.get(_fluid_key(op), lambda: _FluidPlan(
         cp.zeros(2, dtype=cp.float32), pressure.Solve(
             op.width, op.height, op.pressure_tolerance, op.pressure_iterations,
-            f.solve_scratch)))
+            fields().solve_scratch)))
     kernels("set_params")((1,), (1,), (plan.params, F32(op.dt), F32(op.viscosity * op.dt)))
-    _stage(backend, op, plan, "before", lambda: _before(op, f, plan))
+    _stage(backend, op, plan, "before", lambda: _before(op, fields(), plan))
     queued = 0
     while queued < op.pressure_iterations:
         _stage(backend, op, plan, "iterations",
-               lambda: pressure.iterations(plan.solve, f.p, pressure.CHECK_EVERY))
+               lambda: pressure.iterations(plan.solve, fields().p, pressure.CHECK_EVERY))
         queued += pressure.CHECK_EVERY
         if pressure.stopped(plan.solve):
             break
-    _stage(backend, op, plan, "after", lambda: _after(op, f, plan))
+    _stage(backend, op, plan, "after", lambda: _after(op, fields(), plan))
 
 
 def fluid_add_source(backend: CudaBackend, op: FluidAddSource) -> None:
