@@ -9,16 +9,22 @@ touched: positions, velocities and lifetimes read and written, 56 bytes a
 particle; GB/s is that over the step's wall time, and the share of the
 H100's 3350 GB/s.
 
-Fluid (``--fluid`` cells a side, 1024 by default, 40 pressure iterations, no
-viscosity): ``FluidSimulationActor.step`` with the step replayed as one
-captured CUDA graph, and with its kernels launched one by one
-(``use_graph=False``), ms a step. Cloth (64 x 64, 8 iterations) and the
-spatial index (1M points: build, then 10k radius queries) for reference.
+Fluid (``--fluid`` cells a side, 1024 by default, no viscosity, the pressure
+solved to ``--tolerance``, 1e-4 by default, within 40 iterations):
+``FluidSimulationActor.step`` with its stages replayed as captured CUDA
+graphs, and with its kernels launched one by one (``use_graph=False``), ms a
+step, and the divergence the last step left, ``max|div u| / max|u|`` (grid
+units, so ``h = 1``), computed here in float64 from the face velocities; and
+one step of a fresh random field (every face a standard normal, the solve
+started from zero), the ``FluidStep`` op run with ``Device.run``.
+Cloth (64 x 64, 8 iterations) and the spatial index (1M points: build, then
+10k radius queries) for reference.
 
 Goals (issue 18): particles >= 90% of the direct CuPy step and >= 50% of the
-memory bandwidth; fluid 1024^2 with 40 iterations <= 2 ms a step.
+memory bandwidth; fluid 1024^2 <= 2 ms a step with max|div u| / max|u| <= 1e-3.
 
     python benchmarks/realtime_physics_bench.py [--json PATH] [--quick]
+        [--only particles,fluid,random,other] [--tolerance 1e-4]
 
 ``--quick`` is a small smoke run on the CPU backend (no GPU needed).
 """
@@ -35,7 +41,7 @@ import numpy as np
 from _report import percentile, print_table, write_json
 
 from atomr_accel import System
-from atomr_accel.core.ops._realtime_physics import ParticleStep
+from atomr_accel.core.ops._realtime_physics import FluidStep, ParticleStep, fluid_scratch
 from atomr_accel.facade import Device
 from atomr_accel.realtime import (
     ClothSimulationActor,
@@ -153,16 +159,58 @@ def direct_particle_steps(pos: Any, vel: Any, life: Any, steps: int) -> dict[str
     return {"direct cupy": step_ms(cupy_step, steps), "direct kernel": step_ms(kernel_step, steps)}
 
 
+def divergence_left(u: Any, v: Any) -> float:
+    """``max|div u| / max|u|`` of face velocities, in float64."""
+    u, v = u.astype(np.float64), v.astype(np.float64)
+    div = (u[:, 1:] - u[:, :-1]) + (v[1:, :] - v[:-1, :])
+    return float(np.abs(div).max() / max(np.abs(u).max(), np.abs(v).max()))
+
+
+def random_field_rows(args: argparse.Namespace, device: Device, gpu: bool,
+                      ) -> tuple[list[list[Any]], dict[str, Any]]:
+    """ms of a fluid step of a fresh random field (every face a standard normal, the
+    pressure zero: the solve starts cold), the ``FluidStep`` op run with ``Device.run``;
+    the upload before each step is not timed."""
+    size, rng = args.fluid, np.random.default_rng(5)
+    shapes = {"u": (size, size + 1), "v": (size + 1, size), "density": (size, size),
+              "pressure": (size, size), "divergence": (size, size),
+              "scratch": (fluid_scratch(size, size),)}
+    bufs = {k: device.allocate(int(np.prod(shape))) for k, shape in shapes.items()}
+    refs = {k: device.ref_of(b) for k, b in bufs.items()}
+    op = FluidStep(refs["u"], refs["v"], refs["density"], refs["pressure"],
+                   refs["divergence"], refs["scratch"], size, size, DT,
+                   pressure_tolerance=args.tolerance, graph=gpu)
+    samples, left = [], []
+    for _ in range(args.steps + 3):
+        u, v = rng.standard_normal(shapes["u"]), rng.standard_normal(shapes["v"])
+        u[:, [0, size]], v[[0, size], :] = 0, 0
+        device.copy_from_numpy(bufs["u"], u.astype(np.float32).ravel())
+        device.copy_from_numpy(bufs["v"], v.astype(np.float32).ravel())
+        device.copy_from_numpy(bufs["pressure"], np.zeros(size * size, np.float32))
+        start = time.perf_counter()
+        device.run(op, timeout_secs=60)
+        samples.append((time.perf_counter() - start) * 1e3)
+        left.append(divergence_left(device.copy_to_numpy(bufs["u"], shape=shapes["u"]),
+                                    device.copy_to_numpy(bufs["v"], shape=shapes["v"])))
+    samples = samples[3:]
+    row = ["random field, cold solve (op)", f"{size}^2", percentile(samples, 50),
+           percentile(samples, 99), f"{max(left):.2e}"]
+    return [row], {"p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99),
+                   "divergence_left_max": max(left)}
+
+
 def fluid_rows(args: argparse.Namespace, system: System, device: Device, gpu: bool,
                ) -> tuple[list[list[Any]], dict[str, Any]]:
     """ms a fluid step, the graph replayed and (on a GPU) the kernels one by one."""
     size = args.fluid
-    rows, facts = [], {"size": size, "pressure_iterations": 40}
+    rows, facts = [], {"size": size, "pressure_iterations": 40,
+                       "pressure_tolerance": args.tolerance}
     modes = (True, False) if gpu else (True,)
-    results = {}
+    results, left = {}, {}
     for use_graph in modes:
         fluid = FluidSimulationActor.spawn(system, size, size, 0.0, device=device,
-                                           use_graph=use_graph)
+                                           use_graph=use_graph,
+                                           pressure_tolerance=args.tolerance)
         rng = np.random.default_rng(2)
         for _ in range(64):
             x, y = (int(c) for c in rng.integers(1, size - 1, 2))
@@ -171,14 +219,17 @@ def fluid_rows(args: argparse.Namespace, system: System, device: Device, gpu: bo
         label = ("graph replay" if use_graph else "kernels one by one") if gpu \
             else "cpu backend"
         results[label] = step_ms(lambda f=fluid: f.step(DT, timeout_secs=60), args.steps)
+        left[label] = divergence_left(*fluid.face_velocities(timeout_secs=60))
         fluid.stop()
     for label, samples in results.items():
-        rows.append([label, f"{size}^2", percentile(samples, 50), percentile(samples, 99)])
-        facts[label] = {"p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99)}
+        rows.append([label, f"{size}^2", percentile(samples, 50), percentile(samples, 99),
+                     f"{left[label]:.2e}"])
+        facts[label] = {"p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99),
+                        "divergence_left": left[label]}
     if gpu:
         saved = percentile(results["kernels one by one"], 50) - percentile(
             results["graph replay"], 50)
-        rows.append(["graph saves (ms)", "", saved, ""])
+        rows.append(["graph saves (ms)", "", saved, "", ""])
         facts["graph_saves_ms"] = saved
     return rows, facts
 
@@ -215,6 +266,10 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=10_000)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--tolerance", type=float, default=1e-4,
+                        help="the fluid's pressure_tolerance")
+    parser.add_argument("--only", default="particles,fluid,random,other",
+                        help="which sections to run, comma-separated")
     args = parser.parse_args()
     if args.quick:
         args.particles, args.fluid, args.points, args.queries, args.steps = (
@@ -223,14 +278,23 @@ def main() -> None:
     payload: dict[str, Any] = {"backend": "cpu" if args.quick else "cuda"}
     with System.open("realtime-physics-bench") as system:
         device = system.spawn_device(mock=args.quick)
-        rows, payload["particles"] = particle_rows(args, system, device, gpu)
-        print_table(f"Particles, {args.particles} a step (dt {DT:.4f} s), ms",
-                    ["path", "n", "p50 ms", "p99 ms", "GB/s", "% of 3350 GB/s"], rows)
-        rows, payload["fluid"] = fluid_rows(args, system, device, gpu)
-        print_table("Fluid, 40 pressure iterations, ms a step (actor call, host to host)",
-                    ["path", "grid", "p50 ms", "p99 ms"], rows)
-        rows, payload["other"] = other_rows(args, system, device)
-        print_table("Cloth and spatial index, p50 ms", ["what", "ms"], rows)
+        only = set(args.only.split(","))
+        if "particles" in only:
+            rows, payload["particles"] = particle_rows(args, system, device, gpu)
+            print_table(f"Particles, {args.particles} a step (dt {DT:.4f} s), ms",
+                        ["path", "n", "p50 ms", "p99 ms", "GB/s", "% of 3350 GB/s"], rows)
+        if "fluid" in only:
+            rows, payload["fluid"] = fluid_rows(args, system, device, gpu)
+            print_table(f"Fluid, pressure to {args.tolerance:g} (<= 40 iterations), ms a step "
+                        "(actor call, host to host)",
+                        ["path", "grid", "p50 ms", "p99 ms", "max|div u|/max|u|"], rows)
+        if "random" in only:
+            rows, payload["random_field"] = random_field_rows(args, device, gpu)
+            print_table(f"Fluid, one step of a random field, pressure to {args.tolerance:g}",
+                        ["path", "grid", "p50 ms", "p99 ms", "max|div u|/max|u| (worst)"], rows)
+        if "other" in only:
+            rows, payload["other"] = other_rows(args, system, device)
+            print_table("Cloth and spatial index, p50 ms", ["what", "ms"], rows)
     if args.json:
         write_json(args.json, payload)
 

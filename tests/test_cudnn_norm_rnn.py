@@ -180,6 +180,45 @@ def test_layer_instance_group_and_rms_norm(dev: Device, cudnn: Cudnn) -> None:
                                rtol=1e-12, atol=1e-12)
 
 
+def test_norm_axes_as_a_list_of_axes_or_a_count(dev: Device, cudnn: Cudnn) -> None:
+    """The original's ``layer_norm_f32(..., dims, norm_axes=[1, 2, 3])`` (which axes) and
+    ours (how many trailing axes) give the same norm; anything but a trailing run is refused."""
+    rng = np.random.default_rng(12)
+    dims = (2, 3, 4, 5)
+    x = rng.standard_normal(dims).astype(np.float32) * 2 + 1
+    bx, out = put(dev, x), dev.allocate_f32(x.size)
+    for axes, count in (([1, 2, 3], 3), ((2, 3), 2), ([-1], 1), ([-3, -2, -1], 3), (3, 3)):
+        k = int(np.prod(dims[4 - count:]))
+        scale, bias = rng.standard_normal(k), rng.standard_normal(k)
+        sm, sv = dev.allocate_f32(120 // k), dev.allocate_f32(120 // k)
+        cudnn.layer_norm_f32(bx, out, put(dev, scale.astype(np.float32)),
+                             put(dev, bias.astype(np.float32)), dims, axes, sm, sv)
+        want, mean, _ = ref_norm("layer", x.astype(np.float64), scale, bias, norm_axes=count)
+        np.testing.assert_allclose(get(dev, out, dims), want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(get(dev, sm, mean.shape), mean, rtol=1e-5, atol=1e-5)
+        cudnn.rms_norm_f32(bx, out, put(dev, scale.astype(np.float32)), dims, axes)
+        np.testing.assert_allclose(get(dev, out, dims), ref_norm("rms", x, scale, None,
+                                   norm_axes=count)[0], rtol=1e-4, atol=1e-4)
+    s20, b20 = put(dev, np.ones(20, np.float32)), put(dev, np.zeros(20, np.float32))
+    for bad in ([1, 3], [0], [2, 2, 3], [3, 2], [], [4], [-5, -4], 0, 5, [2.0, 3.0], "2",
+                True):
+        with pytest.raises(InvalidArgument, match="norm_axes must be a count from 1 to 4"):
+            cudnn.layer_norm_f32(bx, out, s20, b20, dims, bad)
+    with pytest.raises(InvalidArgument, match="norm_axes"):
+        cudnn.rms_norm(bx, out, s20, dims, [1, 3])
+    dx, g = dev.allocate_f32(x.size), put(dev, rng.standard_normal(dims).astype(np.float32))
+    cudnn.norm_bwd_f32(bx, g, s20, None, None, dx, None, None, dims, "layer", norm_axes=[2, 3])
+    want = dev.copy_to_numpy(dx).copy()
+    cudnn.norm_bwd_f32(bx, g, s20, None, None, dx, None, None, dims, "layer", norm_axes=2)
+    np.testing.assert_array_equal(dev.copy_to_numpy(dx), want)
+    with pytest.raises(InvalidArgument, match="norm_axes"):
+        cudnn.norm_bwd_f32(bx, g, s20, None, None, dx, None, None, dims, "layer",
+                           norm_axes=[1, 3])
+    # the device still serves
+    cudnn.layer_norm_f32(bx, out, s20, b20, dims, [2, 3])
+    assert np.abs(get(dev, out, dims).mean(axis=(2, 3))).max() < 1e-5
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bf16"])
 def test_half_precision_data_take_f32_parameters(dev: Device, cudnn: Cudnn,
                                                  dtype: Any) -> None:

@@ -14,6 +14,7 @@ import pytest
 import atomr_accel
 import atomr_accel.device
 import atomr_accel.errors
+import atomr_accel.memory
 import atomr_accel.system
 from atomr_accel import Device, DTypeMismatch, GpuRuntimeError, InvalidArgument, System
 
@@ -126,6 +127,38 @@ def test_stats_is_a_device_load(dev: Device) -> None:
     assert load.total_bytes > 0 and 0 <= load.free_bytes <= load.total_bytes
     assert load.active_streams == 0 and (load.compute_cap_major, load.compute_cap_minor) == (0, 0)
     assert load.queue_depth == 0
+    text = repr(load)
+    assert text.startswith(f"DeviceLoad(free={load.free_bytes}, total={load.total_bytes}, "
+                           "streams=0, queue=0, sm=0.0, device_id=0, backend='cpu'")
+    assert isinstance(load, atomr_accel.DeviceStats)
+
+
+def test_native_module_exposes_the_original_classes() -> None:
+    from atomr_accel import _native
+
+    original = (*TOP_LEVEL, *ERRORS, "Cudnn", "RnnBwdInputs", "MultiHeadAttnBwdInputs",
+                "Collective", "Cub", "Cutlass", "FlashAttn", "TensorRt", "NvtxKernelTrace",
+                "NvmlActor", "CuptiSession", "DynamicBatchingServer", "InferenceCascade",
+                "ModelReplicaPool", "FairShareScheduler", "HotSwapServer", "SpeculativeDecoder",
+                "MoeRouter", "AsyncParameterServer", "DataParallelTrainer",
+                "PipelineParallelTrainer", "TensorParallelTrainer", "SharedGpuStateCoordinator",
+                "EmbeddingCache", "CpuVectorIndex", "RagPipeline", "LangGraphGpuActor",
+                "ClothSimulationActor", "FluidSimulationActor", "ParticleSystemActor",
+                "SpatialIndexActor", "GpuHashMapActor", "ImageFilterPipeline")
+    assert set(original) <= set(_native.__all__)
+    for name in _native.__all__:
+        where = atomr_accel.memory if name.startswith("ipc_") else atomr_accel
+        assert getattr(_native, name) is getattr(where, name), name
+    assert _native.Device is Device
+
+
+def test_collective_module_beside_the_other_domains() -> None:
+    from atomr_accel import _native, blas, collective
+
+    assert collective.Collective is atomr_accel.Collective is _native.Collective
+    assert issubclass(collective.CollectiveAborted, GpuRuntimeError)
+    assert collective.ReduceOp("sum") is collective.ReduceOp.SUM
+    assert blas.Blas is atomr_accel.Blas
 
 
 def test_libraries_ready_and_handles(system: System, dev: Device) -> None:

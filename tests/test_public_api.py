@@ -9,11 +9,13 @@ import pytest
 
 PACKAGES = [
     "atomr_accel",
+    "atomr_accel._native",
     "atomr_accel.actor",
     "atomr_accel.actor.testkit",
     "atomr_accel.agents",
     "atomr_accel.blaslt",
     "atomr_accel.cli",
+    "atomr_accel.collective",
     "atomr_accel.core",
     "atomr_accel.cub",
     "atomr_accel.device",

@@ -285,9 +285,15 @@ class _Ticket:
         self._pending.unclaim(self._generation)
 
 
-@dataclass(frozen=True, slots=True)
+_LOAD_FIELDS = frozenset({"memory_free", "memory_total", "active_streams", "queue_depth",
+                          "compute_capability"})
+"""The fields the original's ``DeviceLoad`` repr shows first, in its own words."""
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class DeviceStats:
-    """A snapshot of a device: what it is doing and how it has fared."""
+    """A snapshot of a device: what it is doing and how it has fared (the original
+    package's ``DeviceLoad``, the name its ``repr`` shows)."""
 
     device_id: int
     backend: str
@@ -330,6 +336,16 @@ class DeviceStats:
     reruns: int = 0
     """Requests run again on a new context after theirs died under them (their buffers
     durable, their op not the cause)."""
+
+    def __repr__(self) -> str:
+        """``DeviceLoad(free=…, total=…, streams=…, queue=…, sm=M.m, …)``: the original's
+        repr, then this snapshot's other fields."""
+        major, minor = self.compute_capability
+        rest = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                         if f.name not in _LOAD_FIELDS)
+        return (f"DeviceLoad(free={self.free_bytes}, total={self.total_bytes}, "
+                f"streams={self.active_streams}, queue={self.queue_depth}, "
+                f"sm={major}.{minor}, {rest})")
 
     @property
     def free_bytes(self) -> int:

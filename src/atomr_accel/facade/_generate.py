@@ -78,7 +78,10 @@ def _annotation(hint: Any) -> str:
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
         rest = [a for a in typing.get_args(hint) if a is not type(None)]
         optional = len(rest) < len(typing.get_args(hint))
-        hint = rest[0] if len(rest) == 1 else Any
+        if len(rest) > 1:  # e.g. ``int | tuple[int, ...]``: each as it reads
+            each = " | ".join(_annotation(a) for a in rest)
+            return f"{each} | None" if optional else each
+        hint = rest[0]
     text: str
     if hint is GpuRef:
         text = "BufferLike"
@@ -103,8 +106,9 @@ def _is_buffer(hint: Any) -> bool:
 
 
 def _is_sequence(hint: Any) -> bool:
+    """Whether a field takes a tuple (alone or in a union): a list given for it is made one."""
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
+        return any(typing.get_origin(a) is tuple for a in typing.get_args(hint))
     return typing.get_origin(hint) is tuple
 
 

@@ -13,6 +13,7 @@ from atomr_accel.agents._client import TIMEOUT, blocking_twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._realtime_physics import (
+    PRESSURE_TOLERANCE,
     FluidAddSource,
     FluidDivergence,
     FluidStep,
@@ -37,6 +38,7 @@ class _Settings:
     pressure_iterations: int
     diffusion_iterations: int
     use_graph: bool
+    pressure_tolerance: float
 
 
 class _FluidActor(RealtimeActor):
@@ -63,7 +65,8 @@ class _FluidActor(RealtimeActor):
         await self.device.run_async(FluidStep(
             self._ref("u"), self._ref("v"), self._ref("density"), self._ref("pressure"),
             self._ref("divergence"), self._ref("scratch"), s.width, s.height, dt,
-            s.viscosity, s.pressure_iterations, s.diffusion_iterations, s.use_graph))
+            s.viscosity, s.pressure_iterations, s.diffusion_iterations, s.use_graph,
+            s.pressure_tolerance))
 
     async def _add_source(self, x: int, y: int, amount: float, vx: float, vy: float) -> None:
         s = self.s
@@ -110,12 +113,16 @@ class FluidSimulationActor(RealtimeClient):
     cells per second): horizontal velocities live on the vertical faces,
     vertical ones on the horizontal faces, density in the cells. Each step
     advects the velocity (semi-Lagrangian), diffuses it by ``viscosity``
-    (implicit, Jacobi sweeps), projects it onto divergence-free fields
-    (``pressure_iterations`` damped-Jacobi sweeps of the pressure Poisson
-    equation, warm-started from the last step's pressure) and advects the
-    density. On CUDA a step is one captured CUDA graph (``use_graph=False``
-    launches its kernels one by one). Every method has an ``_async`` twin;
-    bad input raises ``InvalidArgument``.
+    (implicit, Jacobi sweeps), projects it onto divergence-free fields and
+    advects the density. The projection solves the pressure Poisson equation
+    by conjugate gradients preconditioned with a multigrid V-cycle,
+    warm-started from the last step's pressure, until the largest divergence
+    left is at most ``pressure_tolerance`` times the largest face velocity
+    (default 1e-4), or after ``pressure_iterations`` iterations (the budget;
+    about 10 reach the default on any grid). On CUDA a step is a few captured
+    CUDA graphs, the solve's convergence read back every few iterations
+    (``use_graph=False`` launches the kernels one by one). Every method has
+    an ``_async`` twin; bad input raises ``InvalidArgument``.
     """
 
     width = 0
@@ -125,8 +132,12 @@ class FluidSimulationActor(RealtimeClient):
     def spawn(cls, system: Any, width: int = 32, height: int = 32, viscosity: float = 0.0,
               name: str | None = None, *, device: Device | None = None,
               pressure_iterations: int = 40, diffusion_iterations: int = 20,
-              use_graph: bool = True) -> FluidSimulationActor:
-        """Start a still, empty fluid on ``device`` (None: the system's placement picks one)."""
+              use_graph: bool = True, pressure_tolerance: float = PRESSURE_TOLERANCE,
+              ) -> FluidSimulationActor:
+        """Start a still, empty fluid on ``device`` (None: the system's placement picks one).
+
+        ``pressure_tolerance`` (in (0, 1)) and ``pressure_iterations`` (the most
+        conjugate-gradient iterations a step may take, >= 0) set the pressure solve."""
         require_positive_int("width", width)
         require_positive_int("height", height)
         for label, count in (("pressure_iterations", pressure_iterations),
@@ -134,8 +145,11 @@ class FluidSimulationActor(RealtimeClient):
             require_count(label, count)
         if not isinstance(use_graph, bool):
             raise InvalidArgument(f"use_graph must be True or False, got {use_graph!r}")
+        tolerance = require_number("pressure_tolerance", pressure_tolerance, above=0.0)
+        if tolerance >= 1:
+            raise InvalidArgument(f"pressure_tolerance must be < 1, got {pressure_tolerance!r}")
         settings = _Settings(width, height, require_number("viscosity", viscosity, least=0.0),
-                             pressure_iterations, diffusion_iterations, use_graph)
+                             pressure_iterations, diffusion_iterations, use_graph, tolerance)
         client = cls._spawn(system, _FluidActor, (settings,), name, device)
         client.width, client.height = width, height
         return client

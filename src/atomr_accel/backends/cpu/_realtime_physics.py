@@ -3,7 +3,8 @@
 Every step computes in float32 in the order the CUDA kernels do (see
 ``core.ops._realtime_physics`` for the models), so the two backends agree to
 float32 rounding. The fluid's stages are shared with nothing else and kept
-here as small functions: advection, diffusion, the pressure solve.
+here as small functions: advection and diffusion (the pressure solve is
+``_fluid_pressure``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.backends._base import Handler
+from atomr_accel.backends.cpu._fluid_pressure import solve_pressure
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_physics import (
     ClothStep,
@@ -28,7 +30,6 @@ from atomr_accel.core.ops._realtime_physics import (
 
 __all__ = [
     "HANDLERS",
-    "JACOBI_WEIGHT",
     "cell_slots",
     "cloth_sets",
     "divergence_of",
@@ -36,9 +37,6 @@ __all__ = [
 
 F32 = np.float32
 Array = np.ndarray[Any, Any]
-JACOBI_WEIGHT = 0.9
-"""The damping of the pressure Jacobi sweeps (plain Jacobi never damps the checkerboard
-mode of a Neumann problem)."""
 HASH = (73856093, 19349663, 83492791)
 """The multipliers of the grid-cell hash (x, y, z)."""
 
@@ -247,15 +245,6 @@ def divergence_of(u: Array, v: Array) -> Array:
     return out
 
 
-def _solve_pressure(p: Array, div: Array, iterations: int) -> Array:
-    """Damped Jacobi sweeps of the Neumann Poisson equation ``L p = div``."""
-    weight = F32(JACOBI_WEIGHT)
-    for _ in range(iterations):
-        total, count = _neighbour_sum(p)
-        p = (p + weight * ((total - div) / count - p)).astype(F32)
-    return p
-
-
 def fluid_step(backend: Any, op: FluidStep) -> None:
     """Advect, diffuse, project, advect the density (see ``FluidStep``)."""
     w, h = op.width, op.height
@@ -272,7 +261,8 @@ def fluid_step(backend: Any, op: FluidStep) -> None:
         new_v = _diffuse(new_v, a, op.diffusion_iterations, "v")
     div = divergence_of(new_u, new_v).astype(F32)
     div_out[:] = div
-    pressure = _solve_pressure(p.copy(), div, op.pressure_iterations)
+    scale = max(float(np.abs(new_u).max()), float(np.abs(new_v).max()))
+    pressure, _ = solve_pressure(p, div, scale, op.pressure_tolerance, op.pressure_iterations)
     p[:] = pressure
     new_u[:, 1:w] -= pressure[:, 1:] - pressure[:, :-1]
     new_v[1:h, :] -= pressure[1:, :] - pressure[:-1, :]

@@ -7,20 +7,25 @@ is fused and float32 results agree with NumPy's to rounding. Scalars the
 reference computes once per step (the drag decay, ``0.5 g dt^2``) are computed
 on the host the same way and passed in.
 
-A fluid step is about 50 small kernels (40 pressure sweeps among them). With
-``graph=True`` it is captured as a CUDA graph once per fluid (its buffers,
-grid and iteration counts), on its second step (the first runs eagerly), and
-replayed from then on: ``dt`` and the viscosity reach the kernels through a
-small device array that a one-thread kernel sets before each replay, so one
-graph serves every ``dt``. No handler synchronizes the
-device; ``ParticleStep`` and ``GridQuery``, whose answers are host data, wait for
-their own stream (as a download does).
+A fluid step runs in three stages: the advection, diffusion and divergence
+with the pressure solve's start; runs of ``CHECK_EVERY`` iterations of the
+solve (``backends.cuda._fluid_pressure``), as many as it takes; and the
+gradient's subtraction with the density's advection. With ``graph=True``
+each stage is captured as a CUDA graph once per fluid (its buffers, grid,
+tolerance and iteration budget) on its second use and replayed from then on:
+``dt`` and the viscosity reach the kernels through a small device array that a
+one-thread kernel sets before each replay, so one graph serves every ``dt``.
+The fluid step reads the solve's state after each run of iterations (a few
+bytes, which waits for its stream); no other handler synchronizes the device
+but ``ParticleStep`` and ``GridQuery``, whose answers are host data and which wait
+for their own stream (as a download does).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
@@ -28,7 +33,8 @@ import numpy as np
 
 from atomr_accel.backends._base import Handler
 from atomr_accel.backends._state import Lru, per_backend
-from atomr_accel.backends.cpu._realtime_physics import HASH, JACOBI_WEIGHT
+from atomr_accel.backends.cpu._realtime_physics import HASH
+from atomr_accel.backends.cuda import _fluid_pressure as pressure
 from atomr_accel.backends.cuda._realtime_nvrtc import Source, launch
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_physics import (
@@ -261,18 +267,6 @@ extern "C" __global__ void divergence(const float* u, const float* v, float* out
     out[idx] = (u[j * (w + 1) + i + 1] - u[j * (w + 1) + i]) + (v[(j + 1) * w + i] - v[j * w + i]);
 }
 
-extern "C" __global__ void jacobi(const float* p, const float* div, float* out, int w, int h,
-                                  float weight)
-{
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= h * w) return;
-    int j = idx / w, i = idx - j * w;
-    float count;
-    float total = neighbour_sum(p, i, j, w, h, &count);
-    float old = p[idx];
-    out[idx] = old + weight * ((total - div[idx]) / count - old);
-}
-
 extern "C" __global__ void subtract_gradient(float* u, float* v, const float* p, int w, int h)
 {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -453,14 +447,19 @@ def cloth_step(backend: CudaBackend, op: ClothStep) -> None:
 # ------------------------------------------------------------------------ fluid
 
 
+_STAGES = ("before", "iterations", "after")
+
+
 @dataclass
 class _FluidPlan:
-    """The parameters array of one fluid's steps and, once captured, its graph (the first
-    step runs eagerly, which also loads every kernel before a capture needs them)."""
+    """One fluid's step parameters (``dt``, ``viscosity * dt``), its pressure solve, and
+    the graph of each stage once captured (a stage runs eagerly on its first use, which
+    also loads its kernels before a capture needs them)."""
 
     params: Any
-    ran: bool = False
-    graph: Any = None
+    solve: pressure.Solve
+    ran: set[str] = field(default_factory=set)
+    graphs: dict[str, Any] = field(default_factory=dict)
     arrays: tuple[Any, ...] = ()
 
 
@@ -470,28 +469,38 @@ _plans_of: Callable[[Any], Lru[_FluidPlan]] = per_backend(lambda: Lru(16))
 def _fluid_key(op: FluidStep) -> Hashable:
     return (op.u.buffer_id, op.v.buffer_id, op.density.buffer_id, op.pressure.buffer_id,
             op.divergence.buffer_id, op.scratch.buffer_id, op.width, op.height,
-            op.pressure_iterations, op.diffusion_iterations if op.viscosity > 0 else 0)
+            op.pressure_iterations, op.pressure_tolerance,
+            op.diffusion_iterations if op.viscosity > 0 else 0)
 
 
-def _fluid_kernels(backend: CudaBackend, op: FluidStep, params: Any) -> None:
-    """Queue every kernel of one step (the same sequence each time, for capture)."""
+class _Fields:
+    """A step's fields and its scratch, cut into the working fields (see ``fluid_scratch``)."""
+
+    def __init__(self, backend: CudaBackend, op: FluidStep) -> None:
+        w, h = op.width, op.height
+        nu, nv, nc = h * (w + 1), (h + 1) * w, w * h
+        self.u = backend.array(op.u.buffer_id)[:nu]
+        self.v = backend.array(op.v.buffer_id)[:nv]
+        self.d = backend.array(op.density.buffer_id)[:nc]
+        self.p = backend.array(op.pressure.buffer_id)[:nc]
+        self.div = backend.array(op.divergence.buffer_id)[:nc]
+        scratch = backend.array(op.scratch.buffer_id)
+        self.su, self.tu = scratch[:nu], scratch[nu:2 * nu]
+        self.sv, self.tv = scratch[2 * nu:2 * nu + nv], scratch[2 * nu + nv:2 * nu + 2 * nv]
+        self.sd = scratch[2 * nu + 2 * nv:2 * nu + 2 * nv + nc]
+        self.solve_scratch = scratch[2 * nu + 2 * nv + nc:]
+
+
+def _before(op: FluidStep, f: _Fields, plan: _FluidPlan) -> None:
+    """Queue the advection, the diffusion, the divergence and the solve's start."""
     w, h = op.width, op.height
     nu, nv, nc = h * (w + 1), (h + 1) * w, w * h
-    u = backend.array(op.u.buffer_id)[:nu]
-    v = backend.array(op.v.buffer_id)[:nv]
-    d = backend.array(op.density.buffer_id)[:nc]
-    p = backend.array(op.pressure.buffer_id)[:nc]
-    div = backend.array(op.divergence.buffer_id)[:nc]
-    scratch = backend.array(op.scratch.buffer_id)
-    su, tu = scratch[:nu], scratch[nu:2 * nu]
-    sv, tv = scratch[2 * nu:2 * nu + nv], scratch[2 * nu + nv:2 * nu + 2 * nv]
-    sd = scratch[2 * nu + 2 * nv:2 * nu + 2 * nv + nc]
-    sp = scratch[2 * nu + 2 * nv + nc:2 * nu + 2 * nv + 2 * nc]
-    wi, hi = _i32(w), _i32(h)
-    _launch("advect_u", nu, u, v, su, wi, hi, params)
-    _launch("advect_v", nv, u, v, sv, wi, hi, params)
+    wi, hi, params = _i32(w), _i32(h), plan.params
+    _launch("advect_u", nu, f.u, f.v, f.su, wi, hi, params)
+    _launch("advect_v", nv, f.u, f.v, f.sv, wi, hi, params)
     sweeps = op.diffusion_iterations if op.viscosity > 0 else 0
-    for b, x, t, nx, ny, columns in ((su, u, tu, w + 1, h, 1), (sv, v, tv, w, h + 1, 0)):
+    for b, x, t, nx, ny, columns in ((f.su, f.u, f.tu, w + 1, h, 1),
+                                     (f.sv, f.v, f.tv, w, h + 1, 0)):
         if sweeps == 0:
             _memcpy(x, b)
             continue
@@ -500,42 +509,59 @@ def _fluid_kernels(backend: CudaBackend, op: FluidStep, params: Any) -> None:
             dst = x if (sweeps - 1 - k) % 2 == 0 else t
             _launch("diffuse", nx * ny, src, b, dst, _i32(nx), _i32(ny), _i32(columns), params)
             src = dst
-    _launch("divergence", nc, u, v, div, wi, hi)
-    iterations = op.pressure_iterations
-    src = p
-    if iterations % 2 == 1:  # the first sweep would write p itself: start from a copy
-        _memcpy(sp, p)
-        src = sp
-    for k in range(iterations):
-        dst = p if (iterations - 1 - k) % 2 == 0 else sp
-        _launch("jacobi", nc, src, div, dst, wi, hi, F32(JACOBI_WEIGHT))
-        src = dst
-    _launch("subtract_gradient", nu + nv, u, v, p, wi, hi)
-    _launch("advect_density", nc, d, u, v, sd, wi, hi, params)
-    _memcpy(d, sd)
+    _launch("divergence", nc, f.u, f.v, f.div, wi, hi)
+    pressure.begin(plan.solve, f.u, f.v, f.p, f.div)
 
 
-def fluid_step(backend: CudaBackend, op: FluidStep) -> None:
-    """Set ``dt`` and ``viscosity * dt`` on the device, then replay the captured step
-    (captured on the second use) or launch its kernels one by one."""
-    plans = _plans_of(backend)
-    plan = plans.get(_fluid_key(op), lambda: _FluidPlan(cp.zeros(2, dtype=cp.float32)))
-    kernels("set_params")((1,), (1,), (plan.params, F32(op.dt), F32(op.viscosity * op.dt)))
-    if not op.graph or not plan.ran:
-        _fluid_kernels(backend, op, plan.params)
-        plan.ran = True
+def _after(op: FluidStep, f: _Fields, plan: _FluidPlan) -> None:
+    """Queue the pressure gradient's subtraction and the density's advection."""
+    w, h = op.width, op.height
+    nu, nv, nc = h * (w + 1), (h + 1) * w, w * h
+    _launch("subtract_gradient", nu + nv, f.u, f.v, f.p, _i32(w), _i32(h))
+    _launch("advect_density", nc, f.d, f.u, f.v, f.sd, _i32(w), _i32(h), plan.params)
+    _memcpy(f.d, f.sd)
+
+
+def _stage(backend: CudaBackend, op: FluidStep, plan: _FluidPlan, name: str,
+           queue: Callable[[], None]) -> None:
+    """Run one stage: replay its graph (captured on its second use) or queue its kernels."""
+    if not op.graph or name not in plan.ran:
+        queue()
+        plan.ran.add(name)
         return
     stream = cp.cuda.get_current_stream()
-    if plan.graph is None:
+    if name not in plan.graphs:
         mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", 1)
         stream.begin_capture(mode)
         try:
-            _fluid_kernels(backend, op, plan.params)
+            queue()
         finally:
             graph = stream.end_capture()
-        plan.graph = graph
+        plan.graphs[name] = graph
         plan.arrays = tuple(backend.array(ref.buffer_id) for ref in op.refs())
-    plan.graph.launch(stream=stream)
+    plan.graphs[name].launch(stream=stream)
+
+
+def fluid_step(backend: CudaBackend, op: FluidStep) -> None:
+    """Set ``dt`` and ``viscosity * dt`` on the device; run the stage before the solve,
+    runs of ``CHECK_EVERY`` solve iterations until the solve stops (the host reads its
+    state after each run), and the stage after it."""
+    fields = functools.cache(lambda: _Fields(backend, op))  # cut only to queue kernels
+    plans = _plans_of(backend)
+    plan = plans.get(_fluid_key(op), lambda: _FluidPlan(
+        cp.zeros(2, dtype=cp.float32), pressure.Solve(
+            op.width, op.height, op.pressure_tolerance, op.pressure_iterations,
+            fields().solve_scratch)))
+    kernels("set_params")((1,), (1,), (plan.params, F32(op.dt), F32(op.viscosity * op.dt)))
+    _stage(backend, op, plan, "before", lambda: _before(op, fields(), plan))
+    queued = 0
+    while queued < op.pressure_iterations:
+        _stage(backend, op, plan, "iterations",
+               lambda: pressure.iterations(plan.solve, fields().p, pressure.CHECK_EVERY))
+        queued += pressure.CHECK_EVERY
+        if pressure.stopped(plan.solve):
+            break
+    _stage(backend, op, plan, "after", lambda: _after(op, fields(), plan))
 
 
 def fluid_add_source(backend: CudaBackend, op: FluidAddSource) -> None:

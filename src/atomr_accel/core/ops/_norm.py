@@ -50,11 +50,13 @@ __all__ = [
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",
+    "NormAxes",
     "NormBwd",
     "NormLayout",
     "NormMode",
     "NormPhase",
     "RmsNorm",
+    "axes_count",
     "norm_layout",
     "param_dtype",
 ]
@@ -141,17 +143,36 @@ def _require_dims(dims: tuple[int, ...], least: int) -> None:
         raise InvalidArgument(f"dims must be positive ints, got {dims!r}")
 
 
-def norm_layout(mode: NormMode, dims: tuple[int, ...], norm_axes: int = 1,
+NormAxes = int | tuple[int, ...]
+"""The dims a layer or RMS norm normalizes: how many trailing dims (``2``), or which,
+as the original package took them (``(1, 2, 3)`` of an NCHW tensor; negative axes count
+from the end, ``(-3, -2, -1)``). Either way a trailing run of the dims."""
+
+
+def axes_count(norm_axes: NormAxes, ndim: int) -> int:
+    """How many trailing dims of an ``ndim``-dim tensor ``norm_axes`` names (raises
+    ``InvalidArgument`` unless it is a count from 1 to ``ndim`` or the axes of a trailing
+    run, in increasing order)."""
+    if is_int(norm_axes):
+        if 1 <= norm_axes <= ndim:
+            return int(norm_axes)
+    elif isinstance(norm_axes, tuple | list) and norm_axes and all(map(is_int, norm_axes)):
+        axes = [a + ndim if a < 0 else a for a in norm_axes]
+        if axes == list(range(ndim - len(axes), ndim)):
+            return len(axes)
+    raise InvalidArgument(
+        f"norm_axes must be a count from 1 to {ndim} or the axes of a trailing run of the "
+        f"{ndim} dims (e.g. {list(range(max(ndim - 2, 0), ndim))}), got {norm_axes!r}")
+
+
+def norm_layout(mode: NormMode, dims: tuple[int, ...], norm_axes: NormAxes = 1,
                 groups: int = 1) -> NormLayout:
     """The layout of a ``mode`` normalization of ``x`` of ``dims`` (raises
     ``InvalidArgument`` for dims, ``norm_axes`` or ``groups`` that do not fit)."""
     if mode in (NormMode.LAYER, NormMode.RMS):
         _require_dims(dims, 1)
-        if not (is_int(norm_axes) and 1 <= norm_axes <= len(dims)):
-            raise InvalidArgument(
-                f"norm_axes must be an int from 1 to {len(dims)} (the trailing dims "
-                f"normalized), got {norm_axes!r}")
-        m, k = math.prod(dims[: len(dims) - norm_axes]), math.prod(dims[len(dims) - norm_axes:])
+        count = axes_count(norm_axes, len(dims))
+        m, k = math.prod(dims[: len(dims) - count]), math.prod(dims[len(dims) - count:])
         return NormLayout((m, k), (1,), (m, 1), (1, k))
     _require_dims(dims, 2)
     n, c, s = dims[0], dims[1], math.prod(dims[2:])
@@ -280,7 +301,7 @@ class LayerNorm(Op):
     scale: GpuRef
     bias: GpuRef
     dims: tuple[int, ...]
-    norm_axes: int
+    norm_axes: NormAxes
     saved_mean: GpuRef | None = None
     saved_var: GpuRef | None = None
     epsilon: float = 1e-5
@@ -381,7 +402,7 @@ class RmsNorm(Op):
     y: GpuRef
     scale: GpuRef
     dims: tuple[int, ...]
-    norm_axes: int
+    norm_axes: NormAxes
     saved_var: GpuRef | None = None
     epsilon: float = 1e-5
     bias: GpuRef | None = None
@@ -429,7 +450,7 @@ class NormBwd(Op):
     dims: tuple[int, ...]
     mode: NormMode = NormMode.BATCH
     epsilon: float = 1e-5
-    norm_axes: int = 1
+    norm_axes: NormAxes = 1
     groups: int = 1
 
     @property

@@ -30,7 +30,9 @@ __all__ = [
     "GridQuery",
     "ParticleCompact",
     "ParticleStep",
+    "PRESSURE_TOLERANCE",
     "fluid_scratch",
+    "pressure_levels",
 ]
 
 _F32 = (DType.F32,)
@@ -180,11 +182,33 @@ def _fluid_fields(width: int, height: int, **refs: GpuRef) -> None:
         require_buffer(ref, _F32, sizes.get(name, width * height), name)
 
 
+PRESSURE_TOLERANCE = 1e-4
+"""The default tolerance of the pressure solve: it stops once the largest divergence left
+is at most this fraction of the largest face velocity (per grid cell, before the
+projection)."""
+
+COARSEST_CELLS = 16
+"""The multigrid preconditioner coarsens until a level has at most this many cells."""
+
+
+def pressure_levels(width: int, height: int) -> tuple[tuple[int, int], ...]:
+    """The grids of the pressure solve's multigrid preconditioner, finest first: each level
+    merges 2 x 2 cells of the one above (a last odd row or column merges alone), down to
+    at most ``COARSEST_CELLS`` cells."""
+    levels = [(width, height)]
+    while width * height > COARSEST_CELLS:
+        width, height = (width + 1) // 2, (height + 1) // 2
+        levels.append((width, height))
+    return tuple(levels)
+
+
 def fluid_scratch(width: int, height: int) -> int:
-    """Elements of a ``FluidStep``'s scratch buffer: two u-fields, two v-fields, a density
-    and a pressure field."""
+    """Elements of a ``FluidStep``'s scratch buffer: two u-fields, two v-fields, a density,
+    the conjugate-gradient vectors (five fields) and three fields of each coarser
+    multigrid level."""
     nu, nv, nc = height * (width + 1), (height + 1) * width, width * height
-    return 2 * nu + 2 * nv + 2 * nc
+    coarse = sum(w * h for w, h in pressure_levels(width, height)[1:])
+    return 2 * nu + 2 * nv + 6 * nc + 3 * coarse
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +218,12 @@ class FluidStep(Op):
     In order: semi-Lagrangian advection of the velocity (bilinear, traced
     back along the velocity; walls are solid), implicit viscosity diffusion
     by ``diffusion_iterations`` Jacobi sweeps when ``viscosity`` > 0, the
-    pressure projection (``pressure_iterations`` damped-Jacobi sweeps of
-    the Neumann Poisson equation, started from the previous ``pressure``,
-    then the pressure gradient subtracted), and advection of the density.
+    pressure projection, and advection of the density. The projection solves
+    the Neumann Poisson equation for the pressure by conjugate gradients
+    preconditioned with a multigrid V-cycle (``pressure_levels``), started
+    from the previous ``pressure``, until the largest divergence left is at
+    most ``pressure_tolerance`` times the largest face velocity (or after
+    ``pressure_iterations`` iterations), then subtracts the pressure gradient.
     ``divergence`` receives the divergence the projection removed;
     ``scratch`` (``fluid_scratch(width, height)`` float32) is working space.
     ``graph=True`` lets the CUDA backend replay the step as one captured
@@ -219,12 +246,17 @@ class FluidStep(Op):
     pressure_iterations: int = 40
     diffusion_iterations: int = 20
     graph: bool = True
+    pressure_tolerance: float = PRESSURE_TOLERANCE
 
     def validate(self) -> None:
         require_positive(width=self.width, height=self.height)
         require_nonneg(pressure_iterations=self.pressure_iterations,
                        diffusion_iterations=self.diffusion_iterations)
-        require_finite(dt=self.dt, viscosity=self.viscosity)
+        require_finite(dt=self.dt, viscosity=self.viscosity,
+                       pressure_tolerance=self.pressure_tolerance)
+        if not 0 < self.pressure_tolerance < 1:
+            raise InvalidArgument("pressure_tolerance must be in (0, 1), got "
+                                  f"{self.pressure_tolerance!r}")
         if self.dt < 0 or self.viscosity < 0:
             raise InvalidArgument(f"dt and viscosity must be >= 0, got {self.dt!r}, "
                                   f"{self.viscosity!r}")
