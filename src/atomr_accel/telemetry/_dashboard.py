@@ -144,7 +144,7 @@ class Dashboard:
         """Add the page's routes to ``server``."""
         for path, (file, content_type) in STATIC_FILES.items():
             body = resources.files("atomr_accel.telemetry").joinpath("static", file).read_bytes()
-            server.add(path, functools.partial(Response, 200, content_type, body))
+            server.add(path, functools.partial(Response, 200, content_type, body), public=True)
         server.add("/api/state", self._state_route)
         server.add("/api/events", lambda: self._events_route(server))
 
