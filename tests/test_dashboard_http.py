@@ -66,7 +66,13 @@ def test_connections_past_the_cap_are_refused_and_close_cuts_the_rest() -> None:
         system.spawn_device(mock=True)
         telemetry = system.enable_telemetry(interval=None)
         port = telemetry.serve(max_connections=4, read_timeout=60)
-        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+        system.serve_dashboard()
+        stream = socket.create_connection(("127.0.0.1", port), timeout=10)
+        stream.sendall(b"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        first = b""
+        while b"data: " not in first:
+            first += stream.recv(65536)
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
         idle[0].sendall(b"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # unfinished
         # connections are accepted in order: the fifth finds the four above holding the cap
         status, _, body = get(port, "/metrics")
@@ -76,6 +82,9 @@ def test_connections_past_the_cap_are_refused_and_close_cuts_the_rest() -> None:
     for sock in idle:
         assert read_all(sock) == b""  # the server's side is closed
         sock.close()
+    rest = read_all(stream)  # the stream ends (after whole events only)
+    stream.close()
+    assert rest == b"" or rest.endswith(b"\n\n")
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=10).close()
 

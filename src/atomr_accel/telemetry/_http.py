@@ -271,12 +271,6 @@ class HttpServer:
         """The address served."""
         return str(self._server.server_address[0])
 
-    @property
-    def connections(self) -> int:
-        """Connections open now."""
-        with self._server.lock:
-            return len(self._server.connections)
-
     def add(self, path: str, route: Route, *, public: bool = False) -> None:
         """Answer GET ``path`` with ``route()`` (replacing any route of that path); a
         ``public`` route is answered without the token."""
