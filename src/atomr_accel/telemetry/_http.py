@@ -136,6 +136,8 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(HTTPServer):
     """Threads per connection, as ``ThreadingHTTPServer``, but counted, capped, reaped."""
 
+    request_queue_size = 128  # the listen backlog: a burst of connections waits to be accepted
+
     def __init__(self, address: tuple[str, int], routes: dict[str, tuple[Route, bool]],
                  access: Access, max_connections: int, read_timeout: float) -> None:
         self.routes = routes
