@@ -237,6 +237,39 @@ def test_blueprint_panels_show_the_blueprints_stats() -> None:
             dashboard.add_panel(object())  # type: ignore[arg-type]
 
 
+def test_device_sections_add_per_device_figures_to_each_row() -> None:
+    with System.open("dash") as system:
+        system.spawn_device(mock=True, name="a")
+        system.spawn_device(mock=True, name="b")
+        port = system.serve_dashboard()
+        dashboard = system.telemetry.dashboard  # type: ignore[union-attr]
+        assert dashboard is not None
+        calls: dict[str, int] = {"a": 3}
+
+        def counters(name: str, stats: Any) -> dict[str, int] | None:
+            return None if name not in calls else {"calls": calls[name],
+                                                   "generation": stats.generation}
+
+        def broken(name: str, stats: Any) -> None:
+            raise RuntimeError("no figures")
+
+        dashboard.add_device_section("functions", counters)
+        dashboard.add_device_section("broken", broken)
+        rows = {row["name"]: row["sections"] for row in state_of(port)["devices"]}
+        assert rows == {"a": {"functions": {"calls": 3, "generation": 1},
+                              "broken": {"error": "RuntimeError: no figures"}},
+                        "b": {"broken": {"error": "RuntimeError: no figures"}}}
+        dashboard.remove_device_section("broken")
+        calls["b"] = 5
+        rows = {row["name"]: row["sections"] for row in state_of(port)["devices"]}
+        assert rows == {"a": {"functions": {"calls": 3, "generation": 1}},
+                        "b": {"functions": {"calls": 5, "generation": 1}}}
+        with pytest.raises(InvalidArgument):
+            dashboard.add_device_section("", counters)
+        with pytest.raises(InvalidArgument):
+            dashboard.add_device_section("x", None)  # type: ignore[arg-type]
+
+
 def test_page_metrics_and_state_share_one_server() -> None:
     with System.open("dash") as system:
         telemetry = system.enable_telemetry(port=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -46,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     dashboard_cmd.add_argument("--url", required=True,
                                help="the system's telemetry endpoint, e.g. http://127.0.0.1:9400 "
                                     "(see system.serve_dashboard)")
+    dashboard_cmd.add_argument("--token", default=os.environ.get("ATOMR_DASHBOARD_TOKEN"),
+                               help="the endpoint's token, when it was served with one "
+                                    "(default: $ATOMR_DASHBOARD_TOKEN)")
     test_cmd = commands.add_parser(
         "test", help="run the package's own test suites (pytest), skipping what is missing")
     test_cmd.add_argument("suites", nargs="*", metavar="SUITE",
@@ -90,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"\ndemo failed: {exc!r}", file=out)
                 return 1
         if args.command == "dashboard":
-            return attach_dashboard(out, args.url)
+            return attach_dashboard(out, args.url, token=args.token)
         if args.command == "test":
             return run_tests(out, args.suites, gpu=args.gpu, smoke=args.smoke, path=args.path,
                              keyword=args.keyword, exit_first=args.exit_first)

@@ -15,6 +15,8 @@ Hierarchy::
     ├── DeviceUnavailable   no such device or backend on this machine
     ├── QueueFull           the device's rebuild queue is full
     ├── InvalidArgument     bad dtype, length, shape or option (also ValueError)
+    │   ├── DTypeMismatch   a host array or buffer of the wrong dtype (also TypeError)
+    │   └── PortInUse       an HTTP port is taken by another server
     ├── SystemClosed        the system is closed (or closing); also actor.SystemClosed
     └── AskTimeout          no answer within the time-out; also actor.AskTimeout
                             and TimeoutError
@@ -46,6 +48,7 @@ __all__ = [
     "LibraryError",
     "LibraryUnavailable",
     "OutOfMemory",
+    "PortInUse",
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
@@ -169,6 +172,17 @@ class InvalidArgument(GpuRuntimeError, ValueError):
 class DTypeMismatch(InvalidArgument, TypeError):
     """A host array or buffer of the wrong dtype; also a ``TypeError``, as the original
     package raised for it."""
+
+
+class PortInUse(InvalidArgument):
+    """The port asked for is taken (another server listens on ``addr:port``): pass another
+    port, or 0 for any free one."""
+
+    def __init__(self, addr: str, port: int) -> None:
+        super().__init__(f"port {port} on {addr} is in use by another server; "
+                         "pass another port, or 0 for any free one")
+        self.addr = addr
+        self.port = port
 
 
 class SystemClosed(GpuRuntimeError, actor.SystemClosed):

@@ -272,6 +272,8 @@ class System:
     async def drop_device_async(self, device: Device) -> None:
         """Stop ``device`` for good (its context is closed) and forget it."""
         await self._portal.acall(_stop(self.actors, device))
+        if self.telemetry is not None:
+            self.telemetry.unwatch(device._state)
         for devices in (self.devices, self._cluster):
             if device in devices:
                 devices.remove(device)
@@ -348,13 +350,19 @@ class System:
     place = blocking(place_async)
 
     async def enable_telemetry_async(self, port: int | None = None, *, addr: str = "127.0.0.1",
-                                     interval: float | None = 1.0) -> Telemetry:
+                                     interval: float | None = 1.0,
+                                     allowed_hosts: Iterable[str] | str | None = None,
+                                     token: str | None = None) -> Telemetry:
         """Collect Prometheus metrics of every device (now and later); serve them on ``port``.
 
         ``port=0`` picks a free port (``telemetry.port`` says which); None
-        serves nothing (``telemetry.render()`` still works). Device gauges are
-        sampled every ``interval`` seconds. Calling it again returns the same
-        ``Telemetry`` (serving it if it was not). Needs ``prometheus-client``.
+        serves nothing (``telemetry.render()`` still works). The server also
+        answers ``/healthz`` and ``/readyz``; ``allowed_hosts`` and ``token``
+        say whom it answers (``Telemetry.serve``, docs/dashboard.md). Device
+        gauges are sampled every ``interval`` seconds. Calling it again returns
+        the same ``Telemetry`` (serving it if it was not). Raises
+        ``InvalidArgument`` for a malformed port or option and ``PortInUse``
+        for a port another server has. Needs ``prometheus-client``.
         """
         if self.closed:
             raise SystemClosed(self.actors.name, "enable_telemetry")
@@ -367,12 +375,14 @@ class System:
             for world in self.worlds:
                 self.telemetry.watch_world(world._state)
         if port is not None and self.telemetry.port is None:
-            self.telemetry.serve(port, addr)
+            self.telemetry.serve(port, addr, allowed_hosts=allowed_hosts, token=token)
         return self.telemetry
 
     enable_telemetry = blocking(enable_telemetry_async)
 
-    async def serve_dashboard_async(self, port: int = 0, addr: str = "127.0.0.1") -> int:
+    async def serve_dashboard_async(self, port: int = 0, addr: str = "127.0.0.1", *,
+                                    allowed_hosts: Iterable[str] | str | None = None,
+                                    token: str | None = None) -> int:
         """Serve the live dashboard page of this system; return the port it is on.
 
         Enables telemetry (as ``enable_telemetry``) and serves, from the same
@@ -380,11 +390,16 @@ class System:
         latency percentiles per library, recent supervision events, a panel per
         blueprint with an async ``stats()``),
         ``/api/state`` (JSON) and ``/api/events`` (Server-Sent Events). When
-        ``/metrics`` is served already the dashboard joins that port. See
-        docs/dashboard.md. Needs ``prometheus-client``.
+        ``/metrics`` is served already the dashboard joins that port. Only
+        requests whose ``Host`` is an IP address, ``localhost`` or one of
+        ``allowed_hosts`` are answered; with ``token`` they need it too (see
+        docs/dashboard.md). Raises ``InvalidArgument`` for a malformed port or
+        option and ``PortInUse`` for a port another server has. Needs
+        ``prometheus-client``.
         """
         telemetry = await self.enable_telemetry_async()
-        served = await telemetry.serve_dashboard_async(port, addr)
+        served = await telemetry.serve_dashboard_async(port, addr, allowed_hosts=allowed_hosts,
+                                                       token=token)
         for client in list(self._blueprints):
             self._show(client)
         return served
@@ -471,7 +486,7 @@ class System:
         """Stop every device and actor (children first); calls still waiting and later
         calls raise ``SystemClosed``."""
         if self.telemetry is not None:
-            self.telemetry.close()
+            await self.telemetry.close_async()
         try:
             await self._portal.acall(self.actors.terminate())
         finally:

@@ -13,7 +13,7 @@ records on one Perfetto timeline (``docs/tracing.md``).
 
 from atomr_accel.telemetry._chrome_trace import chrome_trace, write_chrome_trace
 from atomr_accel.telemetry._cupti import CATEGORIES, DEFAULT_CATEGORIES, CuptiSession
-from atomr_accel.telemetry._dashboard import Dashboard, StatsSource
+from atomr_accel.telemetry._dashboard import Dashboard, DeviceSection, StatsSource
 from atomr_accel.telemetry._events import EVENT_KINDS
 from atomr_accel.telemetry._logging import LOGGERS, configure_logging
 from atomr_accel.telemetry._metrics import LATENCY_BUCKETS, DeviceCollector, OpMetrics
@@ -32,6 +32,7 @@ __all__ = [
     "CuptiSession",
     "Dashboard",
     "DeviceCollector",
+    "DeviceSection",
     "GetSample",
     "NvmlActor",
     "NvmlProbe",

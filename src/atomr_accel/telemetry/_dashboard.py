@@ -10,7 +10,7 @@ import inspect
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,7 +25,7 @@ from atomr_accel.telemetry._op_window import OpWindow
 if TYPE_CHECKING:
     from atomr_accel.telemetry._metrics import OpMetrics
 
-__all__ = ["STATIC_FILES", "Dashboard", "StatsSource"]
+__all__ = ["STATIC_FILES", "Dashboard", "DeviceSection", "StatsSource"]
 
 STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
                 "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
@@ -42,6 +42,12 @@ class StatsSource(Protocol):
 
     async def stats(self) -> Any:
         """A snapshot of the blueprint."""
+
+
+DeviceSection = Callable[[str, DeviceStats], Any]
+"""A per-device panel (``Dashboard.add_device_section``): called on each state read with a
+device's name and its ``DeviceStats``, on the system's event loop; returns the figures to
+show for it (dataclass, mapping or plain values) or None to show nothing for that device."""
 
 
 class Dashboard:
@@ -63,6 +69,7 @@ class Dashboard:
         self._devices: dict[str, ActorRef] = {}
         self._last: dict[str, DeviceStats] = {}
         self._panels: dict[str, StatsSource] = {}
+        self._sections: dict[str, DeviceSection] = {}
         self.push_interval = push_interval
         """Seconds between two states pushed on ``/api/events``."""
 
@@ -99,6 +106,24 @@ class Dashboard:
         """Stop showing the panel called ``name`` (no error when there is none)."""
         self._panels.pop(name, None)
 
+    def add_device_section(self, name: str, section: DeviceSection) -> None:
+        """Show ``section``'s figures for each device, as ``sections[name]`` of the device's
+        row in the state (the page shows them under the devices table).
+
+        It is the place for what a device serves beyond ops (its functions, its
+        residents): ``section(device_name, stats)`` is called on each state read
+        and must return at once; one that raises shows ``{"error": "..."}`` for
+        that device. Adding a section of the same name replaces it.
+        """
+        if not isinstance(name, str) or not name or not callable(section):
+            raise InvalidArgument(f"a device section needs a name (str) and a callable, got "
+                                  f"{name!r}, {section!r}")
+        self._sections[name] = section
+
+    def remove_device_section(self, name: str) -> None:
+        """Stop showing the device section called ``name`` (no error when there is none)."""
+        self._sections.pop(name, None)
+
     async def state_async(self) -> dict[str, Any]:
         """The dashboard's state, JSON-ready (the ``/api/state`` answer; schema in
         docs/dashboard.md): ``system``, ``time``, ``devices``, ``libraries``,
@@ -119,7 +144,9 @@ class Dashboard:
                 self._last[name] = answer
             stats = self._last.get(name)
             if stats is not None:
-                devices.append(_device_row(name, stats, stopped=gone))
+                row = _device_row(name, stats, stopped=gone)
+                row["sections"] = self._device_sections(name, stats)
+                devices.append(row)
         for name, source in list(self._panels.items()):
             if getattr(source, "is_alive", True) is False:  # a stopped blueprint
                 del self._panels[name]
@@ -130,6 +157,17 @@ class Dashboard:
             events = []
         return {"system": self._actors.name, "time": time.time(), "devices": devices,
                 "libraries": self._window.summary(), "events": events, "panels": panels}
+
+    def _device_sections(self, name: str, stats: DeviceStats) -> dict[str, Any]:
+        sections = {}
+        for key, section in list(self._sections.items()):
+            try:
+                value = section(name, stats)
+            except Exception as exc:
+                value = {"error": f"{type(exc).__name__}: {exc}"}
+            if value is not None:
+                sections[key] = _jsonable(value)
+        return sections
 
     async def _panel(self, name: str, source: StatsSource) -> dict[str, Any]:
         try:
@@ -144,7 +182,7 @@ class Dashboard:
         """Add the page's routes to ``server``."""
         for path, (file, content_type) in STATIC_FILES.items():
             body = resources.files("atomr_accel.telemetry").joinpath("static", file).read_bytes()
-            server.add(path, functools.partial(Response, 200, content_type, body))
+            server.add(path, functools.partial(Response, 200, content_type, body), public=True)
         server.add("/api/state", self._state_route)
         server.add("/api/events", lambda: self._events_route(server))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +20,10 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.device import DeviceState, DeviceStats, GetStats
 from atomr_accel.device._world import WorldState
 from atomr_accel.facade._portal import Portal, blocking
+from atomr_accel.telemetry._access import Access
 from atomr_accel.telemetry._dashboard import Dashboard
-from atomr_accel.telemetry._http import HttpServer, Response
+from atomr_accel.telemetry._health import health, ready_response
+from atomr_accel.telemetry._http import MAX_CONNECTIONS, READ_TIMEOUT, HttpServer, Response
 from atomr_accel.telemetry._metrics import DeviceCollector, OpMetrics, WorldCollector
 from atomr_accel.telemetry._nvml import NvmlProbe, NvmlSample
 
@@ -76,8 +79,9 @@ class Telemetry:
     depth, bytes allocated, device memory) come from ``DeviceStats`` sampled
     every ``interval`` seconds and by ``refresh``; GPU gauges from an
     ``NvmlProbe`` started by ``start_nvml``. ``render()`` returns the text
-    exposition; ``serve(port)`` serves it at ``/metrics``, and
-    ``serve_dashboard`` adds the live dashboard page to that server. Needs
+    exposition; ``serve(port)`` serves it at ``/metrics`` (with ``/healthz`` and
+    ``/readyz`` for orchestrators), and ``serve_dashboard`` adds the live
+    dashboard page to that server. Needs
     ``prometheus-client`` (the ``telemetry`` extra).
     """
 
@@ -150,19 +154,34 @@ class Telemetry:
 
         return generate_latest(self.registry).decode()
 
-    def serve(self, port: int = 0, addr: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` over HTTP on ``addr:port`` (0: a free port); return the port.
+    def serve(self, port: int = 0, addr: str = "127.0.0.1", *,
+              allowed_hosts: Iterable[str] | str | None = None, token: str | None = None,
+              max_connections: int = MAX_CONNECTIONS, read_timeout: float = READ_TIMEOUT) -> int:
+        """Serve ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP on ``addr:port`` (0: a
+        free port); return the port.
 
-        Runs on a daemon thread until ``close``. Serving twice raises ``InvalidArgument``.
+        Runs on a daemon thread until ``close``. Requests whose ``Host`` is not an
+        IP address, ``localhost`` or one of ``allowed_hosts`` get 403; with
+        ``token``, every path but ``/healthz`` and the dashboard's static files needs
+        ``Authorization: Bearer <token>`` (or ``?token=``), else 401. At most
+        ``max_connections`` are served at once; a request must arrive within
+        ``read_timeout`` seconds. Raises ``InvalidArgument`` for a malformed option
+        or an address it cannot listen on, ``PortInUse`` when the port is taken,
+        and ``InvalidArgument`` when already served.
         """
+        access = Access.of(allowed_hosts, token)
         with self._lock:
             if self._server is not None:
                 raise InvalidArgument(f"telemetry is already served on port {self.port}")
-            self._server = HttpServer(port, addr)
-            self._server.add("/metrics", self._metrics_route)
+            server = HttpServer(port, addr, access, max_connections=max_connections,
+                                read_timeout=read_timeout)
+            server.add("/metrics", self._metrics_route)
+            server.add("/healthz", health, public=True)
+            server.add("/readyz", lambda: ready_response(list(self._states)))
             if self.dashboard is not None:
-                self.dashboard.serve_on(self._server)
-            return self._server.port
+                self.dashboard.serve_on(server)
+            self._server = server
+            return server.port
 
     def _metrics_route(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -175,14 +194,19 @@ class Telemetry:
         server = self._server
         return None if server is None else server.port
 
-    async def serve_dashboard_async(self, port: int = 0, addr: str = "127.0.0.1") -> int:
+    async def serve_dashboard_async(self, port: int = 0, addr: str = "127.0.0.1", *,
+                                    allowed_hosts: Iterable[str] | str | None = None,
+                                    token: str | None = None) -> int:
         """Serve the live dashboard (``/``, ``/api/state``, ``/api/events``) beside
         ``/metrics``; return the port.
 
         Uses the server ``/metrics`` is on when there is one (``port`` must then
-        be 0 or that port, else ``InvalidArgument``); otherwise starts one on
-        ``addr:port`` (0: a free port). Calling it again returns the same port.
+        be 0 or that port, and ``allowed_hosts`` and ``token`` None or the ones it
+        serves with, else ``InvalidArgument``); otherwise starts one on
+        ``addr:port`` (0: a free port) as ``serve`` does. Calling it again returns
+        the same port.
         """
+        access = Access.of(allowed_hosts, token)
         if self.dashboard is None:
             dashboard = await Dashboard.start(self._actors, self._portal, self._ops)
             if self.dashboard is not None:  # another call made one meanwhile
@@ -193,12 +217,16 @@ class Telemetry:
                 self.dashboard = dashboard
                 if self._server is not None:
                     dashboard.serve_on(self._server)
-        served = self.port
-        if served is None:
-            return self.serve(port, addr)
-        if port not in (0, served):
-            raise InvalidArgument(f"telemetry is already served on port {served}, not {port}")
-        return served
+        server = self._server
+        if server is None:
+            return self.serve(port, addr, allowed_hosts=allowed_hosts, token=token)
+        if port not in (0, server.port):
+            raise InvalidArgument(
+                f"telemetry is already served on port {server.port}, not {port}")
+        if (allowed_hosts is not None or token is not None) and access != server.access:
+            raise InvalidArgument(f"telemetry is already served on port {server.port} with "
+                                  "other allowed_hosts or token")
+        return server.port
 
     serve_dashboard = blocking(serve_dashboard_async)
 
@@ -241,12 +269,32 @@ class Telemetry:
             if value is not None:
                 gauge.labels(str(sample.index), sample.name).set(value)
 
+    def unwatch(self, state: DeviceState) -> None:
+        """Forget the device whose state is ``state`` (``System.drop_device``): it no longer
+        counts for ``/readyz`` and its ops are no longer observed; its last figures stay."""
+        if state in self._states:
+            self._states.remove(state)
+            state.remove_observer(self._ops)
+
+    async def close_async(self) -> None:
+        """Stop serving (the server's threads are waited for off the event loop, so that
+        routes waiting on it finish), stop sampling and stop observing the devices."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            await asyncio.to_thread(server.close)
+        self._stop()
+
     def close(self) -> None:
-        """Stop serving, stop sampling and stop observing the devices (from any thread)."""
+        """Stop serving, stop sampling and stop observing the devices, from any thread but
+        the system's event loop (there, await ``close_async``)."""
         with self._lock:
             server, self._server = self._server, None
         if server is not None:
             server.close()
+        self._stop()
+
+    def _stop(self) -> None:
         if self.dashboard is not None:
             self.dashboard.close()
         for state in self._states:

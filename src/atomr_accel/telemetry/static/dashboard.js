@@ -8,6 +8,12 @@ const COLORS = ["#3b6fd4", "#d4493b", "#17803d", "#b26b00", "#7a3bd4", "#0f8c8c"
 const history = {};                        // library -> [{t, rate, p95}]
 const panelHistory = {};                   // panel name -> {queued: [], last: stats}
 const colorOf = {};
+// A page opened with ?token=... (a system served with a token) sends it on with its reads.
+const TOKEN = new URLSearchParams(location.search).get("token");
+
+function api(path) {
+  return TOKEN === null ? path : path + "?token=" + encodeURIComponent(TOKEN);
+}
 
 function el(tag, text, cls) {
   const node = document.createElement(tag);
@@ -235,6 +241,23 @@ function renderPanels(panels) {
   }
 }
 
+function renderSections(devices) {
+  // Per-device sections (dashboard.add_device_section): one box per device and section.
+  const holder = document.getElementById("device-sections");
+  holder.textContent = "";
+  for (const d of devices) {
+    for (const [name, figuresOf] of Object.entries(d.sections || {})) {
+      const box = el("div", null, "panel");
+      box.dataset.device = d.name;
+      box.dataset.section = name;
+      box.appendChild(el("h3", d.name + " · " + name));
+      box.appendChild(typeof figuresOf === "object" && figuresOf !== null
+        ? figures(figuresOf) : el("p", figuresOf));
+      holder.appendChild(box);
+    }
+  }
+}
+
 function renderEvents(events) {
   const list = document.getElementById("events");
   list.textContent = "";
@@ -251,6 +274,7 @@ function render(state) {
   document.getElementById("updated").textContent =
     "updated " + new Date(state.time * 1000).toLocaleTimeString();
   renderDevices(state.devices);
+  renderSections(state.devices);
   renderLibraries(state.libraries, state.time);
   drawChart(document.getElementById("rate-chart"), "rate");
   drawChart(document.getElementById("latency-chart"), "p95");
@@ -264,14 +288,14 @@ function disconnected() {
 }
 
 function poll() {
-  fetch("api/state", { cache: "no-store" })
+  fetch(api("api/state"), { cache: "no-store" })
     .then((r) => (r.ok ? r.json() : Promise.reject(new Error(r.statusText))))
     .then(render, disconnected)
     .finally(() => setTimeout(poll, 500));
 }
 
 if (typeof EventSource === "function") {
-  const source = new EventSource("api/events");
+  const source = new EventSource(api("api/events"));
   source.onmessage = (message) => render(JSON.parse(message.data));
   source.onerror = disconnected;
 } else {
