@@ -51,7 +51,7 @@ from atomr_accel.backends.cuda import _rnn as cuda_rnn
 from atomr_accel.backends.cuda import _solver as cuda_solver
 from atomr_accel.backends.cuda import _tensor as cuda_tensor
 from atomr_accel.backends.cuda import _train as cuda_train
-from atomr_accel.backends.cuda._completion import event_done, make_completion
+from atomr_accel.backends.cuda._completion import Event, event_done, make_completion
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     ContextPoisoned,
@@ -222,7 +222,7 @@ class CudaBackend(Backend):
         with s:
             self.stream = stream
             result = self.run_handler(op)
-        event = cp.cuda.Event(disable_timing=True)
+        event = Event(disable_timing=True)
         event.record(s)
         for buffer_id in touched:
             if buffer_id in written:
