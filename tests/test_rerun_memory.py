@@ -16,9 +16,6 @@ import numpy as np
 import pytest
 
 from atomr_accel import Device, Status, System
-from atomr_accel.core import DType
-from atomr_accel.core.ops._memory import Allocate, MemoryInfo
-from atomr_accel.device._state import RERUN_LIMIT, DeviceState
 
 pytestmark = pytest.mark.anyio
 N = 1 << 14  # 128 KiB of f64 a buffer
@@ -59,30 +56,3 @@ async def test_allocations_and_uploads_in_flight_when_the_worker_dies_complete(
             got = await dev.copy_to_numpy_async(buffer)
             np.testing.assert_array_equal(got, np.full(N, float(value)))
         np.testing.assert_array_equal(await dev.copy_to_numpy_async(target), np.full(N, 7.0))
-
-
-class _Reply:
-    """An answer slot that keeps what it was told."""
-
-    def __init__(self) -> None:
-        self.told: list[object] = []
-
-    def set_result(self, value: object) -> None:
-        self.told.append(value)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self.told.append(exc)
-
-
-def test_an_allocation_runs_again_however_often_its_contexts_die() -> None:
-    state = DeviceState(0)
-    allocation = state.track(Allocate(DType.F64, 8), _Reply())
-    info = state.track(MemoryInfo(), _Reply())
-    for generation in range(1, 3 * RERUN_LIMIT):
-        assert allocation.claim(generation)
-        assert allocation.rerun(generation)
-        assert not allocation.rerun(generation)  # still once a generation
-    for generation in range(1, RERUN_LIMIT + 1):
-        assert info.claim(generation) and info.rerun(generation)
-    assert info.claim(RERUN_LIMIT + 1)
-    assert not info.rerun(RERUN_LIMIT + 1)  # a library call may be what kills them

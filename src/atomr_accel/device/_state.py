@@ -19,7 +19,7 @@ from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef
 from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.core.ops._graph import DestroyGraph
-from atomr_accel.core.ops._memory import Allocate, Download, Free, MemoryInfo, Upload
+from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
 from atomr_accel.device._lane import Lane
 from atomr_accel.device._messages import Redispatch
 from atomr_accel.hosts._base import Ticket
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from atomr_accel.device._standby import Standby
 
 __all__ = [
-    "HARMLESS", "RERUN_LIMIT", "Answer", "DeviceState", "DeviceStats", "LaunchObserver",
-    "OpObserver", "Pending", "Status",
+    "RERUN_LIMIT", "Answer", "DeviceState", "DeviceStats", "LaunchObserver", "OpObserver",
+    "Pending", "Status",
 ]
 
 _log = logging.getLogger("atomr_accel.device")
@@ -85,12 +85,6 @@ class LaunchObserver(OpObserver, Protocol):
 RERUN_LIMIT = 3
 """How many times one request may run again on a new context after its own died under it."""
 
-HARMLESS: frozenset[type[Op]] = frozenset({Allocate, Free, Upload, Download})
-"""Ops that cannot take a context down: memory moves on checked buffers, no kernel. They run
-again however often the contexts they run on die (``RERUN_LIMIT`` guards against an op that
-kills every context it runs on): on a fresh context the first ops wait for its libraries to
-load, so an allocation is often in flight when a fault of other work ends it."""
-
 
 class AbandonedRequest(Exception):
     """What observers hear of a request dropped before it ran because its asker was gone."""
@@ -103,8 +97,8 @@ class Pending:
     request not launched when its context goes down is dispatched again to the
     next generation, so it is never lost and never runs twice. One that was
     launched there runs again on the next generation instead of failing when
-    it can (``rerun``): once a generation, ``RERUN_LIMIT`` times at most (but
-    ``HARMLESS`` ops), and never the op that caused the fault.
+    it can (``rerun``): once a generation, ``RERUN_LIMIT`` times at most, and
+    never the op that caused the fault.
     """
 
     __slots__ = ("_state", "abandoned", "generation", "launched", "made", "observers", "op",
@@ -190,13 +184,12 @@ class Pending:
         again on the next context (transparent re-execution) when it may run twice: its
         buffers are all durable (restored before it runs, as a whole, from the journal)
         and it holds no kernel or graph of the dead context. Once a generation (it is
-        launched once on each), ``RERUN_LIMIT`` times in all unless it is ``HARMLESS``: an
-        op that every context it runs on dies under may be what kills them. Answers whether
-        it will run again; if not, the caller fails it."""
+        launched once on each), ``RERUN_LIMIT`` times in all: an op that every context it
+        runs on dies under may be what kills them. Answers whether it will run again; if
+        not, the caller fails it."""
         state = self._state
         with state.lock:
-            limited = self.reruns >= RERUN_LIMIT and type(self.op) not in HARMLESS
-            if (limited or not self.launched or self.generation != generation
+            if (self.reruns >= RERUN_LIMIT or not self.launched or self.generation != generation
                     or self not in state.pending or not state.rerunnable(self.op)):
                 return False
             self.reruns += 1
