@@ -166,7 +166,7 @@ def test_load_refuses_another_dim_metric_or_file(system: System, tmp_path: Path)
     index.insert(1, [1, 2, 3])
     path = tmp_path / "ip.npz"
     index.save(path)
-    with pytest.raises(InvalidArgument, match="not of 4 numbers"):
+    with pytest.raises(InvalidArgument, match="vectors of 4 numbers"):
         CpuVectorIndex.spawn(system, 4, metric="ip").load(path)
     with pytest.raises(InvalidArgument, match="l2"):
         CpuVectorIndex.spawn(system, 3, metric="l2").load(path)

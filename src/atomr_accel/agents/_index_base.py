@@ -199,10 +199,7 @@ class IndexActor(AgentActor):
                                    held[first_new:])
 
     async def _load(self, path: str | os.PathLike[str]) -> int:
-        saved = read_index(path, self.dim)
-        if saved.metric is not self.metric:
-            raise InvalidArgument(f"the file holds a {saved.metric.value} index; this index "
-                                  f"is {self.metric.value}")
+        saved = read_index(path, self.dim, self.metric)
         count = len(saved.ids)
         await self.store.reserve(count, 0)
         self.slots.clear()

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
+from atomr_accel.core._files import read_npz
 
 __all__ = [
     "FORMAT",
@@ -96,8 +97,12 @@ def as_ids(values: Iterable[object]) -> list[int]:
         raise InvalidArgument(f"ids must be a sequence of ints, got {values!r:.60}")
     ids = [_id(value) for value in values]
     if len(set(ids)) != len(ids):
-        raise InvalidArgument("ids must be distinct within one insert_many")
+        raise InvalidArgument("ids must be distinct within one insert_many or load")
     return ids
+
+
+_UNIT = 4 * float(np.finfo(np.float32).eps)
+"""How far from 1 the norm of a normalized float32 row may be."""
 
 
 def as_matrix(value: object, dim: int, what: str, metric: Metric, *, rows: bool) -> F32:
@@ -106,7 +111,7 @@ def as_matrix(value: object, dim: int, what: str, metric: Metric, *, rows: bool)
     ``rows=False`` takes one vector of ``dim`` numbers (a ``(1, dim)`` matrix),
     ``rows=True`` a sequence of such vectors (at least one). For ``cosine``
     each row is L2-normalized (a zero row is an ``InvalidArgument``: it has
-    no direction).
+    no direction); a row whose norm is 1 to float32 rounding stays as it is.
     """
     try:
         matrix = np.array(value, dtype=np.float32, order="C")
@@ -124,7 +129,8 @@ def as_matrix(value: object, dim: int, what: str, metric: Metric, *, rows: bool)
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         if (norms == 0).any():
             raise InvalidArgument(f"{what}: a zero vector has no cosine similarity")
-        matrix /= norms
+        off = np.abs(norms[:, 0] - 1) > _UNIT  # so a saved, normalized row loads unchanged
+        matrix[off] /= norms[off]
     return matrix
 
 
@@ -173,22 +179,30 @@ def write_index(path: str | os.PathLike[str], metric: Metric, ids: I64, vectors:
         raise GpuRuntimeError(f"cannot write the index to {os.fspath(path)!r}: {exc}") from exc
 
 
-def read_index(path: str | os.PathLike[str], dim: int) -> Saved:
-    """Read a file ``write_index`` wrote, for an index of ``dim`` numbers a vector.
+def read_index(path: str | os.PathLike[str], dim: int, metric: Metric) -> Saved:
+    """Read a file ``write_index`` wrote, for a ``metric`` index of ``dim`` numbers a vector.
 
-    A missing or unreadable file, another format or another dimension raises
-    ``InvalidArgument``.
+    The content passes the checks ``insert_many`` applies (distinct 64-bit ids,
+    finite numbers, rows L2-normalized for cosine). A missing, unreadable or
+    damaged file, another format, metric or dimension, or content ``insert_many``
+    would refuse raises ``InvalidArgument``.
     """
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            fmt, metric = str(data["format"]), str(data["metric"])
-            ids, vectors = data["ids"], data["vectors"]
-    except (OSError, KeyError, ValueError) as exc:
-        raise InvalidArgument(f"cannot read an index from {os.fspath(path)!r}: {exc}") from exc
-    if fmt != FORMAT:
-        raise InvalidArgument(f"{os.fspath(path)!r} is not a saved vector index ({fmt!r})")
-    if (vectors.ndim != 2 or vectors.shape[1] != dim or ids.ndim != 1
-            or len(ids) != len(vectors) or ids.dtype != np.int64):
-        raise InvalidArgument(f"{os.fspath(path)!r} holds vectors of shape {vectors.shape}, "
-                              f"not of {dim} numbers")
-    return Saved(metric_of(metric), ids, np.ascontiguousarray(vectors, dtype=np.float32))
+    name = os.fspath(path)
+    data = read_npz(path, "a vector index")
+    if str(data.get("format")) != FORMAT:
+        raise InvalidArgument(f"{name!r} is not a saved vector index "
+                              f"(format {data.get('format')!r})")
+    saved = metric_of(str(data.get("metric")))
+    if saved is not metric:
+        raise InvalidArgument(f"the file holds a {saved.value} index; this index is "
+                              f"{metric.value}")
+    ids, vectors = data.get("ids"), data.get("vectors")
+    if ids is None or vectors is None:
+        raise InvalidArgument(f"{name!r} has no ids or no vectors")
+    id_list = as_ids(ids)
+    if not id_list and vectors.shape == (0, dim):
+        return Saved(metric, np.zeros(0, np.int64), np.zeros((0, dim), np.float32))
+    matrix = as_matrix(vectors, dim, f"the vectors of {name!r}", metric, rows=True)
+    if len(matrix) != len(id_list):
+        raise InvalidArgument(f"{name!r} holds {len(id_list)} ids for {len(matrix)} vectors")
+    return Saved(metric, np.array(id_list, np.int64), matrix)

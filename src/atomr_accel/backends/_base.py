@@ -158,6 +158,10 @@ class Backend(abc.ABC):
     def synchronize(self) -> None:
         """Wait until all work submitted to the device has finished."""
 
+    def warm(self) -> None:
+        """Load now what the first ops of a fresh context would otherwise wait for (a
+        worker calls it before it reports ready); nothing to load here."""
+
     def flush(self) -> None:
         """Report launched ops whose completion was deferred; hosts call it when idle."""
 

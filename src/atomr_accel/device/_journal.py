@@ -311,9 +311,7 @@ class Journal:
         if target is None:
             target = os.environ.get(JOURNAL_ENV)
         if target is None:
-            fd, remove = tempfile.mkstemp(prefix="atomr-accel-journal-", suffix=".sqlite")
-            os.close(fd)
-            target = remove
+            target = remove = _temporary_file()
         return cls(open_store(target), remove_on_close=remove, **options)
 
     # ------------------------------------------------------------ health
@@ -567,6 +565,20 @@ def _decode(body: bytes) -> list[tuple[int, Op, Any, str]]:
         at += size
     entries: list[tuple[int, Op, Any, str]] = pickle.loads(head, buffers=buffers)
     return entries
+
+
+def _temporary_file() -> str:
+    """A new temporary SQLite file's path; ``InvalidArgument`` naming the directories and
+    the OS error when none is writable."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="atomr-accel-journal-", suffix=".sqlite")
+    except OSError as exc:
+        where = tempfile.tempdir or "any temporary directory ($TMPDIR, /tmp, /var/tmp, ...)"
+        raise InvalidArgument(f"cannot create the journal's temporary file in {where}: "
+                              f"{type(exc).__name__}: {exc}; pass a journal path or set "
+                              f"${JOURNAL_ENV}") from exc
+    os.close(fd)
+    return path
 
 
 def _store_error(exc: BaseException) -> LibraryError:

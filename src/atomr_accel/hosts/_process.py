@@ -21,6 +21,7 @@ import os
 import pickle
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -67,6 +68,17 @@ __all__ = ["ProcessHost"]
 _DEFAULT_ARENA = 64 << 20
 _OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
 _PACKAGE_ROOT = str(Path(atomr_accel.__file__).resolve().parents[1])  # the worker imports from it
+WORKER_COMMAND = (sys.executable, "-P", "-s", "-m", "atomr_accel.hosts._worker")
+"""How a worker starts: ``-P`` keeps the caller's current directory off its ``sys.path``
+(a ``numpy.py`` there must not run in the worker), ``-s`` the user's site-packages."""
+
+
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: the caller's, with this package's root first on
+    ``PYTHONPATH`` and no empty entry there (an empty entry would mean the current
+    directory)."""
+    paths = [_PACKAGE_ROOT, *environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return {**environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -135,14 +147,10 @@ class ProcessHost(ContextHost):
         except BaseException:
             self._channel.unlink()
             raise
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p
-        )
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "atomr_accel.hosts._worker",
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+                *WORKER_COMMAND, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                env=worker_env(os.environ),
             )
             assert self._proc.stdin is not None and self._proc.stdout is not None
             self._proc.stdin.write(encode((self.spec, self._arena.path, self._arena.nbytes,

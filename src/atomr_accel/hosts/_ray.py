@@ -91,11 +91,15 @@ def ray_module() -> Any:
 def ensure_ray(address: str | None = None) -> tuple[Any, bool]:
     """Connect this process to Ray unless it is already: ``address`` is ``"auto"``, a
     cluster's address, or None / ``"local"`` for a new local Ray. Returns the module and
-    whether this call connected it."""
+    whether this call connected it.
+
+    None is passed to Ray as ``"local"``: Ray's own None would join ``$RAY_ADDRESS`` or
+    the cluster last started on this machine; joining one takes its address.
+    """
     ray = ray_module()
     if ray.is_initialized():
         return ray, False
-    where = None if address in (None, "local") else address
+    where = "local" if address is None else address
     try:
         _on_lasting_thread(functools.partial(
             ray.init, address=where, include_dashboard=False, log_to_driver=False,

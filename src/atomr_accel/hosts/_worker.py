@@ -181,6 +181,7 @@ def main() -> None:
         out.write(encode(("error", picklable(error))))
         out.flush()
         return
+    backend.warm()
     try:
         backend.register_host_memory(arena)
     except Exception as exc:  # pageable copies still work, only slower

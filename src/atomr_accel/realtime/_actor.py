@@ -38,9 +38,10 @@ from atomr_accel.agents._client import (
     require_timeout,
 )
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument, OutOfMemory
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.realtime._checks import require_room
 
 __all__ = ["Buffers", "Placement", "RealtimeActor", "RealtimeClient"]
 
@@ -132,7 +133,7 @@ class RealtimeActor(AgentActor):
         """Answer ``message`` with ``handle``, once the actor is placed and started. A
         ``GpuRefStale`` (the device's context was rebuilt, and the buffers went with it)
         fails the call and restarts the actor from its initial state; another typed error
-        fails this call only."""
+        fails this call only, as does a host ``MemoryError`` (answered as ``OutOfMemory``)."""
         try:
             await self._ready()
             return await self.handle(message)
@@ -140,7 +141,12 @@ class RealtimeActor(AgentActor):
             raise
         except GpuRuntimeError as exc:
             self.context.defer_reply().set_exception(exc)
-            return None
+        except MemoryError as exc:  # a host array of the state or of this call
+            error = OutOfMemory(f"{type(self).__name__}: the host has no room for the "
+                                f"arrays this needs ({exc or 'MemoryError'})")
+            error.__cause__ = exc
+            self.context.defer_reply().set_exception(error)
+        return None
 
     async def pre_start(self) -> None:
         """Place the actor (``System.place_async``, unless spawn named its device) and set
@@ -209,9 +215,11 @@ class RealtimeClient(AgentClient):
 
     @classmethod
     def _spawn(cls, system: Any, actor: type[RealtimeActor], args: tuple[Any, ...],
-               name: str | None, device: Any) -> Self:
+               name: str | None, device: Any, nbytes: int = 0) -> Self:
         """Start ``actor(system, placement, *args)`` in the facade ``system``; ``device``
-        must be one of its devices, or None (the system places the actor as it starts)."""
+        must be one of its devices, or None (the system places the actor as it starts).
+        ``nbytes`` is what its state takes from its start on (``require_room``)."""
+        require_room(actor.__name__.lstrip("_"), nbytes)
         facade = require_system(system)
         if device is not None and (not isinstance(device, Device)
                                    or all(d is not device for d in facade.devices)):

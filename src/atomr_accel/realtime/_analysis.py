@@ -94,7 +94,11 @@ class _AnalysisActor(RealtimeActor):
         super().__init__(system, placement)
         self.shape, self.stages = shape, stages
         self.bins, self.low, self.high = bins, low, high
-        self.running = _Running(shape.channels, bins)
+        self.running = _Running(shape.channels, 0)
+
+    async def start(self) -> None:
+        """Start the running statistics (a histogram of ``bins`` a channel)."""
+        self.running = _Running(self.shape.channels, self.bins)
 
     async def on_analyze(self, frame: Frame) -> FrameStatistics:
         device = self.device
@@ -144,8 +148,10 @@ class MultiPassAnalysisActor(RealtimeClient):
         bottom, top = require_number("low", low), require_number("high", high)
         if not bottom < top:
             raise InvalidArgument(f"low ({low}) must be below high ({high})")
-        client = cls._spawn(system, _AnalysisActor,
-                            (shape, as_stages(stages), bins, bottom, top), name, device)
+        histograms = 16 * shape.channels * bins  # the running one and a frame's
+        client = cls._spawn(system, _AnalysisActor, (shape, as_stages(stages), bins, bottom,
+                                                     top), name, device,
+                            histograms + 8 * shape.size)
         client.shape = shape
         return client
 

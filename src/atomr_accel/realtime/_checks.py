@@ -3,13 +3,14 @@ each raising ``InvalidArgument`` in the caller before anything reaches the devic
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core.ops._realtime_checks import finite
+from atomr_accel.core._errors import InvalidArgument, OutOfMemory
+from atomr_accel.core.ops._realtime_checks import finite, finite_f32
 
 __all__ = [
     "F32Array",
@@ -20,6 +21,7 @@ __all__ = [
     "require_count",
     "require_dt",
     "require_number",
+    "require_room",
 ]
 
 F32Array = np.ndarray[Any, np.dtype[np.float32]]
@@ -56,7 +58,7 @@ def require_count(name: str, value: object, *, least: int = 0,
 
 
 def as_points(value: Any, name: str) -> F32Array:
-    """``value`` as an ``(n, 3)`` float32 array of finite numbers (one ``(3,)`` point is
+    """``value`` as an ``(n, 3)`` float32 array of numbers finite in float32 (one ``(3,)`` point is
     taken as ``n = 1``); ``InvalidArgument`` otherwise."""
     try:
         array = np.asarray(value, dtype=np.float64)
@@ -66,9 +68,7 @@ def as_points(value: Any, name: str) -> F32Array:
         array = array[None, :]
     if array.ndim != 2 or array.shape[1] != 3:
         raise InvalidArgument(f"{name} must have shape (n, 3), got {array.shape}")
-    if not np.isfinite(array).all():
-        raise InvalidArgument(f"{name} holds a non-finite number")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    return finite_f32(name, array)
 
 
 def as_vector(value: Sequence[float] | Any, name: str) -> tuple[float, float, float]:
@@ -91,3 +91,13 @@ def as_byte_values(value: Any, name: str, *, flat: bool = False) -> U8Array:
         raise InvalidArgument(f"{name} must hold byte values 0..255")
     data: U8Array = values.reshape(-1).astype(np.uint8)
     return data
+
+
+def require_room(what: str, nbytes: int) -> None:
+    """``OutOfMemory`` when ``what`` needs ``nbytes`` bytes and this machine has fewer (its
+    physical memory): a state that large can live neither on the host nor on a device
+    beside it. Checked before an actor starts, so that it does not die in its start."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if nbytes > total:
+        raise OutOfMemory(f"{what} needs {nbytes} bytes; this machine has {total}",
+                          requested=nbytes, available=total)

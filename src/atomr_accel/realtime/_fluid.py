@@ -41,13 +41,17 @@ class _Settings:
     pressure_tolerance: float
 
 
+def _sizes(w: int, h: int) -> dict[str, int]:
+    """The float32 elements of each field of a ``w x h`` fluid."""
+    return {"u": h * (w + 1), "v": (h + 1) * w, "density": w * h, "pressure": w * h,
+            "divergence": w * h, "scratch": fluid_scratch(w, h)}
+
+
 class _FluidActor(RealtimeActor):
     """Holds the face velocities, density, pressure, divergence and scratch on the device."""
 
     def __init__(self, system: System, placement: Placement, settings: _Settings) -> None:
-        w, h = settings.width, settings.height
-        self.sizes = {"u": h * (w + 1), "v": (h + 1) * w, "density": w * h,
-                      "pressure": w * h, "divergence": w * h, "scratch": fluid_scratch(w, h)}
+        self.sizes = _sizes(settings.width, settings.height)
         super().__init__(system, placement, 4 * sum(self.sizes.values()))
         self.s = settings
         self.fields: dict[str, GpuBuffer] = {}
@@ -150,7 +154,8 @@ class FluidSimulationActor(RealtimeClient):
             raise InvalidArgument(f"pressure_tolerance must be < 1, got {pressure_tolerance!r}")
         settings = _Settings(width, height, require_number("viscosity", viscosity, least=0.0),
                              pressure_iterations, diffusion_iterations, use_graph, tolerance)
-        client = cls._spawn(system, _FluidActor, (settings,), name, device)
+        nbytes = 4 * sum(_sizes(width, height).values())
+        client = cls._spawn(system, _FluidActor, (settings,), name, device, nbytes)
         client.width, client.height = width, height
         return client
 

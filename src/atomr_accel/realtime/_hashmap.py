@@ -160,8 +160,9 @@ class GpuHashMapActor(RealtimeClient):
         require_positive_int("capacity", capacity)
         require_positive_int("key_size_bytes", key_size_bytes)
         require_positive_int("value_size_bytes", value_size_bytes)
+        nbytes = capacity * (4 + key_size_bytes + value_size_bytes)  # states, keys, values
         client = cls._spawn(system, _HashMapActor,
-                            (capacity, key_size_bytes, value_size_bytes), name, device)
+                            (capacity, key_size_bytes, value_size_bytes), name, device, nbytes)
         client.capacity = capacity
         client.key_size_bytes, client.value_size_bytes = key_size_bytes, value_size_bytes
         return client

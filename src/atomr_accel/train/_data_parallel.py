@@ -15,6 +15,7 @@ import numpy as np
 from atomr_accel.actor import Props
 from atomr_accel.agents._client import AgentClient, blocking_twin, require_system, require_timeout
 from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._files import read_npz
 from atomr_accel.facade import Device, System
 from atomr_accel.patterns._base import own_form
 from atomr_accel.train._dp_actor import (
@@ -254,7 +255,7 @@ class DataParallelTrainer(AgentClient):
     async def load_async(self, path: str | os.PathLike[str],
                          timeout_secs: float = STEP_TIMEOUT) -> None:
         """Load a state written by ``save`` into every replica."""
-        state = await self._on_loop(asyncio.to_thread(_read, _path(path)))
+        state = await self._on_loop(asyncio.to_thread(read_npz, _path(path), "a saved state"))
         await self.load_state_dict_async(state, timeout_secs)
 
     load = blocking_twin(load_async)
@@ -289,12 +290,6 @@ def _write(target: str, state: dict[str, Array]) -> None:
         raise InvalidArgument(f"cannot write {target}: {exc}") from exc
 
 
-def _read(source: str) -> dict[str, Array]:
-    try:
-        with np.load(source, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument(f"cannot read a saved state from {source}: {exc}") from exc
 
 
 def _path(path: object) -> str:

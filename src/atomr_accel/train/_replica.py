@@ -45,6 +45,7 @@ import numpy as np
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
+from atomr_accel.core._files import read_npz
 from atomr_accel.core._op import Op, is_int
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._train import (
@@ -701,12 +702,7 @@ class ModelReplica:
 
     async def load_async(self, path: str | os.PathLike[str]) -> None:
         """Load a state written by ``save`` from ``path``."""
-        try:
-            with np.load(path) as data:
-                state = {k: data[k] for k in data.files}
-        except (OSError, ValueError) as exc:
-            raise InvalidArgument(f"cannot read a saved state from {path!r}: {exc}") from exc
-        await self.load_state_dict_async(state)
+        await self.load_state_dict_async(read_npz(path, "a saved state"))
 
     load = blocking(load_async)
 

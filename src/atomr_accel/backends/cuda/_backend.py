@@ -51,7 +51,7 @@ from atomr_accel.backends.cuda import _rnn as cuda_rnn
 from atomr_accel.backends.cuda import _solver as cuda_solver
 from atomr_accel.backends.cuda import _tensor as cuda_tensor
 from atomr_accel.backends.cuda import _train as cuda_train
-from atomr_accel.backends.cuda._completion import event_done, make_completion
+from atomr_accel.backends.cuda._completion import Event, event_done, make_completion
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     ContextPoisoned,
@@ -222,7 +222,7 @@ class CudaBackend(Backend):
         with s:
             self.stream = stream
             result = self.run_handler(op)
-        event = cp.cuda.Event(disable_timing=True)
+        event = Event(disable_timing=True)
         event.record(s)
         for buffer_id in touched:
             if buffer_id in written:
@@ -415,6 +415,17 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self._device.synchronize()
+
+    def warm(self) -> None:
+        """Make the memory pool's first block, the cuBLAS handle and a cuFFT plan (which
+        loads cuFFT; about 75 and 175 ms on an H100): a rebuilt context then answers its
+        first ops without holding them that long, while faults of other work may end it.
+        A library that cannot load here fails its first op instead, as before."""
+        with contextlib.suppress(Exception):
+            cp.zeros(1)
+            cp.cuda.device.get_cublas_handle()
+            cp.cuda.cufft.Plan1d(8, cp.cuda.cufft.CUFFT_Z2Z, 1)
+            self._device.synchronize()
 
     def flush(self) -> None:
         self.completion.flush()

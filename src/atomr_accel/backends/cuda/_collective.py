@@ -35,6 +35,7 @@ import numpy as np
 from atomr_accel.backends._base import Handler
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import per_backend
+from atomr_accel.backends.cuda._completion import Event
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import CollectiveAborted, DeviceUnavailable, LibraryUnavailable
 from atomr_accel.core._op import Op
@@ -268,7 +269,7 @@ def _run(backend: CudaBackend, op: RunCollective) -> None:
             if held.aborted:
                 raise _aborted(op, backend.device_id, "the watchdog aborted it") from exc
             raise
-        event = cp.cuda.Event(disable_timing=True)
+        event = Event(disable_timing=True)
         event.record(stream)
         _wait(held, event, op, backend.device_id)
     finally:

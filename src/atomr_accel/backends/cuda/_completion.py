@@ -32,6 +32,7 @@ from atomr_accel.core._errors import InvalidArgument
 __all__ = [
     "COMPLETIONS",
     "Completion",
+    "Event",
     "HostFnCompletion",
     "InlineCompletion",
     "PolledCompletion",
@@ -39,6 +40,24 @@ __all__ = [
     "event_done",
     "make_completion",
 ]
+
+class Event(cp.cuda.Event):  # type: ignore[misc]
+    """A CuPy event that a poisoned context can drop quietly.
+
+    After a sticky fault (CUDA error 700) the worker keeps answering until its
+    parent closes it, and the events of the ops in flight are dropped as they
+    are reported or replaced (``_last_write``, a completion's list): CuPy's
+    ``__del__`` then fails in ``cudaEventDestroy`` with the sticky error, which
+    Python prints as "Exception ignored". Such an event died with its context:
+    there is nothing left to destroy, so that error is dropped here.
+    """
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105 (no contextlib lookup in a destructor: it may run at exit)
+            super().__del__()
+        except cp.cuda.runtime.CUDARuntimeError:
+            pass
+
 
 _STOP = object()
 _NOT_READY = 600  # cudaErrorNotReady

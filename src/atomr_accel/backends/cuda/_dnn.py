@@ -36,6 +36,7 @@ import cupy as cp
 from atomr_accel.backends._base import Handler
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu import _dnn as shared
+from atomr_accel.backends.cuda._completion import Event
 from atomr_accel.backends.cuda._cudnn_graphs import Built, data_type, frontend, run
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -101,7 +102,7 @@ def _fastest_plan(graph: Any, tensors: tuple[Any, ...], addresses: list[int],
             size = graph.get_workspace_size_plan_at_index(index)
             workspace = cp.empty(max(size, 1), dtype=cp.uint8)
             graph.execute_plan_at_index(pack, workspace, index, handle=handle)  # warm-up
-            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start, end = Event(), Event()
             start.record(stream)
             for _ in range(_TUNE_REPS):
                 graph.execute_plan_at_index(pack, workspace, index, handle=handle)
