@@ -91,6 +91,19 @@ def test_every_original_arch_has_f32_and_f64_plans(arch: str) -> None:
                                            else 166912)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plans_render_their_kernels_without_a_gpu(arch: str) -> None:
+    from atomr_accel.backends._cutlass_source import render
+    f32 = render(Cutlass.gemm_f32_plan(96, 40, 24, arch))
+    f64 = render(Cutlass.gemm_f64_plan(96, 40, 17, arch))
+    assert "using Element = double;" in f64 and "GemmShape<8,8,4>" in f64
+    assert "constexpr int Align = 1;" in f64 and "Sm80EVT" in f64
+    if arch in ("sm_90", "sm_90a"):
+        assert "KernelTmaWarpSpecializedCooperative" in f32
+    else:
+        assert "DefaultGemmWithVisitor" in f32 and "constexpr int Align = 4;" in f32
+
+
 def test_alignment_picks_the_widest_load_and_the_family() -> None:
     assert gemm_plan(DType.F16, 64, 64, 64).align == 8
     assert gemm_plan(DType.F16, 64, 64, 64).family == "sm90"
