@@ -220,15 +220,16 @@ def gemm_plan(dtype: DType, m: int, n: int, k: int, arch: str = "sm_90a",
     outputs takes a 128x256x64 tile on a 2x1 cluster, smaller ones 128x128x64, f32
     128x128x32; cooperative schedule; as many stages as fit. ``sm80``: 128x128x32 tiles
     (128x256x32 for large 16-bit GEMMs, 128x128x16 with 32x64 warps for f64 on DMMA),
-    loads of ``align`` elements (the widest vector dividing ``k`` and ``n``: any size
-    runs), up to 4 ``cp.async`` stages in the architecture's shared memory, or the
+    loads of ``align`` elements (the widest vector dividing ``k`` and ``n``, one for f64:
+    any size runs), up to 4 ``cp.async`` stages in the architecture's shared memory, or the
     two-stage pipelined mainloop where a load would be 2 bytes."""
     _dtype(dtype, GEMM_DTYPES, "a CUTLASS GEMM")
     arch = _arch(arch)
     if bias_axis not in ("row", "column"):
         raise InvalidArgument(f"bias_axis must be 'row' or 'column', got {bias_axis!r}")
-    align = vector_alignment(dtype, k, n)
-    aligned = align * dtype.itemsize == 16 and dtype is not DType.F64
+    # f64: one element a load (CUTLASS's SM80 DMMA thread maps move 8 bytes per access)
+    align = 1 if dtype is DType.F64 else vector_alignment(dtype, k, n)
+    aligned = align * dtype.itemsize == 16
     if family is None:
         family = native_family(arch) if aligned else "sm80"
     elif family not in FAMILIES:
