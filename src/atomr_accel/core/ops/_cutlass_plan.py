@@ -93,11 +93,12 @@ class PlanKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class KernelPlan:
     """One CUTLASS kernel: ``kind``, element ``dtype`` (f32 runs as TF32 on tensor cores),
-    ``arch``, CTA ``tile`` (M, N, K), ``cluster`` shape, ``schedule``, mainloop ``stages``,
-    ``warp`` tile (convolutions), ``bias_axis`` (GEMMs: the fused bias broadcast,
+    ``arch`` (what it is compiled for), CTA ``tile`` (M, N, K), ``cluster`` shape,
+    ``schedule``, mainloop ``stages``, ``warp`` tile (convolutions and ``sm80`` GEMMs),
+    ``bias_axis`` (GEMMs: the fused bias broadcast,
     ``"row"`` or ``"column"``) and ``formats`` (fp8 GEMMs: A's and B's fp8 formats).
-    ``key`` names it in the kernel cache; ``int(plan)`` is the key (the original package's
-    plans were ints)."""
+    ``family`` and ``align`` (below). ``key`` names it in the kernel cache; ``int(plan)``
+    is the key (the original package's plans were ints)."""
 
     kind: PlanKind
     dtype: DType
@@ -118,7 +119,8 @@ class KernelPlan:
 
     @property
     def name(self) -> str:
-        """A readable name: kind, dtype, tile, cluster, schedule, stages, arch."""
+        """A readable name: kind, dtype, tile, cluster, schedule, stages, bias axis, load
+        width, family, arch."""
         t = "x".join(map(str, self.tile))
         c = "x".join(map(str, self.cluster))
         extra = f"_bias{self.bias_axis}" if self.kind is PlanKind.GEMM else ""
