@@ -201,3 +201,16 @@ def test_forcing_a_family_on_the_cpu_backend_counts_its_plan(env: tuple[Any, Cut
     close(get(dev, d, (16, 16)), f64(get(dev, a, (16, 16))) @ f64(get(dev, a, (16, 16))), "f16")
     with pytest.raises(InvalidArgument, match="needs the sm80 family"):
         cl.gemm(a, a, d, 16, 16, 3, family="sm90")
+
+
+def test_an_nvcc_without_the_arch_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nvcc that lists no code for a plan's architecture (here one that lists none)
+    raises ``LibraryUnavailable`` naming the architecture, before compiling anything."""
+    pytest.importorskip("cutlass_library")
+    from atomr_accel.backends import _cutlass_build
+    from atomr_accel.cutlass import build_kernels
+    from atomr_accel.errors import LibraryUnavailable
+
+    monkeypatch.setattr(_cutlass_build, "find_nvcc", lambda: "/bin/false")
+    with pytest.raises(LibraryUnavailable, match="cannot generate code for sm_120"):
+        build_kernels([gemm_plan(DType.F32, 64, 64, 64, "sm_120")])
