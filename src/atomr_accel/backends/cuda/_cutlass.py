@@ -19,7 +19,7 @@ import cupy as cp
 import numpy as np
 
 from atomr_accel.backends._base import Handler
-from atomr_accel.backends._cutlass_build import CompiledKernel, library
+from atomr_accel.backends._cutlass_build import library
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu._cutlass import ledger, plan_of
 from atomr_accel.core._errors import LibraryError, LibraryUnavailable
@@ -73,10 +73,6 @@ def device_arch(backend: CudaBackend) -> str:
     return arch
 
 
-def _kernel(backend: CudaBackend, plan: KernelPlan) -> CompiledKernel:
-    """``plan``'s kernel (built, loaded or compiled now)."""
-    return library(plan)
-
 
 def _check(status: int, plan: KernelPlan) -> None:
     if status != 0:
@@ -99,7 +95,7 @@ def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
     """The fused GEMM; for the ``sm90`` family an f32 ``B`` is transposed first (its TF32
     operands are K-major)."""
     plan = plan_of(op, device_arch(backend))
-    kernel = _kernel(backend, plan)
+    kernel = library(plan)
     m, n, k = op.m, op.n, op.k
     keep = []
     b_ptr = _ptr(backend, op.b)
@@ -170,7 +166,7 @@ def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
             pointers += list(ptrs)
     if not shapes:
         return
-    kernel = _kernel(backend, plan)
+    kernel = library(plan)
     mnk = np.ascontiguousarray(np.array(shapes, dtype=np.int32).reshape(-1))
     table = np.ascontiguousarray(np.array(pointers, dtype=np.uint64))
     sm = _sm_count(backend.device_id)
@@ -188,7 +184,7 @@ def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
 def conv2d(backend: CudaBackend, op: CutlassConv2d) -> None:
     """The implicit-GEMM forward convolution; the bias (zeros without one) is a stride-0 C."""
     plan = plan_of(op, device_arch(backend))
-    kernel = _kernel(backend, plan)
+    kernel = library(plan)
     p, q = op.out_hw
     dims = np.array([op.n, op.h, op.w, op.c, op.k, op.r, op.s, p, q, op.pad[0], op.pad[1],
                      op.stride[0], op.stride[1], op.dilation[0], op.dilation[1]], dtype=np.int32)
