@@ -26,8 +26,16 @@ time; TFLOP/s and the ratio to ``torch._scaled_mm``; the result is checked
 against it. ``--fp8-candidates`` also times other fp8 kernels alone (tiles,
 clusters, the pingpong and fast-accumulation schedules).
 
+Families (``--family-size``^3, default 4096, and one odd size, ``--family-size`` - 1 x
++ 1 x - 3): each kernel alone by CUDA events against ``torch.matmul`` (cuBLAS; f32 with
+TF32 allowed, as ours computes in TF32): f16, bf16 and f32 with the ``sm90`` (Hopper)
+and the ``sm80`` (Ampere, forced with ``family="sm80"``) templates, f64 (``sm80``, DMMA),
+and the odd size's narrow-load ``sm80`` kernels (bf16, f32); each result's largest error
+relative to the largest value of the float64 product (``torch.matmul`` of the inputs
+in float64).
+
     python benchmarks/cutlass_bench.py [--size 8192] [--reps 10] [--json PATH]
-        [--sections gemm,grouped,fp8]
+        [--sections gemm,grouped,fp8,families] [--family-size 4096]
 """
 
 from __future__ import annotations
@@ -270,6 +278,61 @@ def fp8_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
     return rows, meta
 
 
+_TORCH = {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.F32: torch.float32,
+          DType.F64: torch.float64}
+
+
+def family_cases(size: int) -> list[tuple[DType, tuple[int, int, int], KernelPlan]]:
+    """The (dtype, shape, plan) triples the families section times."""
+    cube = (size, size, size)
+    odd = (size - 1, size + 1, size - 3)
+    cases = [(dt, cube, gemm_plan(dt, *cube, family=fam))
+             for dt in (DType.F16, DType.BF16, DType.F32) for fam in ("sm90", "sm80")]
+    cases.append((DType.F64, cube, gemm_plan(DType.F64, *cube)))
+    cases += [(dt, odd, gemm_plan(dt, *odd)) for dt in (DType.BF16, DType.F32)]
+    return cases
+
+
+def families_section(size: int, reps: int, warm: int) -> tuple[list[list[Any]], dict[str, Any]]:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    rows, errors = [], {}
+    for dtype, (m, n, k), plan in family_cases(size):
+        ta = torch.randn(m, k, device="cuda", dtype=_TORCH[dtype])
+        tb = torch.randn(k, n, device="cuda", dtype=_TORCH[dtype])
+        td = torch.empty(m, n, device="cuda", dtype=_TORCH[dtype])
+        # the sm90 f32 kernel reads B transposed (TF32 operands are K-major)
+        b_in = tb.t().contiguous() if dtype is DType.F32 and plan.family == "sm90" else tb
+        lib = library(plan).lib
+        ws = torch.empty(max(1, lib.atomr_workspace(m, n, k, sm)), dtype=torch.uint8,
+                         device="cuda")
+
+        def direct(lib: Any = lib, ta: Any = ta, b_in: Any = b_in, td: Any = td,
+                   ws: Any = ws, m: int = m, n: int = n, k: int = k) -> None:
+            status = lib.atomr_run(m, n, k, ta.data_ptr(), b_in.data_ptr(), td.data_ptr(),
+                                   td.data_ptr(), None, 1.0, 0.0, 0, ws.data_ptr(), sm,
+                                   torch.cuda.current_stream().cuda_stream)
+            assert status == 0, status
+
+        theirs = statistics.median(events(lambda ta=ta, tb=tb: torch.matmul(ta, tb), reps, warm))
+        ours = statistics.median(events(direct, reps, warm))
+        want = torch.matmul(ta.double(), tb.double())
+        errors[plan.name] = float(((td.double() - want).abs().max() / want.abs().max()).item())
+        flops = 2.0 * m * n * k
+        rows.append([dtype.value, f"{m}x{n}x{k}", plan.family, f"a{plan.align} {plan.schedule}",
+                     theirs * 1e3, ours * 1e3, flops / ours / 1e12, theirs / ours,
+                     f"{errors[plan.name]:.1e}"])
+    return rows, {"max_rel_error_vs_float64": errors}
+
+
+def run_families(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
+    rows, meta = families_section(args.family_size, args.reps, args.warm)
+    print_table(f"template families on {torch.cuda.get_device_name()}, kernels alone (events)",
+                ["dtype", "m x n x k", "family", "loads", "cuBLAS ms", "ours ms", "TFLOP/s",
+                 "vs cuBLAS", "max rel err"], rows)
+    return {"rows": rows, **meta}
+
+
 def run_gemm(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
     rows, meta = gemm_section(dev, args.size, args.reps, args.warm, args.inflight)
     print_table(f"bf16 GEMM {args.size}^3 ({meta['plan']})",
@@ -298,7 +361,7 @@ def run_fp8(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 SECTIONS: dict[str, Callable[[Any, argparse.Namespace], dict[str, Any]]] = {
-    "gemm": run_gemm, "grouped": run_grouped, "fp8": run_fp8}
+    "gemm": run_gemm, "grouped": run_grouped, "fp8": run_fp8, "families": run_families}
 
 
 def main() -> None:
@@ -308,8 +371,9 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=3)
     parser.add_argument("--inflight", type=int, default=4)
     parser.add_argument("--json", default="benchmarks/results/cutlass_bench.json")
-    parser.add_argument("--sections", default="gemm,grouped,fp8",
-                        help="comma-separated: gemm, grouped, fp8")
+    parser.add_argument("--sections", default="gemm,grouped,fp8,families",
+                        help="comma-separated: gemm, grouped, fp8, families")
+    parser.add_argument("--family-size", type=int, default=4096)
     parser.add_argument("--fp8-candidates", action="store_true",
                         help="also time other fp8 kernels (tile, cluster, schedule) alone")
     args = parser.parse_args()
@@ -319,16 +383,18 @@ def main() -> None:
              "grouped": grouped_plan(DType.BF16),
              "fp8": gemm_fp8_plan(DType.BF16, args.size, args.size, args.size)}
     build_kernels([plan for name, plan in plans.items() if name in sections]
-                  + (fp8_candidates(args.size) if args.fp8_candidates else []))
+                  + (fp8_candidates(args.size) if args.fp8_candidates else [])
+                  + ([case[2] for case in family_cases(args.family_size)]
+                     if "families" in sections else []))
     print(f"kernels ready in {time.perf_counter() - start:.1f} s; {torch.cuda.get_device_name()}")
     payload: dict[str, Any] = {"benchmark": "cutlass"}
     with System.open("cutlass-bench") as system:
         dev = system.spawn_device(mock=False)
-        for name in ("gemm", "grouped", "fp8"):
+        for name, section in SECTIONS.items():
             if name not in sections:
                 continue
             try:  # a failing section is reported, and the others still run
-                payload[name] = SECTIONS[name](dev, args)
+                payload[name] = section(dev, args)
             except Exception:
                 traceback.print_exc()
     write_json(args.json, payload)

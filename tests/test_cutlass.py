@@ -241,7 +241,7 @@ def test_plans() -> None:
     per_stage = (128 + 256) * 64 * 2 + 32
     assert big.stages == (232448 - 34816) // per_stage == 4
     with pytest.raises(InvalidArgument, match="Hopper"):
-        Cutlass.gemm_f32_plan(64, 64, 64, arch="sm_80")
+        Cutlass.grouped_plan("f16", arch="sm_80")
     with pytest.raises(InvalidArgument, match="arch must be one of"):
         Cutlass.gemm_f32_plan(64, 64, 64, arch="sm_75")
 
@@ -271,11 +271,11 @@ def test_bad_input_is_a_typed_error(env: tuple[Any, Cutlass]) -> None:
     dev, cl = env
     a = dev.allocate(64, DType.F16)
     d = dev.allocate(64, DType.F16)
-    with pytest.raises(InvalidArgument, match="multiple of 8"):
-        cl.gemm(a, a, d, 16, 4, 4)
+    with pytest.raises(InvalidArgument, match="family must be"):
+        cl.gemm(a, a, d, 8, 8, 8, family="sm70")
     with pytest.raises(InvalidArgument, match="b has dtype f32 but a has f16"):
         cl.gemm(a, dev.allocate(64, DType.F32), d, 8, 8, 8)
-    with pytest.raises(InvalidArgument, match="f16, bf16, f32"):
+    with pytest.raises(InvalidArgument, match="f16, bf16, f32, f64"):
         i = dev.allocate(64, DType.I32)
         cl.gemm(i, i, dev.allocate(64, DType.I32), 8, 8, 8)
     with pytest.raises(InvalidArgument, match="cannot follow"):

@@ -4,14 +4,16 @@
 process's table, else from the disk cache (``$ATOMR_ACCEL_KERNEL_CACHE``, else
 ``~/.cache/atomr_accel/kernels``, folder ``cutlass``), else compiled by nvcc
 from ``_cutlass_source.render(plan)`` against the CUTLASS headers shipped in
-the ``nvidia-cutlass`` package, for ``sm_90a``. A cache file is named by the
+the ``nvidia-cutlass`` package, for the plan's architecture (``sm_90`` as
+``sm_90a``, the WGMMA target). A cache file is named by the
 plan (problem class, tile, stages, arch) and a hash of the source, the nvcc
 flags, nvcc's version and the CUTLASS version, so a change of any of them
 builds anew. ``build(plans)`` compiles several plans in parallel processes
 (warming the cache needs nvcc, not a GPU).
 
 Missing pieces raise ``LibraryUnavailable`` naming them (the ``nvidia-cutlass``
-package, or nvcc); a compiler error raises ``KernelCompileError`` with nvcc's log.
+package, nvcc, or an nvcc that cannot generate code for the plan's
+architecture); a compiler error raises ``KernelCompileError`` with nvcc's log.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from atomr_accel.core._errors import (
     LibraryError,
     LibraryUnavailable,
 )
-from atomr_accel.core.ops._cutlass_plan import CUTLASS_VERSION, SMEM_BYTES, KernelPlan, PlanKind
+from atomr_accel.core.ops._cutlass_plan import CUTLASS_VERSION, KernelPlan, PlanKind, smem_limit
 
 __all__ = [
     "CompiledKernel", "NvccError", "build", "cache_dir", "cache_path", "find_nvcc", "library",
@@ -112,17 +114,40 @@ def _headers() -> tuple[Path, Path]:
     return include, util
 
 
-def nvcc_flags() -> list[str]:
-    """The flags every kernel is compiled with (headers, C++17, O3, ``sm_90a``)."""
+@functools.cache
+def _gpu_codes(nvcc: str) -> frozenset[str]:
+    done = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    return frozenset(done.stdout.split())
+
+
+def _target(arch: str) -> str:
+    """``arch`` as nvcc's target: ``sm_90`` is built as ``sm_90a`` (WGMMA needs it)."""
+    return "sm_90a" if arch == "sm_90" else arch
+
+
+def nvcc_flags(arch: str = "sm_90a") -> list[str]:
+    """The flags a kernel for ``arch`` is compiled with (headers, C++17, O3, its target)."""
     include, util = _headers()
+    code = _target(arch)
     return ["-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
-            "-DNDEBUG", "-gencode=arch=compute_90a,code=sm_90a", f"-I{include}", f"-I{util}"]
+            "-DNDEBUG", f"-gencode=arch={code.replace('sm_', 'compute_')},code={code}",
+            f"-I{include}", f"-I{util}"]
+
+
+def _nvcc_for(arch: str) -> str:
+    """nvcc, after checking it generates code for ``arch``."""
+    nvcc = _nvcc()
+    if arch.removesuffix("a") not in _gpu_codes(nvcc):
+        raise LibraryUnavailable("cutlass", "nvcc (the CUDA toolkit)", "cutlass",
+                                 f"{_nvcc_version(nvcc)} cannot generate code for {arch}")
+    return nvcc
 
 
 def cache_path(plan: KernelPlan) -> Path:
     """Where ``plan``'s compiled kernel lives in the disk cache."""
-    flags = nvcc_flags()  # the package first: without it, that is what to install
-    nvcc = _nvcc()
+    flags = nvcc_flags(plan.arch)  # the package first: without it, that is what to install
+    nvcc = _nvcc_for(plan.arch)
     digest = hashlib.sha256("\0".join(
         [render(plan), *flags[:-2], _nvcc_version(nvcc), CUTLASS_VERSION]).encode()).hexdigest()
     return cache_dir() / f"{plan.name}-{digest[:16]}.so"
@@ -135,7 +160,8 @@ def _compile(plan: KernelPlan, target: Path) -> None:
         source.write_text(render(plan))
         out = Path(tmp) / "kernel.so"
         try:
-            done = subprocess.run([_nvcc(), *nvcc_flags(), "-o", str(out), str(source)],
+            done = subprocess.run([_nvcc_for(plan.arch), *nvcc_flags(plan.arch), "-o", str(out),
+                                   str(source)],
                                   capture_output=True, text=True, timeout=COMPILE_TIMEOUT,
                                   check=False)
         except subprocess.TimeoutExpired as exc:
@@ -174,9 +200,10 @@ def _load(plan: KernelPlan, path: Path) -> CompiledKernel:
     lib.atomr_workspace.restype = ctypes.c_size_t
     lib.atomr_run.restype = _INT
     if plan.kind in (PlanKind.GEMM, PlanKind.GEMM_FP8):
+        scalar = ctypes.c_double if plan.family == "sm80" else ctypes.c_float
         lib.atomr_workspace.argtypes = [_INT, _INT, _INT, _INT]
         lib.atomr_run.argtypes = [_INT, _INT, _INT, _PTR, _PTR, _PTR, _PTR, _PTR,
-                                  ctypes.c_float, ctypes.c_float, _INT, _PTR, _INT, _PTR]
+                                  scalar, scalar, _INT, _PTR, _INT, _PTR]
     elif plan.kind is PlanKind.GROUPED:
         lib.atomr_workspace.argtypes = [_INT, _PTR, _INT]
         lib.atomr_run.argtypes = [_INT, _PTR, _PTR, ctypes.c_float, _PTR, _INT, _PTR]
@@ -184,9 +211,10 @@ def _load(plan: KernelPlan, path: Path) -> CompiledKernel:
         lib.atomr_workspace.argtypes = [_PTR]
         lib.atomr_run.argtypes = [_PTR, _PTR, _PTR, _PTR, _PTR, ctypes.c_float, _PTR, _PTR]
     kernel = CompiledKernel(plan, path, lib)
-    if kernel.smem_bytes > SMEM_BYTES:
+    limit = smem_limit(plan.arch)
+    if kernel.smem_bytes > limit:
         raise NvccError("shared memory", f"the kernel needs {kernel.smem_bytes} bytes of "
-                                 f"shared memory, more than {SMEM_BYTES}", plan.name)
+                                 f"shared memory, more than {plan.arch}'s {limit}", plan.name)
     return kernel
 
 

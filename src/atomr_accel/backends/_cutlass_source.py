@@ -9,11 +9,13 @@ a few ``extern "C"`` functions that ``_cutlass_build`` loads with ctypes:
 synchronizes; answers 0 or the step that failed), ``atomr_stages`` and
 ``atomr_smem_bytes`` (the kernel's pipeline depth and shared-memory footprint).
 
-- GEMM: CUTLASS 3.x ``GemmUniversal`` on Hopper (TMA, WGMMA, cooperative
+- GEMM (``sm90`` family; ``_cutlass_source80`` renders the ``sm80`` one):
+  CUTLASS 3.x ``GemmUniversal`` on Hopper (TMA, WGMMA, cooperative
   warp-specialized mainloop and epilogue, persistent tile scheduler) with the
   fused epilogue ``LinCombPer{Row,Col}BiasEltAct``: ``act(alpha * acc + bias +
   beta * C)``, the activation picked at run time (``AtomrAct``). TF32 operands
-  must be K-major, so f32 GEMMs take ``B`` transposed (``LAYOUT_B``).
+  must be K-major, so f32 GEMMs take ``B`` transposed (``LAYOUT_B``); ``A``,
+  ``B``, ``C`` and ``D`` load 16-byte vectors (``plan.align`` elements).
 - Grouped GEMM: the ptr-array ``GemmUniversal`` over a ``GroupProblemShape``;
   the per-group shapes, pointers and strides are uploaded into the workspace on
   the stream.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from string import Template
 
+from atomr_accel.backends._cutlass_source80 import render_sm80_gemm
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._cutlass_plan import KernelPlan, PlanKind
 
@@ -89,7 +92,7 @@ using ElementAcc = float;
 using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = $LAYOUT_B;
 using LayoutC = cutlass::layout::RowMajor;
-constexpr int Align = 16 / sizeof(ElementA);
+constexpr int Align = $ALIGN;
 using TileShape = Shape<$TILE>;
 using ClusterShape = Shape<$CLUSTER>;
 
@@ -357,6 +360,8 @@ def _shape(values: tuple[int, int, int], underscore: bool) -> str:
 
 def render(plan: KernelPlan) -> str:
     """The CUDA C++ source of ``plan``'s kernel."""
+    if plan.kind is PlanKind.GEMM and plan.family == "sm80":
+        return render_sm80_gemm(plan)
     element = _ELEMENT[plan.dtype]
     if plan.kind is PlanKind.CONV2D:
         return _CONV.substitute(ELEMENT=element, TILE=_shape(plan.tile, False),
@@ -382,4 +387,4 @@ def render(plan: KernelPlan) -> str:
                     "LAYOUT_B": "cutlass::layout::ColumnMajor"}
         schedules = _SCHEDULES[plan.schedule]
     return _GEMM.substitute(common, **operands, FUSION=fusion, EPI_SCHEDULE=schedules[1],
-                            KERNEL_SCHEDULE=schedules[0])
+                            KERNEL_SCHEDULE=schedules[0], ALIGN="16 / sizeof(ElementA)")

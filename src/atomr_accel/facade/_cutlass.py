@@ -6,8 +6,9 @@ activation, reduction), ``gemm_fp8`` (fp8 operands as ``u8`` bits, the same
 epilogue), ``grouped_gemm`` over differently shaped problems in one
 launch, and ``conv2d`` (implicit GEMM, NHWC). On CUDA they run CUTLASS kernels
 generated from their plans, compiled by nvcc and cached on disk (needs the
-``nvidia-cutlass`` package, nvcc and a Hopper GPU; ``is_available()`` says
-whether they are here); on the CPU, NumPy. ``gemm_f32_plan`` and the other
+``nvidia-cutlass`` package, nvcc and a GPU of compute capability 8.0, 8.6, 8.9,
+9.0, 10.0 or 12.0; ``is_available()`` says whether the package and nvcc are
+here); on the CPU, NumPy. ``gemm_f32_plan`` and the other
 ``*_plan`` methods answer the kernel plan a problem gets, ``dispatched`` and
 ``plan_cache_len`` the device's counters, as in the original package.
 """
@@ -45,18 +46,25 @@ class Cutlass(OptionalLibrary, CutlassApi):
 
     @staticmethod
     def gemm_f32_plan(m: int, n: int, k: int, arch: str = "sm_90a") -> KernelPlan:
-        """The kernel plan of an f32 (TF32) ``m x n x k`` GEMM on ``arch``: tile, cluster,
-        schedule, stages; ``int(plan)`` is its cache key (the original answered an int).
-        Plans exist for ``sm_90`` / ``sm_90a``; other architectures of the original's list
-        raise ``InvalidArgument``."""
+        """The kernel plan of an f32 (TF32) ``m x n x k`` GEMM on ``arch`` (any of the
+        original's: sm_80, 86, 89, 90, 90a, 100, 120): family, tile, cluster, schedule,
+        stages, load width; ``int(plan)`` is its cache key (the original answered an int).
+        Planning renders no kernel and needs no GPU."""
         return gemm_plan(DType.F32, m, n, k, arch)
 
     @staticmethod
+    def gemm_f64_plan(m: int, n: int, k: int, arch: str = "sm_90a") -> KernelPlan:
+        """The kernel plan of an f64 ``m x n x k`` GEMM on ``arch`` (the ``sm80`` family's
+        DMMA kernel on every architecture)."""
+        return gemm_plan(DType.F64, m, n, k, arch)
+
+    @staticmethod
     def gemm_plan(dtype: DType | str, m: int, n: int, k: int, arch: str = "sm_90a",
-                  bias_axis: str = "column") -> KernelPlan:
-        """The kernel plan of an ``m x n x k`` GEMM of ``dtype`` (f16, bf16, f32) whose
-        epilogue's bias, if any, lies along ``bias_axis``."""
-        return gemm_plan(_dtype(dtype), m, n, k, arch, bias_axis)
+                  bias_axis: str = "column", family: str | None = None) -> KernelPlan:
+        """The kernel plan of an ``m x n x k`` GEMM of ``dtype`` (f16, bf16, f32, f64) whose
+        epilogue's bias, if any, lies along ``bias_axis``; ``family`` (``sm80`` / ``sm90``)
+        forces a template family, as ``gemm``'s ``family`` does."""
+        return gemm_plan(_dtype(dtype), m, n, k, arch, bias_axis, family)
 
     @staticmethod
     def gemm_fp8_plan(dtype: DType | str, m: int, n: int, k: int, a_format: str = "e4m3",

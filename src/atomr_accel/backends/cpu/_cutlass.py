@@ -2,10 +2,10 @@
 the epilogue's node-by-node evaluation and the per-device counters.
 
 The CPU computes what the CUDA kernels compute: products of the operands
-widened to f32 and accumulated in f32, the epilogue in f32 node by node, one
-rounding to D's dtype after the activation, a reduction over the stored ``D``.
-It reports the same kernel plans as CUDA would use (``plans``), so the counters
-behave alike on both backends.
+widened to f32 and accumulated in f32 (f64 for f64), the epilogue in that
+precision node by node, one rounding to D's dtype after the activation, a
+reduction over the stored ``D``. It reports the plans CUDA would use on an
+H100 (``plan_of``), so the counters behave alike on both backends.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 from scipy import special
 
 from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._cutlass import (
@@ -66,59 +67,62 @@ def ledger(backend: Any) -> Ledger:
     return found
 
 
-def plan_of(op: CutlassGemm | CutlassGroupedGemm | CutlassConv2d) -> KernelPlan:
-    """The kernel plan an op runs with on Hopper."""
+def plan_of(op: CutlassGemm | CutlassGroupedGemm | CutlassConv2d,
+            arch: str = "sm_90a") -> KernelPlan:
+    """The kernel plan an op runs with on ``arch`` (the GEMM's ``family`` honoured)."""
     if isinstance(op, CutlassGemm):
         bias = op.epilogue.bias_node
         axis = "row" if bias is not None and bias.axis is Axis.ROW else "column"
-        return gemm_plan(op.a.dtype, op.m, op.n, op.k, "sm_90a", axis)
+        return gemm_plan(op.a.dtype, op.m, op.n, op.k, arch, axis, op.family)
     if isinstance(op, CutlassGroupedGemm):
-        return grouped_plan(op.a.dtype)
-    return conv2d_plan(op.x.dtype)
+        return grouped_plan(op.a.dtype, arch)
+    return conv2d_plan(op.x.dtype, arch)
 
 
 def activate(xp: Any, x: Array, fn: Activation, erf: Callable[[Array], Array]) -> Array:
-    """``fn`` applied to the f32 array ``x`` (``erf``: the array module's error function)."""
+    """``fn`` applied to the f32 or f64 array ``x``, in its precision (``erf``: the array
+    module's error function)."""
+    real = x.dtype.type
     if fn is Activation.RELU:
-        return xp.maximum(x, xp.float32(0))
+        return xp.maximum(x, real(0))
     if fn is Activation.GELU:
-        return (xp.float32(0.5) * x * (xp.float32(1) + erf(x * xp.float32(np.sqrt(0.5))))
-                ).astype(xp.float32)
+        return (real(0.5) * x * (real(1) + erf(x * real(np.sqrt(0.5))))).astype(x.dtype)
     if fn is Activation.SILU:
-        return (x / (xp.float32(1) + xp.exp(-x))).astype(xp.float32)
+        return (x / (real(1) + xp.exp(-x))).astype(x.dtype)
     return x
 
 
 def apply_epilogue(xp: Any, acc: Array, epilogue: Epilogue, fetch: Callable[[GpuRef], Array],
                    out: Array, erf: Callable[[Array], Array]) -> None:
-    """Run ``epilogue``'s nodes over the f32 ``m x n`` accumulator ``acc`` and store into
-    ``out`` (``m x n`` of D's dtype); ``fetch`` gives a buffer's flat array."""
+    """Run ``epilogue``'s nodes over the ``m x n`` accumulator ``acc`` (f32, or f64 for an f64
+    GEMM) in its precision and store into ``out`` (``m x n`` of D's dtype); ``fetch`` gives a
+    buffer's flat array. A reduction sums in the accumulator's precision."""
     m, n = acc.shape
     x = acc
+    real = acc.dtype.type
     stored = False
     for node in epilogue.nodes:
         if isinstance(node, Scale):
-            x = x * xp.float32(node.alpha)
+            x = x * real(node.alpha)
         elif isinstance(node, BiasAdd):
-            vector = fetch(node.bias).astype(xp.float32)
+            vector = fetch(node.bias).astype(acc.dtype)
             x = x + (vector[:m, None] if node.axis is Axis.ROW else vector[None, :n])
         elif isinstance(node, ResidualAdd):
-            x = x + xp.float32(node.beta) * fetch(node.c)[: m * n].reshape(m, n).astype(
-                xp.float32)
+            x = x + real(node.beta) * fetch(node.c)[: m * n].reshape(m, n).astype(acc.dtype)
         elif isinstance(node, Activate):
             x = activate(xp, x, node.fn, erf)
         elif isinstance(node, Reduce):
             out[...] = x
             stored = True
             target = fetch(node.out)
-            target[: m if node.axis is Axis.ROW else n] = out.astype(xp.float32).sum(
-                axis=1 if node.axis is Axis.ROW else 0, dtype=xp.float32)
+            target[: m if node.axis is Axis.ROW else n] = out.astype(acc.dtype).sum(
+                axis=1 if node.axis is Axis.ROW else 0, dtype=acc.dtype)
     if not stored:
         out[...] = x
 
 
 def _erf(x: Array) -> Array:
-    return special.erf(x).astype(np.float32)
+    return special.erf(x).astype(x.dtype)
 
 
 def _matrix(backend: ArrayBackend, ref: GpuRef, rows: int, cols: int, start: int = 0) -> Array:
@@ -127,9 +131,10 @@ def _matrix(backend: ArrayBackend, ref: GpuRef, rows: int, cols: int, start: int
 
 
 def gemm(backend: ArrayBackend, op: CutlassGemm) -> None:
-    """``D = epilogue(A @ B)`` in f32."""
-    a = _matrix(backend, op.a, op.m, op.k).astype(np.float32)
-    b = _matrix(backend, op.b, op.k, op.n).astype(np.float32)
+    """``D = epilogue(A @ B)`` in f32 (f64 for f64)."""
+    acc = np.float64 if op.a.dtype is DType.F64 else np.float32
+    a = _matrix(backend, op.a, op.m, op.k).astype(acc)
+    b = _matrix(backend, op.b, op.k, op.n).astype(acc)
     out = _matrix(backend, op.d, op.m, op.n)
     apply_epilogue(np, a @ b, op.epilogue, lambda r: backend.array(r.buffer_id), out, _erf)
     ledger(backend).launched(plan_of(op))

@@ -22,11 +22,11 @@ from atomr_accel.core.ops._cutlass_plan import KernelPlan, gemm_fp8_plan
 __all__ = ["HANDLERS", "fp8_plan_of", "kernel_epilogue"]
 
 
-def fp8_plan_of(op: CutlassGemmFp8) -> KernelPlan:
-    """The kernel plan an fp8 GEMM runs with on Hopper."""
+def fp8_plan_of(op: CutlassGemmFp8, arch: str = "sm_90a") -> KernelPlan:
+    """The kernel plan an fp8 GEMM runs with on ``arch`` (Hopper only)."""
     bias = op.epilogue.bias_node
     axis = "row" if bias is not None and bias.axis is Axis.ROW else "column"
-    return gemm_fp8_plan(op.d.dtype, op.m, op.n, op.k, op.a_format, op.b_format, "sm_90a",
+    return gemm_fp8_plan(op.d.dtype, op.m, op.n, op.k, op.a_format, op.b_format, arch,
                          axis, op.fast_accum)
 
 

@@ -5,8 +5,9 @@ Every handler runs inside the op's stream context: scratch (workspace, a
 transposed f32 ``B``, padded grouped operands) comes from CuPy's pool on that
 stream, so it is reused only after the kernel that reads it, and nothing
 synchronizes. A reduction node of an epilogue runs as a CuPy sum over the
-stored ``D`` right after the GEMM. The kernels are Hopper kernels (``sm_90a``);
-another device raises ``LibraryUnavailable``.
+stored ``D`` right after the GEMM. The device's compute capability names the
+architecture the kernels are planned and compiled for (8.0, 8.6, 8.9, 9.0,
+10.0, 12.0); another device raises ``LibraryUnavailable``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import cupy as cp
 import numpy as np
 
 from atomr_accel.backends._base import Handler
-from atomr_accel.backends._cutlass_build import CompiledKernel, library
+from atomr_accel.backends._cutlass_build import library
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu._cutlass import ledger, plan_of
 from atomr_accel.core._errors import LibraryError, LibraryUnavailable
@@ -49,19 +50,28 @@ def _sm_count(device: int) -> int:
     return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
+_ARCH_OF = {"80": "sm_80", "86": "sm_86", "89": "sm_89", "90": "sm_90a", "100": "sm_100",
+            "120": "sm_120"}
+"""The architecture a device of each compute capability gets kernels for."""
+
+
 @functools.cache
 def _compute_capability(device: int) -> str:
     return str(cp.cuda.Device(device).compute_capability)
 
 
-def _kernel(backend: CudaBackend, plan: KernelPlan) -> CompiledKernel:
-    """``plan``'s kernel, after checking the device is a Hopper one and the package is here."""
+def device_arch(backend: CudaBackend) -> str:
+    """The architecture this device's kernels are planned and compiled for; a device of
+    another compute capability raises ``LibraryUnavailable``."""
     require("cutlass")
     cc = _compute_capability(backend.device_id)
-    if cc != "90":
+    arch = _ARCH_OF.get(cc)
+    if arch is None:
         raise LibraryUnavailable("cutlass", "nvidia-cutlass", "cutlass",
-                                 f"its kernels are built for sm_90a; this device is sm_{cc}")
-    return library(plan)
+                                 f"its kernels are built for {', '.join(_ARCH_OF.values())}; "
+                                 f"this device is sm_{cc}")
+    return arch
+
 
 
 def _check(status: int, plan: KernelPlan) -> None:
@@ -82,13 +92,14 @@ def _workspace(nbytes: int) -> tuple[Any, int]:
 
 
 def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
-    """The fused GEMM; an f32 ``B`` is transposed first (TF32 operands are K-major)."""
-    plan = plan_of(op)
-    kernel = _kernel(backend, plan)
+    """The fused GEMM; for the ``sm90`` family an f32 ``B`` is transposed first (its TF32
+    operands are K-major)."""
+    plan = plan_of(op, device_arch(backend))
+    kernel = library(plan)
     m, n, k = op.m, op.n, op.k
     keep = []
     b_ptr = _ptr(backend, op.b)
-    if plan.dtype.value == "f32":
+    if plan.dtype.value == "f32" and plan.family == "sm90":
         bt = cp.ascontiguousarray(backend.array(op.b.buffer_id)[: k * n].reshape(k, n).T)
         keep.append(bt)
         b_ptr = int(bt.data.ptr)
@@ -110,7 +121,7 @@ def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
         d = backend.array(op.d.buffer_id)[: m * n].reshape(m, n)
         axis = 1 if reduction.axis is Axis.ROW else 0
         out = backend.array(reduction.out.buffer_id)[: m if axis == 1 else n]
-        cp.sum(d, axis=axis, dtype=cp.float32, out=out)
+        cp.sum(d, axis=axis, dtype=out.dtype, out=out)
 
 
 def _padded(x: Any, rows: int, cols: int) -> Any:
@@ -124,7 +135,7 @@ def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
     ``n`` is not a multiple of the vector width, or whose operands do not start on 16
     bytes, runs on zero-padded copies (written back after the launch); ``k = 0`` writes
     zeros."""
-    plan = plan_of(op)
+    plan = plan_of(op, device_arch(backend))
     step = alignment(plan.dtype)
     item = plan.dtype.itemsize
     a_all, b_all, d_all = (backend.array(r.buffer_id) for r in (op.a, op.b, op.d))
@@ -155,7 +166,7 @@ def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
             pointers += list(ptrs)
     if not shapes:
         return
-    kernel = _kernel(backend, plan)
+    kernel = library(plan)
     mnk = np.ascontiguousarray(np.array(shapes, dtype=np.int32).reshape(-1))
     table = np.ascontiguousarray(np.array(pointers, dtype=np.uint64))
     sm = _sm_count(backend.device_id)
@@ -172,8 +183,8 @@ def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
 
 def conv2d(backend: CudaBackend, op: CutlassConv2d) -> None:
     """The implicit-GEMM forward convolution; the bias (zeros without one) is a stride-0 C."""
-    plan = plan_of(op)
-    kernel = _kernel(backend, plan)
+    plan = plan_of(op, device_arch(backend))
+    kernel = library(plan)
     p, q = op.out_hw
     dims = np.array([op.n, op.h, op.w, op.c, op.k, op.r, op.s, p, q, op.pad[0], op.pad[1],
                      op.stride[0], op.stride[1], op.dilation[0], op.dilation[1]], dtype=np.int32)

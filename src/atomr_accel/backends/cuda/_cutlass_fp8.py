@@ -15,9 +15,16 @@ from typing import TYPE_CHECKING
 import cupy as cp
 
 from atomr_accel.backends._base import Handler
+from atomr_accel.backends._cutlass_build import library
 from atomr_accel.backends.cpu._cutlass import ledger
 from atomr_accel.backends.cpu._cutlass_fp8 import fp8_plan_of
-from atomr_accel.backends.cuda._cutlass import _check, _kernel, _ptr, _sm_count, _workspace
+from atomr_accel.backends.cuda._cutlass import (
+    _check,
+    _ptr,
+    _sm_count,
+    _workspace,
+    device_arch,
+)
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._cutlass import Axis
 from atomr_accel.core.ops._cutlass_fp8 import CutlassGemmFp8
@@ -30,8 +37,8 @@ __all__ = ["HANDLERS"]
 
 def gemm_fp8(backend: CudaBackend, op: CutlassGemmFp8) -> None:
     """The fused fp8 GEMM (``b`` is ``B`` transposed: both operands K-major)."""
-    plan = fp8_plan_of(op)
-    kernel = _kernel(backend, plan)
+    plan = fp8_plan_of(op, device_arch(backend))
+    kernel = library(plan)
     m, n, k = op.m, op.n, op.k
     ep = op.epilogue
     residual, bias = ep.residual, ep.bias_node

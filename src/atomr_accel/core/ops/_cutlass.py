@@ -1,26 +1,28 @@
 """CUTLASS's kernel templates as ops (``library = "cutlass"``; the ``Cutlass`` handle).
 
 - ``CutlassGemm``: ``D = epilogue(A @ B)`` for row-major ``A`` (``m x k``), ``B``
-  (``k x n``) and ``D`` (``m x n``) of one dtype (f16, bf16, or f32 computed in
-  TF32 on tensor cores), accumulated in f32, with an ``Epilogue`` visitor tree.
+  (``k x n``) and ``D`` (``m x n``) of one dtype (f16, bf16, f32 computed in
+  TF32 on tensor cores, or f64), accumulated in f32 (f64 for f64), with an
+  ``Epilogue`` visitor tree; any sizes.
 - ``CutlassGroupedGemm``: many GEMMs of different shapes in one launch (the MoE
   case), their operands packed one after another in three buffers.
 - ``CutlassConv2d``: implicit-GEMM forward convolution, NHWC activations, KRSC
   filters, an NPQK output, optional per-channel bias and a scale.
 - ``CutlassStats``: the device's kernel counters (launches, plans held).
 
-Data layout rules come from the kernels' 16-byte vector loads: the GEMM's ``k``
-and ``n`` (a convolution's channels ``c`` and ``k``) must be multiples of
-``16 / itemsize`` (8 for 16-bit data, 4 for f32). Grouped problems may have any
-shape (a 1x1x1 problem, an empty one); the CUDA backend pads the few that break
-that rule through scratch copies.
+A GEMM takes any ``m``, ``n`` and ``k``: its plan loads the widest vector
+(at most 16 bytes) that ``k`` and ``n`` are multiples of. A convolution's
+channels ``c`` and ``k`` must be multiples of ``16 / itemsize`` (8 for 16-bit
+data, 4 for f32): its kernel loads 16-byte vectors. Grouped problems may have
+any shape (a 1x1x1 problem, an empty one); the CUDA backend pads the few whose
+``k`` or ``n`` is not a multiple of the vector through scratch copies.
 
 An ``Epilogue`` is a chain of visitor nodes applied to the f32 accumulator, in
 this order (each at most once): ``scale(alpha)``; ``bias(vector, axis)`` and
 ``residual_add(c, beta)`` (either order: they add); one activation (``relu``,
 ``gelu`` with erf, ``silu``); then ``reduce(out, axis)``, which sums the
 stored ``D`` (its values as rounded to D's dtype) along rows or columns into an
-f32 vector. Rounding to D's dtype happens once, after the activation. That is
+f32 vector (f64 for an f64 GEMM). Rounding to D's dtype happens once, after the activation. That is
 the tree CUTLASS's fused epilogue computes on CUDA,
 ``act(alpha * acc + bias + beta * C)``; other orders are refused.
 """
@@ -46,7 +48,12 @@ from atomr_accel.core._op import (
     require_same_dtype,
 )
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._cutlass_plan import CONV_DTYPES, GEMM_DTYPES, GROUPED_DTYPES
+from atomr_accel.core.ops._cutlass_plan import (
+    CONV_DTYPES,
+    FAMILIES,
+    GEMM_DTYPES,
+    GROUPED_DTYPES,
+)
 
 __all__ = [
     "Activation",
@@ -67,7 +74,8 @@ __all__ = [
 
 
 def alignment(dtype: DType) -> int:
-    """Elements per 16-byte vector: what the GEMM's ``k`` and ``n`` must be multiples of."""
+    """Elements per 16-byte vector: what a convolution's ``c`` and ``k`` must be multiples of
+    (and a grouped problem's ``k`` and ``n``, or the CUDA backend pads it)."""
     return 16 // dtype.itemsize
 
 
@@ -147,8 +155,8 @@ class Activate(PickleByFields):
 
 @dataclass(frozen=True, slots=True)
 class Reduce(PickleByFields):
-    """Sum the stored ``D`` along ``axis`` into the f32 vector ``out`` (``row``: one sum per
-    row, ``m`` values; ``column``: one per column, ``n`` values)."""
+    """Sum the stored ``D`` along ``axis`` into the vector ``out``, f32 (f64 for an f64
+    ``D``) (``row``: one sum per row, ``m`` values; ``column``: one per column, ``n``)."""
 
     out: GpuRef
     axis: Axis = Axis.ROW
@@ -209,7 +217,8 @@ class Epilogue(PickleByFields):
         return self.activation(Activation.SILU)
 
     def reduce(self, out: Any, axis: Axis | str = Axis.ROW) -> Epilogue:
-        """Also sum the stored ``D`` along ``axis`` into the f32 vector ``out``."""
+        """Also sum the stored ``D`` along ``axis`` into the vector ``out`` (f32; f64 for an
+        f64 ``D``)."""
         return self._with(Reduce(_ref(out, "out"), _axis(axis)))
 
     def _node(self, kind: type[Any]) -> Any:
@@ -299,9 +308,14 @@ class Epilogue(PickleByFields):
             require_len(residual.c, m * n, "c")
         reduction = self.reduction
         if reduction is not None:
-            require_dtype(reduction.out, (DType.F32,), "the reduction output")
+            require_dtype(reduction.out, (reduction_dtype(dtype),), "the reduction output")
             require_len(reduction.out, m if reduction.axis is Axis.ROW else n,
                         "the reduction output")
+
+
+def reduction_dtype(dtype: DType) -> DType:
+    """The dtype a reduction node sums a ``D`` of ``dtype`` into: f64 for f64, else f32."""
+    return DType.F64 if dtype is DType.F64 else DType.F32
 
 
 def _epilogue(value: Any) -> Epilogue:
@@ -333,9 +347,10 @@ _EPILOGUE = Param("epilogue", None, parse=_epilogue, annotation="Epilogue | None
 @dataclass(frozen=True, slots=True)
 class CutlassGemm(Op):
     """``D = epilogue(A @ B)``: row-major ``a`` (``m x k``), ``b`` (``k x n``) and ``d``
-    (``m x n``), one dtype (f16, bf16; f32 runs in TF32), f32 accumulation; ``k`` and ``n``
-    multiples of 8 (16-bit) or 4 (f32). ``epilogue``: an ``Epilogue`` (None: store the
-    product). ``d`` must not be an input."""
+    (``m x n``), one dtype (f16, bf16; f32 runs in TF32; f64), f32 accumulation (f64 for
+    f64); any sizes. ``epilogue``: an ``Epilogue`` (None: store the product). ``family``:
+    the CUTLASS template family to run, ``sm80`` or ``sm90`` (None: the plan's choice for
+    the device). ``d`` must not be an input."""
 
     library: ClassVar[str] = "cutlass"
     outputs: ClassVar[tuple[str, ...]] = ("d",)
@@ -347,6 +362,7 @@ class CutlassGemm(Op):
     n: int
     k: int
     epilogue: Epilogue = Epilogue()
+    family: str | None = None
 
     def refs(self) -> tuple[GpuRef, ...]:
         """``a``, ``b``, ``d``, then the epilogue's buffers."""
@@ -361,7 +377,8 @@ class CutlassGemm(Op):
         require_positive(m=self.m, n=self.n, k=self.k)
         dtype = require_same_dtype(a=self.a, b=self.b, d=self.d)
         require_dtype(self.a, GEMM_DTYPES, "a")
-        _require_aligned(dtype, k=self.k, n=self.n)
+        require(self.family is None or self.family in FAMILIES,
+                f"family must be None or one of {', '.join(FAMILIES)}, got {self.family!r}")
         require_len(self.a, self.m * self.k, "a")
         require_len(self.b, self.k * self.n, "b")
         require_len(self.d, self.m * self.n, "d")
