@@ -48,6 +48,7 @@ from atomr_accel.facade._cub import Cub
 from atomr_accel.facade._cutlass import Cutlass
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graphs import GraphRecorder
+from atomr_accel.facade._host_arrays import flat_elements, host_array
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
 from atomr_accel.facade._onnx import Onnx
@@ -56,21 +57,10 @@ from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
 if TYPE_CHECKING:
     from atomr_accel.facade._memory import IpcMemHandle
 
-__all__ = ["Device", "host_array"]
+__all__ = ["Device"]
 
 BufferLike = GpuBuffer | GpuRef
 E = TypeVar("E", bound=enum.Enum)
-
-
-def host_array(data: Any) -> np.ndarray[Any, Any]:
-    """A NumPy view of ``data``: NumPy, anything with ``__array__``, DLPack, or CuPy (copied)."""
-    if isinstance(data, np.ndarray):
-        return data
-    if hasattr(data, "__cuda_array_interface__") and hasattr(data, "get"):
-        return np.asarray(data.get())  # CuPy: copy to the host
-    if hasattr(data, "__dlpack__") and not hasattr(data, "__array__"):
-        return np.from_dlpack(data)
-    return np.asarray(data)
 
 
 def _enum(kind: type[E], value: E | str) -> E:
@@ -337,9 +327,15 @@ class Device(DeviceApi):
     ) -> Coroutine[Any, Any, None]:
         """Copy a host array (flattened in C order) into ``buffer``.
 
-        The array's dtype must be the buffer's (``DTypeMismatch``, also a
-        ``TypeError``, otherwise). Without ``offset`` it must have exactly
-        ``len(buffer)`` elements; with ``offset`` it must fit after it.
+        ``array`` is a NumPy array, a torch tensor (any device, ``requires_grad``
+        too), a CuPy array, a DLPack producer or capsule, or anything NumPy reads
+        (see "Interop" in docs/devices.md). Its elements are copied by their
+        logical indices in C (row-major) order, whatever the strides; an n-D
+        Fortran-ordered array is an ``InvalidArgument`` (flatten it with
+        ``a.ravel(order="F")`` for column-major). The array's dtype must be the
+        buffer's (``DTypeMismatch``, also a ``TypeError``, otherwise). Without
+        ``offset`` it must have exactly ``len(buffer)`` elements; with ``offset``
+        it must fit after it.
         """
         ref = self.ref_of(buffer)
         data = host_array(array)
@@ -353,7 +349,7 @@ class Device(DeviceApi):
                 f"array has {data.size} elements but the buffer holds {ref.length}; "
                 "pass offset= to copy into part of it"
             )
-        flat = np.ascontiguousarray(data).reshape(-1)
+        flat = flat_elements(data)
         return self._submit(Upload(ref, flat, offset or 0), timeout_secs)
 
     copy_from_numpy = blocking(copy_from_numpy_async)
