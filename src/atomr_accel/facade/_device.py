@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,7 +53,13 @@ from atomr_accel.facade._host_arrays import flat_elements, host_array
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
 from atomr_accel.facade._onnx import Onnx
-from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
+from atomr_accel.facade._portal import (
+    Portal,
+    blocking,
+    in_blocking_call,
+    in_worker_thread,
+    on_asyncio,
+)
 
 if TYPE_CHECKING:
     from atomr_accel.facade._memory import IpcMemHandle
@@ -224,8 +231,13 @@ class Device(DeviceApi):
         lane = self._state.lane
         timeout = self._op_timeout if timeout_secs is None else timeout_secs
         try:
-            result = lane.call(op, timeout, checked) if in_blocking_call() \
-                else await lane.run(op, timeout, checked)
+            if in_blocking_call():
+                result = lane.call(op, timeout, checked)
+            elif on_asyncio():
+                result = await lane.run(op, timeout, checked)
+            else:  # a trio task: the op runs and is waited for on a worker thread
+                result = await in_worker_thread(functools.partial(
+                    lane.call, op, timeout, checked))
         except GpuRuntimeError:
             raise
         except ActorError as exc:  # the runtime's time-out of an op awaited on the data plane
