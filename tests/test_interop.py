@@ -152,3 +152,89 @@ def test_torch_tensors_the_package_cannot_hold_are_refused_with_typed_errors(dev
         dev.copy_from_numpy(buf, torch.ones(6, dtype=torch.bfloat16))
     with pytest.raises(InvalidArgument, match="Fortran"):
         dev.copy_from_numpy(buf, torch.ones(3, 2).t())
+
+
+# ----------------------------------------------------------------------------- DLPack
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def host_dev(request: pytest.FixtureRequest) -> Iterator[Device]:
+    with System.open(f"dlpack-{request.param}") as system:
+        yield system.spawn_device(mock=True, isolation=request.param)
+
+
+def test_numpy_reads_a_buffer_through_dlpack(host_dev: Device) -> None:
+    data = np.random.default_rng(8).standard_normal(7)
+    buf = host_dev.allocate_f64(7)
+    host_dev.copy_from_numpy(buf, data)
+    assert buf.__dlpack_device__() == (1, 0)
+    view = np.from_dlpack(buf)
+    np.testing.assert_array_equal(view, data)
+    view[0] = 42.0
+    shared = host_dev.isolation == "thread"  # the thread host lends its memory; others copy
+    assert bool(host_dev.copy_to_numpy(buf)[0] == 42.0) is shared
+
+
+def test_from_dlpack_adopts_host_memory_on_the_thread_host_and_copies_elsewhere(
+        host_dev: Device) -> None:
+    data = np.random.default_rng(9).standard_normal(6)
+    array = data.copy()
+    buf = host_dev.from_dlpack(array)
+    assert (buf.dtype, len(buf)) == (DType.F64, 6)
+    host_dev.blas().scal(6, 2.0, buf)
+    adopted = host_dev.isolation == "thread"
+    np.testing.assert_array_equal(array, 2 * data if adopted else data)
+    np.testing.assert_array_equal(host_dev.copy_to_numpy(buf), 2 * data)
+    del array  # an adopted buffer keeps its array alive
+    np.testing.assert_array_equal(host_dev.copy_to_numpy(buf), 2 * data)
+    host_dev.free(buf)
+
+
+def test_from_dlpack_copies_what_it_cannot_share(host_dev: Device) -> None:
+    strided = np.arange(12.0)[::3]
+    readonly = np.arange(4, dtype=np.int32)
+    readonly.flags.writeable = False
+    for data in (strided, readonly, [1.0, 2.0]):
+        buf = host_dev.from_dlpack(data)
+        np.testing.assert_array_equal(host_dev.copy_to_numpy(buf), np.asarray(data))
+    with pytest.raises(InvalidArgument, match="Fortran"):
+        host_dev.from_dlpack(np.asfortranarray(np.ones((2, 3))))
+    with pytest.raises(InvalidArgument, match="not an array"):
+        host_dev.from_dlpack(object())
+
+
+def test_torch_tensors_come_in_and_go_out_through_dlpack(host_dev: Device) -> None:
+    torch = pytest.importorskip("torch")
+    values = np.random.default_rng(10).standard_normal(5)
+    tensor = torch.tensor(values, requires_grad=True)
+    buf = host_dev.from_dlpack(tensor)
+    np.testing.assert_array_equal(host_dev.copy_to_numpy(buf), values)
+    host_dev.blas().scal(5, 3.0, buf)
+    back = torch.from_dlpack(buf)
+    np.testing.assert_allclose(back.numpy(), 3.0 * values, rtol=1e-15)
+    shared = host_dev.isolation == "thread"  # one memory for the tensor, buffer and view
+    assert (back.data_ptr() == tensor.data_ptr()) is shared
+    np.testing.assert_allclose(tensor.detach().numpy(), 3.0 * values if shared else values)
+    half = host_dev.from_dlpack(torch.arange(4, dtype=torch.bfloat16))  # copied: NumPy lacks it
+    assert half.dtype is DType.BF16
+    np.testing.assert_array_equal(host_dev.copy_to_numpy(half).astype(np.float64),
+                                  np.arange(4.0))
+    with pytest.raises(DTypeMismatch):
+        host_dev.from_dlpack(torch.ones(2, dtype=torch.float8_e5m2))
+
+
+def test_dlpack_is_generation_checked() -> None:
+    from atomr_accel import ContextPoisoned, FaultKind, GpuRefStale
+
+    with System.open("dlpack-stale") as system:
+        dev = system.spawn_device(mock=True)
+        lent, adopted = dev.allocate_f32(3), dev.from_dlpack(np.ones(3, np.float32))
+        with pytest.raises(ContextPoisoned):
+            dev.inject_fault(FaultKind.POISON)
+        dev.allocate_f32(1)  # answered by the rebuilt context
+        for buf in (lent, adopted):
+            assert buf.is_stale()
+            with pytest.raises(GpuRefStale):
+                np.from_dlpack(buf)
+            with pytest.raises(GpuRefStale):
+                dev.copy_to_numpy(buf)

@@ -549,6 +549,27 @@ class Device(DeviceApi):
         """Start recording library calls into a ``Graph`` (``recorder.capture()`` ends it)."""
         return GraphRecorder(self)
 
+    def from_dlpack_async(self, data: Any, *, timeout_secs: float | None = None,
+                          ) -> Coroutine[Any, Any, GpuBuffer]:
+        """A buffer of ``data``'s elements (a torch tensor, CuPy or NumPy array, or any
+        DLPack producer), in C order.
+
+        On the thread host, a C-contiguous array in this device's memory (host
+        memory on the CPU backend, this GPU on CUDA) is adopted without a copy:
+        the buffer and the array share their memory, the buffer keeps the array
+        alive, and freeing the buffer leaves the memory to the array. Anything
+        else (another device's memory, a strided or conjugate view, a device with
+        a journal) and every array on the process and Ray hosts is copied into a
+        new buffer through the worker. Adopted or not, the buffer is generation
+        checked like any other. Raises what ``copy_from_numpy`` raises for data it
+        cannot read.
+        """
+        from atomr_accel.facade._dlpack import from_dlpack_async
+
+        return from_dlpack_async(self, data, timeout_secs)
+
+    from_dlpack = blocking(from_dlpack_async)
+
     def __repr__(self) -> str:
         return (f"Device(id={self.device_id}, backend={self.backend!r}, "
                 f"isolation={self.isolation!r}, generation={self.generation})")
