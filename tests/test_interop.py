@@ -13,9 +13,14 @@ from atomr_accel.core.ops._memory import Upload
 
 
 @pytest.fixture(scope="module")
-def dev() -> Iterator[Device]:
+def system() -> Iterator[System]:
     with System.open("interop-tests") as system:
-        yield system.spawn_device(mock=True)
+        yield system
+
+
+@pytest.fixture(scope="module")
+def dev(system: System) -> Device:
+    return system.spawn_device(mock=True)
 
 
 def _random(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -238,3 +243,13 @@ def test_dlpack_is_generation_checked() -> None:
                 np.from_dlpack(buf)
             with pytest.raises(GpuRefStale):
                 dev.copy_to_numpy(buf)
+
+
+def test_blueprint_inputs_take_torch_tensors(system: System, dev: Device) -> None:
+    torch = pytest.importorskip("torch")
+    from atomr_accel.realtime import SpatialIndexActor
+
+    points = np.random.default_rng(15).uniform(-1, 1, (50, 3))
+    index = SpatialIndexActor.spawn(system, 0.5, device=dev)
+    assert index.insert(torch.tensor(points, requires_grad=True)) == range(0, 50)
+    assert index.count() == 50
