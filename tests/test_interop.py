@@ -228,6 +228,15 @@ def test_torch_tensors_come_in_and_go_out_through_dlpack(host_dev: Device) -> No
         host_dev.from_dlpack(torch.ones(2, dtype=torch.float8_e5m2))
 
 
+def test_a_device_with_a_journal_copies_instead_of_adopting(system: System) -> None:
+    journaled = system.spawn_device(mock=True, journal=":memory:")
+    array = np.arange(4.0)
+    buf = journaled.from_dlpack(array)
+    journaled.blas().scal(4, 2.0, buf)
+    np.testing.assert_array_equal(journaled.copy_to_numpy(buf), 2 * np.arange(4.0))
+    np.testing.assert_array_equal(array, np.arange(4.0))  # its own copy: a replay can redo it
+
+
 def test_dlpack_is_generation_checked() -> None:
     from atomr_accel import ContextPoisoned, FaultKind, GpuRefStale
 
