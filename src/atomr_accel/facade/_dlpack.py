@@ -79,12 +79,13 @@ async def from_dlpack_async(device: Device, data: Any,
 def _adoptable(device: Device, data: Any) -> Any:
     """The producer to adopt for ``data``, or None where it must be copied (another
     process's context, a journal to replay from, memory of another device, a strided,
-    conjugate or read-only view)."""
+    conjugate or read-only view, bfloat16 elements)."""
     if not _in_process(device) or device.journal is not None:
         return None
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(data, torch.Tensor):
-        if data.is_conj() or data.is_neg() or not data.is_contiguous():
+        if data.is_conj() or data.is_neg() or not data.is_contiguous() \
+                or data.dtype is torch.bfloat16:  # CuPy and NumPy's DLPack lack bfloat16
             return None
         data = data.detach()  # the same memory, without the autograd graph
     if not hasattr(data, "__dlpack__") or not hasattr(data, "__dlpack_device__"):
