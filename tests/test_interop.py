@@ -157,6 +157,8 @@ def test_torch_tensors_the_package_cannot_hold_are_refused_with_typed_errors(dev
         dev.copy_from_numpy(buf, torch.ones(6, dtype=torch.bfloat16))
     with pytest.raises(InvalidArgument, match="Fortran"):
         dev.copy_from_numpy(buf, torch.ones(3, 2).t())
+    with pytest.raises(InvalidArgument, match="Sparse"):
+        dev.copy_from_numpy(buf, torch.ones(2, 3).to_sparse())
 
 
 # ----------------------------------------------------------------------------- DLPack

@@ -100,6 +100,8 @@ def _from_torch(torch: Any, tensor: Any, what: str) -> np.ndarray[Any, Any]:
     try:
         return np.asarray(data.numpy())
     except (TypeError, RuntimeError) as exc:
+        if "ScalarType" not in str(exc):  # a sparse or quantized tensor, say
+            raise InvalidArgument(f"{what} cannot be read from torch: {exc}") from exc
         raise DTypeMismatch(f"{what} is a torch tensor of {data.dtype}, which no buffer holds; "
                             f"convert it to one of {', '.join(d.value for d in DType)}") from exc
 
