@@ -112,6 +112,26 @@ def test_a_collective_works_from_a_trio_task(system: System) -> None:
         np.testing.assert_allclose(got, xs[0] + xs[1], rtol=1e-12)
 
 
+def test_a_blueprint_client_works_from_trio_tasks(system: System) -> None:
+    trio = pytest.importorskip("trio")
+    from atomr_accel.patterns import DynamicBatchingServer
+
+    server = DynamicBatchingServer.spawn(system, lambda xs: [2 * x for x in xs],
+                                         max_batch=4, max_wait=0.01)
+    answers: dict[int, int] = {}
+
+    async def main() -> None:
+        async def one(i: int) -> None:
+            answers[i] = await server.submit(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(one, i)
+
+    trio.run(main)
+    assert answers == {i: 2 * i for i in range(6)}
+
+
 def test_a_trio_task_sees_the_same_typed_errors(dev: Device) -> None:
     trio = pytest.importorskip("trio")
     buf = dev.allocate_f32(4)
