@@ -79,7 +79,7 @@ def put(dev: Device, array: Arr, dtype: DType | None = None) -> GpuBuffer:
 
 def put_cm(dev: Device, matrix: Arr, dtype: DType) -> GpuBuffer:
     """Upload a matrix column-major (BLAS/LAPACK layout)."""
-    return put(dev, matrix.T, dtype)
+    return put(dev, matrix.ravel(order="F"), dtype)
 
 
 def get(dev: Device, buf: GpuBuffer) -> Arr:

@@ -5,6 +5,8 @@ supervised device with buffers, copies and library handles. ``mock=True`` runs
 the CPU backend (NumPy/SciPy). See README.md and docs/.
 """
 
+import logging as _logging
+
 from atomr_accel.actor import ActorStopped
 from atomr_accel.agents import (
     CpuVectorIndex,
@@ -119,6 +121,11 @@ from atomr_accel.train import (
 )
 
 __version__ = "0.1.0"
+
+# A library prints nothing of its own: records of the ``atomr_accel.*`` loggers go where the
+# application's logging sends them (``configure_logging``, ``logging.basicConfig``), and
+# Python's last-resort handler does not print them on an interpreter nobody configured.
+_logging.getLogger("atomr_accel").addHandler(_logging.NullHandler())
 
 __all__ = [
     "AsyncParameterServer",

@@ -29,6 +29,12 @@ __all__ = ["ActorCell", "Envelope"]
 
 _log = logging.getLogger("atomr_accel.actor")
 
+_FAILURE_LEVEL = {Directive.RESUME: logging.INFO, Directive.RESTART: logging.INFO,
+                  Directive.STOP: logging.ERROR, Directive.ESCALATE: logging.ERROR}
+"""How loud an actor's failure is: one its supervisor handled (resumed, restarted) is
+routine; one that stops it or goes up is an error. The traceback rides on every record
+(``exc_info``) for the handlers that want it."""
+
 Envelope: TypeAlias = tuple[Any, ActorRef | None, "asyncio.Future[Any] | None"]
 """(message, sender, reply future or None for a tell)."""
 
@@ -253,8 +259,8 @@ class ActorCell:
         """Ask the parent's strategy what to do with ``exc`` and do it (in this task)."""
         while True:
             directive = self._directive_from_parent(exc)
-            _log.error(
-                "actor %s failed with %r; supervisor decided %s",
+            _log.log(
+                _FAILURE_LEVEL[directive], "actor %s failed with %r; supervisor decided %s",
                 self.path, exc, directive.name, exc_info=exc,
             )
             self.system.event_stream.publish(

@@ -21,6 +21,7 @@ from atomr_accel.backends._optional import EVERY_BACKEND, unavailable
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import ContextPoisoned, InvalidArgument, OutOfMemory, Unrecoverable
 from atomr_accel.core._op import Op
+from atomr_accel.core.ops._dlpack import ViewBuffer
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._libraries import LibraryAvailable
 from atomr_accel.core.ops._memory import (
@@ -261,6 +262,10 @@ def _download(backend: Backend, op: Download) -> np.ndarray[Any, Any]:
     return backend.read(op.ref.buffer_id, op.offset, op.count)
 
 
+def _view(backend: Backend, op: ViewBuffer) -> Any:
+    return backend.array(op.ref.buffer_id)
+
+
 def _copy(backend: Backend, op: CopyBuffer) -> None:
     backend.copy(op.src.buffer_id, op.dst.buffer_id, op.length, op.src_offset, op.dst_offset)
 
@@ -292,6 +297,7 @@ MEMORY_HANDLERS: dict[type[Op], Handler] = {
     Upload: _upload,
     Download: _download,
     CopyBuffer: _copy,
+    ViewBuffer: _view,
     MemoryInfo: _memory_info,
     LibraryAvailable: _library_available,
     Prefetch: _prefetch,

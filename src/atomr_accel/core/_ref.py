@@ -29,8 +29,8 @@ class GpuRef(PickleByFields):
     managed: bool = field(default=False, compare=False)
     """CUDA managed memory (``allocate(managed=True)``)."""
     mapped: bool = field(default=False, compare=False)
-    """Memory of another buffer, mapped by ``IpcOpenHandle``: it holds none of its own, and
-    freeing it only unmaps it."""
+    """Memory of another buffer, mapped by ``IpcOpenHandle``, or of another library's array
+    (``AdoptArray``): it holds none of its own, and freeing it only unmaps it."""
 
     @property
     def nbytes(self) -> int:

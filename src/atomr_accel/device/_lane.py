@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.actor._deadlines import Deadlines
+from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     AskTimeout,
     GpuRefStale,
@@ -36,6 +37,7 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
+from atomr_accel.core.ops._dlpack import AdoptArray
 from atomr_accel.core.ops._graph import CaptureGraph
 from atomr_accel.core.ops._ipc import IpcOpenHandle
 from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
@@ -111,6 +113,13 @@ def _opened(op: IpcOpenHandle, buffer_id: int, generation: int, state: DeviceSta
                   mapped=True)
 
 
+def _adopted(op: AdoptArray, made: tuple[int, DType, int], generation: int,
+             state: DeviceState) -> GpuRef:
+    buffer_id, dtype, length = made
+    return GpuRef(state.device_id, buffer_id, dtype, length, generation, state.owner,
+                  mapped=True)
+
+
 def _compiled(op: CompileKernel, made: tuple[int, bool], generation: int,
               state: DeviceState) -> KernelRef:
     kernel_id, cache_hit = made
@@ -128,8 +137,8 @@ def _captured(op: CaptureGraph, graph_id: int, generation: int, state: DeviceSta
 
 
 _ANSWERS: dict[type[Op], Callable[[Any, Any, int, DeviceState], Any]] = {
-    Allocate: _buffer, IpcOpenHandle: _opened, CompileKernel: _compiled, LoadKernel: _loaded,
-    CaptureGraph: _captured,
+    Allocate: _buffer, IpcOpenHandle: _opened, AdoptArray: _adopted, CompileKernel: _compiled,
+    LoadKernel: _loaded, CaptureGraph: _captured,
 }
 
 

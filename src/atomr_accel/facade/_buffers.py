@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch
@@ -85,6 +85,28 @@ class GpuBuffer:
     def is_stale(self) -> bool:
         """True once the device's context has been rebuilt since this buffer was allocated."""
         return self.ref.generation != self._device.generation
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """Export the buffer through DLPack (``torch.from_dlpack(buf)``, ``np.from_dlpack``).
+
+        On the thread host the capsule views the buffer's own memory (no copy:
+        the consumer's array and the buffer share it, and it stays valid while
+        that array lives, even once the buffer is freed). On the process and
+        Ray hosts it holds a host copy made through the worker. A blocking call
+        (not on the system's own event loop); ``GpuRefStale`` once stale.
+        """
+        from atomr_accel.facade._dlpack import export
+
+        return export(self, {"stream": stream, "max_version": max_version,
+                             "dl_device": dl_device, "copy": copy})
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Where ``__dlpack__`` puts the data: ``(2, gpu)`` for a CUDA buffer on the thread
+        host, ``(1, 0)`` (host memory) for the CPU backend and for copies."""
+        from atomr_accel.facade._dlpack import export_device
+
+        return export_device(self)
 
     def __repr__(self) -> str:
         stale = ", stale" if self.is_stale() else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -48,29 +49,25 @@ from atomr_accel.facade._cub import Cub
 from atomr_accel.facade._cutlass import Cutlass
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graphs import GraphRecorder
+from atomr_accel.facade._host_arrays import flat_elements, host_array
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
 from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
 from atomr_accel.facade._onnx import Onnx
-from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
+from atomr_accel.facade._portal import (
+    Portal,
+    blocking,
+    in_blocking_call,
+    in_worker_thread,
+    on_asyncio,
+)
 
 if TYPE_CHECKING:
     from atomr_accel.facade._memory import IpcMemHandle
 
-__all__ = ["Device", "host_array"]
+__all__ = ["Device"]
 
 BufferLike = GpuBuffer | GpuRef
 E = TypeVar("E", bound=enum.Enum)
-
-
-def host_array(data: Any) -> np.ndarray[Any, Any]:
-    """A NumPy view of ``data``: NumPy, anything with ``__array__``, DLPack, or CuPy (copied)."""
-    if isinstance(data, np.ndarray):
-        return data
-    if hasattr(data, "__cuda_array_interface__") and hasattr(data, "get"):
-        return np.asarray(data.get())  # CuPy: copy to the host
-    if hasattr(data, "__dlpack__") and not hasattr(data, "__array__"):
-        return np.from_dlpack(data)
-    return np.asarray(data)
 
 
 def _enum(kind: type[E], value: E | str) -> E:
@@ -234,8 +231,13 @@ class Device(DeviceApi):
         lane = self._state.lane
         timeout = self._op_timeout if timeout_secs is None else timeout_secs
         try:
-            result = lane.call(op, timeout, checked) if in_blocking_call() \
-                else await lane.run(op, timeout, checked)
+            if in_blocking_call():
+                result = lane.call(op, timeout, checked)
+            elif on_asyncio():
+                result = await lane.run(op, timeout, checked)
+            else:  # a trio task: the op runs and is waited for on a worker thread
+                result = await in_worker_thread(functools.partial(
+                    lane.call, op, timeout, checked))
         except GpuRuntimeError:
             raise
         except ActorError as exc:  # the runtime's time-out of an op awaited on the data plane
@@ -337,9 +339,15 @@ class Device(DeviceApi):
     ) -> Coroutine[Any, Any, None]:
         """Copy a host array (flattened in C order) into ``buffer``.
 
-        The array's dtype must be the buffer's (``DTypeMismatch``, also a
-        ``TypeError``, otherwise). Without ``offset`` it must have exactly
-        ``len(buffer)`` elements; with ``offset`` it must fit after it.
+        ``array`` is a NumPy array, a torch tensor (any device, ``requires_grad``
+        too), a CuPy array, a DLPack producer or capsule, or anything NumPy reads
+        (see "Interop" in docs/devices.md). Its elements are copied by their
+        logical indices in C (row-major) order, whatever the strides; an n-D
+        Fortran-ordered array is an ``InvalidArgument`` (flatten it with
+        ``a.ravel(order="F")`` for column-major). The array's dtype must be the
+        buffer's (``DTypeMismatch``, also a ``TypeError``, otherwise). Without
+        ``offset`` it must have exactly ``len(buffer)`` elements; with ``offset``
+        it must fit after it.
         """
         ref = self.ref_of(buffer)
         data = host_array(array)
@@ -353,7 +361,7 @@ class Device(DeviceApi):
                 f"array has {data.size} elements but the buffer holds {ref.length}; "
                 "pass offset= to copy into part of it"
             )
-        flat = np.ascontiguousarray(data).reshape(-1)
+        flat = flat_elements(data)
         return self._submit(Upload(ref, flat, offset or 0), timeout_secs)
 
     copy_from_numpy = blocking(copy_from_numpy_async)
@@ -540,6 +548,27 @@ class Device(DeviceApi):
     def record_graph(self) -> GraphRecorder:
         """Start recording library calls into a ``Graph`` (``recorder.capture()`` ends it)."""
         return GraphRecorder(self)
+
+    def from_dlpack_async(self, data: Any, *, timeout_secs: float | None = None,
+                          ) -> Coroutine[Any, Any, GpuBuffer]:
+        """A buffer of ``data``'s elements (a torch tensor, CuPy or NumPy array, or any
+        DLPack producer), in C order.
+
+        On the thread host, a C-contiguous array in this device's memory (host
+        memory on the CPU backend, this GPU on CUDA) is adopted without a copy:
+        the buffer and the array share their memory, the buffer keeps the array
+        alive, and freeing the buffer leaves the memory to the array. Anything
+        else (another device's memory, a strided or conjugate view, a device with
+        a journal) and every array on the process and Ray hosts is copied into a
+        new buffer through the worker. Adopted or not, the buffer is generation
+        checked like any other. Raises what ``copy_from_numpy`` raises for data it
+        cannot read.
+        """
+        from atomr_accel.facade._dlpack import from_dlpack_async
+
+        return from_dlpack_async(self, data, timeout_secs)
+
+    from_dlpack = blocking(from_dlpack_async)
 
     def __repr__(self) -> str:
         return (f"Device(id={self.device_id}, backend={self.backend!r}, "

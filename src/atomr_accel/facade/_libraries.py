@@ -33,6 +33,7 @@ from atomr_accel.core.ops._rng import Generator, RngFill
 from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._api import BlasApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi
 from atomr_accel.facade._buffers import GpuBuffer, typed_ref
+from atomr_accel.facade._host_arrays import host_array
 from atomr_accel.facade._portal import blocking
 
 if TYPE_CHECKING:
@@ -111,12 +112,12 @@ def _lane_kind(lane: str, kind: object) -> FftKind:
     return chosen
 
 
-def _length(src: Any, n: int | None, batch: object) -> Any:
+def _length(src: np.ndarray[Any, Any], n: int | None, batch: object) -> Any:
     """A 1-D one-shot transform's length: ``n``, or all of ``src`` shared by ``batch`` items
     (``_one_shot`` checks what this answers)."""
     if n is not None:
         return n
-    return np.asarray(src).size // (batch if is_int(batch) and batch > 0 else 1)
+    return src.size // (batch if is_int(batch) and batch > 0 else 1)
 
 
 class Fft(Library, FftApi):
@@ -256,8 +257,11 @@ class Fft(Library, FftApi):
     def _one_shot(self, src: Any, dtype: DType, shape: tuple[int, ...], batch: int,
                   kind: FftKind, inverse: bool, timeout_secs: float | None,
                   ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
-        """Check a host array of ``batch`` items for the transform, then run it on copies."""
-        data = np.asarray(src)
+        """Check a host array of ``batch`` items for the transform, then run it on copies.
+
+        ``src`` is read by its logical indices in C order (its shape is the
+        transform's, so a Fortran-ordered array means the same as its C copy)."""
+        data = host_array(src, "src")
         if data.dtype != dtype.numpy:
             raise DTypeMismatch(f"src has dtype {data.dtype}; this transform takes {dtype.value}")
         if not is_int(batch) or batch < 1:
@@ -299,7 +303,8 @@ class Fft(Library, FftApi):
                                  ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
         """The original's one-shot R2C of a float32 host array (``batch`` items of ``n``, all
         of it by default): the complex64 half spectra, ``batch * (n // 2 + 1)`` values."""
-        return self._one_shot(src, DType.F32, (_length(src, n, batch),), batch, FftKind.R2C,
+        data = host_array(src, "src")
+        return self._one_shot(data, DType.F32, (_length(data, n, batch),), batch, FftKind.R2C,
                               False, timeout_secs)
 
     def inverse_1d_c2r_f32_async(self, src: Any, n: int, batch: int = 1, *,
@@ -314,7 +319,8 @@ class Fft(Library, FftApi):
                               ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
         """The original's one-shot C2C of a complex64 host array (``direction``: forward,
         fwd, f, inverse, inv, backward or i; the inverse is unnormalized)."""
-        return self._one_shot(src, DType.C64, (_length(src, n, batch),), batch, FftKind.C2C,
+        data = host_array(src, "src")
+        return self._one_shot(data, DType.C64, (_length(data, n, batch),), batch, FftKind.C2C,
                               _DIRECTION(direction), timeout_secs)
 
     def forward_2d_r2c_f32_async(self, src: Any, nx: int, ny: int, *,

@@ -35,6 +35,7 @@ from atomr_accel.core.ops._onnx import (
 )
 from atomr_accel.facade._bound import check_timeout
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._host_arrays import host_array
 from atomr_accel.facade._libraries import Library
 from atomr_accel.facade._portal import blocking
 
@@ -43,8 +44,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Onnx", "OnnxEngine"]
 
-Tensor = np.ndarray[Any, Any] | GpuBuffer | tuple[GpuBuffer, Sequence[int]]
-"""An input: a host array, a buffer (its model shape must be fixed), or ``(buffer, shape)``."""
+Tensor = Any
+"""An input: host data (a NumPy array, a torch tensor, anything ``copy_from_numpy`` takes), a
+buffer (its model shape must be fixed), or ``(buffer, shape)``."""
 Output = GpuBuffer | tuple[GpuBuffer, Sequence[int]]
 """Where an output goes on the device: a buffer (fixed model shape) or ``(buffer, shape)``."""
 
@@ -154,10 +156,11 @@ class OnnxEngine(Library):
             if info is None:
                 raise InvalidArgument(f"the model has no input {name!r}; its inputs are "
                                       f"{self.input_names}")
-            if isinstance(value, np.ndarray):
-                _dtype(info, value.dtype, "input")
-                _fits(info, value.shape, "input")
-                feeds.append((name, value))
+            if not isinstance(value, GpuBuffer | tuple):  # host data: NumPy, torch, DLPack
+                array = host_array(value, f"input {name!r}")
+                _dtype(info, array.dtype, "input")
+                _fits(info, array.shape, "input")
+                feeds.append((name, array))
             else:
                 feeds.append((name, self._device_tensor(info, value, "input")))
         missing = [n for n in self._inputs if n not in inputs]

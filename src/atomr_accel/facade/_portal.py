@@ -22,7 +22,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from atomr_accel.core._errors import SystemClosed
 
-__all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call"]
+__all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call", "in_worker_thread",
+           "on_asyncio"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -33,6 +34,21 @@ _BLOCKING: ContextVar[bool] = ContextVar("atomr_accel_blocking", default=False)
 def in_blocking_call() -> bool:
     """True inside a blocking facade call: wait on this thread, never suspend."""
     return _BLOCKING.get()
+
+
+def on_asyncio() -> bool:
+    """True when the caller runs on an asyncio event loop (False under trio, or on a plain
+    thread)."""
+    return asyncio._get_running_loop() is not None
+
+
+async def in_worker_thread(wait: Callable[[], T]) -> T:
+    """Await the blocking ``wait`` from a task of another async library (trio): it runs on
+    one of that library's worker threads, through anyio, and the task waits for it to end
+    (a cancellation takes effect once it has, which ``timeout_secs`` bounds)."""
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(wait)
 
 
 class Portal:
@@ -109,6 +125,8 @@ class Portal:
         mode: wait for it on this thread)."""
         if _BLOCKING.get():
             return self.call(coro)
+        if not on_asyncio():  # a trio task: wait on a worker thread, as a blocking call does
+            return await in_worker_thread(functools.partial(self.call, coro))
         if asyncio.get_running_loop() is self.loop:
             return await coro
         loop = asyncio.get_running_loop()

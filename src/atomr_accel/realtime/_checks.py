@@ -11,6 +11,7 @@ import numpy as np
 
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core.ops._realtime_checks import finite, finite_f32
+from atomr_accel.facade._host_arrays import host_array
 
 __all__ = [
     "F32Array",
@@ -61,7 +62,7 @@ def as_points(value: Any, name: str) -> F32Array:
     """``value`` as an ``(n, 3)`` float32 array of numbers finite in float32 (one ``(3,)`` point is
     taken as ``n = 1``); ``InvalidArgument`` otherwise."""
     try:
-        array = np.asarray(value, dtype=np.float64)
+        array = host_array(value, name).astype(np.float64)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{name} must be numbers of shape (n, 3): {exc}") from None
     if array.ndim == 1 and array.shape[0] == 3:

@@ -12,6 +12,7 @@ import numpy as np
 
 from atomr_accel.core._errors import AskTimeout, DTypeMismatch, GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import Device, System
+from atomr_accel.facade._host_arrays import host_array
 
 __all__ = ["ANSWER_MARGIN", "checked_batch", "checked_devices", "deadline", "first_error",
            "original_devices", "require_count"]
@@ -56,7 +57,7 @@ def checked_batch(x: Any, y: Any, in_features: int, labels: bool,
     labels (one a row) when ``labels``, else float32 targets (a 1-D ``y``: one row a
     sample); None stays None (the targets are then ``x``)."""
     try:
-        data = np.asarray(x, dtype=np.float32)
+        data = host_array(x, "x").astype(np.float32)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"x must be a batch of numbers: {exc}") from exc
     if data.ndim == 1:
@@ -73,7 +74,7 @@ def checked_batch(x: Any, y: Any, in_features: int, labels: bool,
         if labels:
             raise InvalidArgument("CrossEntropyLoss needs the labels y")
         return data, None
-    target = np.asarray(y)
+    target = host_array(y, "y")
     if labels:
         if target.dtype.kind not in "iu":
             raise DTypeMismatch(f"CrossEntropyLoss takes integer labels, got {target.dtype}")

@@ -18,6 +18,7 @@ from atomr_accel.backends.cpu import (
     _cub,
     _cutlass,
     _cutlass_fp8,
+    _dlpack,
     _dnn,
     _fft,
     _graph,
@@ -77,6 +78,7 @@ class CpuBackend(Backend):
         | _peer.HANDLERS
         | _collective.HANDLERS
         | _ipc.HANDLERS
+        | _dlpack.HANDLERS
         | _blaslt.HANDLERS
         | _dnn.HANDLERS
         | quieted(_dnn.SHARED)  # the element-wise layers of training
@@ -145,11 +147,13 @@ class CpuBackend(Backend):
         self._buffers[buffer_id] = arr
         self._shared[buffer_id] = storage
 
-    def map_in(self, arr: np.ndarray[Any, Any], storage: SharedStorage) -> int:
-        """Add a buffer over memory mapped from another one (``storage``); return its id."""
+    def map_in(self, arr: np.ndarray[Any, Any], storage: SharedStorage | None) -> int:
+        """Add a buffer over memory mapped from another one (``storage``), or over an adopted
+        array (None: its owner keeps the memory); return its id."""
         buffer_id = next(self._ids)
         self._buffers[buffer_id] = arr
-        self._shared[buffer_id] = storage
+        if storage is not None:
+            self._shared[buffer_id] = storage
         self._mapped.add(buffer_id)
         return buffer_id
 

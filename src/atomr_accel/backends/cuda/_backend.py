@@ -35,6 +35,7 @@ from atomr_accel.backends.cuda import _cub as cuda_cub
 from atomr_accel.backends.cuda import _cutlass as cuda_cutlass
 from atomr_accel.backends.cuda import _cutlass_fp8 as cuda_cutlass_fp8
 from atomr_accel.backends.cuda import _direct as direct
+from atomr_accel.backends.cuda import _dlpack as cuda_dlpack
 from atomr_accel.backends.cuda import _dnn as cuda_dnn
 from atomr_accel.backends.cuda import _fft as cuda_fft
 from atomr_accel.backends.cuda import _graph as cuda_graph
@@ -528,6 +529,7 @@ CudaBackend.handlers = (
     | cuda_peer.HANDLERS
     | cuda_collective.HANDLERS
     | cuda_ipc.HANDLERS
+    | cuda_dlpack.HANDLERS
     | cuda_blaslt.HANDLERS
     | cuda_dnn.HANDLERS
     | cuda_norm.HANDLERS

@@ -156,6 +156,10 @@ class Upload(Op):
         if isinstance(arr, np.ndarray):
             if arr.ndim != 1:
                 raise InvalidArgument(f"upload data must be 1-D, got shape {arr.shape}")
+            if not arr.flags.c_contiguous:  # a host reads its memory as one flat run
+                raise InvalidArgument(
+                    f"upload data must be contiguous, got strides {arr.strides}; pass "
+                    "np.ascontiguousarray(data) (copy_from_numpy does this for you)")
             if arr.dtype != self.ref.dtype.numpy:
                 raise InvalidArgument(
                     f"upload data has dtype {arr.dtype} but the buffer holds "

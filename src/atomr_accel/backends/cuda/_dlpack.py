@@ -1,0 +1,34 @@
+"""``AdoptArray`` on CUDA: a buffer over another library's array on this GPU, no copy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import cupy as cp
+
+from atomr_accel.backends._base import Handler
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import Op
+from atomr_accel.core.ops._dlpack import AdoptArray, adoptable
+
+if TYPE_CHECKING:
+    from atomr_accel.backends.cuda._backend import CudaBackend
+
+__all__ = ["HANDLERS"]
+
+
+def _adopt(backend: CudaBackend, op: AdoptArray) -> tuple[int, DType, int]:
+    try:
+        array = cp.from_dlpack(op.producer)
+    except Exception as exc:  # CuPy's refusals are of several kinds
+        raise InvalidArgument(f"CuPy cannot adopt this array: {exc}") from exc
+    if array.device.id != backend.device_id:
+        raise InvalidArgument(f"the array lives on GPU {array.device.id}, not on this "
+                              f"device's GPU {backend.device_id}")
+    flat, dtype = adoptable(array)
+    return backend.map_in(flat, None), dtype, int(flat.size)
+
+
+HANDLERS: dict[type[Op], Handler] = {AdoptArray: _adopt}
+"""The DLPack op handler of the CUDA backend (``ViewBuffer`` is a shared memory handler)."""

@@ -1,0 +1,60 @@
+"""Ops that lend a buffer to another array library, or take one of its arrays as a buffer.
+
+Both hand live array objects across, so the facade sends them to contexts in
+the caller's process only (the thread host); elsewhere it copies instead.
+
+* ``ViewBuffer`` answers the context's own array of a buffer (NumPy on the
+  CPU backend, CuPy on CUDA): ``GpuBuffer.__dlpack__`` exports it.
+* ``AdoptArray`` makes a buffer over a DLPack producer's memory without a
+  copy and answers ``(buffer_id, dtype, length)``; the buffer keeps the
+  producer alive, and freeing the buffer leaves the memory to its owner. It
+  needs a 1-D view of the whole array (C-contiguous), of a dtype buffers hold,
+  in this context's memory (host memory on the CPU backend, this GPU on CUDA):
+  ``InvalidArgument`` otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._op import Op
+from atomr_accel.core._ref import GpuRef
+
+__all__ = ["AdoptArray", "ViewBuffer", "adoptable"]
+
+
+@dataclass(frozen=True, slots=True)
+class ViewBuffer(Op):
+    """Answer the context's live 1-D array of buffer ``ref`` (in-process contexts only)."""
+
+    ref: GpuRef
+
+    def validate(self) -> None:
+        if not isinstance(self.ref, GpuRef):
+            raise InvalidArgument(f"ref must be a GpuRef, got {type(self.ref).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptArray(Op):
+    """Make a buffer over ``producer``'s memory (an object with ``__dlpack__``), no copy."""
+
+    producer: Any
+
+    def validate(self) -> None:
+        if not hasattr(self.producer, "__dlpack__"):
+            raise InvalidArgument(
+                f"AdoptArray takes a DLPack producer, got {type(self.producer).__name__}")
+
+
+def adoptable(array: Any) -> tuple[Any, DType]:
+    """``array`` (NumPy or CuPy) as a 1-D view of all of it, and its dtype; ``InvalidArgument``
+    when it is not C-contiguous, not writable, or of a dtype no buffer holds."""
+    if not array.flags.c_contiguous:
+        raise InvalidArgument(f"only a C-contiguous array is adopted, got strides "
+                              f"{array.strides}")
+    if not getattr(array.flags, "writeable", True):
+        raise InvalidArgument("a read-only array cannot be adopted as a buffer")
+    return array.reshape(-1), DType.of(array.dtype)

@@ -1,0 +1,89 @@
+"""CUDA tensors and DLPack on a GPU: torch and CuPy arrays in and out of buffers (``gpu``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from atomr_accel import Device, DType, System
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def dev(request: pytest.FixtureRequest) -> Iterator[Device]:
+    with System.open(f"gpu-interop-{request.param}") as system:
+        yield system.spawn_device(mock=False, isolation=request.param)
+
+
+def _gemm_reference(a: np.ndarray, b: np.ndarray, m: int, n: int, k: int) -> np.ndarray:
+    """Column-major C = A @ B in float64."""
+    a64 = a.astype(np.float64).reshape(k, m).T
+    b64 = b.astype(np.float64).reshape(n, k).T
+    return (a64 @ b64).T.reshape(-1)
+
+
+def test_cuda_tensors_of_every_kind_are_copied_into_buffers(dev: Device) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    values = rng.standard_normal(16)
+    cases = {
+        DType.F32: torch.tensor(values, dtype=torch.float32, device="cuda", requires_grad=True),
+        DType.F64: torch.tensor(np.repeat(values, 2), device="cuda")[::2],
+        DType.BF16: torch.tensor(values, dtype=torch.bfloat16, device="cuda"),
+        DType.I64: torch.arange(16, device="cuda"),
+    }
+    for dtype, tensor in cases.items():
+        buf = dev.allocate(16, dtype)
+        dev.copy_from_numpy(buf, tensor)
+        want = tensor.detach().cpu().to(torch.float64).numpy()
+        np.testing.assert_array_equal(dev.copy_to_numpy(buf).astype(np.float64), want)
+
+
+def test_torch_views_a_buffer_without_a_copy_on_the_thread_host(dev: Device) -> None:
+    torch = pytest.importorskip("torch")
+    data = np.random.default_rng(12).standard_normal(32).astype(np.float32)
+    buf = dev.allocate_f32(32)
+    dev.copy_from_numpy(buf, data)
+    view = torch.from_dlpack(buf)
+    np.testing.assert_array_equal(view.cpu().numpy(), data)
+    if dev.isolation == "thread":
+        assert view.is_cuda and view.data_ptr() == dev.buffer_address(buf)
+        view.mul_(2.0)
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(dev.copy_to_numpy(buf), 2 * data)
+    else:  # the worker's memory: a host copy
+        assert buf.__dlpack_device__() == (1, 0) and not view.is_cuda
+
+
+def test_from_dlpack_adopts_a_cuda_tensor_on_the_thread_host(dev: Device) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    m, n, k = 24, 16, 8
+    a, b = rng.standard_normal(m * k), rng.standard_normal(k * n)
+    ta = torch.tensor(a, device="cuda", requires_grad=True)
+    tb = torch.tensor(b, device="cuda")
+    da, db = dev.from_dlpack(ta), dev.from_dlpack(tb)
+    dc = dev.allocate_f64(m * n)
+    adopted = dev.isolation == "thread"
+    assert (dev.buffer_address(da) == ta.data_ptr()) is adopted
+    dev.blas().gemm_f64(da, db, dc, m=m, n=n, k=k)
+    np.testing.assert_allclose(dev.copy_to_numpy(dc), _gemm_reference(a, b, m, n, k),
+                               rtol=1e-12)
+    dev.blas().scal(m * k, 0.5, da)
+    np.testing.assert_allclose(ta.detach().cpu().numpy(), 0.5 * a if adopted else a,
+                               rtol=1e-15)
+
+
+def test_cupy_arrays_come_in_and_go_out(dev: Device) -> None:
+    cp = pytest.importorskip("cupy")
+    data = np.random.default_rng(14).standard_normal(20)
+    buf = dev.from_dlpack(cp.asarray(data))
+    np.testing.assert_array_equal(dev.copy_to_numpy(buf), data)
+    out = cp.from_dlpack(buf) if dev.isolation == "thread" else np.from_dlpack(buf)
+    np.testing.assert_array_equal(cp.asnumpy(out), data)
+    strided = cp.asarray(data)[::2]
+    copied = dev.from_dlpack(strided)
+    np.testing.assert_array_equal(dev.copy_to_numpy(copied), data[::2])
