@@ -161,8 +161,8 @@ def _outputs(backend: Backend, value: Any, keep: bool) -> Any:
 def _run_user(backend: Backend, code: UserCode, call: Callable[[], Any]) -> Any:
     """``call()`` with torch's current stream the op's stream (CUDA, torch imported); what
     it raises as a typed error."""
-    torch = _torch() if backend.name == "cuda" else None
     try:
+        torch = _torch() if backend.name == "cuda" else None
         if torch is None:
             return call()
         with torch.cuda.stream(backend.torch_stream()):
@@ -172,26 +172,32 @@ def _run_user(backend: Backend, code: UserCode, call: Callable[[], Any]) -> Any:
 
 
 def _call_function(backend: Backend, op: CallFunction) -> Any:
+    code = op.code
+    fn, (packed_args, packed_kwargs) = _run_user(  # user modules may fail to load here
+        backend, code, lambda: (code.function(), op.args.unpack()))
     bridge = _Bridge(backend, op.arrays)
-    packed = op.args
-    args = _resolve(packed.args, op, bridge)
-    kwargs = _resolve(packed.kwargs, op, bridge) if packed.kwargs else {}
-    result = _run_user(backend, op.code, lambda: op.code.fn(*args, **kwargs))
+    args = _resolve(packed_args, op, bridge)
+    kwargs = _resolve(packed_kwargs, op, bridge) if packed_kwargs else {}
+    result = _run_user(backend, code, lambda: fn(*args, **kwargs))
     try:
         return _outputs(backend, result, op.keep)
     except GpuRuntimeError:
         raise
     except BaseException as exc:  # e.g. a tensor that cannot be copied out
-        raise failure_of(exc, op.code.name, backend) from None
+        raise failure_of(exc, code.name, backend) from None
 
 
 def _build_resident(backend: Backend, op: BuildResident) -> None:
     if op.token in backend.residents:
         return
-    packed = op.args
+    code = op.code
+
+    def build() -> Any:
+        args, kwargs = op.args.unpack()
+        return code.function()(*args, **kwargs)
+
     try:
-        backend.residents[op.token] = _run_user(
-            backend, op.code, lambda: op.code.fn(*packed.args, **packed.kwargs))
+        backend.residents[op.token] = _run_user(backend, code, build)
     except GpuRuntimeError as exc:
         backend.resident_failures[op.token] = str(exc)
         raise

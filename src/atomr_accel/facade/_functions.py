@@ -41,7 +41,7 @@ def _code(fn: Callable[..., Any], name: str | None, isolation: str, what: str) -
     """``fn`` as it travels: pickled now unless it runs in this process (the thread host)."""
     if not callable(fn):
         raise InvalidArgument(f"{what} takes a callable, got {type(fn).__name__}")
-    label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
+    label = name if name is not None else getattr(fn, "__name__", None) or type(fn).__name__
     if not isinstance(label, str) or not label:
         raise InvalidArgument(f"name must be a non-empty str, got {name!r}")
     code = UserCode(fn, label, secrets.randbits(62) + 1)

@@ -136,8 +136,8 @@ class ProcessHost(ContextHost):
             self._channel.unlink()
             raise
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p
+        env["PYTHONPATH"] = os.pathsep.join(  # what this process imports, the worker can
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH"), *_import_dirs()) if p
         )
         try:
             self._proc = await asyncio.create_subprocess_exec(
@@ -528,6 +528,13 @@ class ProcessHost(ContextHost):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+
+def _import_dirs() -> list[str]:
+    """This process's import directories (``sys.path``), so that a device function's module
+    that pickles by reference (a module next to the caller's script) imports in the worker."""
+    own = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})  # the interpreter finds these
+    return [p for p in sys.path if p and not p.startswith(own) and os.path.isdir(p)]
 
 
 async def _read(stream: asyncio.StreamReader) -> Any:

@@ -55,26 +55,36 @@ def _dumps(value: Any) -> bytes:
 class UserCode:
     """A user's callable and its pickle, made once (``payload``) and only if it travels.
 
-    ``token`` names it across processes: a process unpickles one token's code
-    once and keeps it (at most ``_LOADED_LIMIT`` codes, the oldest dropped).
+    ``token`` names it across processes: a process keeps the code of a token it
+    has seen (at most ``_LOADED_LIMIT`` codes, the oldest dropped) and unpickles
+    its function once, when it first runs (``function()``), so that a function
+    that cannot be loaded there fails its call, typed, rather than the op's transport.
     """
 
-    __slots__ = ("_payload", "fn", "name", "token")
+    __slots__ = ("_fn", "_payload", "name", "token")
 
-    def __init__(self, fn: Callable[..., Any], name: str, token: int,
+    def __init__(self, fn: Callable[..., Any] | None, name: str, token: int,
                  payload: bytes | None = None) -> None:
-        self.fn = fn
+        self._fn = fn
         self.name = name
         self.token = token
         self._payload = payload
 
+    def function(self) -> Callable[..., Any]:
+        """The callable (unpickled here the first time; raises what unpickling raises)."""
+        fn = self._fn
+        if fn is None:
+            assert self._payload is not None
+            fn = self._fn = pickle.loads(self._payload)
+        return fn
+
     @property
     def payload(self) -> bytes:
-        """The function pickled (cloudpickle where plain pickle cannot), made once."""
+        """The function pickled (cloudpickle: lambdas and closures by value), made once."""
         if self._payload is None:
             import cloudpickle
 
-            self._payload = bytes(cloudpickle.dumps(self.fn, pickle.HIGHEST_PROTOCOL))
+            self._payload = bytes(cloudpickle.dumps(self._fn, pickle.HIGHEST_PROTOCOL))
         return self._payload
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -85,15 +95,13 @@ class UserCode:
 
 
 def _load_code(token: int, name: str, payload: bytes) -> UserCode:
-    """The code of ``token`` in this process: unpickled the first time only."""
+    """The code of ``token`` in this process (its function unpickled once, on first use)."""
     with _loaded_lock:
         code = _loaded.get(token)
         if code is not None:
             _loaded.move_to_end(token)
             return code
-    code = UserCode(pickle.loads(payload), name, token, payload)
-    with _loaded_lock:
-        _loaded[token] = code
+        code = _loaded[token] = UserCode(None, name, token, payload)
         while len(_loaded) > _LOADED_LIMIT:
             _loaded.popitem(last=False)
     return code
@@ -101,25 +109,33 @@ def _load_code(token: int, name: str, payload: bytes) -> UserCode:
 
 class Packed:
     """A function's arguments ``(args, kwargs)``: kept as they are in this process, pickled
-    on their own when the op travels (plainly, else with cloudpickle). An argument that
-    cannot be pickled makes the op refuse to travel (``InvalidArgument``, nothing sent)."""
+    on their own when the op travels (plainly, else with cloudpickle) and unpickled where
+    they are used (``unpack()``). An argument that cannot be pickled makes the op refuse to
+    travel (``InvalidArgument``, nothing sent)."""
 
-    __slots__ = ("args", "kwargs")
+    __slots__ = ("_args", "_payload")
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.args = args
-        self.kwargs = kwargs
+    def __init__(self, args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None,
+                 payload: bytes | None = None) -> None:
+        self._args = None if args is None else (args, kwargs or {})
+        self._payload = payload
+
+    def unpack(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` (unpickled here the first time; raises what unpickling raises)."""
+        unpacked = self._args
+        if unpacked is None:
+            assert self._payload is not None
+            unpacked = self._args = pickle.loads(self._payload)
+        return unpacked
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_unpack, (_dumps((self.args, self.kwargs)),))
+        payload = self._payload
+        if payload is None:
+            payload = _dumps(self._args)
+        return (Packed, (None, None, payload))
 
     def __repr__(self) -> str:
-        return f"Packed({len(self.args)} args, {len(self.kwargs)} kwargs)"
-
-
-def _unpack(payload: bytes) -> Packed:
-    args, kwargs = pickle.loads(payload)
-    return Packed(args, kwargs)
+        return "Packed(...)"
 
 
 @dataclass(frozen=True, slots=True)
