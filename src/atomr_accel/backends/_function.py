@@ -16,6 +16,7 @@ errors the backend classifies (``Backend.user_error``: a sticky CUDA error is
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 from collections.abc import Callable
@@ -158,33 +159,38 @@ def _outputs(backend: Backend, value: Any, keep: bool) -> Any:
     return value
 
 
+def _stream(backend: Backend) -> contextlib.AbstractContextManager[Any]:
+    """torch's current stream made the op's stream (CUDA, with torch imported here)."""
+    torch = _torch() if backend.name == "cuda" else None
+    if torch is None:
+        return contextlib.nullcontext()
+    stream: contextlib.AbstractContextManager[Any] = torch.cuda.stream(backend.torch_stream())
+    return stream
+
+
 def _run_user(backend: Backend, code: UserCode, call: Callable[[], Any]) -> Any:
-    """``call()`` with torch's current stream the op's stream (CUDA, torch imported); what
-    it raises as a typed error."""
+    """``call()``; what it raises as a typed error."""
     try:
-        torch = _torch() if backend.name == "cuda" else None
-        if torch is None:
-            return call()
-        with torch.cuda.stream(backend.torch_stream()):
-            return call()
+        return call()
     except BaseException as exc:  # user code may raise anything: none may end the host
         raise failure_of(exc, code.name, backend) from None
 
 
 def _call_function(backend: Backend, op: CallFunction) -> Any:
     code = op.code
-    fn, (packed_args, packed_kwargs) = _run_user(  # user modules may fail to load here
-        backend, code, lambda: (code.function(), op.args.unpack()))
-    bridge = _Bridge(backend, op.arrays)
-    args = _resolve(packed_args, op, bridge)
-    kwargs = _resolve(packed_kwargs, op, bridge) if packed_kwargs else {}
-    result = _run_user(backend, code, lambda: fn(*args, **kwargs))
-    try:
-        return _outputs(backend, result, op.keep)
-    except GpuRuntimeError:
-        raise
-    except BaseException as exc:  # e.g. a tensor that cannot be copied out
-        raise failure_of(exc, code.name, backend) from None
+    with _stream(backend):
+        fn, (packed_args, packed_kwargs) = _run_user(  # user modules may fail to load here
+            backend, code, lambda: (code.function(), op.args.unpack()))
+        bridge = _Bridge(backend, op.arrays)
+        args = _resolve(packed_args, op, bridge)
+        kwargs = _resolve(packed_kwargs, op, bridge) if packed_kwargs else {}
+        result = _run_user(backend, code, lambda: fn(*args, **kwargs))
+        try:
+            return _outputs(backend, result, op.keep)
+        except GpuRuntimeError:
+            raise
+        except BaseException as exc:  # e.g. a tensor that cannot be copied out
+            raise failure_of(exc, code.name, backend) from None
 
 
 def _build_resident(backend: Backend, op: BuildResident) -> None:
@@ -197,7 +203,8 @@ def _build_resident(backend: Backend, op: BuildResident) -> None:
         return code.function()(*args, **kwargs)
 
     try:
-        backend.residents[op.token] = _run_user(backend, code, build)
+        with _stream(backend):
+            backend.residents[op.token] = _run_user(backend, code, build)
     except GpuRuntimeError as exc:
         backend.resident_failures[op.token] = str(exc)
         raise
