@@ -7,7 +7,7 @@ the same buffer (``blas().scal``), on the thread and the process host.
 Part 2 (``--cuda``): a torch MLP forward of about a millisecond (a resident
 holds the model and its input), one blocking call at a time, against the same
 forward called directly in this process (``float(model(x).sum())``, which waits
-for the GPU). Goals: at most 1.05x the direct call on the thread host, 1.15x on
+for the GPU), in turns. Goals: at most 1.05x the direct call on the thread host, 1.15x on
 the process host.
 
     python benchmarks/functions_bench.py [--quick] [--cuda] [--out PATH]
@@ -16,9 +16,11 @@ the process host.
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 from typing import Any
 
-from _report import percentile, print_table, wall_samples, write_json
+from _report import percentile, print_table, write_json
 
 from atomr_accel import System
 
@@ -29,6 +31,24 @@ def _us(samples: list[float]) -> tuple[float, float]:
     return percentile(samples, 50) * 1e6, percentile(samples, 99) * 1e6
 
 
+def interleaved(first: Callable[[], Any], second: Callable[[], Any], reps: int,
+                warm: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``reps`` calls of each of two blocking calls, taken in turns (so
+    that clock and load drifts touch both alike), after ``warm`` calls of each."""
+    for _ in range(warm):
+        first()
+        second()
+    a, b = [], []
+    for _ in range(reps):
+        began = time.perf_counter()
+        first()
+        middle = time.perf_counter()
+        second()
+        b.append(time.perf_counter() - middle)
+        a.append(middle - began)
+    return a, b
+
+
 def noop_round_trips(system: System, isolation: str, cuda: bool, reps: int,
                      warm: int) -> dict[str, Any]:
     """p50/p99 of a no-op function on a 64-element buffer against ``scal`` on it."""
@@ -36,8 +56,7 @@ def noop_round_trips(system: System, isolation: str, cuda: bool, reps: int,
     buf = dev.allocate_f32(64)
     blas = dev.blas()
     noop = dev.function(lambda view: None, name="noop")
-    op = wall_samples(lambda: blas.scal_f32(1.0, buf), reps, warm)
-    fn = wall_samples(lambda: noop(buf), reps, warm)
+    op, fn = interleaved(lambda: blas.scal_f32(1.0, buf), lambda: noop(buf), reps, warm)
     (op50, op99), (fn50, fn99) = _us(op), _us(fn)
     return {"op_p50_us": op50, "op_p99_us": op99, "function_p50_us": fn50,
             "function_p99_us": fn99, "ratio_p50": fn50 / op50}
@@ -70,11 +89,11 @@ def mlp_forwards(system: System, isolation: str, reps: int, warm: int,
 
     torch.backends.cuda.matmul.allow_tf32 = False
     direct_state = _mlp(*shape)
-    direct = wall_samples(lambda: _forward(direct_state), reps, warm)
     dev = system.spawn_device(0, isolation=isolation)
     resident = dev.resident(_mlp, *shape, name="mlp")
     forward = dev.function(_forward, name="mlp_forward")
-    through = wall_samples(lambda: forward(resident), reps, warm)
+    direct, through = interleaved(lambda: _forward(direct_state), lambda: forward(resident),
+                                  reps, warm)
     assert abs(forward(resident) - _forward(direct_state)) <= 1e-3 * abs(_forward(direct_state))
     (d50, d99), (f50, f99) = _us(direct), _us(through)
     return {"direct_p50_us": d50, "direct_p99_us": d99, "function_p50_us": f50,
