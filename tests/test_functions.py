@@ -191,3 +191,12 @@ def test_many_threads_and_tasks_at_once(isolation: str) -> None:
         for i, got in outcomes.items():
             np.testing.assert_allclose(got, base * i + i, rtol=1e-15)
         assert {s.name: s.calls for s in dev.functions_stats().functions} == {"<lambda>": 250}
+
+
+def test_a_function_that_calls_its_own_device_fails_rather_than_hangs() -> None:
+    with System.open("functions") as system:
+        dev = system.spawn_device(mock=True, isolation="thread")
+        buf = dev.allocate_f64(4)
+        with pytest.raises(FunctionFailed, match="called its own device"):
+            dev.function(lambda: dev.copy_to_numpy(buf))()
+        assert dev.function(lambda: 3)() == 3

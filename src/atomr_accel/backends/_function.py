@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,17 @@ from atomr_accel.core.ops._function import (
 if TYPE_CHECKING:
     from atomr_accel.backends._base import Backend
 
-__all__ = ["HANDLERS", "failure_of"]
+__all__ = ["HANDLERS", "failure_of", "refuse_reentry"]
+
+_here = threading.local()
+
+
+def refuse_reentry() -> None:
+    """Raise ``InvalidArgument`` on a thread that runs user code for a context: that code
+    called its own device, whose context waits for it (a call that would never end)."""
+    if getattr(_here, "running", 0):
+        raise InvalidArgument("a device function (or resident factory) called its own device; "
+                              "the context runs it and cannot serve that call meanwhile")
 
 
 def failure_of(exc: BaseException, name: str, backend: Backend) -> GpuRuntimeError:
@@ -170,10 +181,13 @@ def _stream(backend: Backend) -> contextlib.AbstractContextManager[Any]:
 
 def _run_user(backend: Backend, code: UserCode, call: Callable[[], Any]) -> Any:
     """``call()``; what it raises as a typed error."""
+    _here.running = getattr(_here, "running", 0) + 1
     try:
         return call()
     except BaseException as exc:  # user code may raise anything: none may end the host
         raise failure_of(exc, code.name, backend) from None
+    finally:
+        _here.running -= 1
 
 
 def _call_function(backend: Backend, op: CallFunction) -> Any:
