@@ -7,8 +7,8 @@ the same buffer (``blas().scal``), on the thread and the process host.
 Part 2 (``--cuda``): a torch MLP forward of about a millisecond (a resident
 holds the model and its input), one blocking call at a time, against the same
 forward called directly in this process (``float(model(x).sum())``, which waits
-for the GPU), in turns. Goals: at most 1.05x the direct call on the thread host, 1.15x on
-the process host.
+for the GPU), in alternating blocks of 50. Goals: at most 1.05x the direct call
+on the thread host, 1.15x on the process host.
 
     python benchmarks/functions_bench.py [--quick] [--cuda] [--out PATH]
 """
@@ -32,21 +32,23 @@ def _us(samples: list[float]) -> tuple[float, float]:
 
 
 def interleaved(first: Callable[[], Any], second: Callable[[], Any], reps: int,
-                warm: int) -> tuple[list[float], list[float]]:
-    """Wall seconds of ``reps`` calls of each of two blocking calls, taken in turns (so
-    that clock and load drifts touch both alike), after ``warm`` calls of each."""
+                warm: int, block: int = 50) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``reps`` calls of each of two blocking calls, taken in alternating
+    blocks of ``block`` calls (so that clock and load drifts touch both alike, while a GPU
+    shared by two processes switches between them once a block, not once a call), after
+    ``warm`` calls of each."""
     for _ in range(warm):
         first()
         second()
-    a, b = [], []
-    for _ in range(reps):
-        began = time.perf_counter()
-        first()
-        middle = time.perf_counter()
-        second()
-        b.append(time.perf_counter() - middle)
-        a.append(middle - began)
-    return a, b
+    a: list[float] = []
+    b: list[float] = []
+    while len(a) < reps:
+        for call, out in ((first, a), (second, b)):
+            for _ in range(min(block, reps - len(a))):
+                began = time.perf_counter()
+                call()
+                out.append(time.perf_counter() - began)
+    return a, b[:reps]
 
 
 def noop_round_trips(system: System, isolation: str, cuda: bool, reps: int,
