@@ -17,9 +17,16 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from atomr_accel.backends._function import HANDLERS as FUNCTION_HANDLERS
 from atomr_accel.backends._optional import EVERY_BACKEND, unavailable
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import ContextPoisoned, InvalidArgument, OutOfMemory, Unrecoverable
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    GpuRuntimeError,
+    InvalidArgument,
+    OutOfMemory,
+    Unrecoverable,
+)
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._dlpack import ViewBuffer
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
@@ -86,6 +93,10 @@ class Backend(abc.ABC):
         self._next_handle = 1
         self.managed: set[int] = set()
         """Ids of the buffers allocated as managed memory."""
+        self.residents: dict[int, Any] = {}
+        """The residents built in this context, by token (``BuildResident``)."""
+        self.resident_failures: dict[int, str] = {}
+        """Why a resident's factory failed in this context, by token."""
 
     def keep(self, obj: Any) -> int:
         """Hold a kernel, graph or module of this context and return its id."""
@@ -121,6 +132,22 @@ class Backend(abc.ABC):
                  attach: Attach = Attach.GLOBAL) -> int:
         """Allocate a zero-filled buffer (managed memory if asked, attached as ``attach``
         says) and return its id."""
+
+    def adopt(self, array: Any) -> int:
+        """Keep ``array`` (1-D, of this context's array module, owned by no buffer) as a new
+        buffer and return its id: what a device function returns with ``keep=True``."""
+        raise InvalidArgument(f"the {self.name} backend cannot keep arrays as buffers")
+
+    def user_error(self, exc: BaseException) -> GpuRuntimeError | None:
+        """The typed error of what user code raised when it is the device's (a sticky fault,
+        out of memory), None when it is the code's own (a ``FunctionFailed``)."""
+        if isinstance(exc, MemoryError):
+            return OutOfMemory(f"user code ran out of memory: {exc}")
+        return None
+
+    def torch_stream(self) -> Any:
+        """The torch stream over the stream of the op being executed (CUDA only)."""
+        raise InvalidArgument(f"the {self.name} backend has no torch stream")
 
     @abc.abstractmethod
     def free(self, buffer_id: int) -> None:
@@ -303,4 +330,5 @@ MEMORY_HANDLERS: dict[type[Op], Handler] = {
     Prefetch: _prefetch,
     Advise: _advise,
     InjectFault: _inject_fault,
+    **FUNCTION_HANDLERS,
 }

@@ -64,16 +64,21 @@ class hold:  # noqa: N801 - used as a function: ``with hold(lock):``
     while before blocking on it. A thread that sleeps on a lock wakes up late, and every
     thread behind it waits the longer for it (a lock convoy under the GIL)."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "_refuse")
     _TRIES = 50
 
-    def __init__(self, lock: threading.Lock) -> None:
+    def __init__(self, lock: threading.Lock, refuse: Callable[[], None] | None = None) -> None:
         self._lock = lock
+        self._refuse = refuse
+        """Called (to raise) before waiting for ``lock`` when it is taken: e.g. when this
+        thread may be the holder."""
 
     def __enter__(self) -> None:
         lock = self._lock
         if lock.acquire(blocking=False):
             return
+        if self._refuse is not None:
+            self._refuse()
         for _ in range(self._TRIES):
             yield_now()
             if lock.acquire(blocking=False):

@@ -12,6 +12,7 @@ Hierarchy::
     ├── LibraryError        a library call failed (library name + status)
     │   ├── KernelCompileError  NVRTC rejected a kernel; ``log`` holds the compiler's log
     │   └── LibraryUnavailable  an optional library's Python package is not installed
+    ├── FunctionFailed      user code run inside the context raised (device functions)
     ├── DeviceUnavailable   no such device or backend on this machine
     ├── QueueFull           the device's rebuild queue is full
     ├── InvalidArgument     bad dtype, length, shape or option (also ValueError)
@@ -43,6 +44,7 @@ __all__ = [
     "GpuRefStale",
     "GpuRuntimeError",
     "DTypeMismatch",
+    "FunctionFailed",
     "InvalidArgument",
     "KernelCompileError",
     "LibraryError",
@@ -147,6 +149,21 @@ class CollectiveAborted(GpuRuntimeError):
     """A collective was aborted on this rank through no fault of its own: a peer's context
     died, the collective passed its time-out, or NCCL reported an error. The communicator
     world rebuilds itself; the next collective runs on the new one."""
+
+
+class FunctionFailed(GpuRuntimeError):
+    """User code run inside a device's context (a device function, a resident's factory)
+    raised: ``exc_type`` is the qualified name of what it raised, ``message`` its text and
+    ``remote_traceback`` the traceback where it ran (the worker process on the process host).
+    The device keeps serving and keeps its residents."""
+
+    def __init__(self, name: str, exc_type: str, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{name} raised {exc_type}: {message}" if message
+                         else f"{name} raised {exc_type}")
+        self.name = name
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
 
 
 class QueueFull(GpuRuntimeError):

@@ -5,6 +5,12 @@ from typing import Any
 from atomr_accel.device._config import ALL_LIBRARIES, DeviceConfig
 from atomr_accel.device._context import ContextActor
 from atomr_accel.device._device import DeviceActor
+from atomr_accel.device._functions import (
+    FunctionBook,
+    FunctionsStats,
+    FunctionStats,
+    ResidentStats,
+)
 from atomr_accel.device._journal import (
     Journal,
     JournalConfig,
@@ -70,6 +76,9 @@ __all__ = [
     "DeviceState",
     "DeviceStats",
     "FftActor",
+    "FunctionBook",
+    "FunctionStats",
+    "FunctionsStats",
     "Gate",
     "GenerationChanged",
     "GetStats",
@@ -93,6 +102,7 @@ __all__ = [
     "PostgresJournalStore",
     "ReplayHarness",
     "ReplayResult",
+    "ResidentStats",
     "Replayer",
     "RngActor",
     "SingleStream",

@@ -67,6 +67,7 @@ class ContextActor(Actor):
         if standby is not None:
             standby.replenish()
         state.start_error = None
+        await state.functions.build_all(host, self.generation)  # residents, before any call
         state.host_pid = host.pid
         state.host_node = getattr(host, "node_id", None)
         self.host = host

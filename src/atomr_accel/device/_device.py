@@ -106,7 +106,7 @@ class DeviceActor(Actor):
                 self._stop_serving()
                 return
         if self.config.standby and self.state.standby is None:
-            self.state.standby = Standby(self.config.make_host)
+            self.state.standby = Standby(self.config.make_host, self.state.functions.warm)
         props = Props(ContextActor, self.config, self.state)
         self.context_ref = self.context.watch(self.context.spawn(props, "context"))
 
@@ -354,6 +354,7 @@ class DeviceActor(Actor):
             standby_switches=0 if state.standby is None else state.standby.switches,
             standby_switch_ms=None if state.standby is None else state.standby.last_switch_ms,
             reruns=state.reruns,
+            functions=state.functions.snapshot(),
         )
 
     def _log_event(self, level: int, event: str, message: str, *args: Any) -> None:

@@ -38,6 +38,7 @@ from atomr_accel.core._errors import (
 from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._dlpack import AdoptArray
+from atomr_accel.core.ops._function import BuildResident, CallFunction, Kept
 from atomr_accel.core.ops._graph import CaptureGraph
 from atomr_accel.core.ops._ipc import IpcOpenHandle
 from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
@@ -136,9 +137,29 @@ def _captured(op: CaptureGraph, graph_id: int, generation: int, state: DeviceSta
                     len(op.ops))
 
 
+def _returned(op: CallFunction, result: Any, generation: int, state: DeviceState) -> Any:
+    """A function's answer with the arrays it kept (``Kept``) as buffers of ``generation``."""
+    kind = type(result)
+    if kind is Kept:
+        dtype = DType.of(result.dtype)
+        return GpuRef(state.device_id, result.buffer_id, dtype, result.length, generation,
+                      state.owner)
+    if op.keep and (kind is tuple or kind is list):
+        return kind(_returned(op, item, generation, state) for item in result)
+    if op.keep and kind is dict:
+        return {key: _returned(op, item, generation, state) for key, item in result.items()}
+    return result
+
+
+def _resident_built(op: BuildResident, result: None, generation: int,
+                    state: DeviceState) -> None:
+    state.functions.built(op.token, generation)
+
+
 _ANSWERS: dict[type[Op], Callable[[Any, Any, int, DeviceState], Any]] = {
     Allocate: _buffer, IpcOpenHandle: _opened, AdoptArray: _adopted, CompileKernel: _compiled,
-    LoadKernel: _loaded, CaptureGraph: _captured,
+    LoadKernel: _loaded, CaptureGraph: _captured, CallFunction: _returned,
+    BuildResident: _resident_built,
 }
 
 

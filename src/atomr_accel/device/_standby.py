@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from atomr_accel.core.ops._memory import MemoryInfo
 from atomr_accel.hosts._base import ContextHost
@@ -33,8 +33,10 @@ __all__ = ["Standby"]
 class Standby:
     """One spare context host for a device, kept started on the device's event loop."""
 
-    def __init__(self, make_host: Callable[[], ContextHost]) -> None:
+    def __init__(self, make_host: Callable[[], ContextHost],
+                 warm: Callable[[ContextHost], Awaitable[None]] | None = None) -> None:
         self._make_host = make_host
+        self._warm = warm
         self._task: asyncio.Task[ContextHost] | None = None
         self._closed = False
         self.switches = 0
@@ -52,6 +54,8 @@ class Standby:
         try:
             await host.start()
             await host.submit(MemoryInfo())  # the context is made and answers
+            if self._warm is not None:
+                await self._warm(host)  # e.g. the device's residents, built ahead of use
         except BaseException:
             with contextlib.suppress(Exception):
                 await host.close()

@@ -18,11 +18,25 @@ from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef
 from atomr_accel.core.ops._faults import InjectFault
+from atomr_accel.core.ops._function import CallFunction
 from atomr_accel.core.ops._graph import DestroyGraph
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
+from atomr_accel.device._functions import FunctionBook, FunctionsStats
 from atomr_accel.device._lane import Lane
 from atomr_accel.device._messages import Redispatch
 from atomr_accel.hosts._base import Ticket
+
+
+def kept_refs(value: Any) -> list[GpuRef]:
+    """The buffers a device function's answer carries (``keep=True``), in nested order."""
+    if isinstance(value, GpuRef):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [ref for item in value for ref in kept_refs(item)]
+    if isinstance(value, dict):
+        return [ref for item in value.values() for ref in kept_refs(item)]
+    return []
+
 
 if TYPE_CHECKING:
     from atomr_accel.device._replay import DeviceRecorder
@@ -336,6 +350,9 @@ class DeviceStats:
     reruns: int = 0
     """Requests run again on a new context after theirs died under them (their buffers
     durable, their op not the cause)."""
+    functions: FunctionsStats = dataclasses.field(default_factory=FunctionsStats)
+    """Its residents (name, generation built on) and device functions (calls, failures,
+    latencies); the same as ``Device.functions_stats()``."""
 
     def __repr__(self) -> str:
         """``DeviceLoad(free=…, total=…, streams=…, queue=…, sm=M.m, …)``: the original's
@@ -422,6 +439,8 @@ class DeviceState:
         self._owned: dict[tuple[int, int], weakref.finalize[Any, Any]] = {}
         self.shut_error: BaseException | None = None
         """Set once the device actor has stopped for good (``shut``)."""
+        self.functions = FunctionBook()
+        """Its residents (built again on every new context) and device function counters."""
 
     def own(self, ref: GpuRef) -> None:
         """Free ``ref``'s buffer once the ``ref`` object is collected (unless freed before):
@@ -502,6 +521,9 @@ class DeviceState:
         elif isinstance(op, MemoryInfo):
             free, total = result
             self._memory = (int(free), int(total), self.bytes_allocated)
+        elif isinstance(op, CallFunction) and op.keep:
+            for ref in kept_refs(result):
+                self._add_bytes(ref.generation, ref.length * ref.dtype.itemsize)
 
     def _add_bytes(self, generation: int, delta: int) -> None:
         if generation != self._bytes_generation:  # a new context starts with nothing
@@ -533,8 +555,11 @@ class DeviceState:
 
     def rerunnable(self, op: Op) -> bool:
         """Whether ``op`` may run again on a new context after its own died under it: not a
-        fault injected on purpose, no kernel or graph handle, every buffer durable."""
+        fault injected on purpose nor a device function not declared pure, no kernel or graph
+        handle, every buffer durable."""
         if isinstance(op, InjectFault) or op.handles():
+            return False
+        if isinstance(op, CallFunction) and not op.pure:
             return False
         refs = op.refs()
         if not refs:

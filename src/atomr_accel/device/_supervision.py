@@ -7,6 +7,7 @@ from atomr_accel.core._errors import (
     CollectiveAborted,
     ContextPoisoned,
     DeviceUnavailable,
+    FunctionFailed,
     GpuRefStale,
     InvalidArgument,
     LibraryError,
@@ -18,15 +19,15 @@ from atomr_accel.core._errors import (
 __all__ = ["device_decider", "ends_generation"]
 
 _REQUEST_ERRORS = (InvalidArgument, GpuRefStale, LibraryError, QueueFull, DeviceUnavailable,
-                   CollectiveAborted)
+                   CollectiveAborted, FunctionFailed)
 
 
 def device_decider(exc: BaseException) -> Directive:
     """ContextPoisoned -> RESTART, OutOfMemory -> RESUME, Unrecoverable -> STOP, else ESCALATE.
 
     Errors that concern one request only (bad argument, stale buffer, a library
-    status) RESUME: the context is fine. A context that cannot start STOPs when
-    the device is unavailable and RESTARTs (within the budget) otherwise.
+    status, user code that raised) RESUME: the context is fine. A context that cannot
+    start STOPs when the device is unavailable and RESTARTs (within the budget) otherwise.
     """
     if isinstance(exc, ContextPoisoned):
         return Directive.RESTART

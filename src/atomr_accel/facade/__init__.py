@@ -23,6 +23,7 @@ from atomr_accel.facade._cub import Cub
 from atomr_accel.facade._cutlass import Cutlass
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
+from atomr_accel.facade._functions import DeviceFunction, Resident
 from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
 from atomr_accel.facade._graphs import Graph, GraphRecorder
 from atomr_accel.facade._kernel_args import KernelArg
@@ -62,9 +63,11 @@ __all__ = [
     "Cutlass",
     "Cudnn",
     "Device",
+    "DeviceFunction",
     "Fft",
     "FlashAttn",
     "GpuBuffer",
+    "Resident",
     "GpuBufferBF16",
     "GpuBufferC64",
     "GpuBufferC128",

@@ -62,6 +62,8 @@ from atomr_accel.facade._portal import (
 )
 
 if TYPE_CHECKING:
+    from atomr_accel.device import FunctionsStats
+    from atomr_accel.facade._functions import DeviceFunction, Resident
     from atomr_accel.facade._memory import IpcMemHandle
 
 __all__ = ["Device"]
@@ -536,6 +538,37 @@ class Device(DeviceApi):
         return buffer_address_async(self, buffer, timeout_secs)
 
     buffer_address = blocking(buffer_address_async)
+
+    # ---------------------------------------------------------- user code
+
+    def function(self, fn: Callable[..., Any], *, pure: bool = False, arrays: str = "auto",
+                 keep: bool = False, name: str | None = None) -> DeviceFunction:
+        """Bind ``fn`` to this device: calling the ``DeviceFunction`` runs it inside the
+        device's context (this process on the thread host, the worker on the process host,
+        the Ray actor on the Ray host). ``arrays`` picks what buffers arrive as
+        (``"auto"``: NumPy on the CPU, CuPy on CUDA; ``"numpy"``, ``"cupy"``, ``"torch"``),
+        ``keep`` leaves returned device arrays on the device as buffers, ``pure`` lets a
+        call run again on a new context after its own died under it. ``fn`` is pickled
+        here, once, unless it runs in this process. See ``docs/functions.md``."""
+        from atomr_accel.facade._functions import make_function
+
+        return make_function(self, fn, pure=pure, arrays=arrays, keep=keep, name=name)
+
+    def resident_async(self, factory: Callable[..., Any], *args: Any, name: str | None = None,
+                       timeout_secs: float | None = None,
+                       **kwargs: Any) -> Coroutine[Any, Any, Resident]:
+        """Run ``factory(*args, **kwargs)`` inside the context and keep its result there as
+        a ``Resident`` (built again on every new context); ``FunctionFailed`` if it raised."""
+        from atomr_accel.facade._functions import make_resident
+
+        return make_resident(self, factory, args, kwargs, name, timeout_secs)
+
+    resident = blocking(resident_async)
+
+    def functions_stats(self) -> FunctionsStats:
+        """This device's residents (name, the generation each was built on) and device
+        functions (calls, failures, latency percentiles); never waits."""
+        return self._state.functions.snapshot()
 
     def nvrtc(self) -> Nvrtc:
         """Return the NVRTC handle: compile CUDA C into ``NvrtcKernel``s (CUDA devices)."""

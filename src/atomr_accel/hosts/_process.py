@@ -21,7 +21,7 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -73,11 +73,11 @@ WORKER_COMMAND = (sys.executable, "-P", "-s", "-m", "atomr_accel.hosts._worker")
 (a ``numpy.py`` there must not run in the worker), ``-s`` the user's site-packages."""
 
 
-def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+def worker_env(environ: Mapping[str, str], import_dirs: Sequence[str] = ()) -> dict[str, str]:
     """The worker's environment: the caller's, with this package's root first on
-    ``PYTHONPATH`` and no empty entry there (an empty entry would mean the current
-    directory)."""
-    paths = [_PACKAGE_ROOT, *environ.get("PYTHONPATH", "").split(os.pathsep)]
+    ``PYTHONPATH``, then the caller's ``PYTHONPATH`` and ``import_dirs``, and no empty
+    entry there (an empty entry would mean the current directory)."""
+    paths = [_PACKAGE_ROOT, *environ.get("PYTHONPATH", "").split(os.pathsep), *import_dirs]
     return {**environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
@@ -150,7 +150,7 @@ class ProcessHost(ContextHost):
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *WORKER_COMMAND, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                env=worker_env(os.environ),
+                env=worker_env(os.environ, _import_dirs()),
             )
             assert self._proc.stdin is not None and self._proc.stdout is not None
             self._proc.stdin.write(encode((self.spec, self._arena.path, self._arena.nbytes,
@@ -536,6 +536,13 @@ class ProcessHost(ContextHost):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+
+def _import_dirs() -> list[str]:
+    """This process's import directories (``sys.path``), so that a device function's module
+    that pickles by reference (a module next to the caller's script) imports in the worker."""
+    own = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})  # the interpreter finds these
+    return [p for p in sys.path if p and not p.startswith(own) and os.path.isdir(p)]
 
 
 async def _read(stream: asyncio.StreamReader) -> Any:

@@ -20,6 +20,7 @@ import weakref
 from typing import Any, ClassVar
 
 from atomr_accel.backends._base import Backend
+from atomr_accel.backends._function import refuse_reentry
 from atomr_accel.backends._spin import SPIN_SECONDS, hold
 from atomr_accel.core._errors import (
     ContextPoisoned,
@@ -255,7 +256,7 @@ class ThreadHost(ContextHost):
         context thread), then wait for it here."""
         backend = self._backend
         assert backend is not None, "start() the host first"
-        with hold(self._lock):
+        with hold(self._lock, refuse_reentry):
             if self._closed:
                 ticket.unclaim()  # it never ran here
                 return None

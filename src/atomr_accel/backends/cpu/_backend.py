@@ -157,6 +157,13 @@ class CpuBackend(Backend):
         self._mapped.add(buffer_id)
         return buffer_id
 
+    def adopt(self, array: np.ndarray[Any, Any]) -> int:
+        """Keep ``array`` as a new buffer (a device function's result, ``keep=True``)."""
+        buffer_id = next(self._ids)
+        self._buffers[buffer_id] = array
+        self._used += array.nbytes
+        return buffer_id
+
     def free(self, buffer_id: int) -> None:
         """Release a buffer: unmap it if it was mapped from another (whose memory stays)."""
         arr = self.array(buffer_id)
@@ -193,6 +200,7 @@ class CpuBackend(Backend):
         return self._used
 
     def close(self) -> None:
+        self.residents.clear()
         self._handles.clear()
         self.managed.clear()
         self._buffers.clear()

@@ -94,6 +94,14 @@ DEFAULT_COMPLETION = "inline"
 STICKY_ERRORS = frozenset({700, 710, 714, 715, 716, 717, 719, 999})
 """CUDA runtime errors after which the context is unusable (illegal address, ...)."""
 
+_STICKY_TEXTS = (
+    "an illegal memory access was encountered", "unspecified launch failure",
+    "misaligned address", "an illegal instruction was encountered",
+    "device-side assert triggered", "hardware stack error",
+    "operation not supported on global/shared address space", "CUDA error: unknown error",
+)
+"""How torch words the errors of ``STICKY_ERRORS`` ("CUDA error: <text>")."""
+
 _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the host)
     Advice.READ_MOSTLY: (1, False),
     Advice.UNSET_READ_MOSTLY: (2, False),
@@ -189,6 +197,7 @@ class CudaBackend(Backend):
         """Loaded modules by the SHA-256 of their image."""
         self.capturing = False
         """True while a graph capture records ops (see ``_graph.py``)."""
+        self._torch_streams: dict[int, Any] = {}
         self.fft_plans: Lru[Any] = Lru(16)
         """cuFFT plans of ``FftMany`` transforms, by layout and stream (see ``_fft.py``)."""
 
@@ -338,6 +347,40 @@ class CudaBackend(Backend):
         self._pointers[buffer_id] = int(arr.data.ptr)
         return buffer_id
 
+    def adopt(self, array: Any) -> int:
+        """Keep a CuPy array as a new buffer (a device function's result, ``keep=True``)."""
+        return self._add(array)
+
+    def torch_stream(self) -> Any:
+        """torch's view of the stream of the op being executed (``ExternalStream``), made
+        once per stream: device functions run with it current."""
+        stream = self.cuda_stream(self.stream)
+        kept = self._torch_streams.get(self.stream)
+        if kept is None:
+            import torch
+
+            kept = self._torch_streams[self.stream] = torch.cuda.ExternalStream(  # type: ignore[no-untyped-call]
+                stream.ptr, device=torch.device("cuda", self.device_id))
+        return kept
+
+    def user_error(self, exc: BaseException) -> GpuRuntimeError | None:
+        """A sticky CUDA error raised through CuPy or torch is ``ContextPoisoned``; CuPy's
+        and torch's out-of-memory errors are ``OutOfMemory``."""
+        kind = type(exc)
+        if isinstance(exc, cp.cuda.memory.OutOfMemoryError) or (
+                kind.__name__ == "OutOfMemoryError" and kind.__module__.startswith("torch")):
+            return OutOfMemory(f"user code ran out of device memory: {exc}")
+        if kind.__name__ in ("CUDARuntimeError", "CUDADriverError"):
+            error = translate_cuda_error(exc, Op())
+            return error if isinstance(error, ContextPoisoned | OutOfMemory) else None
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and "CUDA error" in text:
+            if any(sticky in text for sticky in _STICKY_TEXTS):
+                return ContextPoisoned(f"a sticky CUDA error in user code: {text}")
+            if "out of memory" in text:
+                return OutOfMemory(f"user code ran out of device memory: {text}")
+        return super().user_error(exc)
+
     def replace(self, buffer_id: int, arr: Any) -> None:
         """Keep a buffer in ``arr`` from now on (it holds the buffer's contents already)."""
         self.array(buffer_id)
@@ -436,6 +479,8 @@ class CudaBackend(Backend):
         with contextlib.suppress(Exception):  # a poisoned context cannot synchronize
             self._device.synchronize()
         self.completion.close()
+        self.residents.clear()
+        self._torch_streams.clear()
         self.fft_plans.clear()
         self._handles.clear()
         self.managed.clear()
