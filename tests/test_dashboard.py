@@ -347,3 +347,18 @@ def test_grafana_dashboard_queries_only_metrics_we_export() -> None:
     assert used - exported - gpu == set()
     assert {"atomr_ops_total", "atomr_op_latency_seconds_bucket",
             "atomr_device_generation"} <= used
+
+
+def test_the_functions_section_shows_residents_and_device_functions() -> None:
+    with System.open("dash") as system:
+        dev = system.spawn_device(mock=True, name="a")
+        system.spawn_device(mock=True, name="b")
+        port = system.serve_dashboard()
+        scale = dev.resident(lambda: 3.0, name="scale")
+        triple = dev.function(lambda s, x: s * x, name="triple")
+        assert triple(scale, 2.0) == 6.0
+        rows = {row["name"]: row["sections"] for row in state_of(port)["devices"]}
+        assert rows["b"] == {}
+        figures = rows["a"]["functions"]
+        assert figures["resident scale"].startswith("built on generation 1 · 1 builds")
+        assert figures["function triple"].startswith("1 calls · 0 failed · p50 ")

@@ -69,7 +69,7 @@ class Dashboard:
         self._devices: dict[str, ActorRef] = {}
         self._last: dict[str, DeviceStats] = {}
         self._panels: dict[str, StatsSource] = {}
-        self._sections: dict[str, DeviceSection] = {}
+        self._sections: dict[str, DeviceSection] = {"functions": functions_section}
         self.push_interval = push_interval
         """Seconds between two states pushed on ``/api/events``."""
 
@@ -208,6 +208,24 @@ class Dashboard:
     def close(self) -> None:
         """Stop the event log (the server is closed by its owner)."""
         self._events.tell(POISON_PILL)
+
+
+def functions_section(name: str, stats: DeviceStats) -> dict[str, str] | None:
+    """The built-in ``"functions"`` section: a device's residents (the generation each was
+    built on) and its device functions (calls, failures, latency); None for a device that
+    has neither."""
+    book = stats.functions
+    figures: dict[str, str] = {}
+    for resident in book.residents:
+        built = ("not built on this context" if resident.generation is None
+                 else f"built on generation {resident.generation}")
+        failed = f" · last build failed: {resident.error}" if resident.error else ""
+        figures[f"resident {resident.name}"] = f"{built} · {resident.builds} builds{failed}"
+    for fn in book.functions:
+        figures[f"function {fn.name}"] = (
+            f"{fn.calls} calls · {fn.failures} failed · p50 {fn.p50_ms:.3f} ms · "
+            f"p99 {fn.p99_ms:.3f} ms")
+    return figures or None
 
 
 def _device_row(name: str, stats: DeviceStats, *, stopped: bool) -> dict[str, Any]:
