@@ -12,6 +12,7 @@ from atomr_accel.core._errors import (
     GpuRuntimeError,
     SystemClosed,
     Unrecoverable,
+    WorkerLost,
 )
 from atomr_accel.device._config import DeviceConfig
 from atomr_accel.device._kernels import KERNEL_ACTORS, launch
@@ -121,9 +122,10 @@ class ContextActor(Actor):
         system = self.context.system
         error: GpuRuntimeError
         if self.restarting or isinstance(failure, ContextPoisoned):
-            error = ContextPoisoned(
+            lost = isinstance(failure, WorkerLost)  # its ops are owed the same word
+            error = (WorkerLost if lost else ContextPoisoned)(
                 f"context generation {self.generation} of device {device} went down "
-                "before this op finished"
+                + ("(its worker died) " if lost else "") + "before this op finished"
             )
         elif failure is None and system.is_terminated:
             error = SystemClosed(system.name, "the op in flight")
