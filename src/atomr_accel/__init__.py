@@ -31,6 +31,7 @@ from atomr_accel.core import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    UserCodeError,
     WorkerLost,
 )
 from atomr_accel.core.ops._faults import FaultKind
@@ -226,5 +227,6 @@ __all__ = [
     "TensorRt",
     "TrtEngine",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
 ]

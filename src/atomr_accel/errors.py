@@ -16,6 +16,7 @@ from atomr_accel.core._errors import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    UserCodeError,
     WorkerLost,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
 ]

@@ -17,6 +17,7 @@ from atomr_accel.core._errors import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    UserCodeError,
     WorkerLost,
 )
 from atomr_accel.core._op import Op
@@ -43,5 +44,6 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
 ]

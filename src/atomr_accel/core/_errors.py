@@ -16,12 +16,14 @@ Hierarchy::
     ├── QueueFull           the device's rebuild queue is full
     ├── InvalidArgument     bad dtype, length, shape or option (also ValueError)
     ├── SystemClosed        the system is closed (or closing); also actor.SystemClosed
-    └── AskTimeout          no answer within the time-out; also actor.AskTimeout
-                            and TimeoutError
+    ├── AskTimeout          no answer within the time-out; also actor.AskTimeout
+    │                       and TimeoutError
+    └── UserCodeError       user code (a model, a stage, a callback) raised a
+                            BaseException that is no Exception; also actor.UserCodeError
 
-``SystemClosed`` and ``AskTimeout`` subclass the actor runtime's errors of the
-same names too, so ``except atomr_accel.actor.SystemClosed`` still catches
-them; the facade turns the actor runtime's errors into these at its boundary
+``SystemClosed``, ``AskTimeout`` and ``UserCodeError`` subclass the actor
+runtime's errors of the same names too, so ``except atomr_accel.actor.SystemClosed``
+still catches them; the facade turns the actor runtime's errors into these at its boundary
 (``gpu_error_of``), so the actor runtime itself knows nothing about devices.
 
 Every error pickles with its fields, so it crosses from a worker process intact.
@@ -49,6 +51,7 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
     "gpu_error_of",
 ]
@@ -187,6 +190,18 @@ class AskTimeout(GpuRuntimeError, actor.AskTimeout):
     """
 
 
+class UserCodeError(GpuRuntimeError, actor.UserCodeError):
+    """User code (a blueprint's model, a stream's stage or sink, a callback) raised a
+    ``BaseException`` that is no ``Exception``: ``SystemExit``, ``KeyboardInterrupt``,
+    or a ``CancelledError`` that was not the runtime's own cancellation.
+
+    The request it served fails with this; the blueprint gives its slot back and
+    keeps serving. Takes ``(what, cause)`` as the actor runtime's
+    ``UserCodeError``: ``what`` names the code, ``cause`` is the exception (also
+    ``__cause__``).
+    """
+
+
 def gpu_error_of(exc: actor.ActorError, system: str, what: str) -> GpuRuntimeError:
     """The device error a user sees for the actor runtime's error ``exc``.
 
@@ -202,3 +217,4 @@ def gpu_error_of(exc: actor.ActorError, system: str, what: str) -> GpuRuntimeErr
     if isinstance(exc, actor.AskTimeout):
         return AskTimeout(exc.path, exc.timeout)
     return Unrecoverable(f"{what} failed: {exc}")
+

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import inspect
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.actor import user_code
+from atomr_accel.core._errors import InvalidArgument, UserCodeError
+from atomr_accel.patterns._invoke import call_here
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
@@ -198,7 +199,8 @@ class Pipeline:
             while True:
                 await window.acquire()  # back-pressure: at most ``window`` chunks in flight
                 try:
-                    chunk = await anext(chunks)
+                    with user_code("the source", UserCodeError):
+                        chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 await out.put((seq, chunk))
@@ -207,26 +209,22 @@ class Pipeline:
 
     async def _work(self, step: Stage, inp: asyncio.Queue[Any], out: asyncio.Queue[Any],
                     left: list[int]) -> None:
-        asynchronous = inspect.iscoroutinefunction(step.fn)
         while (item := await inp.get()) is not _END:
             seq, elements = item
             results = []
             for element in elements:
-                results.append(await self._call(step, element, asynchronous))
+                results.append(await self._call(step, element))
             await out.put((seq, results))
         await inp.put(_END)  # the next worker of this stage sees the end too
         left[0] -= 1
         if left[0] == 0:
             await out.put(_END)
 
-    async def _call(self, step: Stage, element: Any, asynchronous: bool) -> Any:
+    async def _call(self, step: Stage, element: Any) -> Any:
         attempt = 0
         while True:
             try:
-                result = step.fn(element)
-                if asynchronous or inspect.isawaitable(result):
-                    result = await result
-                return result
+                return await call_here(step.fn, element)
             except Exception:
                 if attempt >= step.retries:
                     raise
@@ -239,7 +237,6 @@ class Pipeline:
         waiting: list[tuple[int, list[Any]]] = []
         expected = 0
         sink = self.sink.fn
-        asynchronous = sink is not None and inspect.iscoroutinefunction(sink)
         while (item := await inp.get()) is not _END:
             heapq.heappush(waiting, item)
             self.stats.in_flight_peak = max(self.stats.in_flight_peak, len(waiting))
@@ -251,9 +248,7 @@ class Pipeline:
                     collected.extend(results)
                 else:
                     for result in results:
-                        outcome = sink(result)
-                        if asynchronous:
-                            await outcome
+                        await call_here(sink, result)
                 count += len(results)
         return collected if sink is None else count
 
