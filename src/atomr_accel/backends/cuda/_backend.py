@@ -61,6 +61,7 @@ from atomr_accel.core._errors import (
     LibraryError,
     OutOfMemory,
     Unrecoverable,
+    interrupt_in,
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import (
@@ -259,6 +260,8 @@ class CudaBackend(Backend):
                 with self._device:
                     result, _, event = self._enqueue(op, stream)
         except BaseException as exc:
+            if interrupt_in(exc) is not None:  # this (calling) thread was interrupted: the caller's
+                raise
             raise _classified(exc, op) from exc
         return op, result, event
 
@@ -268,6 +271,8 @@ class CudaBackend(Backend):
         try:
             return event_done(event)
         except BaseException as exc:
+            if interrupt_in(exc) is not None:  # this (calling) thread was interrupted: the caller's
+                raise
             raise _classified(exc, op) from exc
 
     def wait(self, started: Any, deadline: float | None) -> Any:
