@@ -24,9 +24,9 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
 
 
 def name_of(fn: Callable[..., Any]) -> str:
-    """How an error names user function ``fn``: its qualified name, else its repr."""
+    """How an error names user function ``fn``: its qualified name, or its class's."""
     name = getattr(fn, "__qualname__", None)
-    return name if isinstance(name, str) else repr(fn)
+    return name if isinstance(name, str) else f"a {type(fn).__qualname__} object"
 
 
 async def invoke(fn: Callable[..., Any], *args: Any) -> Any:

@@ -181,6 +181,7 @@ class Pipeline:
         window = asyncio.Semaphore(self.window)
         queues: list[asyncio.Queue[Any]] = [asyncio.Queue(self.window)
                                             for _ in range(len(self.stages) + 1)]
+        error: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._feed(queues[0], window))
@@ -190,7 +191,9 @@ class Pipeline:
                         group.create_task(self._work(step, queues[i], queues[i + 1], left))
                 drained = group.create_task(self._drain(queues[-1], window))
         except BaseExceptionGroup as failed:
-            raise _first(failed) from None
+            error = _first(failed)
+        if error is not None:  # raised as it is: its own cause (and context) kept
+            raise error
         return drained.result()
 
     async def _feed(self, out: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
