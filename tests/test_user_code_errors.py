@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from atomr_accel import GpuRuntimeError, System, UserCodeError, actor
-from atomr_accel.actor import Actor, ActorSystem, Props
+from atomr_accel.actor import Actor, ActorSystem, Directive, OneForOneStrategy, Props
 from atomr_accel.agents import (
     CpuVectorIndex,
     EmbeddingCache,
@@ -313,6 +313,15 @@ async def test_an_event_stream_subscriber_that_raises_system_exit_is_logged() ->
         system.event_stream.publish("an event")  # logged, not raised
         ref = system.spawn(Props(Handler), "handler")
         assert await ref.ask("served", timeout=5) == "served"
+
+
+@pytest.mark.parametrize("kind", ["exit", "interrupt"])
+def test_a_decider_that_raises_any_base_exception_escalates(kind: str) -> None:
+    def decider(exc: BaseException) -> Directive:
+        raise RAISED[kind]("from a decider")
+
+    strategy = OneForOneStrategy(decider=decider)
+    assert strategy.decide(RuntimeError("a child failed")) is Directive.ESCALATE
 
 
 @pytest.mark.parametrize("kind", ["exit", "interrupt"])
