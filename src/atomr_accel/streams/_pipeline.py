@@ -6,7 +6,9 @@ the source once ``window`` chunks are between the source and the sink. Output
 keeps the source's order (hence every key's order). A stage's call that raises
 is retried up to the stage's ``retries``; past that the stream fails with that
 error, every stage is cancelled and nothing is left running. Cancelling
-``run`` cancels every stage the same way.
+``run`` cancels every stage the same way. User code (stages, sinks, sources)
+may raise any ``BaseException``: one that is no ``Exception`` fails the stream
+as ``UserCodeError`` (``atomr_accel.patterns._invoke.call_here``).
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def gpu_stage(fn: Callable[[Device, Any], Any], device: Device, parallelism: int
 @dataclass(frozen=True)
 class Sink:
     """Where a stream's results go: ``Sink.to_list()`` collects them (``run`` returns the
-    list); ``Sink.foreach(fn)`` calls ``fn(result)`` (plain or async) for each, in order."""
+    list); ``Sink.foreach(fn)`` calls ``fn(result)`` for each, in order, and awaits what
+    it returns if that is awaitable (an async function, ``lambda r: queue.put(r)``)."""
 
     fn: Callable[[Any], Any] | None = None
 
