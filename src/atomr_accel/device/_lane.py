@@ -287,6 +287,9 @@ class Lane:
             if pending.claim(generation):
                 pending.fail(exc)
             return None
+        except BaseException as exc:  # this thread was interrupted: the request ends too
+            pending.fail(exc)
+            raise
         return op, pending
 
     def call(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
@@ -309,13 +312,6 @@ class Lane:
             try:
                 outcome = gate.host.call(op, stream, pending.ticket(generation),
                                          deadline)
-            except BaseException as exc:
-                interrupt = interrupt_in(exc)
-                if interrupt is None:
-                    pending.fail(AskTimeout(self.path, timeout or 0.0)
-                                 if isinstance(exc, TimeoutError)  # else the host could not
-                                 else refusal_of(exc, op))  # take it (memory, pickling)
-            else:
                 if outcome is not None:
                     result, error = outcome
                     if error is None:
@@ -323,6 +319,12 @@ class Lane:
                     else:
                         finish(pending, generation, None, error,
                                fatal_to(gate.context, generation, self))
+            except BaseException as exc:  # answering included: an interrupt may land there
+                interrupt = interrupt_in(exc)
+                if interrupt is None:
+                    pending.fail(AskTimeout(self.path, timeout or 0.0)
+                                 if isinstance(exc, TimeoutError)  # else the host could not
+                                 else refusal_of(exc, op))  # take it (memory, pickling)
             if interrupt is not None:  # this thread was interrupted: it goes, the op ends
                 pending.fail(interrupt)
                 raise interrupt
