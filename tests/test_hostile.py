@@ -305,6 +305,47 @@ def test_a_blocking_call_interrupted_by_a_signal_loses_nothing(env: Env) -> None
     _intact(env, generation)
 
 
+class Alarm(Exception):
+    """The user's own exception, raised by the user's own signal handler."""
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise Alarm(f"signal {signum}")
+
+
+@pytest.mark.parametrize("call", ["a second of work", "copy_to_numpy", "gemm"])
+def test_a_signal_handlers_exception_reaches_the_caller_unchanged(env: Env, call: str) -> None:
+    """A signal handler of the user's raises the user's exception while a blocking call runs
+    or waits for its op: the caller hears that exception itself (not the op's
+    ``LibraryError``), and the device keeps every buffer and goes on."""
+    dev, n = env.dev, 256
+    generation = dev.generation
+    a, c = dev.allocate_f64(n * n), dev.allocate_f64(n * n)
+    dev.copy_from_numpy(a, np.random.default_rng(7).standard_normal(n * n))
+    calls: dict[str, Callable[[], object]] = {
+        "a second of work": lambda: dev.inject_fault("oom", delay=1.0),
+        "copy_to_numpy": lambda: dev.copy_to_numpy(a),
+        "gemm": lambda: dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n),
+    }
+    previous = signal.signal(signal.SIGUSR1, _alarm)
+    timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGUSR1,))
+    try:
+        timer.start()
+        with pytest.raises(Alarm) as info:
+            while True:  # until the signal lands (the calls take nearly all the time)
+                calls[call]()
+    finally:
+        timer.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert type(info.value) is Alarm and info.value.__cause__ is None
+    assert any("atomr_accel" in str(entry.path) for entry in info.traceback), \
+        "the signal landed between the calls, not in one"
+    dev.free(a)
+    dev.free(c)
+    assert dev.blas().asum(64, env.f64) == float(np.abs(SENTINEL).sum())
+    _intact(env, generation)
+
+
 def test_calls_after_close_are_system_closed() -> None:
     system = System.open("closed")
     dev = system.spawn_device(mock=True)

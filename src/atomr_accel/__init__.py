@@ -35,6 +35,7 @@ from atomr_accel.core import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    UserCodeError,
     WorkerLost,
 )
 from atomr_accel.core.ops._faults import FaultKind
@@ -241,5 +242,6 @@ __all__ = [
     "TensorRt",
     "TrtEngine",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
 ]

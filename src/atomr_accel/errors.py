@@ -18,6 +18,7 @@ from atomr_accel.core._errors import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    UserCodeError,
     WorkerLost,
 )
 
@@ -39,5 +40,6 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
 ]

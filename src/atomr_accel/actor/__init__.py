@@ -14,6 +14,7 @@ from atomr_accel.actor._errors import (
     MailboxFull,
     StashOverflow,
     SystemClosed,
+    UserCodeError,
 )
 from atomr_accel.actor._event_stream import EventStream
 from atomr_accel.actor._messages import (
@@ -36,6 +37,7 @@ from atomr_accel.actor._supervision import (
     default_decider,
 )
 from atomr_accel.actor._system import ActorSystem
+from atomr_accel.actor._user_code import is_own_cancellation, user_code, user_error
 
 __all__ = [
     "POISON_PILL",
@@ -70,5 +72,9 @@ __all__ = [
     "SupervisorStrategy",
     "SystemClosed",
     "Terminated",
+    "UserCodeError",
     "default_decider",
+    "is_own_cancellation",
+    "user_code",
+    "user_error",
 ]

@@ -21,6 +21,7 @@ from atomr_accel.actor._props import Overflow, Props
 from atomr_accel.actor._ref import ActorRef, _current_cell
 from atomr_accel.actor._supervision import Directive, RestartBudget, SupervisorStrategy
 from atomr_accel.actor._timers import TimerFire, Timers
+from atomr_accel.actor._user_code import user_code, user_error
 
 if TYPE_CHECKING:
     from atomr_accel.actor._system import ActorSystem
@@ -213,16 +214,8 @@ class ActorCell:
         reply = env[2]
         try:
             result = await instance.receive(message)
-        except asyncio.CancelledError as cancelled:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # the actor itself is being cancelled (forced termination)
-            failure: Exception = RuntimeError(f"receive of {self.path} was cancelled")
-            failure.__cause__ = cancelled
-            await self._fail_current(env, failure, message)
-            return
-        except Exception as exc:
-            await self._fail_current(env, exc, message)
+        except BaseException as exc:  # the actor's own cancellation is raised again
+            await self._fail_current(env, user_error(exc, f"receive of {self.path}"), message)
             return
         self.current = None
         if reply is not None and not self.reply_taken and not reply.done():
@@ -325,16 +318,18 @@ class ActorCell:
         """Build an incarnation and run ``pre_start`` (or ``post_restart(cause)``)."""
         token = _constructing.set(self.context)
         try:
-            instance = self.props.new_instance()
+            with user_code(f"the factory of {self.path}"):
+                instance = self.props.new_instance()
             if not isinstance(instance, Actor):
                 raise TypeError(f"Props factory returned {instance!r}, not an Actor")
             instance._context = self.context
             self.instance = instance
             self.strategy = instance.supervisor_strategy
-            if cause is None:
-                await instance.pre_start()
-            else:
-                await instance.post_restart(cause)
+            with user_code(f"{'pre_start' if cause is None else 'post_restart'} of {self.path}"):
+                if cause is None:
+                    await instance.pre_start()
+                else:
+                    await instance.post_restart(cause)
         except Exception as exc:
             self.instance = None
             error = ActorInitializationError(self.path, exc)
@@ -356,7 +351,8 @@ class ActorCell:
         old = self.instance
         if old is not None:
             try:
-                await old.pre_restart(cause, message)
+                with user_code(f"pre_restart of {self.path}"):
+                    await old.pre_restart(cause, message)
             except Exception:
                 _log.exception("pre_restart of %s raised; restarting anyway", self.path)
         self.unstash_all()
@@ -394,7 +390,8 @@ class ActorCell:
         await self.stop_children()
         if self.instance is not None:
             try:
-                await self.instance.post_stop()
+                with user_code(f"post_stop of {self.path}"):
+                    await self.instance.post_stop()
             except Exception:
                 _log.exception("post_stop of %s raised", self.path)
         self._finish_stop()

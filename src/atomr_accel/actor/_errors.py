@@ -9,11 +9,13 @@ Hierarchy::
     ├── StashOverflow                    a bounded stash refused a message
     ├── ActorInitializationError         the factory or ``pre_start`` raised
     ├── InvalidActorName (also ValueError)
-    └── SystemClosed                     the actor system is terminated
+    ├── SystemClosed                     the actor system is terminated
+    └── UserCodeError                    user code raised a BaseException that is no Exception
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 
@@ -78,3 +80,20 @@ class SystemClosed(ActorError):
     def __init__(self, name: str, what: Any = "operation") -> None:
         super().__init__(f"actor system {name!r} is terminated; {what} refused")
         self.name = name
+
+
+class UserCodeError(ActorError):
+    """User code (a handler, a hook, a model) raised a ``BaseException`` that is no
+    ``Exception``: ``SystemExit``, ``KeyboardInterrupt``, or a ``CancelledError`` that is
+    not its task's own cancellation. The runtime answers with this instead, so that the
+    exception neither ends its task nor its loop; ``what`` names the code, and ``cause``
+    holds the exception (also chained as ``__cause__``).
+    """
+
+    def __init__(self, what: str, cause: BaseException) -> None:
+        detail = f": {cause}" if str(cause) else ""
+        note = (" (a cancellation that the runtime did not make)"
+                if isinstance(cause, asyncio.CancelledError) else "")
+        super().__init__(f"{what} raised {type(cause).__name__}{detail}{note}")
+        self.what = what
+        self.cause = cause

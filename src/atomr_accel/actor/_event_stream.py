@@ -6,6 +6,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from atomr_accel.actor._user_code import user_error
+
 if TYPE_CHECKING:
     from atomr_accel.actor._ref import ActorRef
 
@@ -20,7 +22,7 @@ class EventStream:
     """Deliver each published event to the subscribers of any class it is an instance of.
 
     A subscriber is an ``ActorRef`` (told the event) or a plain callable (called
-    on the event loop; an exception it raises is logged, not propagated). Dead
+    on the event loop; whatever it raises is logged, not propagated). Dead
     actor subscribers are dropped.
     """
 
@@ -60,5 +62,6 @@ class EventStream:
                 else:
                     try:
                         sub(event)
-                    except Exception:
-                        _log.exception("event stream subscriber %r raised", sub)
+                    except BaseException as exc:
+                        error = user_error(exc, "an event stream subscriber")
+                        _log.error("event stream subscriber %r raised", sub, exc_info=error)

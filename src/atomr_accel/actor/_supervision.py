@@ -9,6 +9,7 @@ from typing import TypeAlias
 
 from atomr_accel.actor._clock import Clock, MonotonicClock
 from atomr_accel.actor._errors import ActorInitializationError
+from atomr_accel.actor._user_code import user_error
 
 __all__ = [
     "AllForOneStrategy",
@@ -103,10 +104,11 @@ class SupervisorStrategy:
         return RestartBudget(self.max_restarts, self.within, self.clock)
 
     def decide(self, exc: BaseException) -> Directive:
-        """Apply the decider; a decider that raises means ESCALATE."""
+        """Apply the decider; a decider that raises (anything) means ESCALATE."""
         try:
             directive = self.decider(exc)
-        except Exception:
+        except BaseException as raised:  # the supervisor's own cancellation is raised again
+            user_error(raised, "a supervisor's decider")
             return Directive.ESCALATE
         if not isinstance(directive, Directive):
             raise TypeError(f"decider returned {directive!r}, not a Directive")

@@ -19,6 +19,7 @@ from atomr_accel.core._errors import (
     QueueFull,
     SystemClosed,
     Unrecoverable,
+    UserCodeError,
     WorkerLost,
 )
 from atomr_accel.core._op import Op
@@ -47,5 +48,6 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
 ]

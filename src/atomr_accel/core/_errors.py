@@ -19,12 +19,14 @@ Hierarchy::
     │   ├── DTypeMismatch   a host array or buffer of the wrong dtype (also TypeError)
     │   └── PortInUse       an HTTP port is taken by another server
     ├── SystemClosed        the system is closed (or closing); also actor.SystemClosed
-    └── AskTimeout          no answer within the time-out; also actor.AskTimeout
-                            and TimeoutError
+    ├── AskTimeout          no answer within the time-out; also actor.AskTimeout
+    │                       and TimeoutError
+    └── UserCodeError       user code (a model, a stage, a callback) raised a
+                            BaseException that is no Exception; also actor.UserCodeError
 
-``SystemClosed`` and ``AskTimeout`` subclass the actor runtime's errors of the
-same names too, so ``except atomr_accel.actor.SystemClosed`` still catches
-them; the facade turns the actor runtime's errors into these at its boundary
+``SystemClosed``, ``AskTimeout`` and ``UserCodeError`` subclass the actor
+runtime's errors of the same names too, so ``except atomr_accel.actor.SystemClosed``
+still catches them; the facade turns the actor runtime's errors into these at its boundary
 (``gpu_error_of``), so the actor runtime itself knows nothing about devices.
 
 Every error pickles with its fields, so it crosses from a worker process intact.
@@ -32,6 +34,9 @@ Every error pickles with its fields, so it crosses from a worker process intact.
 
 from __future__ import annotations
 
+import functools
+import signal
+from types import CodeType
 from typing import Any
 
 from atomr_accel.actor import _errors as actor
@@ -54,8 +59,10 @@ __all__ = [
     "QueueFull",
     "SystemClosed",
     "Unrecoverable",
+    "UserCodeError",
     "WorkerLost",
     "gpu_error_of",
+    "interrupt_in",
 ]
 
 
@@ -218,6 +225,18 @@ class AskTimeout(GpuRuntimeError, actor.AskTimeout):
     """
 
 
+class UserCodeError(GpuRuntimeError, actor.UserCodeError):
+    """User code (a blueprint's model, a stream's stage or sink, a callback) raised a
+    ``BaseException`` that is no ``Exception``: ``SystemExit``, ``KeyboardInterrupt``,
+    or a ``CancelledError`` that was not the runtime's own cancellation.
+
+    The request it served fails with this; the blueprint gives its slot back and
+    keeps serving. Takes ``(what, cause)`` as the actor runtime's
+    ``UserCodeError``: ``what`` names the code, ``cause`` is the exception (also
+    ``__cause__``).
+    """
+
+
 def gpu_error_of(exc: actor.ActorError, system: str, what: str) -> GpuRuntimeError:
     """The device error a user sees for the actor runtime's error ``exc``.
 
@@ -233,3 +252,49 @@ def gpu_error_of(exc: actor.ActorError, system: str, what: str) -> GpuRuntimeErr
     if isinstance(exc, actor.AskTimeout):
         return AskTimeout(exc.path, exc.timeout)
     return Unrecoverable(f"{what} failed: {exc}")
+
+
+def interrupt_in(exc: BaseException) -> BaseException | None:
+    """The exception that interrupted the calling thread, if ``exc`` is one or was caused
+    by one (``__cause__``: a library may wrap it), rather than came from the work the
+    thread did.
+
+    An interrupt is a ``BaseException`` that is no ``Exception``
+    (``KeyboardInterrupt``, ``SystemExit``) or whatever a Python signal handler
+    raised (its frame is in the traceback). It is the caller's: it reaches the
+    caller unchanged, never as the op's ``LibraryError``. None: no interrupt.
+    """
+    handlers: set[CodeType] | None = None
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        if not isinstance(error, Exception):
+            return error
+        handlers = _handler_codes() if handlers is None else handlers
+        tb = error.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in handlers:
+                return error
+            tb = tb.tb_next
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def _handler_codes() -> set[CodeType]:
+    """The code objects of the Python signal handlers installed now."""
+    codes: set[CodeType] = set()
+    for signum in signal.valid_signals():
+        try:
+            handler: Any = signal.getsignal(signum)
+        except (OSError, ValueError):
+            continue
+        while isinstance(handler, functools.partial):
+            handler = handler.func
+        handler = getattr(handler, "__func__", handler)  # a bound method
+        code = getattr(handler, "__code__", None) or getattr(
+            getattr(type(handler), "__call__", None),  # noqa: B004 - an object's __call__
+            "__code__", None)
+        if isinstance(code, CodeType):
+            codes.add(code)
+    return codes

@@ -34,6 +34,7 @@ from atomr_accel.core._errors import (
     GpuRuntimeError,
     InvalidArgument,
     WorkerLost,
+    interrupt_in,
 )
 from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
@@ -316,6 +317,9 @@ class Lane:
             if pending.claim(generation):
                 pending.fail(exc)
             return None
+        except BaseException as exc:  # this thread was interrupted: the request ends too
+            pending.fail(exc)
+            raise
         return op, pending
 
     def call(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
@@ -334,17 +338,10 @@ class Lane:
         if started is not None:
             op, pending = started
             generation = gate.generation
+            interrupt: BaseException | None = None
             try:
                 outcome = gate.host.call(op, stream, pending.ticket(generation),
                                          deadline)
-            except TimeoutError:
-                pending.fail(AskTimeout(self.path, timeout or 0.0))
-            except Exception as exc:  # the host could not take it (shared memory, pickling)
-                pending.fail(refusal_of(exc, op))
-            except BaseException as exc:  # this thread was interrupted: it goes, the op ends
-                pending.fail(exc)
-                raise
-            else:
                 if outcome is not None:
                     result, error = outcome
                     if error is None:
@@ -352,6 +349,15 @@ class Lane:
                     else:
                         finish(pending, generation, None, error,
                                fatal_to(gate.context, generation, self))
+            except BaseException as exc:  # answering included: an interrupt may land there
+                interrupt = interrupt_in(exc)
+                if interrupt is None:
+                    pending.fail(AskTimeout(self.path, timeout or 0.0)
+                                 if isinstance(exc, TimeoutError)  # else the host could not
+                                 else refusal_of(exc, op))  # take it (memory, pickling)
+            if interrupt is not None:  # this thread was interrupted: it goes, the op ends
+                pending.fail(interrupt)
+                raise interrupt
             try:
                 return slot.outcome(deadline, self.path, timeout)
             except AskTimeout:

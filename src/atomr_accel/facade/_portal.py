@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
@@ -27,6 +28,8 @@ __all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call", "in_worker_th
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+_log = logging.getLogger("atomr_accel.facade")
 
 _BLOCKING: ContextVar[bool] = ContextVar("atomr_accel_blocking", default=False)
 
@@ -182,21 +185,33 @@ def _drop(future: asyncio.Future[Any]) -> None:
 
 
 class LoopThread:
-    """An event loop running on a daemon thread, for blocking users."""
+    """An event loop running on a daemon thread, for blocking users.
+
+    Only ``stop`` ends it: a ``SystemExit`` or ``KeyboardInterrupt`` that escapes
+    a task or a callback on the loop (which stops ``run_forever``) is logged and
+    the loop runs on, with what it had queued.
+    """
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"atomr-{name}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        while not self._stopping:
+            try:
+                self.loop.run_forever()
+            except BaseException:  # user code ended run_forever, not the loop
+                _log.exception("the event loop %s was stopped by an exception that escaped "
+                               "a task or callback; it runs on", self._thread.name)
         self.loop.close()
 
     def stop(self) -> None:
         """Stop the loop and wait for its thread."""
-        if self.loop.is_running():
+        self._stopping = True
+        with contextlib.suppress(RuntimeError):  # closed: its thread has ended already
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
 

@@ -34,6 +34,7 @@ from atomr_accel.core._errors import (
     DeviceUnavailable,
     GpuRuntimeError,
     WorkerLost,
+    interrupt_in,
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._memory import Download, Upload
@@ -256,14 +257,21 @@ class ProcessHost(ContextHost):
             else:
                 assert state == DEAD and self._dead is not None
                 outcome = (None, self._dead)
-        except Exception as exc:  # e.g. no memory for the reply: answer this caller only
+        except BaseException as exc:  # e.g. no memory for the reply: answer this caller only
+            if interrupt_in(exc) is not None:  # the caller was interrupted: slot freed
+                self._settle_slot(request, slot)
+                raise
             outcome = (None, refusal_of(exc, request.op) if self._arena is not None else
                        ContextPoisoned("the context was closed before this op finished"))
+        self._settle_slot(request, slot)
+        return outcome
+
+    def _settle_slot(self, request: _Request, slot: int) -> None:
+        """Forget an answered blocking request: release its shared memory, free its slot."""
         with self._lock:
             self._inflight.pop(request.id, None)
             self._release(request)
         self._free(slot)
-        return outcome
 
     def _free(self, slot: int) -> None:
         channel = self._channel

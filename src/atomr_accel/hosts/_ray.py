@@ -36,6 +36,7 @@ from atomr_accel.core._errors import (
     DeviceUnavailable,
     GpuRuntimeError,
     WorkerLost,
+    interrupt_in,
 )
 from atomr_accel.core._op import Op
 from atomr_accel.hosts._base import (
@@ -250,6 +251,8 @@ class RayHost(ContextHost):
                 return self._actor.run_pickled.remote(  # small: pickled here, cheaper
                     pickle.dumps((op, stream), pickle.HIGHEST_PROTOCOL))
             except Exception as exc:
+                if interrupt_in(exc) is not None:  # the sending thread was interrupted
+                    raise
                 return refusal_of(exc, op)
 
     def launch(self, op: Op, stream: int, ticket: Ticket, done: Done) -> None:
@@ -290,6 +293,8 @@ class RayHost(ContextHost):
         except ray.exceptions.GetTimeoutError as exc:
             raise TimeoutError("the op did not finish before its deadline") from exc
         except Exception as exc:
+            if interrupt_in(exc) is not None:  # this thread was interrupted: the caller's
+                raise
             return None, self._failure(exc, op)
         return _outcome(reply)
 

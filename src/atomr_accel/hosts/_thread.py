@@ -27,6 +27,7 @@ from atomr_accel.core._errors import (
     GpuRuntimeError,
     InvalidArgument,
     Unrecoverable,
+    interrupt_in,
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
@@ -269,8 +270,8 @@ class ThreadHost(ContextHost):
                     return None, refusal
                 try:
                     started = backend.begin(op, stream)
-                except Exception as exc:  # an interrupt (KeyboardInterrupt) is the caller's
-                    return None, self._classify(backend, op, exc)
+                except Exception as exc:
+                    return None, self._op_error(backend, op, exc)
         if not inline:
             return Box().call(self, op, stream, ticket, deadline)
         try:
@@ -278,7 +279,7 @@ class ThreadHost(ContextHost):
         except TimeoutError:
             raise
         except Exception as exc:
-            return None, self._classify(backend, op, exc)
+            return None, self._op_error(backend, op, exc)
 
     # -------------------------------------------------------------- faults
 
@@ -289,6 +290,13 @@ class ThreadHost(ContextHost):
         if isinstance(op, InjectFault) and op.kind is FaultKind.CRASH:
             return InvalidArgument("a CRASH fault needs the process host")
         return None
+
+    def _op_error(self, backend: Backend, op: Op, exc: Exception) -> BaseException:
+        """The error of ``op``, run on the calling thread, for ``exc``; an interrupt of that
+        thread (a signal handler's exception) is the caller's: raised again unchanged."""
+        if interrupt_in(exc) is not None:
+            raise exc
+        return self._classify(backend, op, exc)
 
     def _classify(self, backend: Backend, op: Op, exc: BaseException) -> BaseException:
         if self._broken is not None and exc is self._broken:

@@ -13,8 +13,10 @@ Hierarchy::
 
 Bad configuration (a negative ``max_batch``, an unknown policy, ...) raises
 ``atomr_accel.InvalidArgument``; a blueprint that stops fails its waiting
-requests with ``atomr_accel.ActorStopped``. An error raised by a user's model
-function reaches the caller as the same exception object.
+requests with ``atomr_accel.ActorStopped``. An ``Exception`` raised by a user's
+model function reaches the caller as the same exception object; any other
+``BaseException`` (``SystemExit``, ``KeyboardInterrupt``, a ``CancelledError``
+that is not the blueprint's own cancellation) as ``atomr_accel.UserCodeError``.
 """
 
 from __future__ import annotations

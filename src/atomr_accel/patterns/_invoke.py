@@ -1,4 +1,5 @@
-"""Call a user's function, sync or async, without blocking the event loop."""
+"""Call a user's function, sync or async, without blocking the event loop, and so that
+nothing it raises ends the caller's task or its loop (``atomr_accel.actor.user_code``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["invoke", "is_async_callable"]
+from atomr_accel.actor import user_code
+from atomr_accel.core._errors import UserCodeError
+
+__all__ = ["call_here", "invoke", "is_async_callable", "name_of"]
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -19,16 +23,36 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
     )
 
 
+def name_of(fn: Callable[..., Any]) -> str:
+    """How an error names user function ``fn``: its qualified name, or its class's."""
+    name = getattr(fn, "__qualname__", None)
+    return name if isinstance(name, str) else f"a {type(fn).__qualname__} object"
+
+
 async def invoke(fn: Callable[..., Any], *args: Any) -> Any:
     """Return ``fn(*args)``: awaited on the loop when async, else run on a worker thread.
 
     A sync function runs through ``asyncio.to_thread`` so a slow model never
     stalls the event loop (NumPy and device calls release the GIL); if it
-    returns an awaitable, that is awaited on the loop.
+    returns an awaitable, that is awaited on the loop. An ``Exception`` it
+    raises reaches the caller unchanged; any other ``BaseException``
+    (``SystemExit``, ``KeyboardInterrupt``, a ``CancelledError`` that is not
+    the calling task's own cancellation) is raised as ``UserCodeError``.
     """
-    if is_async_callable(fn):
-        return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
-    if inspect.isawaitable(result):
-        return await result
-    return result
+    with user_code(name_of(fn), UserCodeError):
+        if is_async_callable(fn):
+            return await fn(*args)
+        result = await asyncio.to_thread(fn, *args)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+
+async def call_here(fn: Callable[..., Any], *args: Any) -> Any:
+    """Return ``fn(*args)`` called on this thread (the loop's), awaited if it returns an
+    awaitable; raises as ``invoke`` does. For cheap functions called once per element."""
+    with user_code(name_of(fn), UserCodeError):
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            return await result
+        return result

@@ -6,7 +6,9 @@ the source once ``window`` chunks are between the source and the sink. Output
 keeps the source's order (hence every key's order). A stage's call that raises
 is retried up to the stage's ``retries``; past that the stream fails with that
 error, every stage is cancelled and nothing is left running. Cancelling
-``run`` cancels every stage the same way.
+``run`` cancels every stage the same way. User code (stages, sinks, sources)
+may raise any ``BaseException``: one that is no ``Exception`` fails the stream
+as ``UserCodeError`` (``atomr_accel.patterns._invoke.call_here``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import inspect
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.actor import user_code
+from atomr_accel.core._errors import InvalidArgument, UserCodeError
+from atomr_accel.patterns._invoke import call_here
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
@@ -130,7 +133,8 @@ def gpu_stage(fn: Callable[[Device, Any], Any], device: Device, parallelism: int
 @dataclass(frozen=True)
 class Sink:
     """Where a stream's results go: ``Sink.to_list()`` collects them (``run`` returns the
-    list); ``Sink.foreach(fn)`` calls ``fn(result)`` (plain or async) for each, in order."""
+    list); ``Sink.foreach(fn)`` calls ``fn(result)`` for each, in order, and awaits what
+    it returns if that is awaitable (an async function, ``lambda r: queue.put(r)``)."""
 
     fn: Callable[[Any], Any] | None = None
 
@@ -180,6 +184,7 @@ class Pipeline:
         window = asyncio.Semaphore(self.window)
         queues: list[asyncio.Queue[Any]] = [asyncio.Queue(self.window)
                                             for _ in range(len(self.stages) + 1)]
+        error: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._feed(queues[0], window))
@@ -189,7 +194,9 @@ class Pipeline:
                         group.create_task(self._work(step, queues[i], queues[i + 1], left))
                 drained = group.create_task(self._drain(queues[-1], window))
         except BaseExceptionGroup as failed:
-            raise _first(failed) from None
+            error = _first(failed)
+        if error is not None:  # raised as it is: its own cause (and context) kept
+            raise error
         return drained.result()
 
     async def _feed(self, out: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
@@ -198,7 +205,8 @@ class Pipeline:
             while True:
                 await window.acquire()  # back-pressure: at most ``window`` chunks in flight
                 try:
-                    chunk = await anext(chunks)
+                    with user_code("the source", UserCodeError):
+                        chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 await out.put((seq, chunk))
@@ -207,26 +215,22 @@ class Pipeline:
 
     async def _work(self, step: Stage, inp: asyncio.Queue[Any], out: asyncio.Queue[Any],
                     left: list[int]) -> None:
-        asynchronous = inspect.iscoroutinefunction(step.fn)
         while (item := await inp.get()) is not _END:
             seq, elements = item
             results = []
             for element in elements:
-                results.append(await self._call(step, element, asynchronous))
+                results.append(await self._call(step, element))
             await out.put((seq, results))
         await inp.put(_END)  # the next worker of this stage sees the end too
         left[0] -= 1
         if left[0] == 0:
             await out.put(_END)
 
-    async def _call(self, step: Stage, element: Any, asynchronous: bool) -> Any:
+    async def _call(self, step: Stage, element: Any) -> Any:
         attempt = 0
         while True:
             try:
-                result = step.fn(element)
-                if asynchronous or inspect.isawaitable(result):
-                    result = await result
-                return result
+                return await call_here(step.fn, element)
             except Exception:
                 if attempt >= step.retries:
                     raise
@@ -239,7 +243,6 @@ class Pipeline:
         waiting: list[tuple[int, list[Any]]] = []
         expected = 0
         sink = self.sink.fn
-        asynchronous = sink is not None and inspect.iscoroutinefunction(sink)
         while (item := await inp.get()) is not _END:
             heapq.heappush(waiting, item)
             self.stats.in_flight_peak = max(self.stats.in_flight_peak, len(waiting))
@@ -251,9 +254,7 @@ class Pipeline:
                     collected.extend(results)
                 else:
                     for result in results:
-                        outcome = sink(result)
-                        if asynchronous:
-                            await outcome
+                        await call_here(sink, result)
                 count += len(results)
         return collected if sink is None else count
 

@@ -62,6 +62,7 @@ from atomr_accel.core._errors import (
     LibraryError,
     OutOfMemory,
     Unrecoverable,
+    interrupt_in,
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import (
@@ -269,6 +270,8 @@ class CudaBackend(Backend):
                 with self._device:
                     result, _, event = self._enqueue(op, stream)
         except BaseException as exc:
+            if interrupt_in(exc) is not None:  # this (calling) thread was interrupted: the caller's
+                raise
             raise _classified(exc, op) from exc
         return op, result, event
 
@@ -278,6 +281,8 @@ class CudaBackend(Backend):
         try:
             return event_done(event)
         except BaseException as exc:
+            if interrupt_in(exc) is not None:  # this (calling) thread was interrupted: the caller's
+                raise
             raise _classified(exc, op) from exc
 
     def wait(self, started: Any, deadline: float | None) -> Any:
