@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from atomr_accel.actor import Props, Reply
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.core._errors import ContextPoisoned, InvalidArgument
+from atomr_accel.facade._functions import DeviceFunction
 from atomr_accel.patterns._base import (
     PatternActor,
     PatternClient,
@@ -19,12 +21,15 @@ from atomr_accel.patterns._base import (
 from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
 from atomr_accel.patterns._errors import BatchResultMismatch, RequestDropped, RequestRejected
 from atomr_accel.patterns._invoke import invoke
+from atomr_accel.patterns._isolate import Outcome, isolate
 
 if TYPE_CHECKING:
     from atomr_accel.facade import System
     from atomr_accel.patterns._original import OriginalDynamicBatchingServer
 
 __all__ = ["BatchingStats", "DynamicBatchingServer", "split_results"]
+
+log = logging.getLogger(__name__)
 
 BatchFn = Callable[[list[Any]], Any]
 _DEADLINE_TIMER = "batch-deadline"
@@ -88,8 +93,8 @@ class _Deadline:
 
 @dataclass(frozen=True, slots=True)
 class _BatchDone:
-    size: int
-    ok: bool
+    completed: int
+    failed: int
 
 
 class _GetStats:
@@ -122,10 +127,8 @@ class _BatchingActor(PatternActor):
             self._pump(message.deadline)
         elif cls is _BatchDone:
             self.running -= 1
-            if message.ok:
-                self.completed += message.size
-            else:
-                self.failed += message.size
+            self.completed += message.completed
+            self.failed += message.failed
             self._pump(None)
         elif cls is _GetStats:
             return BatchingStats(len(self.queue), self.running, self.batches, self.completed,
@@ -188,22 +191,34 @@ class _BatchingActor(PatternActor):
                                        key=_DEADLINE_TIMER)
 
     async def _run(self, batch: list[_Request]) -> None:
+        items = [r.item for r in batch]
         try:
-            result = await invoke(self.batch_fn, [r.item for r in batch])
-            values = split_results(result, len(batch))
+            try:
+                outcomes: list[Outcome] = [(True, v) for v in await self._values(items)]
+            except ContextPoisoned as exc:
+                if not isinstance(self.batch_fn, DeviceFunction) or len(batch) == 1:
+                    raise
+                log.warning("a batch of %d took %r down (%s): isolating the request that "
+                            "did", len(batch), self.batch_fn.device, exc)
+                outcomes = await isolate(self._values, items)
         except asyncio.CancelledError:
             error = self.stopped_error()
             for request in batch:
                 request.reply.set_exception(error)
             raise
         except Exception as exc:
-            for request in batch:
-                request.reply.set_exception(exc)
-            self.context.self_ref.tell(_BatchDone(len(batch), ok=False))
-            return
-        for request, value in zip(batch, values, strict=True):
-            request.reply.set_result(value)
-        self.context.self_ref.tell(_BatchDone(len(batch), ok=True))
+            outcomes = [(False, exc)] * len(batch)
+        for request, (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                request.reply.set_result(value)
+            else:
+                request.reply.set_exception(value)
+        answered = sum(ok for ok, _ in outcomes)
+        self.context.self_ref.tell(_BatchDone(answered, len(batch) - answered))
+
+    async def _values(self, items: list[Any]) -> list[Any]:
+        """One result per item of ``items``, from one call of the batch function."""
+        return split_results(await invoke(self.batch_fn, items), len(items))
 
     async def post_stop(self) -> None:
         """Fail the queued requests, then cancel (and so fail) the running batches."""

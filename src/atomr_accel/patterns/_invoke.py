@@ -10,6 +10,7 @@ from typing import Any
 
 from atomr_accel.actor import user_code
 from atomr_accel.core._errors import UserCodeError
+from atomr_accel.facade._functions import DeviceFunction
 
 __all__ = ["call_here", "invoke", "is_async_callable", "name_of"]
 
@@ -24,7 +25,10 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
 
 
 def name_of(fn: Callable[..., Any]) -> str:
-    """How an error names user function ``fn``: its qualified name, or its class's."""
+    """How an error names user function ``fn``: its qualified name (a device function's
+    name), or its class's."""
+    if isinstance(fn, DeviceFunction):
+        return fn.name
     name = getattr(fn, "__qualname__", None)
     return name if isinstance(name, str) else f"a {type(fn).__qualname__} object"
 
@@ -32,14 +36,17 @@ def name_of(fn: Callable[..., Any]) -> str:
 async def invoke(fn: Callable[..., Any], *args: Any) -> Any:
     """Return ``fn(*args)``: awaited on the loop when async, else run on a worker thread.
 
-    A sync function runs through ``asyncio.to_thread`` so a slow model never
-    stalls the event loop (NumPy and device calls release the GIL); if it
+    A ``DeviceFunction`` runs inside its device's context (``call_async``: no thread
+    of the caller's). A sync function runs through ``asyncio.to_thread`` so a slow
+    model never stalls the event loop (NumPy and device calls release the GIL); if it
     returns an awaitable, that is awaited on the loop. An ``Exception`` it
     raises reaches the caller unchanged; any other ``BaseException``
     (``SystemExit``, ``KeyboardInterrupt``, a ``CancelledError`` that is not
     the calling task's own cancellation) is raised as ``UserCodeError``.
     """
     with user_code(name_of(fn), UserCodeError):
+        if isinstance(fn, DeviceFunction):
+            return await fn.call_async(*args)
         if is_async_callable(fn):
             return await fn(*args)
         result = await asyncio.to_thread(fn, *args)
@@ -50,9 +57,10 @@ async def invoke(fn: Callable[..., Any], *args: Any) -> Any:
 
 async def call_here(fn: Callable[..., Any], *args: Any) -> Any:
     """Return ``fn(*args)`` called on this thread (the loop's), awaited if it returns an
-    awaitable; raises as ``invoke`` does. For cheap functions called once per element."""
+    awaitable (a ``DeviceFunction``: ``call_async``); raises as ``invoke`` does. For cheap
+    functions called once per element."""
     with user_code(name_of(fn), UserCodeError):
-        result = fn(*args)
+        result = fn.call_async(*args) if isinstance(fn, DeviceFunction) else fn(*args)
         if inspect.isawaitable(result):
             return await result
         return result
