@@ -58,7 +58,7 @@ def run_tests(out: IO[str], suites: Sequence[str] = (), *, gpu: bool = False,
     error) when no suite matches.
     """
     if importlib.util.find_spec("pytest") is None:
-        print("atomr-accel test needs pytest: pip install 'atomr-accel[test]'", file=out)
+        print("atomr-accel test needs pytest: pip install 'atomr-accel-py[test]'", file=out)
         return NO_PYTEST
     folder = None if smoke else find_tests(path)
     if folder is None:
