@@ -14,6 +14,7 @@ from typing import IO, Any
 
 import atomr_accel
 from atomr_accel.backends import cuda_device_count
+from atomr_accel.cli._checkout import checkout_folder
 
 __all__ = ["find_benchmarks", "run_benchmarks"]
 
@@ -21,13 +22,14 @@ __all__ = ["find_benchmarks", "run_benchmarks"]
 def _candidates(path: str | Path | None) -> list[Path]:
     if path is not None:
         return [Path(path)]
-    source_tree = Path(atomr_accel.__file__).resolve().parents[2]  # src/atomr_accel/ -> repo
-    return [Path.cwd() / "benchmarks", source_tree / "benchmarks"]
+    own = checkout_folder("benchmarks")
+    return [] if own is None else [own]
 
 
 def find_benchmarks(path: str | Path | None = None) -> Path | None:
-    """The folder of benchmark scripts: ``path``, else ``./benchmarks``, else the one
-    beside the source tree this package runs from; None when none holds a script.
+    """The folder of benchmark scripts: ``path``, else the package's own (``benchmarks/``
+    of the checkout this package runs from, never the current directory's); None
+    when none holds a script.
 
     The scripts are not part of the installed package: a wheel install needs a
     checkout and ``--path``.
@@ -77,10 +79,9 @@ def run_benchmarks(out: IO[str], names: Sequence[str] = (), *, quick: bool = Fal
     """
     folder = find_benchmarks(path)
     if folder is None:
-        looked = ", ".join(str(p) for p in _candidates(path))
-        print(f"no benchmark scripts found (looked in {looked}); they live in the "
-              "benchmarks/ folder of a source checkout: run from there or pass --path",
-              file=out)
+        looked = ", ".join(str(p) for p in _candidates(path)) or "no checkout"
+        print(f"no benchmark scripts found (looked in: {looked}); they live in the "
+              "benchmarks/ folder of a source checkout: pass it with --path", file=out)
         return 2
     scripts = [s for s in _scripts(folder) if not names or any(n in s.stem for n in names)]
     if not scripts:

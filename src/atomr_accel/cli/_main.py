@@ -37,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("names", nargs="*", help="run only scripts whose name contains one")
     bench_cmd.add_argument("--quick", action="store_true",
                            help="pass --quick to the scripts that accept it")
-    bench_cmd.add_argument("--path", help="the benchmarks folder (default: ./benchmarks, "
-                                          "then the one beside the source tree)")
+    bench_cmd.add_argument("--path", help="the benchmarks folder (default: the package's own, "
+                                          "beside its source tree; never ./benchmarks)")
     bench_cmd.add_argument("--json", metavar="PATH", dest="json_path",
                            help="write one JSON report of every benchmark to PATH")
     dashboard_cmd = commands.add_parser(
@@ -54,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="run the GPU tests (marked gpu) instead of the CPU ones")
     test_cmd.add_argument("--smoke", action="store_true",
                           help="run the smoke suite shipped in the package")
-    test_cmd.add_argument("--path", help="the tests folder (default: ./tests, then the one "
-                                         "beside the source tree, else the smoke suite)")
+    test_cmd.add_argument("--path", help="the tests folder (default: the package's own, beside "
+                                         "its source tree, else the smoke suite; never "
+                                         "./tests)")
     test_cmd.add_argument("-k", dest="keyword", help="pytest's -k expression")
     test_cmd.add_argument("-x", dest="exit_first", action="store_true",
                           help="stop at the first failure")
