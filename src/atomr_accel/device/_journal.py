@@ -168,7 +168,9 @@ class SqliteJournalStore:
 
 
 class PostgresJournalStore:
-    """A journal in a PostgreSQL table, through psycopg 3 (``pip install 'atomr-accel-py[postgres]'``).
+    """A journal in a PostgreSQL table, through psycopg 3.
+
+    Install it with ``pip install 'atomr-accel-py[postgres]'``.
 
     ``dsn`` is a libpq connection string or URL; the connection opens lazily.
     """
