@@ -12,7 +12,7 @@ In one run, on the first two GPUs (f32, sum):
 * the time from SIGKILL of rank 1's worker (process hosts, ``standby=1``) to the
   next successful all_reduce on the rebuilt world.
 
-Goals (issue 15): bus bandwidth >= 95% of raw NCCL at both sizes; the 8-byte
+Goals: bus bandwidth >= 95% of raw NCCL at both sizes; the 8-byte
 round trip <= 1.5x raw; kill to next success <= 3 s. Keep NVLink multicast off
 (``NCCL_NVLS_ENABLE=0``) on shared machines.
 

@@ -10,7 +10,7 @@ GEMM (bf16, f32 accumulation, row-major): after warm-up, the median of ``--reps`
    is on the device), and ours, async: ``--inflight`` ``gemm_async`` calls gathered,
    wall time per call.
 
-TFLOP/s count ``2 m n k``. Goal (issue 14): ours >= 90% of cuBLAS.
+TFLOP/s count ``2 m n k``. Goal: ours >= 90% of cuBLAS.
 
 Grouped (bf16): 64 problems, ``m`` in 64..512, ``n`` and ``k`` in {256, 512, 1024}
 (seeded). Ours: one ``Cutlass.grouped_gemm`` (one kernel launch) per group, blocking

@@ -15,7 +15,7 @@ captured CUDA graph, and with its kernels launched one by one
 (``use_graph=False``), ms a step. Cloth (64 x 64, 8 iterations) and the
 spatial index (1M points: build, then 10k radius queries) for reference.
 
-Goals (issue 18): particles >= 90% of the direct CuPy step and >= 50% of the
+Goals: particles >= 90% of the direct CuPy step and >= 50% of the
 memory bandwidth; fluid 1024^2 with 40 iterations <= 2 ms a step.
 
     python benchmarks/realtime_physics_bench.py [--json PATH] [--quick]

@@ -2,7 +2,7 @@
 
 ``--n`` integers (1,000,000) from ``Source.of`` through ``x + 1``, ``x * 2`` and
 ``x - 1`` (plain functions, parallelism 1) into ``Sink.to_list``; the output is
-checked. Goal (issue 19): >= 50,000 elements/s on the 2-core machine.
+checked. Goal: >= 50,000 elements/s on the 2-core machine.
 
     python benchmarks/streams_bench.py [--json PATH] [--n N] [--chunk C]
 """

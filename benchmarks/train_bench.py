@@ -19,7 +19,7 @@ replica 1's worker is SIGKILLed against the median normal step, and the final lo
 run with a kill at its middle against an undisturbed run on the same batches. bf16 is
 not measured: the training core keeps f32 (or f64) parameters.
 
-Goals (issue 16): scaling >= 1.9x; TorchModule >= 95% of DDP's throughput; a killed
+Goals: scaling >= 1.9x; TorchModule >= 95% of DDP's throughput; a killed
 replica costs <= 3 s and the final loss is within noise of an undisturbed run.
 
     NCCL_NVLS_ENABLE=0 python benchmarks/train_bench.py [--json PATH] [--steps N]

@@ -9,7 +9,7 @@ the cosine, without normalizing each query again), top-10:
 * beside it, in the same run on the same f16 matrix, direct PyTorch: upload
   the query, ``q @ M.T``, ``torch.topk``, download ids and scores.
 
-Goals (issue 17): batch-1 p50 <= 1 ms, batched >= 100k queries/s, both >= 95%
+Goals: batch-1 p50 <= 1 ms, batched >= 100k queries/s, both >= 95%
 of direct PyTorch. CPU: ``--cpu-n`` x ``--cpu-dim`` (100k x 384) in a
 ``CpuVectorIndex``, batch-1 p50 and batched queries/s beside FAISS's
 ``IndexFlatIP`` when ``faiss`` imports (goal: within 1.5x), else beside a direct

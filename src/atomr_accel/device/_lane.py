@@ -2,7 +2,7 @@
 
 Supervision, generations, (re)builds, the stash during a rebuild, placement and
 the journal are the control plane: actors. In the common case an op takes the
-data plane instead (DESIGN §2, "Two planes"): the caller validates it once,
+data plane instead: the caller validates it once,
 registers it with the device state, and hands it to the host of the open
 context generation (its ``Gate``); a plain thread then waits for it itself
 (``Lane.call``), an asyncio task awaits a future of its own loop

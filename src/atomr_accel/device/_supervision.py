@@ -1,4 +1,4 @@
-"""How device errors map to supervision directives (DESIGN §3); no I/O."""
+"""How device errors map to supervision directives; no I/O."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``TensorRt`` and ``TrtEngine`` in the original package's names (its §16), without engines.
+"""``TensorRt`` and ``TrtEngine`` in the original package's names, without engines.
 
 The ``tensorrt`` package cannot be installed where this package is built and
 tested, so it runs no TensorRT code: ``TensorRt.is_available()`` and

@@ -1,6 +1,6 @@
 """The ContextHost seam: where a device context lives and how ops reach it.
 
-A host takes ops from any thread. Two ways in (DESIGN §2, "Two planes"):
+A host takes ops from any thread. Two ways in (the data plane and the actors' control plane):
 
 * ``launch(op, stream, ticket, done)`` queues the op and returns at once;
   ``done(result, error)`` is called once it has finished, on whichever thread
