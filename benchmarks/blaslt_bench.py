@@ -31,7 +31,14 @@ from typing import Any
 import cupy as cp
 import ml_dtypes
 import numpy as np
-from _report import cupy_event_samples, print_table, wall_samples, write_json
+from _report import (
+    add_quick,
+    cupy_event_samples,
+    print_table,
+    require_cuda,
+    wall_samples,
+    write_json,
+)
 
 from atomr_accel import DType, System
 
@@ -92,7 +99,9 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=5)
     parser.add_argument("--inflight", type=int, default=8)
     parser.add_argument("--json", default="benchmarks/results/blaslt_bench.json")
+    add_quick(parser, size=1024, reps=3, warm=1, inflight=2)
     args = parser.parse_args()
+    require_cuda()
     m = n = k = args.size
     reps, warm = max(args.reps, 10), args.warm
     flop = 2.0 * m * n * k

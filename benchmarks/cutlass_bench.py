@@ -44,7 +44,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from _report import pipelined, print_table, wall_samples, write_json
+from _report import add_quick, pipelined, print_table, require_cuda, wall_samples, write_json
 
 from atomr_accel import DType, System
 from atomr_accel.backends._cutlass_build import library
@@ -312,7 +312,9 @@ def main() -> None:
                         help="comma-separated: gemm, grouped, fp8")
     parser.add_argument("--fp8-candidates", action="store_true",
                         help="also time other fp8 kernels (tile, cluster, schedule) alone")
+    add_quick(parser, size=1024, reps=3, warm=1, inflight=2)
     args = parser.parse_args()
+    require_cuda()
     sections = set(args.sections.split(","))
     start = time.perf_counter()
     plans = {"gemm": gemm_plan(DType.BF16, args.size, args.size, args.size),

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, write_json
 
 from atomr_accel import System
 
@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--cuda", action="store_true", help="CUDA devices (default: CPU)")
     parser.add_argument("--out", default="benchmarks/results/standby_bench.json")
+    add_quick(parser, kills=3)
     args = parser.parse_args()
     results: dict[str, Any] = {"backend": "cuda" if args.cuda else "cpu", "kills": args.kills}
     rows = []

@@ -120,3 +120,33 @@ def test_bench_finds_the_repository_benchmarks_without_a_path() -> None:
 
     folder = find_benchmarks()
     assert folder is not None and (folder / "device_bench.py").is_file()
+
+
+def test_bench_plan_covers_every_script_and_each_takes_quick(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from atomr_accel.cli import find_benchmarks, plan_benchmarks
+
+    folder = find_benchmarks()
+    assert folder is not None
+    scripts = sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("_"))
+    planned = plan_benchmarks(folder, quick=True)
+    assert [item.script.name for item in planned] == scripts
+    for item in planned:
+        assert "--quick" in item.args and item.note == "", item.script.name
+    assert main(["bench", "--list", "--quick"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in listed] == scripts
+    for line in listed:
+        assert "--quick" in line or "skipped (needs a CUDA device)" in line, line
+
+
+def test_bench_counts_a_script_that_skips_itself_as_skipped(
+        bench_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from atomr_accel.cli import SKIP_STATUS
+
+    (bench_dir / "needs_gpu_bench.py").write_text(
+        f'print("skipped: needs a CUDA device")\nraise SystemExit({SKIP_STATUS})\n')
+    assert main(["bench", "needs_gpu", "--path", str(bench_dir)]) == 0
+    out = capfd.readouterr().out
+    assert "skipped: needs a CUDA device" in out and "== needs_gpu_bench.py: skipped in" in out
+    assert "1 benchmarks in" in out and "0 ok, 1 skipped, 0 failed" in out

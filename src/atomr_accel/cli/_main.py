@@ -36,11 +36,14 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="run the scripts in benchmarks/ and print their tables")
     bench_cmd.add_argument("names", nargs="*", help="run only scripts whose name contains one")
     bench_cmd.add_argument("--quick", action="store_true",
-                           help="pass --quick to the scripts that accept it")
+                           help="small sizes, few iterations: pass --quick to each script")
     bench_cmd.add_argument("--path", help="the benchmarks folder (default: the package's own, "
                                           "beside its source tree; never ./benchmarks)")
     bench_cmd.add_argument("--json", metavar="PATH", dest="json_path",
-                           help="write one JSON report of every benchmark to PATH")
+                           help="write one JSON report of every benchmark to PATH "
+                                "(default: atomr-bench.json here, with --quick)")
+    bench_cmd.add_argument("--list", action="store_true", dest="dry_run",
+                           help="print the plan (each script and its arguments) and exit")
     dashboard_cmd = commands.add_parser(
         "dashboard", help="attach to a running system's dashboard: where to open it, its devices")
     dashboard_cmd.add_argument("--url", required=True,
@@ -95,8 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "test":
             return run_tests(out, args.suites, gpu=args.gpu, smoke=args.smoke, path=args.path,
                              keyword=args.keyword, exit_first=args.exit_first)
+        json_path = args.json_path
+        if json_path is None and args.quick and not args.dry_run:
+            json_path = "atomr-bench.json"
         return run_benchmarks(out, args.names, quick=args.quick, path=args.path,
-                              json_path=args.json_path)
+                              json_path=json_path, dry_run=args.dry_run)
     finally:
         if handler is not None:
             logger.removeHandler(handler)
