@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import platform
 import statistics
 import sys
@@ -139,3 +140,9 @@ def has_cuda() -> bool:
     from atomr_accel.backends import cuda_device_count
 
     return cuda_device_count() > 0
+
+
+def quiet_expected_faults() -> None:
+    """Keep the package's log (a traceback per actor failure) off the output of a benchmark
+    that injects faults on purpose and counts every error itself."""
+    logging.getLogger("atomr_accel").setLevel(logging.CRITICAL)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import random
 import signal
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
-from _report import add_quick, print_table, write_json
+from _report import add_quick, print_table, quiet_expected_faults, write_json
 
 from atomr_accel import (
     AskTimeout,
@@ -449,9 +448,7 @@ def main() -> None:
     add_quick(parser, asks=600, duration=20.0, clients=8)
     args = parser.parse_args()
     if not args.log:
-        # Every fault here is injected and every error is counted below: the supervision
-        # log's traceback of each expected fault would only bury the table.
-        logging.getLogger("atomr_accel").setLevel(logging.CRITICAL)
+        quiet_expected_faults()
     cfg = SoakConfig(asks=args.asks, seed=args.seed, clients=args.clients,
                      duration=args.duration, cuda=args.cuda, poison=args.poison,
                      standby=args.standby, durable=args.durable,

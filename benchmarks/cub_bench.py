@@ -28,7 +28,10 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-import cupy as cp
+try:
+    import cupy as cp
+except ImportError:  # no CuPy, so no CUDA device: main() says so and skips
+    cp = None
 import numpy as np
 from _report import (
     add_quick,

@@ -24,10 +24,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cupy as cp
 import numpy as np
+
+try:
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+except ImportError:  # no CuPy, so no CUDA device: main() says so and skips
+    cp = cublas = None
 from _report import add_quick, print_table, require_cuda, summarize_us, write_json
-from cupy_backends.cuda.libs import cublas
 
 from atomr_accel import System
 from atomr_accel.core import DType, GpuRef

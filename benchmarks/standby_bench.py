@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import add_quick, percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, quiet_expected_faults, write_json
 
 from atomr_accel import System
 
@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/standby_bench.json")
     add_quick(parser, kills=3)
     args = parser.parse_args()
+    quiet_expected_faults()  # it kills workers on purpose
     results: dict[str, Any] = {"backend": "cuda" if args.cuda else "cpu", "kills": args.kills}
     rows = []
     with System.open("standby-bench") as system:
