@@ -39,7 +39,7 @@ def recoveries(system: System, standby: int, kills: int, cuda: bool) -> list[flo
         assert pid is not None
         began = time.perf_counter()
         os.kill(pid, signal.SIGKILL)
-        buf = dev.allocate_f32(4)
+        buf = dev.allocate_f32(4, timeout_secs=60.0)  # a rebuild on a loaded machine
         dev.copy_from_numpy(buf, data)
         times.append((time.perf_counter() - began) * 1e3)
         np.testing.assert_array_equal(dev.copy_to_numpy(buf), data)
