@@ -77,7 +77,8 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.fixture
-def bench_dir(tmp_path: Path) -> Path:
+def bench_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # where bench --quick writes its report (atomr-bench.json)
     folder = tmp_path / "benchmarks"
     folder.mkdir()
     (folder / "fast_bench.py").write_text(
@@ -95,6 +96,8 @@ def test_bench_runs_each_script_and_passes_quick_where_accepted(
         bench_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "--path", str(bench_dir)]) == 0
     out = capfd.readouterr().out
+    assert "wrote atomr-bench.json" in out
+    assert json.loads((bench_dir.parent / "atomr-bench.json").read_text())["quick"] is True
     assert "fast quick=True" in out and "plain ran" in out
     assert "== plain_bench.py (it has no --quick: full run)" in out
     assert "helpers" not in out
