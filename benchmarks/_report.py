@@ -1,9 +1,12 @@
-"""Shared helpers for benchmark scripts: percentiles, a text table, JSON output."""
+"""Shared helpers for benchmark scripts: percentiles, a text table, JSON output, `--quick`
+and the skip of GPU-only benchmarks where no GPU is visible."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import logging
 import platform
 import statistics
 import sys
@@ -95,3 +98,51 @@ def cupy_event_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[floa
         end.record()
     marks[-1][1].synchronize()
     return [float(cp.cuda.get_elapsed_time(s, e)) / 1e3 for s, e in marks]
+
+
+class _Quick(argparse.Action):
+    """``--quick``: set ``quick`` and each small value; options given after it still win."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str,
+                 small: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.small = small or {}
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, True)
+        for name, value in self.small.items():
+            setattr(namespace, name, value)
+
+
+def add_quick(parser: argparse.ArgumentParser, **small: Any) -> None:
+    """Give a benchmark ``--quick`` (what ``atomr-accel bench --quick`` passes): a smoke run
+    at small sizes and few iterations, ``small`` mapping option names (their ``dest``) to
+    the values it sets. Options given after ``--quick`` override them."""
+    shown = ", ".join(f"{name}={value}" for name, value in small.items())
+    parser.add_argument("--quick", action=_Quick, small=small,
+                        help=f"a smoke run at small sizes ({shown})")
+
+
+def require_cuda(what: str = "a CUDA device") -> None:
+    """Exit with ``SKIP_STATUS`` after one line when no CUDA device is visible: how a
+    GPU-only benchmark says it cannot run here (``atomr-accel bench`` reports it skipped)."""
+    from atomr_accel.backends import cuda_device_count
+    from atomr_accel.cli import SKIP_STATUS
+
+    if cuda_device_count() == 0:
+        print(f"skipped: needs {what}, and none is visible")
+        raise SystemExit(SKIP_STATUS)
+
+
+def has_cuda() -> bool:
+    """Whether a CUDA device is visible (for benchmarks with CPU rows to fall back on)."""
+    from atomr_accel.backends import cuda_device_count
+
+    return cuda_device_count() > 0
+
+
+def quiet_expected_faults() -> None:
+    """Keep the package's log (a traceback per actor failure) off the output of a benchmark
+    that injects faults on purpose and counts every error itself."""
+    logging.getLogger("atomr_accel").setLevel(logging.CRITICAL)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _report import print_table, summarize_us, write_json
+from _report import add_quick, print_table, summarize_us, write_json
 
 from atomr_accel.actor import Actor, ActorSystem, Props
 
@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--tells", type=int, default=500_000)
     parser.add_argument("--uvloop", action="store_true", help="also run the asyncio rows on uvloop")
     parser.add_argument("--out", default="benchmarks/results/actor_bench.json")
+    add_quick(parser, asks=500, tells=5_000)
     args = parser.parse_args()
 
     results: dict[str, Any] = {}
@@ -176,6 +177,8 @@ def main() -> None:
     tell_rows = [[k.replace(" tell_per_s", ""), f"{v:,.0f}"] for k, v in results.items()
                  if (k.endswith("]") and "tell_per_s" in k) or k == "pykka tell_per_s"]
     print_table("tell throughput (messages/s)", ["row", "msg/s"], tell_rows)
+    if pykka is None:
+        print("\nno Pykka rows: pykka is not installed (pip install -e '.[bench]')")
     write_json(args.out, {"benchmark": "actor_bench", "asks": args.asks, "tells": args.tells,
                           "results": results})
 

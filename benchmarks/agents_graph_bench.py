@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from _report import percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, write_json
 
 from atomr_accel.actor import ActorSystem
 from atomr_accel.agents._coordinator import SharedGpuStateCoordinator
@@ -105,6 +105,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2000, help="calls per latency row")
     parser.add_argument("--json", help="write the results as JSON to this path")
+    add_quick(parser, n=100)
     args = parser.parse_args()
     results = asyncio.run(main(args.n))
     if args.json:

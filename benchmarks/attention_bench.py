@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import print_table, write_json
+from _report import add_quick, print_table, require_cuda, write_json
 
 from atomr_accel import DType, System
 
@@ -226,7 +226,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--long", action="store_true", help="add sequence 16k")
     parser.add_argument("--json", default="attention_bench.json")
+    add_quick(parser)
     args = parser.parse_args()
+    require_cuda()
     import torch
 
     seqs = [1024, 2048, 4096, 8192] + ([16384] if args.long else [])

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import numpy as np
-from _report import percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, write_json
 
 from atomr_accel import Device, System
 from atomr_accel.patterns import DynamicBatchingServer
@@ -246,6 +246,7 @@ def main() -> None:
     parser.add_argument("--uvloop", action="store_true", help="run our rows on uvloop")
     parser.add_argument("--blas-threads", type=int, default=1, help="OpenBLAS threads")
     parser.add_argument("--out", default="benchmarks/results/batching_bench.json")
+    add_quick(parser, requests=256, clients=8, no_ray=True)
     args = parser.parse_args()
     cfg = {"requests": min(args.requests, 4096), "clients": args.clients,
            "max_batch": args.max_batch, "max_wait": args.max_wait_ms / 1e3,

@@ -28,10 +28,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cupy as cp
+try:
+    import cupy as cp
+except ImportError:  # no CuPy, so no CUDA device: main() says so and skips
+    cp = None
 import ml_dtypes
 import numpy as np
-from _report import cupy_event_samples, print_table, wall_samples, write_json
+from _report import (
+    add_quick,
+    cupy_event_samples,
+    print_table,
+    require_cuda,
+    wall_samples,
+    write_json,
+)
 
 from atomr_accel import DType, System
 
@@ -92,7 +102,9 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=5)
     parser.add_argument("--inflight", type=int, default=8)
     parser.add_argument("--json", default="benchmarks/results/blaslt_bench.json")
+    add_quick(parser, size=1024, reps=3, warm=1, inflight=2)
     args = parser.parse_args()
+    require_cuda()
     m = n = k = args.size
     reps, warm = max(args.reps, 10), args.warm
     flop = 2.0 * m * n * k

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
-from _report import print_table, write_json
+from _report import add_quick, print_table, quiet_expected_faults, write_json
 
 from atomr_accel import (
     AskTimeout,
@@ -443,7 +443,12 @@ def main() -> None:
                         default=SoakConfig.fault_interval,
                         help="seconds between one fault's answer and the next fault")
     parser.add_argument("--out", default="benchmarks/results/chaos_soak.json")
+    parser.add_argument("--log", action="store_true",
+                        help="also print the package's log records (a traceback per fault)")
+    add_quick(parser, asks=600, duration=20.0, clients=8)
     args = parser.parse_args()
+    if not args.log:
+        quiet_expected_faults()
     cfg = SoakConfig(asks=args.asks, seed=args.seed, clients=args.clients,
                      duration=args.duration, cuda=args.cuda, poison=args.poison,
                      standby=args.standby, durable=args.durable,

@@ -12,7 +12,7 @@ In one run, on the first two GPUs (f32, sum):
 * the time from SIGKILL of rank 1's worker (process hosts, ``standby=1``) to the
   next successful all_reduce on the rebuilt world.
 
-Goals (issue 15): bus bandwidth >= 95% of raw NCCL at both sizes; the 8-byte
+Goals: bus bandwidth >= 95% of raw NCCL at both sizes; the 8-byte
 round trip <= 1.5x raw; kill to next success <= 3 s. Keep NVLink multicast off
 (``NCCL_NVLS_ENABLE=0``) on shared machines.
 
@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, require_cuda, write_json
 
 from atomr_accel import System
 from atomr_accel.facade import Collective, Device
@@ -140,7 +140,9 @@ def main() -> None:
     parser.add_argument("--json", help="write the results as JSON here")
     parser.add_argument("--iters", type=int, default=20, help="large all_reduces per size")
     parser.add_argument("--small-iters", type=int, default=300, help="8-byte round trips")
+    add_quick(parser, iters=3, small_iters=20)
     args = parser.parse_args()
+    require_cuda()
 
     raw_bw, raw_trips = raw_nccl(args.iters, args.small_iters)
     results: dict[str, Any] = {"raw": {"busbw_gbs": raw_bw,

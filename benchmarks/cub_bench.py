@@ -28,9 +28,20 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-import cupy as cp
+try:
+    import cupy as cp
+except ImportError:  # no CuPy, so no CUDA device: main() says so and skips
+    cp = None
 import numpy as np
-from _report import cupy_event_samples, pipelined, print_table, wall_samples, write_json
+from _report import (
+    add_quick,
+    cupy_event_samples,
+    pipelined,
+    print_table,
+    require_cuda,
+    wall_samples,
+    write_json,
+)
 
 from atomr_accel import DType, System
 
@@ -74,7 +85,9 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/cub_bench.json")
     parser.add_argument("--primitives", nargs="+", default=list(PRIMITIVES),
                         choices=PRIMITIVES, help="the primitives to time (default: all)")
+    add_quick(parser, log2_keys=20, log2_pairs=18, reps=3, warm=1, inflight=2)
     args = parser.parse_args()
+    require_cuda()
     n, pairs = 1 << args.log2_keys, 1 << args.log2_pairs
     reps, warm = args.reps, args.warm
     rng = np.random.default_rng(0)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from _report import print_table, write_json
+from _report import add_quick, print_table, require_cuda, write_json
 
 from atomr_accel import Device, DType, System
 from atomr_accel.core import GpuRef
@@ -257,7 +257,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", default="benchmarks/results/cudnn_conv_bench.json")
+    add_quick(parser, reps=3, repeats=1)
     args = parser.parse_args()
+    require_cuda()
     import torch
 
     torch.backends.cudnn.benchmark = True

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import print_table, write_json
+from _report import add_quick, print_table, require_cuda, write_json
 
 from atomr_accel import DType, System
 
@@ -70,7 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--json", default=None)
+    add_quick(parser, reps=5)
     args = parser.parse_args()
+    require_cuda()
     import torch
     from torch.nn import functional
 

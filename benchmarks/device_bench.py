@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import print_table, summarize_us, write_json
+from _report import add_quick, print_table, summarize_us, write_json
 
 from atomr_accel import Device, System
 from atomr_accel.core import DType, GpuRef
@@ -220,6 +220,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="how long each throughput row runs")
     parser.add_argument("--out", default="benchmarks/results/device_bench.json")
+    add_quick(parser, reps=200, max_mib=8, seconds=0.3)
     args = parser.parse_args()
 
     with System.open("bench") as system:

@@ -24,10 +24,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cupy as cp
 import numpy as np
-from _report import print_table, summarize_us, write_json
-from cupy_backends.cuda.libs import cublas
+
+try:
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+except ImportError:  # no CuPy, so no CUDA device: main() says so and skips
+    cp = cublas = None
+from _report import add_quick, print_table, require_cuda, summarize_us, write_json
 
 from atomr_accel import System
 from atomr_accel.core import DType, GpuRef
@@ -126,7 +130,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3000)
     parser.add_argument("--out", default="benchmarks/results/gpu_layers.json")
+    add_quick(parser, reps=200)
     args = parser.parse_args()
+    require_cuda()
     results, profile_text = main(args.reps)
     print(profile_text[:6000])
     base = results["cupy matmul + synchronize"]["p50_us"]

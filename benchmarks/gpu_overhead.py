@@ -27,10 +27,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cupy as cp
 import numpy as np
-from _report import print_table, summarize_us, write_json
-from cupy.cuda import curand
+
+try:
+    import cupy as cp
+    from cupy.cuda import curand
+except ImportError:  # no CuPy, so no CUDA device: main() says so and skips
+    cp = curand = None
+from _report import print_table, require_cuda, summarize_us, write_json
 
 from atomr_accel import Device, System
 from atomr_accel.core import KernelRef
@@ -325,6 +329,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--out", default="benchmarks/results/gpu_overhead.json")
     args = parser.parse_args()
+    require_cuda()
     out = main(args.quick)
     report(out)
     name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, quiet_expected_faults, write_json
 
 from atomr_accel import ContextPoisoned, GpuRefStale, System
 
@@ -87,7 +87,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=512)
     parser.add_argument("--out", default="benchmarks/results/interference_bench.json")
+    add_quick(parser, mib=16)
     args = parser.parse_args()
+    quiet_expected_faults()  # it kills workers on purpose
     rows, probes = [], {}
     for how in ("none", "blocking", "async"):
         with System.open(f"probe-{how}") as system:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _report import print_table, summarize_us, write_json
+from _report import add_quick, print_table, summarize_us, write_json
 
 from atomr_accel.actor import ActorRef, ActorSystem
 from atomr_accel.core import DType, GpuRef
@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/journal_bench.json")
+    add_quick(parser, reps=200, rounds=1)
     args = parser.parse_args()
 
     results: dict[str, Any] = {}

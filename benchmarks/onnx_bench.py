@@ -16,7 +16,7 @@ Beside them, ONNX Runtime called directly on the same model in a loop, one
 row a call and 64 rows a call (``direct``, rows a second), bounds what
 batching can give on that machine.
 
-Goal (issue 14): batched >= 10x unbatched requests a second at batch 64.
+Goal: batched >= 10x unbatched requests a second at batch 64.
 
     python benchmarks/onnx_bench.py [--json PATH] [--quick] [--devices cpu,cuda]
 """

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, write_json
 
 from atomr_accel import System
 from atomr_accel.agents._cache import EmbeddingCache
@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--blas-threads", type=int, default=1, help="OpenBLAS threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="benchmarks/results/rag_bench.json")
+    add_quick(parser, documents=500, queries=40, clients=4)
     args = parser.parse_args()
     limit_blas(args.blas_threads)
     docs = corpus(args.documents, args.seed)

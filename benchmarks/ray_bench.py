@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, quiet_expected_faults, write_json
 
 from atomr_accel import GpuRuntimeError, System
 
@@ -152,7 +152,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--losses", type=int, default=3)
+    add_quick(parser, calls=100, nodes=2, losses=1)
     args = parser.parse_args()
+    quiet_expected_faults()  # it removes nodes on purpose
     import ray
 
     rows, lat = latency(ray, args.calls)

@@ -11,7 +11,7 @@ magnitude, threshold), frames a second:
   synchronization at the end) and synchronized after every frame; and our
   ``FilterFrames`` CUDA handler called directly (the kernels' own rate).
 
-Goal (issue 18): >= 1000 frames/s for the 3-stage chain. Hash map: ``--keys``
+Goal: >= 1000 frames/s for the 3-stage chain. Hash map: ``--keys``
 8-byte keys and values inserted then looked up through ``GpuHashMapActor``
 (host arrays in and out), beside a direct CuPy sorted-array map (upload, sort,
 ``searchsorted``, gather, download); keys a second.

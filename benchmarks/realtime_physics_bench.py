@@ -20,7 +20,7 @@ started from zero), the ``FluidStep`` op run with ``Device.run``.
 Cloth (64 x 64, 8 iterations) and the spatial index (1M points: build, then
 10k radius queries) for reference.
 
-Goals (issue 18): particles >= 90% of the direct CuPy step and >= 50% of the
+Goals: particles >= 90% of the direct CuPy step and >= 50% of the
 memory bandwidth; fluid 1024^2 <= 2 ms a step with max|div u| / max|u| <= 1e-3.
 
     python benchmarks/realtime_physics_bench.py [--json PATH] [--quick]

@@ -19,7 +19,7 @@ replica 1's worker is SIGKILLed against the median normal step, and the final lo
 run with a kill at its middle against an undisturbed run on the same batches. bf16 is
 not measured: the training core keeps f32 (or f64) parameters.
 
-Goals (issue 16): scaling >= 1.9x; TorchModule >= 95% of DDP's throughput; a killed
+Goals: scaling >= 1.9x; TorchModule >= 95% of DDP's throughput; a killed
 replica costs <= 3 s and the final loss is within noise of an undisturbed run.
 
     NCCL_NVLS_ENABLE=0 python benchmarks/train_bench.py [--json PATH] [--steps N]
@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import print_table, write_json
+from _report import add_quick, print_table, require_cuda, write_json
 
 from atomr_accel import System
 from atomr_accel.backends import cuda_device_count
@@ -237,7 +237,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--recovery-steps", type=int, default=12)
     parser.add_argument("--skip", default="", help="comma list of: ddp, torchmodule, recovery")
+    add_quick(parser, width=512, layers=2, batch=128, steps=3, warmup=1, recovery_steps=3)
     args = parser.parse_args()
+    require_cuda()
     skip = set(filter(None, args.skip.split(",")))
     gpus = min(2, cuda_device_count())
     if gpus < 1:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import print_table, write_json
+from _report import add_quick, has_cuda, print_table, write_json
 
 from atomr_accel import System
 from atomr_accel.train import AdamW, CrossEntropyLoss, Linear, ModelReplica, ReLU, Sequential
@@ -109,7 +109,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--cpu", action="store_true", help="the replica on the CPU backend")
     parser.add_argument("--json", default=None)
+    add_quick(parser, width=256, layers=2, batch=64, steps=3, warmup=1)
     args = parser.parse_args()
+    if args.quick and not args.cpu and not has_cuda():
+        print("no CUDA device visible: the CPU backend only (--cpu)")
+        args.cpu = True
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.batch, args.width)).astype(np.float32)
     y = rng.integers(0, 10, args.batch).astype(np.int64)

@@ -27,7 +27,7 @@ import statistics
 from typing import Any
 
 import numpy as np
-from _report import print_table, wall_samples, write_json
+from _report import add_quick, has_cuda, print_table, wall_samples, write_json
 
 from atomr_accel import System
 from atomr_accel.train import (
@@ -97,7 +97,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--cpu", action="store_true", help="CPU devices, small sizes")
     parser.add_argument("--json", help="write the results as JSON to this path")
+    add_quick(parser, width=128, layers=2, batch=64, ps_size=1 << 12, steps=3, warmup=1)
     args = parser.parse_args()
+    if args.quick and not args.cpu and not has_cuda():
+        print("no CUDA device visible: CPU devices (--cpu)")
+        args.cpu = True
     if args.cpu:
         args.width, args.batch, args.ps_size = min(args.width, 256), min(args.batch, 256), \
             min(args.ps_size, 1 << 16)

@@ -1,4 +1,4 @@
-"""The DESIGN §4 snippet, runnable anywhere: ``mock=True`` is the CPU backend.
+"""The README's first example, runnable anywhere: ``mock=True`` is the CPU backend.
 
     python examples/quickstart.py
 """

@@ -15,6 +15,6 @@ HAVE_RAY = importlib.util.find_spec("ray") is not None
 
 RAY = pytest.param("ray", marks=[
     pytest.mark.ray,
-    pytest.mark.skipif(not HAVE_RAY, reason="needs Ray: pip install 'atomr-accel[ray]'"),
+    pytest.mark.skipif(not HAVE_RAY, reason="needs Ray: pip install 'atomr-accel-py[ray]'"),
 ])
 """``"ray"``, marked ``ray`` and skipped cleanly where Ray is not installed."""

@@ -77,7 +77,8 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.fixture
-def bench_dir(tmp_path: Path) -> Path:
+def bench_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # where bench --quick writes its report (atomr-bench.json)
     folder = tmp_path / "benchmarks"
     folder.mkdir()
     (folder / "fast_bench.py").write_text(
@@ -95,6 +96,8 @@ def test_bench_runs_each_script_and_passes_quick_where_accepted(
         bench_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "--path", str(bench_dir)]) == 0
     out = capfd.readouterr().out
+    assert "wrote atomr-bench.json" in out
+    assert json.loads((bench_dir.parent / "atomr-bench.json").read_text())["quick"] is True
     assert "fast quick=True" in out and "plain ran" in out
     assert "== plain_bench.py (it has no --quick: full run)" in out
     assert "helpers" not in out
@@ -120,3 +123,33 @@ def test_bench_finds_the_repository_benchmarks_without_a_path() -> None:
 
     folder = find_benchmarks()
     assert folder is not None and (folder / "device_bench.py").is_file()
+
+
+def test_bench_plan_covers_every_script_and_each_takes_quick(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from atomr_accel.cli import find_benchmarks, plan_benchmarks
+
+    folder = find_benchmarks()
+    assert folder is not None
+    scripts = sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("_"))
+    planned = plan_benchmarks(folder, quick=True)
+    assert [item.script.name for item in planned] == scripts
+    for item in planned:
+        assert "--quick" in item.args and item.note == "", item.script.name
+    assert main(["bench", "--list", "--quick"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in listed] == scripts
+    for line in listed:
+        assert "--quick" in line or "skipped (needs a CUDA device)" in line, line
+
+
+def test_bench_counts_a_script_that_skips_itself_as_skipped(
+        bench_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from atomr_accel.cli import SKIP_STATUS
+
+    (bench_dir / "needs_gpu_bench.py").write_text(
+        f'print("skipped: needs a CUDA device")\nraise SystemExit({SKIP_STATUS})\n')
+    assert main(["bench", "needs_gpu", "--path", str(bench_dir)]) == 0
+    out = capfd.readouterr().out
+    assert "skipped: needs a CUDA device" in out and "== needs_gpu_bench.py: skipped in" in out
+    assert "1 benchmarks in" in out and "0 ok, 1 skipped, 0 failed" in out

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atomr_accel.backends import cuda_device_count
-from atomr_accel.cli import find_tests, main
+from atomr_accel.cli import find_benchmarks, find_tests, main
 
 STACK = ["libcudnn", "cuda.cccl", "cuda.bindings", "nccl", "cupti", "libcupti", "onnxruntime",
          "ray"]
@@ -118,3 +118,27 @@ def test_bench_shows_progress_and_writes_one_json_report(
     if cuda_device_count() == 0:
         assert rows["gpu_d.py"]["status"] == "skipped"
     assert report["quick"] is True and report["seconds"] >= 0 and "cuda" in report
+
+
+def test_test_and_bench_never_run_the_current_directorys_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # A directory someone else controls, with a tests/ and a benchmarks/ that would leave a
+    # marker if they ran: from there the CLI still runs only the package's own suites.
+    marker = tmp_path / "PLANTED_CODE_RAN"
+    plant = f"open({str(marker)!r}, 'w').write('ran')\n"
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x_planted.py").write_text(plant + "def test_ok():\n    pass\n")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "x_planted_bench.py").write_text(plant)
+    monkeypatch.chdir(tmp_path)
+    own_tests, own_benchmarks = find_tests(), find_benchmarks()
+    assert own_tests is not None and (own_tests / "test_cli_ops.py").is_file()
+    assert own_benchmarks is not None and (own_benchmarks / "device_bench.py").is_file()
+    assert main(["test", "x_planted"]) == 4
+    assert f"no suite in {own_tests} matches x_planted" in capfd.readouterr().out
+    assert main(["bench", "x_planted"]) == 2
+    assert f"no benchmark in {own_benchmarks} matches x_planted" in capfd.readouterr().out
+    assert not marker.exists()
+    assert main(["test", "x_planted", "--path", "tests"]) == 0  # named: it runs
+    assert marker.exists()

@@ -341,7 +341,7 @@ def test_missing_package_or_nvcc_is_a_typed_error(monkeypatch: pytest.MonkeyPatc
     plan = gemm_plan(DType.F16, 64, 64, 64)
     monkeypatch.setitem(_optional.OPTIONAL, "cutlass", _optional.Optional(
         "atomr_accel_no_such_module", "nvidia-cutlass", "cutlass", program="nvcc"))
-    with pytest.raises(LibraryUnavailable, match=r"nvidia-cutlass.*atomr-accel\[cutlass\]"):
+    with pytest.raises(LibraryUnavailable, match=r"nvidia-cutlass.*atomr-accel-py\[cutlass\]"):
         build_kernels([plan])
     monkeypatch.setitem(_optional.OPTIONAL, "cutlass", _optional.Optional(
         "json", "nvidia-cutlass", "cutlass", program="nvcc"))

@@ -5,7 +5,13 @@
 ``docs/operations.md``.
 """
 
-from atomr_accel.cli._bench import find_benchmarks, run_benchmarks
+from atomr_accel.cli._bench import (
+    SKIP_STATUS,
+    PlannedBenchmark,
+    find_benchmarks,
+    plan_benchmarks,
+    run_benchmarks,
+)
 from atomr_accel.cli._dashboard import attach_dashboard
 from atomr_accel.cli._demo import DemoCheckFailed, run_demo
 from atomr_accel.cli._main import main
@@ -13,11 +19,14 @@ from atomr_accel.cli._probe import print_probe, probe
 from atomr_accel.cli._test import find_tests, run_tests
 
 __all__ = [
+    "SKIP_STATUS",
     "DemoCheckFailed",
+    "PlannedBenchmark",
     "attach_dashboard",
     "find_benchmarks",
     "find_tests",
     "main",
+    "plan_benchmarks",
     "print_probe",
     "probe",
     "run_benchmarks",

@@ -37,11 +37,14 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="run the scripts in benchmarks/ and print their tables")
     bench_cmd.add_argument("names", nargs="*", help="run only scripts whose name contains one")
     bench_cmd.add_argument("--quick", action="store_true",
-                           help="pass --quick to the scripts that accept it")
-    bench_cmd.add_argument("--path", help="the benchmarks folder (default: ./benchmarks, "
-                                          "then the one beside the source tree)")
+                           help="small sizes, few iterations: pass --quick to each script")
+    bench_cmd.add_argument("--path", help="the benchmarks folder (default: the package's own, "
+                                          "beside its source tree; never ./benchmarks)")
     bench_cmd.add_argument("--json", metavar="PATH", dest="json_path",
-                           help="write one JSON report of every benchmark to PATH")
+                           help="write one JSON report of every benchmark to PATH "
+                                "(default: atomr-bench.json here, with --quick)")
+    bench_cmd.add_argument("--list", action="store_true", dest="dry_run",
+                           help="print the plan (each script and its arguments) and exit")
     dashboard_cmd = commands.add_parser(
         "dashboard", help="attach to a running system's dashboard: where to open it, its devices")
     dashboard_cmd.add_argument("--url", required=True,
@@ -58,8 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="run the GPU tests (marked gpu) instead of the CPU ones")
     test_cmd.add_argument("--smoke", action="store_true",
                           help="run the smoke suite shipped in the package")
-    test_cmd.add_argument("--path", help="the tests folder (default: ./tests, then the one "
-                                         "beside the source tree, else the smoke suite)")
+    test_cmd.add_argument("--path", help="the tests folder (default: the package's own, beside "
+                                         "its source tree, else the smoke suite; never "
+                                         "./tests)")
     test_cmd.add_argument("-k", dest="keyword", help="pytest's -k expression")
     test_cmd.add_argument("-x", dest="exit_first", action="store_true",
                           help="stop at the first failure")
@@ -98,8 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "test":
             return run_tests(out, args.suites, gpu=args.gpu, smoke=args.smoke, path=args.path,
                              keyword=args.keyword, exit_first=args.exit_first)
+        json_path = args.json_path
+        if json_path is None and args.quick and not args.dry_run:
+            json_path = "atomr-bench.json"
         return run_benchmarks(out, args.names, quick=args.quick, path=args.path,
-                              json_path=args.json_path)
+                              json_path=json_path, dry_run=args.dry_run)
     finally:
         if handler is not None:
             logger.removeHandler(handler)

@@ -65,7 +65,7 @@ def _cuda() -> dict[str, Any]:
         import cupy
     except Exception as exc:
         return {"available": False, "reason": f"CuPy is not importable ({exc.__class__.__name__}"
-                f": {exc}); pip install 'atomr-accel[cuda]' on a GPU machine", "devices": []}
+                f": {exc}); pip install 'atomr-accel-py[cuda]' on a GPU machine", "devices": []}
     runtime = cupy.cuda.runtime
     try:
         count = int(runtime.getDeviceCount())

@@ -1,8 +1,8 @@
 """``atomr-accel test``: run the package's own test suites with pytest, skipping what the
 machine lacks (GPU tests without a CUDA device, optional libraries that are missing).
 
-The full suites are the checkout's ``tests/`` (found beside the source tree an
-editable install runs from, in ``./tests``, or at ``--path``); an installed
+The full suites are the checkout's ``tests/`` (beside the source tree an
+editable install runs from, or the folder given with ``--path``); an installed
 wheel has no checkout, so it runs the smoke suite shipped in the package
 (``atomr_accel._selftest``).
 """
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-import atomr_accel
 from atomr_accel.backends import cuda_device_count
+from atomr_accel.cli._checkout import checkout_folder
 
 __all__ = ["find_tests", "run_tests"]
 
@@ -28,8 +28,8 @@ NO_PYTEST = 2
 def _candidates(path: str | Path | None) -> list[Path]:
     if path is not None:
         return [Path(path)]
-    source_tree = Path(atomr_accel.__file__).resolve().parents[2]  # src/atomr_accel/ -> repo
-    return [Path.cwd() / "tests", source_tree / "tests"]
+    own = checkout_folder("tests")
+    return [] if own is None else [own]
 
 
 def _suites(folder: Path) -> list[Path]:
@@ -37,8 +37,9 @@ def _suites(folder: Path) -> list[Path]:
 
 
 def find_tests(path: str | Path | None = None) -> Path | None:
-    """The checkout's test folder: ``path``, else ``./tests``, else the one beside the
-    source tree this package runs from; None when none holds a ``test_*.py``."""
+    """The test folder: ``path``, else the package's own (``tests/`` of the checkout this
+    package runs from, never the current directory's); None when none holds a
+    ``test_*.py``."""
     for folder in _candidates(path):
         if folder.is_dir() and _suites(folder):
             return folder.resolve()
@@ -58,7 +59,7 @@ def run_tests(out: IO[str], suites: Sequence[str] = (), *, gpu: bool = False,
     error) when no suite matches.
     """
     if importlib.util.find_spec("pytest") is None:
-        print("atomr-accel test needs pytest: pip install 'atomr-accel[test]'", file=out)
+        print("atomr-accel test needs pytest: pip install 'atomr-accel-py[test]'", file=out)
         return NO_PYTEST
     folder = None if smoke else find_tests(path)
     if folder is None:

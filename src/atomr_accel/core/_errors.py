@@ -147,7 +147,7 @@ class LibraryUnavailable(LibraryError):
         why = f" ({reason})" if reason else ""
         super().__init__(library, "unavailable",
                          f"it needs the Python package {package!r}{why}; "
-                         f"install it with: pip install 'atomr-accel[{extra}]'")
+                         f"install it with: pip install 'atomr-accel-py[{extra}]'")
         self.package = package
         self.extra = extra
 

@@ -168,7 +168,9 @@ class SqliteJournalStore:
 
 
 class PostgresJournalStore:
-    """A journal in a PostgreSQL table, through psycopg 3 (``pip install 'atomr-accel[postgres]'``).
+    """A journal in a PostgreSQL table, through psycopg 3.
+
+    Install it with ``pip install 'atomr-accel-py[postgres]'``.
 
     ``dsn`` is a libpq connection string or URL; the connection opens lazily.
     """
@@ -183,7 +185,7 @@ class PostgresJournalStore:
                 import psycopg
             except ImportError as exc:
                 raise InvalidArgument(
-                    "a PostgreSQL journal needs psycopg: pip install 'atomr-accel[postgres]'"
+                    "a PostgreSQL journal needs psycopg: pip install 'atomr-accel-py[postgres]'"
                 ) from exc
             db = psycopg.connect(self.dsn)
             with db.transaction():

@@ -2,8 +2,8 @@
 
 Their methods come from the ops' declarations (``atomr_accel.core.ops``). On
 CUDA they run on NVIDIA's Python libraries, which are optional: ``Cudnn`` and
-``FlashAttn`` on the cuDNN frontend (``pip install 'atomr-accel[cudnn]'``),
-``BlasLt`` on nvmath-python (``pip install 'atomr-accel[blaslt]'``). Without
+``FlashAttn`` on the cuDNN frontend (``pip install 'atomr-accel-py[cudnn]'``),
+``BlasLt`` on nvmath-python (``pip install 'atomr-accel-py[blaslt]'``). Without
 them ``is_available()`` is False and every call raises ``LibraryUnavailable``
 naming the package. The CPU backend runs them all on NumPy.
 """

@@ -9,7 +9,7 @@ NumPy arrays, or are written into buffers. Every input is checked against the
 model's signature in the caller (``InvalidArgument``, ``DTypeMismatch``)
 before the device is touched. Sessions are cached per context: a rebuilt
 context has none, and the engine's next call loads the model again. ONNX
-Runtime is optional: ``pip install 'atomr-accel[onnx]'`` (``onnxruntime-gpu``
+Runtime is optional: ``pip install 'atomr-accel-py[onnx]'`` (``onnxruntime-gpu``
 for the CUDA provider); without it loading raises ``LibraryUnavailable``.
 """
 

@@ -63,7 +63,7 @@ def resolve_backend(mock: bool | None, backend: str) -> str:
         backend = "cuda" if cuda_device_count() > 0 else "cpu"
     if backend == "cuda" and cuda_device_count() == 0:
         raise DeviceUnavailable(
-            "no CUDA device is visible (install atomr-accel[cuda] on a GPU machine, "
+            "no CUDA device is visible (install atomr-accel-py[cuda] on a GPU machine, "
             "or use mock=True for the CPU backend)"
         )
     return backend

@@ -86,7 +86,7 @@ def ray_module() -> Any:
         return importlib.import_module("ray")
     except ImportError as exc:
         raise DeviceUnavailable(
-            "isolation='ray' needs Ray: pip install 'atomr-accel[ray]'") from exc
+            "isolation='ray' needs Ray: pip install 'atomr-accel-py[ray]'") from exc
 
 
 def ensure_ray(address: str | None = None) -> tuple[Any, bool]:

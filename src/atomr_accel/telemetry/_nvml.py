@@ -86,7 +86,7 @@ class NvmlProbe(Actor):
         except ImportError as exc:
             self.unavailable = DeviceUnavailable(
                 "NVML is not available: pynvml is not installed "
-                "(pip install 'atomr-accel[telemetry]')")
+                "(pip install 'atomr-accel-py[telemetry]')")
             self.unavailable.__cause__ = exc
             return
         try:

@@ -30,7 +30,7 @@ def _gpu_count() -> int:
         import pynvml
     except ImportError as exc:
         raise Unrecoverable("NVML is not available: pynvml is not installed "
-                            "(pip install 'atomr-accel[telemetry]')") from exc
+                            "(pip install 'atomr-accel-py[telemetry]')") from exc
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:

@@ -94,7 +94,7 @@ class NvtxKernelTrace:
         if nvtx is None:
             raise Unrecoverable(
                 "NVTX is not available: NvtxKernelTrace needs CuPy built with NVTX "
-                "(pip install 'atomr-accel[cuda]' on a GPU machine)")
+                "(pip install 'atomr-accel-py[cuda]' on a GPU machine)")
         nvtx.RangePush(self.message)
         self._nvtx = nvtx
         self._depth += 1

@@ -112,7 +112,7 @@ class Telemetry:
             from prometheus_client import CollectorRegistry
         except ImportError as exc:
             raise ImportError("telemetry needs prometheus-client: "
-                              "pip install 'atomr-accel[telemetry]'") from exc
+                              "pip install 'atomr-accel-py[telemetry]'") from exc
         if interval is not None and interval <= 0:
             raise InvalidArgument(f"interval must be > 0 (or None), got {interval!r}")
         registry = CollectorRegistry()
