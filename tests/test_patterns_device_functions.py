@@ -5,6 +5,7 @@ of the caller; a batch one of whose requests kills the context loses only that r
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -166,3 +167,19 @@ async def test_an_error_of_the_model_still_fails_the_whole_batch_without_isolati
         assert all(type(a).__name__ == "FunctionFailed" for a in answers), answers
         assert "no zeros" in str(answers[0])
         assert (await dev.stats_async()).restarts == 0
+
+
+async def test_a_partial_of_a_device_function_binds_a_resident_and_still_isolates() -> None:
+    async with await System.open_async("isolate") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", max_restarts=10)
+        offset = await dev.resident_async(lambda: 100, name="offset")
+
+        def model(base: int, items: list[int]) -> list[int]:
+            return [base + x for x in poisoned_by_negatives(items)]
+
+        server = DynamicBatchingServer.spawn(
+            system, functools.partial(dev.function(model), offset), max_batch=4, max_wait=0.2)
+        answers = await asyncio.gather(*(server.submit(x, timeout=60) for x in (1, -1, 2, 3)),
+                                       return_exceptions=True)
+        assert answers[0] == 102 and answers[2:] == [104, 106]
+        assert isinstance(answers[1], WorkerLost)

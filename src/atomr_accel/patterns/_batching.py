@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, overload
 
 from atomr_accel.actor import Props, Reply
 from atomr_accel.core._errors import ContextPoisoned, InvalidArgument
-from atomr_accel.facade._functions import DeviceFunction
 from atomr_accel.patterns._base import (
     PatternActor,
     PatternClient,
@@ -20,7 +19,7 @@ from atomr_accel.patterns._base import (
 )
 from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
 from atomr_accel.patterns._errors import BatchResultMismatch, RequestDropped, RequestRejected
-from atomr_accel.patterns._invoke import invoke
+from atomr_accel.patterns._invoke import in_context, invoke
 from atomr_accel.patterns._isolate import Outcome, isolate
 
 if TYPE_CHECKING:
@@ -196,10 +195,10 @@ class _BatchingActor(PatternActor):
             try:
                 outcomes: list[Outcome] = [(True, v) for v in await self._values(items)]
             except ContextPoisoned as exc:
-                if not isinstance(self.batch_fn, DeviceFunction) or len(batch) == 1:
+                if in_context(self.batch_fn) is None or len(batch) == 1:
                     raise
-                log.warning("a batch of %d took %r down (%s): isolating the request that "
-                            "did", len(batch), self.batch_fn.device, exc)
+                log.warning("a batch of %d took its device down (%s): isolating the request "
+                            "that did", len(batch), exc)
                 outcomes = await isolate(self._values, items)
         except asyncio.CancelledError:
             error = self.stopped_error()
