@@ -63,7 +63,8 @@ def classify_gpu(model: Any, items: list[Any]) -> list[int]:
     if any(isinstance(item, str) for item in items):
         cp.RawKernel(BAD_KERNEL, "bad_write")((1,), (1,), (cp.uint64(1),))
         cp.cuda.get_current_stream().synchronize()
-    batch = torch.from_numpy(np.stack(items)).cuda(non_blocking=True)
+    # host arrays (a plain loop) or CUDA tensors already uploaded (arrays="torch")
+    batch = torch.stack([torch.as_tensor(item) for item in items]).cuda(non_blocking=True)
     x = batch.permute(0, 3, 1, 2).half().div_(255).contiguous(memory_format=torch.channels_last)
     with torch.inference_mode():
         return list(model(x).argmax(dim=1).cpu().tolist())
@@ -145,7 +146,8 @@ async def serve(cuda: bool, items: list[Any], clients: int, standby: int, pure: 
         dev = await system.spawn_device_async(mock=not cuda, isolation="process",
                                               standby=standby, max_restarts=10_000)
         model = await dev.resident_async(build_resnet if cuda else build_linear, name="model")
-        fn = dev.function(classify_gpu if cuda else classify_cpu, pure=pure, name="classify")
+        fn = dev.function(classify_gpu if cuda else classify_cpu, pure=pure, name="classify",
+                          arrays="torch" if cuda else "auto")
         await fn.call_async(model, [x for x in items[:BATCH] if not isinstance(x, str)])
         server = DynamicBatchingServer.spawn(system, functools.partial(fn, model),
                                              max_batch=BATCH, max_wait=0.002)

@@ -53,8 +53,8 @@ def classify_on_gpu(model: Any, items: list[Any]) -> list[int]:
     if any(isinstance(item, str) and item == POISON for item in items):
         cp.RawKernel(BAD_KERNEL, "bad_write")((1,), (1,), (cp.uint64(1),))
         cp.cuda.get_current_stream().synchronize()  # the fault surfaces here
-    images = [item for item in items if not isinstance(item, str)]
-    batch = torch.from_numpy(np.stack(images)).cuda(non_blocking=True)
+    images = [torch.as_tensor(item) for item in items if not isinstance(item, str)]
+    batch = torch.stack(images).cuda(non_blocking=True)  # uploaded already (arrays="torch")
     x = batch.permute(0, 3, 1, 2).half().div_(255).contiguous(memory_format=torch.channels_last)
     with torch.inference_mode():
         classes = model(x).argmax(dim=1).cpu().tolist()
@@ -95,7 +95,8 @@ async def serve(requests: int, cuda: bool) -> int:
             mock=not cuda, isolation="process", standby=1, max_restarts=10)
         model = await dev.resident_async(build_resnet if cuda else build_numpy_model,
                                          name="model")
-        classify = dev.function(classify_on_gpu if cuda else classify_on_cpu, name="classify")
+        classify = dev.function(classify_on_gpu if cuda else classify_on_cpu, name="classify",
+                                arrays="torch" if cuda else "auto")  # images as CUDA tensors
         await classify.call_async(model, images[:2])  # warm up (cuDNN picks its kernels)
         server = DynamicBatchingServer.spawn(  # the batch runs inside the worker
             system, functools.partial(classify, model), max_batch=64, max_wait=0.005)
