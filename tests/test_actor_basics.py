@@ -79,6 +79,7 @@ async def test_default_ask_timeout_comes_from_the_system() -> None:
             await ref.ask(("sleep", 0.5))
 
 
+@pytest.mark.serial
 async def test_ask_to_dead_actor_fails_at_once() -> None:
     async with ActorSystem("t") as system:
         ref = system.spawn(Props(Recorder))
@@ -315,6 +316,7 @@ async def test_sender_is_the_calling_actor() -> None:
         assert probe.last_sender is pinger
 
 
+@pytest.mark.serial
 async def test_asks_with_mixed_timeouts_each_expire_on_their_own() -> None:
     async with ActorSystem("t") as system:
         ref = system.spawn(Props(Recorder))

@@ -252,6 +252,7 @@ def test_a_killed_worker_wakes_every_blocked_caller() -> None:
         assert dev.stats().host_pid not in (None, pid)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize(("isolation", "timeout"), [("thread", 0.2), ("process", 2.0)])
 async def test_the_op_timeout_bounds_the_data_plane(isolation: str, timeout: float) -> None:

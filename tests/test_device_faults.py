@@ -82,6 +82,7 @@ async def test_out_of_memory_resumes_without_a_rebuild(isolation: str) -> None:
         assert (stats.generation, stats.restarts, stats.out_of_memory) == (1, 0, 2)
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("isolation", HOSTS)
 async def test_unrecoverable_stops_the_device_for_good(isolation: str) -> None:
     async with await System.open_async("t") as system:
@@ -97,6 +98,7 @@ async def test_unrecoverable_stops_the_device_for_good(isolation: str) -> None:
         assert (await dev.stats_async()).status is Status.STOPPED
 
 
+@pytest.mark.serial
 async def test_restart_budget_exhaustion_stops_the_device_and_fails_queued_asks() -> None:
     async with await System.open_async("t") as system:
         dev = await system.spawn_device_async(mock=True, max_restarts=2, within=60.0)

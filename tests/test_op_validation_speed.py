@@ -106,6 +106,7 @@ from atomr_accel.core.ops._cutlass import (
 )
 from atomr_accel.core.ops._cutlass import Epilogue as CutlassEpilogue
 from atomr_accel.core.ops._cutlass_fp8 import CutlassGemmFp8
+from atomr_accel.core.ops._dlpack import AdoptArray, ViewBuffer
 from atomr_accel.core.ops._dnn import (
     Activation,
     ActivationBackward,
@@ -126,6 +127,14 @@ from atomr_accel.core.ops._dnn import (
 )
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._fft import Fft, FftKind, FftMany
+from atomr_accel.core.ops._function import (
+    BufferArg,
+    BuildResident,
+    CallFunction,
+    FreeResident,
+    Packed,
+    UserCode,
+)
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
 from atomr_accel.core.ops._ipc import BufferAddress, IpcGetHandle, IpcOpenHandle
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
@@ -510,6 +519,12 @@ EXAMPLES: list[Any] = [
     CutlassGemmFp8(_buf(U8, 32 * 16, 51), _buf(U8, 16 * 16, 52),
                    _buf(BF16, 32 * 16, 53), 32, 16, 16,
                    CutlassEpilogue().bias(_buf(BF16, 16, 54)).relu(), "e4m3", "e5m2", 0.5, 2.0),
+    CallFunction(UserCode(len, "len", 7), Packed((BufferArg(0), 2, "x"), {"k": 1.5}),
+                 (_buf(F32, 8, 61),), "numpy", keep=True, pure=True),
+    BuildResident(8, UserCode(dict, "table", 8), Packed((), {"size": 3})),
+    FreeResident(8),
+    ViewBuffer(_buf(F64, 4, 62)),
+    AdoptArray(np.arange(4.0)),
 ]
 
 

@@ -126,7 +126,7 @@ class BackendSpec:
                 from atomr_accel.backends.cuda import CudaBackend
             except ImportError as exc:
                 raise DeviceUnavailable(
-                    "the CUDA backend needs CuPy: pip install 'atomr-accel[cuda]'"
+                    "the CUDA backend needs CuPy: pip install 'atomr-accel-py[cuda]'"
                 ) from exc
             backend: Backend = CudaBackend(self.device_id, **self.options)
             return backend

@@ -90,6 +90,15 @@ class UserCode:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_load_code, (self.token, self.name, self.payload))
 
+    def __eq__(self, other: object) -> bool:
+        """The same code: the same token (in any process) and name."""
+        if not isinstance(other, UserCode):
+            return NotImplemented
+        return (self.token, self.name) == (other.token, other.name)
+
+    def __hash__(self) -> int:
+        return hash(self.token)
+
     def __repr__(self) -> str:
         return f"UserCode({self.name!r})"
 
@@ -133,6 +142,18 @@ class Packed:
         if payload is None:
             payload = _dumps(self._args)
         return (Packed, (None, None, payload))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal arguments once unpacked (False where they cannot be compared: arrays)."""
+        if not isinstance(other, Packed):
+            return NotImplemented
+        try:
+            return bool(self.unpack() == other.unpack())
+        except Exception:
+            return False
+
+    def __hash__(self) -> int:  # one value for all: the arguments may be unhashable
+        return hash(Packed)
 
     def __repr__(self) -> str:
         return "Packed(...)"
