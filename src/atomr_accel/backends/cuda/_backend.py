@@ -364,7 +364,7 @@ class CudaBackend(Backend):
         if kept is None:
             import torch
 
-            kept = self._torch_streams[self.stream] = torch.cuda.ExternalStream(  # type: ignore[no-untyped-call]
+            kept = self._torch_streams[self.stream] = torch.cuda.ExternalStream(
                 stream.ptr, device=torch.device("cuda", self.device_id))
         return kept
 
