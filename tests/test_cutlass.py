@@ -15,9 +15,9 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
+from _cutlass_data import get, np_dtype, put, rand
 
 from atomr_accel import DType, InvalidArgument, System
 from atomr_accel.cutlass import Cutlass, Epilogue, KernelPlan, PlanKind
@@ -32,23 +32,12 @@ def env() -> Iterator[tuple[Any, Cutlass]]:
         yield dev, dev.cutlass()
 
 
-def np_dtype(name: str) -> Any:
-    return np.dtype(ml_dtypes.bfloat16) if name == "bf16" else np.dtype(DType(name).numpy)
 
 
-def rand(shape: tuple[int, ...], name: str, seed: int) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np_dtype(name))
 
 
-def put(dev: Any, values: np.ndarray[Any, Any], name: str) -> Any:
-    buf = dev.allocate(max(values.size, 1), DType(name))
-    if values.size:
-        dev.copy_from_numpy(buf, values.reshape(-1))
-    return buf
 
 
-def get(dev: Any, buf: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    return np.asarray(dev.copy_to_numpy(buf))[: math.prod(shape)].reshape(shape)
 
 
 def f32(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -12,14 +12,13 @@ Run on a GPU machine: ``PYTHONPATH=src python3 -m pytest -m gpu``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
+from _cutlass_data import get, put, rand
 
 from atomr_accel import DType, System
 from atomr_accel.cutlass import Epilogue, build_kernels, gemm_plan
@@ -44,22 +43,12 @@ def devices() -> Iterator[tuple[Any, Any]]:
         yield system.spawn_device(mock=True), system.spawn_device(mock=False)
 
 
-def np_dtype(name: str) -> Any:
-    return np.dtype(ml_dtypes.bfloat16) if name == "bf16" else np.dtype(DType(name).numpy)
 
 
-def rand(shape: tuple[int, ...], name: str, seed: int) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np_dtype(name))
 
 
-def put(dev: Any, values: np.ndarray[Any, Any], name: str) -> Any:
-    buf = dev.allocate(values.size, DType(name))
-    dev.copy_from_numpy(buf, values.reshape(-1))
-    return buf
 
 
-def get(dev: Any, buf: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    return np.asarray(dev.copy_to_numpy(buf))[: math.prod(shape)].reshape(shape)
 
 
 def close(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any], name: str) -> None:
