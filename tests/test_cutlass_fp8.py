@@ -288,3 +288,21 @@ def test_gemm_fp8_typed_errors(env: tuple[Any, Cutlass]) -> None:
     with pytest.raises(InvalidArgument, match="must not be d"):
         cl.gemm_fp8(A, B, D32, m, n, k, Epilogue().reduce(D32))
     assert cl.dispatched == before
+
+
+def test_numpy_scalars_are_taken_as_scales(env: tuple[Any, Cutlass]) -> None:
+    dev, cutlass = env
+    a, b = dev.allocate(32 * 16, DType.U8), dev.allocate(16 * 16, DType.U8)
+    outs = [dev.allocate(32 * 16, DType.BF16) for _ in range(2)]
+    bits_a = np.random.default_rng(3).integers(0, 0x7F, 32 * 16, dtype=np.uint8)
+    bits_b = np.random.default_rng(4).integers(0, 0x7F, 16 * 16, dtype=np.uint8)
+    dev.copy_from_numpy(a, bits_a)
+    dev.copy_from_numpy(b, bits_b)
+    cutlass.gemm_fp8(a, b, outs[0], 32, 16, 16, scale_a=0.5, scale_b=2.0)
+    cutlass.gemm_fp8(a, b, outs[1], 32, 16, 16, scale_a=np.float32(0.5),
+                     scale_b=np.float16(2.0))
+    first, second = (np.asarray(dev.copy_to_numpy(o), dtype=np.float64) for o in outs)
+    assert np.any(first != 0)
+    np.testing.assert_array_equal(first, second)
+    with pytest.raises(InvalidArgument, match="finite"):
+        cutlass.gemm_fp8(a, b, outs[0], 32, 16, 16, scale_a=np.float32("nan"))

@@ -11,7 +11,8 @@ they test plain values first and build names and messages only on failure.
 type its class declares, once for all ops (a ``bool`` option must be a bool,
 an enum option one of its choices, a ``str`` a str), makes integer-likes such
 as NumPy integers plain ``int`` (sizes, offsets, lengths and counts accept
-anything with ``__index__`` but bools), then runs the op's own ``validate``.
+anything with ``__index__`` but bools) and NumPy numbers given for a ``float``
+field plain ``float``, then runs the op's own ``validate``.
 """
 
 from __future__ import annotations
@@ -214,6 +215,15 @@ def _as_int(name: str, value: Any) -> Any:
         return value
 
 
+def _as_float(name: str, value: Any) -> Any:
+    """A NumPy number (``np.float32(0.5)``) as a plain float; anything else as it is
+    (``validate`` judges it)."""
+    if type(value).__module__ == "numpy" and hasattr(value, "__float__") \
+            and type(value).__name__ != "bool":
+        return float(value)
+    return value
+
+
 def _as_ints(name: str, value: Any) -> Any:
     if not isinstance(value, tuple):
         return value
@@ -267,6 +277,8 @@ def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
         return (*plain, bool), _as_bool
     if hint is int:
         return (*plain, int), _as_int
+    if hint is float:
+        return (*plain, float, int), _as_float
     if hint is str:
         return (*plain, str), _as_str
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
