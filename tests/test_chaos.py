@@ -33,6 +33,7 @@ def load_soak() -> ModuleType:
     return importlib.import_module("chaos_soak")
 
 
+@pytest.mark.serial  # a soak: what its faults catch in flight depends on the load around it
 async def test_4000_asks_under_chaos_all_answered_right_and_nothing_leaks() -> None:
     chaos = load_soak()
     print(f"chaos seed: {SEED}")

@@ -56,6 +56,7 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     raise AssertionError("no bucket holds the rank")
 
 
+@pytest.mark.serial  # two reads of the same metrics compared: alone, nothing lands between
 def test_state_lists_devices_and_library_figures_that_match_the_metrics() -> None:
     rng = np.random.default_rng(7)
     with System.open("dash") as system:

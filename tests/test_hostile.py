@@ -79,6 +79,10 @@ def _workers() -> list[int]:
     return found
 
 
+# The module checks that nothing is left behind (threads, workers, segments): alone, after
+# the parallel suite, where other tests' threads and load do not blur it.
+pytestmark = pytest.mark.serial
+
 @pytest.fixture(scope="module", params=HOSTS)
 def env(request: pytest.FixtureRequest) -> Iterator[Env]:
     threads = threading.active_count()
