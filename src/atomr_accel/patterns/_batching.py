@@ -238,7 +238,11 @@ class DynamicBatchingServer(PatternClient):
 
     * ``batch_fn`` may be ``async`` (awaited on the loop; the way to run it on a
       device: ``await dev.blas().matmul_async(...)``) or a plain function (run on
-      a worker thread, so it never blocks the event loop).
+      a worker thread, so it never blocks the event loop), or a ``DeviceFunction``
+      (or a ``functools.partial`` of one), run inside its device's context. When a
+      device function's batch takes the context down (``ContextPoisoned``), the
+      batch is run again on the new context in smaller groups until the request
+      that did it is found: only that request fails.
     * A result that is not a sequence, or has the wrong length, fails every
       request of that batch with ``BatchResultMismatch``; an exception from
       ``batch_fn`` fails every request of that batch with that exception.

@@ -8,7 +8,7 @@ groups of about ``sqrt(n)`` items, and the items of a group that fails the same
 way are run one at a time: each poisoning item costs three context losses at
 most (the batch, its group, itself), whatever the batch size, and the others
 get their results. The device's restart budget must allow for that
-(``spawn_device(max_restarts=...)``). Decisions only; the caller runs the calls.
+(``spawn_device(max_restarts=...)``). The calls go through the ``run`` it is given.
 """
 
 from __future__ import annotations
