@@ -239,6 +239,48 @@ def test_a_request_runs_again_once_a_generation_and_a_few_times_at_most() -> Non
     assert state.reruns == RERUN_LIMIT
 
 
+def test_a_worker_killed_from_outside_is_held_against_no_request() -> None:
+    """A SIGKILL from outside (an operator, the OOM killer) is no op's doing: the request runs
+    again however often it comes; a worker that crashed counts toward the limit."""
+    state = DeviceState(0)
+    pending = state.track(MemoryInfo(), _Reply())
+    killed = WorkerLost("context worker 1 died (exit code -9)")
+    killed.killed = True
+    generation = 0
+    for generation in range(1, 3 * RERUN_LIMIT):
+        assert pending.claim(generation)
+        assert pending.rerun(generation, killed)
+    assert pending.reruns == 0 and state.reruns == generation
+    crashed = WorkerLost("context worker 2 died (exit code -11)")
+    for generation in range(generation + 1, generation + RERUN_LIMIT + 1):
+        assert pending.claim(generation)
+        assert pending.rerun(generation, crashed)
+    assert pending.claim(generation + 1)
+    assert not pending.rerun(generation + 1, crashed)
+
+
+async def test_the_worker_lost_error_says_whether_it_was_killed_from_outside() -> None:
+    async with await System.open_async("rerun") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", max_restarts=10)
+
+        def leave(code: int) -> None:
+            os._exit(code)  # the worker dies of its own accord, as a crash would end it
+
+        crash = dev.function(leave, name="leave")
+        with pytest.raises(WorkerLost) as crashed:
+            await crash.call_async(3)
+        assert not crashed.value.killed
+        await until_generation(dev, 2)
+        n = 384  # a long gemm: the kill lands inside it
+        da = await dev.allocate_f64_async(n * n)
+        await dev.copy_from_numpy_async(da, np.random.default_rng(5).standard_normal(n * n))
+        asks = [asyncio.ensure_future(dev.blas().gemm_async(da, da, da, n, n, n))
+                for _ in range(20)]
+        results = await kill_worker_while_busy(dev, asks, 5)
+        lost = [r for r in results if isinstance(r, WorkerLost)]
+        assert lost and all(r.killed for r in lost)
+
+
 def test_an_op_that_may_not_run_again_takes_the_blame_whoever_reports_first() -> None:
     state = DeviceState(0)
     library_op = state.track(MemoryInfo(), _Reply())

@@ -90,7 +90,14 @@ class ContextPoisoned(GpuRuntimeError):
 
 class WorkerLost(ContextPoisoned):
     """The context's worker process died (killed, or crashed): the context is gone, as with
-    ``ContextPoisoned``, but no op is known to have caused it."""
+    ``ContextPoisoned``, but no op is known to have caused it.
+
+    ``killed`` is True when the worker was ended by ``SIGKILL`` from outside the package
+    (an operator, the kernel's out-of-memory killer, a chaos test): the ops it was running
+    are not suspected of its death.
+    """
+
+    killed: bool = False
 
 
 class OutOfMemory(GpuRuntimeError):

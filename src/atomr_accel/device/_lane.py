@@ -188,7 +188,7 @@ def finish(pending: Pending, generation: int, result: Any, error: BaseException 
         # The op that caused the fault (the first to report it) fails; the others, and all
         # of them when the worker was lost, run again on the next context where they can.
         caused = not isinstance(error, WorkerLost) and pending.state.blame(generation, pending)
-        if not caused and pending.rerun(generation):
+        if not caused and pending.rerun(generation, error):
             return
         pending.fail(error, generation)  # unless handed on to the next context meanwhile
         return

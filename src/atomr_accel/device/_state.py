@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from atomr_accel.actor import ActorRef
-from atomr_accel.core._errors import OutOfMemory
+from atomr_accel.core._errors import OutOfMemory, WorkerLost
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef
 from atomr_accel.core.ops._faults import InjectFault
@@ -134,7 +134,8 @@ class Pending:
         self.made: Any = None
         """What it made (a buffer, a graph), kept until its asker has it."""
         self.reruns = 0
-        """How many times it was launched again after its context died under it (``rerun``)."""
+        """How many times it was launched again after a context died under it of a cause it
+        may have been (``rerun``)."""
 
     @property
     def state(self) -> DeviceState:
@@ -193,20 +194,24 @@ class Pending:
             assert state.device is not None
             state.device.tell(Redispatch())
 
-    def rerun(self, generation: int) -> bool:
-        """Its context ``generation`` died under it, through no fault of its op: launch it
-        again on the next context (transparent re-execution) when it may run twice: its
-        buffers are all durable (restored before it runs, as a whole, from the journal)
-        and it holds no kernel or graph of the dead context. Once a generation (it is
-        launched once on each), ``RERUN_LIMIT`` times in all: an op that every context it
-        runs on dies under may be what kills them. Answers whether it will run again; if
-        not, the caller fails it."""
+    def rerun(self, generation: int, error: BaseException | None = None) -> bool:
+        """Its context ``generation`` died under it (of ``error``), through no fault of its
+        op: launch it again on the next context (transparent re-execution) when it may run
+        twice: its buffers are all durable (restored before it runs, as a whole, from the
+        journal) and it holds no kernel or graph of the dead context. Once a generation (it
+        is launched once on each), ``RERUN_LIMIT`` times in all: an op that every context it
+        runs on dies under may be what kills them. A worker killed from outside
+        (``WorkerLost.killed``) is no op's doing and does not count; the device's restart
+        budget bounds those. Answers whether it will run again; if not, the caller fails
+        it."""
+        suspect = not (isinstance(error, WorkerLost) and error.killed)
         state = self._state
         with state.lock:
-            if (self.reruns >= RERUN_LIMIT or not self.launched or self.generation != generation
-                    or self not in state.pending or not state.rerunnable(self.op)):
+            if ((suspect and self.reruns >= RERUN_LIMIT) or not self.launched
+                    or self.generation != generation or self not in state.pending
+                    or not state.rerunnable(self.op)):
                 return False
-            self.reruns += 1
+            self.reruns += suspect
             state.reruns += 1
         self.unclaim(generation)
         return True
@@ -550,7 +555,7 @@ class DeviceState:
         with self.lock:
             doomed = [p for p in self.pending if p.launched and p.generation == generation]
         for pending in doomed:
-            if not (rerun and pending.rerun(generation)):
+            if not (rerun and pending.rerun(generation, error)):
                 pending.fail(error, generation)
 
     def rerunnable(self, op: Op) -> bool:

@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -135,6 +136,8 @@ class ProcessHost(ContextHost):
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
         self._dead: GpuRuntimeError | None = None
+        self._killed_it = False
+        """This host killed its worker itself (a ``SIGKILL`` it sent is no one else's)."""
         self._callers = 0  # blocking callers using the channel now
         self._unmap = False  # closed: the last caller out unmaps the channel
 
@@ -424,10 +427,12 @@ class ProcessHost(ContextHost):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         code = await proc.wait()
-        self._fail_all(WorkerLost(
+        lost = WorkerLost(
             f"context worker {self.pid} for {self.spec.name} device {self.spec.device_id} "
             f"died (exit code {code}){why}"
-        ))
+        )
+        lost.killed = code == -signal.SIGKILL and not why and not self._killed_it
+        self._fail_all(lost)
 
     def _on_frame(self, request_id: int, reply: bytes) -> None:
         if request_id == 0:  # the worker made room in the ring
@@ -514,6 +519,7 @@ class ProcessHost(ContextHost):
                     async with asyncio.timeout(5.0):
                         await proc.wait()
             if proc.returncode is None:
+                self._killed_it = True
                 proc.kill()
                 await proc.wait()
         if self._reader is not None:
@@ -537,6 +543,7 @@ class ProcessHost(ContextHost):
 
     async def _abort(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
+            self._killed_it = True
             self._proc.kill()
             await self._proc.wait()
         if self._channel is not None:
