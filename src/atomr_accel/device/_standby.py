@@ -4,8 +4,10 @@ A rebuild normally starts a new host: on the process host that is a new worker
 process that imports its backend and creates its context (about a second for
 CUDA). With a standby the device keeps one such host started and warmed (its
 context made and asked once), so the next generation takes it at once and a
-new standby starts in the background. A standby still starting when it is
-needed is awaited, which is never slower than starting another; it must answer
+new standby starts in the background as soon as the last one is taken (so under
+faults in quick succession the next spare is already on its way while the
+taken one finishes its start). A standby still starting when it is needed is
+awaited, which is never slower than starting another; it must answer
 a ping before it serves, and one that died or failed to start is dropped and
 the ordinary path starts a host. Every
 switch is a restart of the context actor, so the restart budget counts it.
@@ -68,6 +70,7 @@ class Standby:
         task, self._task = self._task, None
         if task is None:
             return None
+        self.replenish()  # the next spare starts now, beside this one, not once it serves
         began = time.perf_counter()
         try:
             host = await task
