@@ -25,7 +25,6 @@ from atomr_accel.agents._graph_actor import (
     RunInProgress,
     UnknownRun,
 )
-from atomr_accel.agents._graph_original import OriginalLangGraphGpuActor
 from atomr_accel.agents._index import CpuVectorIndex
 from atomr_accel.agents._rag import (
     EmbedFailed,
@@ -37,6 +36,7 @@ from atomr_accel.agents._rag import (
     extractive_answer,
 )
 from atomr_accel.agents._vectors import UnknownVectorId
+from atomr_accel.original._graph import OriginalLangGraphGpuActor
 
 __all__ = [
     "END",

@@ -12,10 +12,16 @@ from itertools import count
 from typing import Any, Final
 
 from atomr_accel.actor import ActorRef, Props, Reply, Terminated
-from atomr_accel.agents._client import AgentClient, blocking_twin, require_timeout
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
+    SystemLike,
+    require_timeout,
+    require_wait,
+    twin,
+)
+from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
-from atomr_accel.patterns._base import PatternActor, SystemLike, require_wait
-from atomr_accel.patterns._invoke import invoke
 
 __all__ = [
     "CoordinatorStats",
@@ -186,7 +192,7 @@ class _GetStats:
 _SWEEP: Final = _Sweep()
 
 
-class _CoordinatorActor(PatternActor):
+class _CoordinatorActor(BlueprintActor):
     def __init__(self, lease_secs: float, clock: Callable[[], float], tokens: _Tokens) -> None:
         super().__init__()
         self.tokens = tokens
@@ -438,7 +444,7 @@ def _owner(owner: object) -> ActorRef | None:
     return owner
 
 
-class SharedGpuStateCoordinator(AgentClient):
+class SharedGpuStateCoordinator(BlueprintClient):
     """Leases on shared device state: one writer or many readers at a time.
 
     * ``acquire_write`` / ``acquire_read`` wait in one FIFO queue and return a
@@ -482,7 +488,7 @@ class SharedGpuStateCoordinator(AgentClient):
         callable returning monotonic seconds (default ``time.monotonic``);
         tests inject one to control expiry. Acquire time-outs use real time.
         """
-        return cls._start_in(system, cls.props(lease_secs, clock), name)
+        return cls._start(system, cls.props(lease_secs, clock), name)
 
     def acquire_write_async(self, agent_id: str | int, timeout_secs: float = ACQUIRE_TIMEOUT,
                             *, owner: ActorRef | None = None) -> Coroutine[Any, Any, int]:
@@ -564,9 +570,9 @@ class SharedGpuStateCoordinator(AgentClient):
         """The coordinator's ``CoordinatorStats``."""
         return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
 
-    acquire_write = blocking_twin(acquire_write_async)
-    acquire_read = blocking_twin(acquire_read_async)
-    renew = blocking_twin(renew_async)
-    check = blocking_twin(check_async)
-    fenced = blocking_twin(fenced_async)
-    stats = blocking_twin(stats_async)
+    acquire_write = twin(acquire_write_async)
+    acquire_read = twin(acquire_read_async)
+    renew = twin(renew_async)
+    check = twin(check_async)
+    fenced = twin(fenced_async)
+    stats = twin(stats_async)

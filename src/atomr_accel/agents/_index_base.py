@@ -8,13 +8,6 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from atomr_accel.agents._client import (
-    TIMEOUT,
-    AgentActor,
-    AgentClient,
-    blocking_twin,
-    require_timeout,
-)
 from atomr_accel.agents._slots import Slots
 from atomr_accel.agents._vectors import (
     F32,
@@ -27,9 +20,16 @@ from atomr_accel.agents._vectors import (
     require_top_k,
     write_index,
 )
+from atomr_accel.blueprint import (
+    TIMEOUT,
+    BlueprintActor,
+    BlueprintClient,
+    require_positive_int,
+    require_timeout,
+    twin,
+)
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade._portal import in_blocking_call
-from atomr_accel.patterns._base import require_positive_int
 
 __all__ = ["IndexActor", "Published", "Results", "Store", "VectorIndex"]
 
@@ -132,7 +132,7 @@ class Published:
         return results if self.epoch == epoch else None
 
 
-class IndexActor(AgentActor):
+class IndexActor(BlueprintActor):
     """Holds the ids (``Slots``) and runs each request on its ``Store``, one at a time.
 
     A restart (after an unexpected failure) starts empty, with a new store. Every
@@ -141,6 +141,7 @@ class IndexActor(AgentActor):
 
     def __init__(self, dim: int, metric: Metric, make_store: Callable[[], Store],
                  published: Published) -> None:
+        super().__init__()
         self.dim = dim
         self.metric = metric
         self.published = published
@@ -209,7 +210,7 @@ class IndexActor(AgentActor):
         return count
 
 
-class VectorIndex(AgentClient):
+class VectorIndex(BlueprintClient):
     """Exact nearest-neighbour search over ``(id, vector)`` pairs (base of the indexes).
 
     ``metric`` is ``"cosine"`` (vectors and queries are L2-normalized; score =
@@ -310,14 +311,14 @@ class VectorIndex(AgentClient):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
         return self._call(_Load(path), require_timeout(timeout_secs), "load")
 
-    insert = blocking_twin(insert_async)
-    insert_many = blocking_twin(insert_many_async)
-    remove = blocking_twin(remove_async)
-    search = blocking_twin(search_async)
-    search_batch = blocking_twin(search_batch_async)
-    count = blocking_twin(count_async)
-    save = blocking_twin(save_async)
-    load = blocking_twin(load_async)
+    insert = twin(insert_async)
+    insert_many = twin(insert_many_async)
+    remove = twin(remove_async)
+    search = twin(search_async)
+    search_batch = twin(search_batch_async)
+    count = twin(count_async)
+    save = twin(save_async)
+    load = twin(load_async)
 
     def __len__(self) -> int:
         """How many ids the index holds (``count()``)."""

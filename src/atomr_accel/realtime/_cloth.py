@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import ClothStep
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._checks import (
     F32Array,
@@ -180,8 +179,8 @@ class ClothSimulationActor(RealtimeClient):
         """Every vertex's position, ``(width * height, 3)`` float32, row by row."""
         return self._run("positions", (), timeout_secs)
 
-    pin = blocking_twin(pin_async)
-    unpin = blocking_twin(unpin_async)
-    set_wind = blocking_twin(set_wind_async)
-    step = blocking_twin(step_async)
-    positions = blocking_twin(positions_async)
+    pin = twin(pin_async)
+    unpin = twin(unpin_async)
+    set_wind = twin(set_wind_async)
+    step = twin(step_async)
+    positions = twin(positions_async)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._realtime_physics import (
@@ -21,7 +21,6 @@ from atomr_accel.core.ops._realtime_physics import (
 )
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._checks import F32Array, require_count, require_dt, require_number
 
@@ -206,10 +205,10 @@ class FluidSimulationActor(RealtimeClient):
         """The divergence of each cell now (net outflow of its faces), ``(height, width)``."""
         return self._run("divergence", (), timeout_secs)
 
-    add_density = blocking_twin(add_density_async)
-    add_velocity = blocking_twin(add_velocity_async)
-    step = blocking_twin(step_async)
-    density = blocking_twin(density_async)
-    velocity = blocking_twin(velocity_async)
-    face_velocities = blocking_twin(face_velocities_async)
-    divergence = blocking_twin(divergence_async)
+    add_density = twin(add_density_async)
+    add_velocity = twin(add_velocity_async)
+    step = twin(step_async)
+    density = twin(density_async)
+    velocity = twin(velocity_async)
+    face_velocities = twin(face_velocities_async)
+    divergence = twin(divergence_async)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_data import (
@@ -19,7 +19,6 @@ from atomr_accel.core.ops._realtime_data import (
     HashTable,
 )
 from atomr_accel.facade import Device, System
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._checks import U8Array, as_byte_values
 
@@ -197,8 +196,8 @@ class GpuHashMapActor(RealtimeClient):
         probe past (worth it after many erases); answers the number of entries."""
         return self._run("compact", (), timeout_secs)
 
-    insert = blocking_twin(insert_async)
-    lookup = blocking_twin(lookup_async)
-    erase = blocking_twin(erase_async)
-    stats = blocking_twin(stats_async)
-    compact = blocking_twin(compact_async)
+    insert = twin(insert_async)
+    lookup = twin(lookup_async)
+    erase = twin(erase_async)
+    stats = twin(stats_async)
+    compact = twin(compact_async)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import ParticleCompact, ParticleStep
@@ -156,12 +156,12 @@ class ParticleSystemActor(RealtimeClient):
         """How many particles are alive."""
         return int(await self._run("live_count", (), timeout_secs))
 
-    emit = blocking_twin(emit_async)
-    step = blocking_twin(step_async)
-    positions = blocking_twin(positions_async)
-    velocities = blocking_twin(velocities_async)
-    lifetimes = blocking_twin(lifetimes_async)
-    live_count = blocking_twin(live_count_async)
+    emit = twin(emit_async)
+    step = twin(step_async)
+    positions = twin(positions_async)
+    velocities = twin(velocities_async)
+    lifetimes = twin(lifetimes_async)
+    live_count = twin(live_count_async)
 
 
 def _lifetimes(value: Any, n: int) -> F32Array:

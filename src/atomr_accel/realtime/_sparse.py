@@ -8,14 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_data import BuildCsr
 from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 
 __all__ = ["GpuSparseStructureActor"]
@@ -174,8 +173,8 @@ class GpuSparseStructureActor(RealtimeClient):
         """``rows``, ``cols``, ``nnz`` and ``dtype``."""
         return self._run("stats", (), timeout_secs)
 
-    build = blocking_twin(build_async)
-    update = blocking_twin(update_async)
-    spmv = blocking_twin(spmv_async)
-    to_csr = blocking_twin(to_csr_async)
-    stats = blocking_twin(stats_async)
+    build = twin(build_async)
+    update = twin(update_async)
+    spmv = twin(spmv_async)
+    to_csr = twin(to_csr_async)
+    stats = twin(stats_async)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import GridBuild, GridQuery
@@ -162,8 +162,8 @@ class SpatialIndexActor(RealtimeClient):
         return self._run("query_many", (as_points(points, "points"), self._radius(radius)),
                          timeout_secs)
 
-    insert = blocking_twin(insert_async)
-    rebuild = blocking_twin(rebuild_async)
-    count = blocking_twin(count_async)
-    query_neighbors = blocking_twin(query_neighbors_async)
-    query_many = blocking_twin(query_many_async)
+    insert = twin(insert_async)
+    rebuild = twin(rebuild_async)
+    count = twin(count_async)
+    query_neighbors = twin(query_neighbors_async)
+    query_many = twin(query_many_async)

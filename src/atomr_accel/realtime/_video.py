@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import blocking_twin
+from atomr_accel.blueprint import twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import BlendFrames, FilterFrames, Stage
@@ -215,9 +215,9 @@ class VideoEffectsGraph(RealtimeClient):
             raise InvalidArgument("process_many needs at least one frame")
         return self._run("process_many", (checked,), timeout_secs)
 
-    add_filter = blocking_twin(add_filter_async)
-    add_blend = blocking_twin(add_blend_async)
-    set_output = blocking_twin(set_output_async)
-    order = blocking_twin(order_async)
-    process = blocking_twin(process_async)
-    process_many = blocking_twin(process_many_async)
+    add_filter = twin(add_filter_async)
+    add_blend = twin(add_blend_async)
+    set_output = twin(set_output_async)
+    order = twin(order_async)
+    process = twin(process_async)
+    process_many = twin(process_many_async)

@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -56,7 +56,7 @@ from atomr_accel.train._model import Linear, Sequential, Tanh
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
-from atomr_accel.train._replica import _checked_parameters as checked_parameters
+from atomr_accel.train._replica_state import checked_parameters
 from atomr_accel.train._schedule import SCHEDULES, Pass, schedule
 from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._trainer_args import (
@@ -134,13 +134,14 @@ class _Run:
         return self.done[key]
 
 
-class _PipelineActor(AgentActor):
+class _PipelineActor(BlueprintActor):
     """Owns the stage replicas; runs steps, predictions and state downloads."""
 
     def __init__(self, system: System, model: Sequential, cuts: list[tuple[int, int]],
                  devices: list[Device], loss: Loss, optimizer: Optimizer, micro_batches: int,
                  micro_batch_size: int | None, kind: str, seed: int,
                  parameters: Mapping[str, Array] | None, kept: KeptState) -> None:
+        super().__init__()
         self._system = system
         self._model = model
         self._cuts = cuts
@@ -308,7 +309,7 @@ class _PipelineActor(AgentActor):
         await free_replicas(self._s.replicas)
 
 
-class PipelineParallelTrainer(AgentClient):
+class PipelineParallelTrainer(BlueprintClient):
     """A ``Sequential`` cut into stages on several devices, trained with micro-batches.
 
     See the module for the schedule and how results match the unsplit model.
@@ -403,7 +404,7 @@ class PipelineParallelTrainer(AgentClient):
                 else checked_parameters(parameters, model.parameter_shapes(), DType.F32))
         props = Props(_PipelineActor, system, model, cuts, devices, loss, optimizer,
                       micro_batches, micro_batch_size, kind, seed, full, KeptState())
-        client = cls._start_in(system, props, name)
+        client = cls._start(system, props, name)
         client._in_features = in_features
         client._out_features = out_features
         client._micro_batches = micro_batches
@@ -433,7 +434,7 @@ class PipelineParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
-    step = blocking_twin(step_async)
+    step = twin(step_async)
 
     def predict_async(self, x: Any, timeout_secs: float = STEP_TIMEOUT,
                       ) -> Coroutine[Any, Any, Array]:
@@ -442,7 +443,7 @@ class PipelineParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Predict(data, timeout), timeout + ANSWER_MARGIN, "predict")
 
-    predict = blocking_twin(predict_async)
+    predict = twin(predict_async)
 
     def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
                          ) -> Coroutine[Any, Any, dict[str, Array]]:
@@ -451,4 +452,4 @@ class PipelineParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
-    state_dict = blocking_twin(state_dict_async)
+    state_dict = twin(state_dict_async)

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device
@@ -125,11 +125,12 @@ class _Kept:
     """Times the replica was made again after its context was rebuilt."""
 
 
-class _WorkerActor(AgentActor):
+class _WorkerActor(BlueprintActor):
     """Owns the replica on its device; runs ``train`` requests."""
 
     def __init__(self, server: AsyncParameterServer, model: Sequential, device: Device,
                  loss: Loss, worker_id: int, kept: _Kept) -> None:
+        super().__init__()
         self._server = server
         self._model = model
         self._device = device
@@ -204,7 +205,7 @@ class _WorkerActor(AgentActor):
         return report
 
 
-class ParameterServerWorker(AgentClient):
+class ParameterServerWorker(BlueprintClient):
     """A worker actor that trains ``model`` on its device through an
     ``AsyncParameterServer`` (see the module for one step)."""
 
@@ -236,7 +237,7 @@ class ParameterServerWorker(AgentClient):
         in_features = model.in_features()
         if in_features is None:
             raise InvalidArgument("the model must start with a Linear or LayerNorm")
-        client = cls._start_in(facade, Props(_WorkerActor, server, model, device, loss,
+        client = cls._start(facade, Props(_WorkerActor, server, model, device, loss,
                                              int(worker_id), _Kept()), name)
         client._in_features = in_features
         client._classes = not isinstance(loss, MSELoss)
@@ -254,4 +255,4 @@ class ParameterServerWorker(AgentClient):
         return self._call(_Train(data, target, int(steps), int(batch_size), int(seed)),
                           require_timeout(timeout_secs), "train")
 
-    train = blocking_twin(train_async)
+    train = twin(train_async)

@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -55,7 +55,7 @@ from atomr_accel.train._model import GELU, Linear, Sequential
 from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
-from atomr_accel.train._replica import _checked_parameters as checked_parameters
+from atomr_accel.train._replica_state import checked_parameters
 from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._tp_split import (
     Segment,
@@ -212,13 +212,14 @@ class _Kept(KeptState):
     shards: _Shards | None = None
 
 
-class _TensorParallelActor(AgentActor):
+class _TensorParallelActor(BlueprintActor):
     """Owns the shards; answers steps, forwards, backwards and state downloads, and
     recovers from a lost context (``_recovery``)."""
 
     def __init__(self, system: System, model: Sequential | None, devices: list[Device],
                  loss: Loss, optimizer: Optimizer, seed: int,
                  parameters: Mapping[str, Array] | None, kept: _Kept) -> None:
+        super().__init__()
         self._system = system
         self._model = model
         self._devices = devices
@@ -377,7 +378,7 @@ class _TensorParallelActor(AgentActor):
         raise AssertionError(f"unexpected {message!r}")
 
 
-class TensorParallelTrainer(AgentClient):
+class TensorParallelTrainer(BlueprintClient):
     """A ``Sequential`` whose ``Linear`` pairs are split over several devices.
 
     See the module for the split and the collectives. ``step(x, y)`` answers a
@@ -472,7 +473,7 @@ class TensorParallelTrainer(AgentClient):
         require_count("seed", seed, least=0)
         props = Props(_TensorParallelActor, system, model, devices, loss, optimizer, seed,
                       parameters, _Kept())
-        client = cls._start_in(system, props, name)
+        client = cls._start(system, props, name)
         client._devices = tuple(devices)
         client._classes = not isinstance(loss, MSELoss)
         return client
@@ -510,7 +511,7 @@ class TensorParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
-    step = blocking_twin(step_async)
+    step = twin(step_async)
 
     async def _forward(self, x: Any, data: Array, target: Array | None, train: bool,
                        timeout: float) -> tuple[Any, float | None]:
@@ -528,7 +529,7 @@ class TensorParallelTrainer(AgentClient):
         data, target = self._batch(x, y)
         return self._forward(x, data, target, True, require_timeout(timeout_secs))
 
-    forward = blocking_twin(forward_async)
+    forward = twin(forward_async)
 
     def backward_async(self, grad: Any = 1.0, timeout_secs: float = STEP_TIMEOUT,
                        ) -> Coroutine[Any, Any, float]:
@@ -546,7 +547,7 @@ class TensorParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Backward(value, timeout), timeout + ANSWER_MARGIN, "backward")
 
-    backward = blocking_twin(backward_async)
+    backward = twin(backward_async)
 
     async def _predict(self, data: Array, timeout: float) -> Array:
         out, _ = await self._call(_Forward(data, None, False, timeout),
@@ -560,7 +561,7 @@ class TensorParallelTrainer(AgentClient):
         data, _ = self._batch(x, None, labels=False)
         return self._predict(data, require_timeout(timeout_secs))
 
-    predict = blocking_twin(predict_async)
+    predict = twin(predict_async)
 
     def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
                          ) -> Coroutine[Any, Any, dict[str, Array]]:
@@ -569,4 +570,4 @@ class TensorParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
-    state_dict = blocking_twin(state_dict_async)
+    state_dict = twin(state_dict_async)
