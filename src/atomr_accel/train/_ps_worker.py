@@ -41,6 +41,7 @@ from atomr_accel.train._optim import SGD, Loss, MSELoss
 from atomr_accel.train._parameter_server import AsyncParameterServer
 from atomr_accel.train._recovery import RECOVERABLE, settled_generation
 from atomr_accel.train._replica import ModelReplica
+from atomr_accel.train._replica_state import STEP_KEY
 from atomr_accel.train._staleness import StaleGradient
 from atomr_accel.train._trainer_args import checked_batch, require_count
 from atomr_accel.train._transfer import free_replicas
@@ -54,7 +55,6 @@ TRAIN_TIMEOUT = 300.0
 """The default ``timeout_secs`` of ``train``, seconds."""
 
 
-_STEP_KEY = "optimizer.step"
 
 
 def flatten_parameters(model: Sequential, parameters: Mapping[str, Any]) -> Array:
@@ -174,7 +174,7 @@ class _WorkerActor(BlueprintActor):
                        ) -> tuple[float, Array, int]:
         weights, version = await self._server.pull_weights_async(self._worker_id)
         state: dict[str, Any] = unflatten_parameters(self._model, weights)
-        state[_STEP_KEY] = np.array(0, np.int64)
+        state[STEP_KEY] = np.array(0, np.int64)
         await replica.load_state_dict_async(state)
         await replica.zero_grad_async()
         await replica.forward_async(x)

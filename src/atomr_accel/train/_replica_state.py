@@ -24,11 +24,12 @@ from atomr_accel.train._layers import ParamSlot
 from atomr_accel.train._model import Sequential
 from atomr_accel.train._optim import Loss, Optimizer
 
-__all__ = ["ParamInfo", "ReplicaState", "Thunk", "checked_parameters", "gather",
+__all__ = ["STEP_KEY", "ParamInfo", "ReplicaState", "Thunk", "checked_parameters", "gather",
            "require_real"]
 
 Array = np.ndarray[Any, Any]
-_STEP_KEY = "optimizer.step"
+STEP_KEY = "optimizer.step"
+"""The key of the optimizer's step count in a replica's state dict."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,7 @@ class ReplicaState:
         for state, buckets in self.optimizer_state.items():
             values = await self._download_buckets(buckets)
             out.update({f"optimizer.{k}.{state}": v for k, v in values.items()})
-        out[_STEP_KEY] = np.array(self.step, np.int64)
+        out[STEP_KEY] = np.array(self.step, np.int64)
         return out
 
     state_dict = twin(state_dict_async, on_loop=True)
@@ -177,18 +178,18 @@ class ReplicaState:
         if not isinstance(state, Mapping):
             raise InvalidArgument(f"state must be a mapping, got {type(state).__name__}")
         shapes = {name: info.shape for name, info in self.parameter_layout.items()}
-        known = {*shapes, _STEP_KEY, *(f"optimizer.{k}.{name}" for k in shapes
+        known = {*shapes, STEP_KEY, *(f"optimizer.{k}.{name}" for k in shapes
                                        for name in self.optimizer_state)}
         extra = sorted(str(k) for k in state if k not in known)
         if extra:
             raise InvalidArgument(f"state has keys this replica does not keep: {extra[:4]}")
         params = checked_parameters({k: state[k] for k in shapes if k in state}, shapes,
                                      self.dtype)
-        if _STEP_KEY not in state:
-            raise InvalidArgument(f"state has no {_STEP_KEY!r}")
-        step = np.asarray(state[_STEP_KEY])
+        if STEP_KEY not in state:
+            raise InvalidArgument(f"state has no {STEP_KEY!r}")
+        step = np.asarray(state[STEP_KEY])
         if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
-            raise InvalidArgument(f"{_STEP_KEY} must be an int >= 0, got {step!r}")
+            raise InvalidArgument(f"{STEP_KEY} must be an int >= 0, got {step!r}")
         loads: list[tuple[list[GpuBuffer], dict[str, Array]]] = [(self.params, params)]
         for name, buckets in self.optimizer_state.items():
             keyed = {k: state.get(f"optimizer.{k}.{name}") for k in shapes}
