@@ -162,6 +162,8 @@ class EmbeddingCache(BlueprintClient):
         message = _Get((_key(key),))
         return self._first(message, require_timeout(timeout_secs))
 
+    get = twin(get_async)
+
     async def _first(self, message: _Get, timeout: float) -> list[float] | None:
         rows: list[list[float] | None] = await self._call(message, timeout, "get")
         return rows[0]
@@ -174,17 +176,18 @@ class EmbeddingCache(BlueprintClient):
         message = _Get(tuple(_key(key) for key in keys))
         return self._call(message, require_timeout(timeout_secs), "get_many")
 
+    get_many = twin(get_many_async)
+
     def insert_async(self, key: Key, value: Sequence[float] | Any,
                      timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Store ``value`` (``embedding_dim`` numbers) for ``key`` as its most recent use."""
         message = _Insert(_key(key), _row(value, self.dim))
         return self._call(message, require_timeout(timeout_secs), "insert")
 
+    insert = twin(insert_async)
+
     def stats_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, dict[str, int]]:
         """Counters: hits, misses, evictions, inserts, entries, capacity_entries, bytes."""
         return self._call(_Stats(), require_timeout(timeout_secs), "stats")
 
-    get = twin(get_async)
-    get_many = twin(get_many_async)
-    insert = twin(insert_async)
     stats = twin(stats_async)

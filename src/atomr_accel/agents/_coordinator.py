@@ -359,10 +359,14 @@ class SharedGpuStateCoordinator(BlueprintClient):
         """
         return self._acquire(agent_id, WRITE, timeout_secs, owner)
 
+    acquire_write = twin(acquire_write_async)
+
     def acquire_read_async(self, agent_id: str | int, timeout_secs: float = ACQUIRE_TIMEOUT,
                            *, owner: ActorRef | None = None) -> Coroutine[Any, Any, int]:
         """Wait for a shared read lease; return its token (as ``acquire_write_async``)."""
         return self._acquire(agent_id, READ, timeout_secs, owner)
+
+    acquire_read = twin(acquire_read_async)
 
     def _acquire(self, agent_id: object, mode: str, timeout_secs: object, owner: object,
                  ) -> Coroutine[Any, Any, int]:
@@ -402,11 +406,15 @@ class SharedGpuStateCoordinator(BlueprintClient):
         """
         return self._call(_Renew(_token(token)), require_timeout(timeout_secs), "renew")
 
+    renew = twin(renew_async)
+
     def check_async(self, token: int,
                     timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, LeaseInfo]:
         """Return the live lease's ``LeaseInfo``; raise ``StaleLeaseToken`` if it is not live."""
         return self._call(_Check(_token(token)), require_timeout(timeout_secs), "check")
+
+    check = twin(check_async)
 
     def fenced_async(self, token: int, fn: Callable[..., Any], *args: Any,
                      timeout_secs: float = ACQUIRE_TIMEOUT) -> Coroutine[Any, Any, Any]:
@@ -424,14 +432,11 @@ class SharedGpuStateCoordinator(BlueprintClient):
         return self._call(_Fenced(_token(token), fn, args, timeout),
                           timeout + _ANSWER_GRACE, "fenced")
 
+    fenced = twin(fenced_async)
+
     def stats_async(self, timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, CoordinatorStats]:
         """The coordinator's ``CoordinatorStats``."""
         return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
 
-    acquire_write = twin(acquire_write_async)
-    acquire_read = twin(acquire_read_async)
-    renew = twin(renew_async)
-    check = twin(check_async)
-    fenced = twin(fenced_async)
     stats = twin(stats_async)

@@ -395,6 +395,8 @@ class LangGraphGpuActor(BlueprintClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Step(_state(state), timeout), timeout + _ANSWER_GRACE, "step")
 
+    step = twin(step_async)
+
     def resume_async(self, run_id: str, timeout_secs: float = STEP_TIMEOUT,
                      ) -> Coroutine[Any, Any, dict[str, Any]]:
         """Continue run ``run_id`` from its last checkpoint; return its final state.
@@ -405,18 +407,19 @@ class LangGraphGpuActor(BlueprintClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Resume(_run_id(run_id), timeout), timeout + _ANSWER_GRACE, "resume")
 
+    resume = twin(resume_async)
+
     def checkpoints_async(self, run_id: str, timeout_secs: float = STEP_TIMEOUT,
                           ) -> Coroutine[Any, Any, tuple[Checkpoint, ...]]:
         """Run ``run_id``'s checkpoints, one per completed node, oldest first."""
         return self._call(_GetCheckpoints(_run_id(run_id)),
                           require_timeout(timeout_secs), "checkpoints")
 
+    checkpoints = twin(checkpoints_async)
+
     def stats_async(self, timeout_secs: float = STEP_TIMEOUT,
                     ) -> Coroutine[Any, Any, GraphStats]:
         """The executor's ``GraphStats``."""
         return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
 
-    step = twin(step_async)
-    resume = twin(resume_async)
-    checkpoints = twin(checkpoints_async)
     stats = twin(stats_async)

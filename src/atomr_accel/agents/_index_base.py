@@ -258,6 +258,8 @@ class VectorIndex(BlueprintClient):
         matrix = as_matrix(embedding, self.dim, "embedding", self.metric, rows=False)
         return self._call(_Insert(ids, matrix), require_timeout(timeout_secs), "insert")
 
+    insert = twin(insert_async)
+
     def insert_many_async(self, ids: Iterable[int], matrix: Any,
                           timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Store row ``i`` of ``matrix`` (``n x dim``) under ``ids[i]`` (distinct ids; upsert)."""
@@ -267,10 +269,14 @@ class VectorIndex(BlueprintClient):
             raise InvalidArgument(f"insert_many got {len(id_list)} ids for {len(rows)} rows")
         return self._call(_Insert(id_list, rows), require_timeout(timeout_secs), "insert_many")
 
+    insert_many = twin(insert_many_async)
+
     def remove_async(self, id: int, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Remove ``id`` and its vector; ``UnknownVectorId`` if the index does not hold it."""
         vector_id = as_ids([id])[0]
         return self._call(_Remove(vector_id), require_timeout(timeout_secs), "remove")
+
+    remove = twin(remove_async)
 
     def search_async(self, query: Sequence[float] | Any, top_k: int,
                      timeout_secs: float = TIMEOUT,
@@ -280,6 +286,8 @@ class VectorIndex(BlueprintClient):
         queries = as_matrix(query, self.dim, "query", self.metric, rows=False)
         return self._first(_Search(queries, require_top_k(top_k)),
                            require_timeout(timeout_secs))
+
+    search = twin(search_async)
 
     async def _first(self, message: _Search, timeout: float) -> list[tuple[int, float]]:
         return (await self._search(message, timeout, "search"))[0]
@@ -291,9 +299,13 @@ class VectorIndex(BlueprintClient):
         return self._search(_Search(matrix, require_top_k(top_k)),
                             require_timeout(timeout_secs), "search_batch")
 
+    search_batch = twin(search_batch_async)
+
     def count_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """How many ids the index holds."""
         return self._call(_Count(), require_timeout(timeout_secs), "count")
+
+    count = twin(count_async)
 
     def save_async(self, path: str | os.PathLike[str], timeout_secs: float = TIMEOUT,
                    ) -> Coroutine[Any, Any, int]:
@@ -303,6 +315,8 @@ class VectorIndex(BlueprintClient):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
         return self._call(_Save(path), require_timeout(timeout_secs), "save")
 
+    save = twin(save_async)
+
     def load_async(self, path: str | os.PathLike[str], timeout_secs: float = TIMEOUT,
                    ) -> Coroutine[Any, Any, int]:
         """Replace the index's contents by the file ``save`` wrote at ``path`` (same ``dim``
@@ -311,13 +325,6 @@ class VectorIndex(BlueprintClient):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
         return self._call(_Load(path), require_timeout(timeout_secs), "load")
 
-    insert = twin(insert_async)
-    insert_many = twin(insert_many_async)
-    remove = twin(remove_async)
-    search = twin(search_async)
-    search_batch = twin(search_batch_async)
-    count = twin(count_async)
-    save = twin(save_async)
     load = twin(load_async)
 
     def __len__(self) -> int:

@@ -390,6 +390,8 @@ class RagPipeline(BlueprintClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Add(id_list, text_list, timeout), timeout, "add_documents")
 
+    add_documents = twin(add_documents_async)
+
     def query_async(self, text: str, k: int = 5, timeout_secs: float = 10.0,
                     ) -> Coroutine[Any, Any, RagResult]:
         """Answer ``text`` from its ``k`` nearest documents: ``(answer, sources, was_cached)``.
@@ -403,12 +405,12 @@ class RagPipeline(BlueprintClient):
         return self._call(_Query(_text(text), k), require_timeout(timeout_secs),
                           "query")
 
+    query = twin(query_async)
+
     async def stats_async(self, timeout_secs: float = 5.0) -> RagStats:
         """The pipeline's counters (see ``RagStats``)."""
         stats: RagStats = await self._call(_GetStats(), require_timeout(timeout_secs),
                                            "stats")
         return stats
 
-    add_documents = twin(add_documents_async)
-    query = twin(query_async)
     stats = twin(stats_async)

@@ -17,18 +17,18 @@ from atomr_accel.blueprint._checks import (
     require_wait,
 )
 from atomr_accel.blueprint._client import BlueprintClient, SystemLike, spawn_actor
-from atomr_accel.blueprint._twin import async_alias, twin
+from atomr_accel.blueprint._twin import twin, twins_with_old_name
 
 __all__ = [
     "TIMEOUT",
     "BlueprintActor",
     "BlueprintClient",
     "SystemLike",
-    "async_alias",
     "require_positive_int",
     "require_system",
     "require_timeout",
     "require_wait",
     "spawn_actor",
     "twin",
+    "twins_with_old_name",
 ]

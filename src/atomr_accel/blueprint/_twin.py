@@ -11,8 +11,8 @@ for operations that must suspend there (gather device calls, spawn actors).
 
 The serving blueprints (``patterns``) offered their operations as ``async``
 methods named ``name`` taking ``timeout=`` before this rule; those names keep
-returning a coroutine (``async_alias``), so their blocking twin is named
-``name_blocking`` (``twin(name_async, name="name_blocking")``).
+returning a coroutine, so their blocking twin is named
+``name_blocking``: ``name, name_blocking = twins_with_old_name(name_async)``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from atomr_accel.facade._portal import blocking
 if TYPE_CHECKING:
     from atomr_accel.facade._portal import Portal
 
-__all__ = ["async_alias", "twin"]
+__all__ = ["twin", "twins_with_old_name"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -71,7 +71,7 @@ def twin(async_method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]], *,
     return method
 
 
-def async_alias(async_method: Callable[..., Coroutine[Any, Any, T]],
+def _async_alias(async_method: Callable[..., Coroutine[Any, Any, T]],
                 ) -> Callable[..., Coroutine[Any, Any, T]]:
     """The old name ``name`` of ``name_async`` for an operation that was async-only before.
 
@@ -94,3 +94,12 @@ def async_alias(async_method: Callable[..., Coroutine[Any, Any, T]],
                       f"``{async_method.__name__}`` (a coroutine to await; ``timeout=`` is the "
                       f"deprecated spelling of ``timeout_secs``); ``{name}_blocking`` blocks.")
     return method
+
+
+def twins_with_old_name(
+    async_method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> tuple[Callable[..., Coroutine[Any, Any, T]], Callable[Concatenate[S, P], T]]:
+    """``(name, name_blocking)`` of ``name_async``, for an operation whose old name ``name``
+    was async: that name as it was (``_async_alias``) and the blocking twin (``twin``)."""
+    base = async_method.__name__.removesuffix("_async")
+    return _async_alias(async_method), twin(async_method, name=f"{base}_blocking")

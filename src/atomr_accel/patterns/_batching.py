@@ -13,9 +13,8 @@ from atomr_accel.blueprint import (
     BlueprintActor,
     BlueprintClient,
     SystemLike,
-    async_alias,
     require_positive_int,
-    twin,
+    twins_with_old_name,
 )
 from atomr_accel.blueprint._invoke import in_context, invoke
 from atomr_accel.core._errors import ContextPoisoned, InvalidArgument
@@ -297,7 +296,5 @@ class DynamicBatchingServer(BlueprintClient):
         stats: BatchingStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
-    submit = async_alias(submit_async)
-    submit_blocking = twin(submit_async, name="submit_blocking")
-    stats = async_alias(stats_async)
-    stats_blocking = twin(stats_async, name="stats_blocking")
+    submit, submit_blocking = twins_with_old_name(submit_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

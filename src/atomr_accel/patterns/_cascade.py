@@ -14,8 +14,7 @@ from atomr_accel.blueprint import (
     BlueprintActor,
     BlueprintClient,
     SystemLike,
-    async_alias,
-    twin,
+    twins_with_old_name,
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
@@ -199,7 +198,5 @@ class InferenceCascade(BlueprintClient):
         stats: CascadeStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
-    infer = async_alias(infer_async)
-    infer_blocking = twin(infer_async, name="infer_blocking")
-    stats = async_alias(stats_async)
-    stats_blocking = twin(stats_async, name="stats_blocking")
+    infer, infer_blocking = twins_with_old_name(infer_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -12,8 +12,7 @@ from atomr_accel.blueprint import (
     BlueprintActor,
     BlueprintClient,
     SystemLike,
-    async_alias,
-    twin,
+    twins_with_old_name,
 )
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
@@ -170,7 +169,5 @@ class FairShareScheduler(BlueprintClient):
         stats: FairShareStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
-    submit = async_alias(submit_async)
-    submit_blocking = twin(submit_async, name="submit_blocking")
-    stats = async_alias(stats_async)
-    stats_blocking = twin(stats_async, name="stats_blocking")
+    submit, submit_blocking = twins_with_old_name(submit_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

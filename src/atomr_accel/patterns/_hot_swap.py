@@ -13,8 +13,7 @@ from atomr_accel.blueprint import (
     BlueprintActor,
     BlueprintClient,
     SystemLike,
-    async_alias,
-    twin,
+    twins_with_old_name,
 )
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
@@ -215,12 +214,8 @@ class ModelHotSwapServer(BlueprintClient):
         stats: HotSwapStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
-    infer = async_alias(infer_async)
-    infer_blocking = twin(infer_async, name="infer_blocking")
-    swap = async_alias(swap_async)
-    swap_blocking = twin(swap_async, name="swap_blocking")
-    version = async_alias(version_async)
-    version_blocking = twin(version_async, name="version_blocking")
-    stats = async_alias(stats_async)
-    stats_blocking = twin(stats_async, name="stats_blocking")
+    infer, infer_blocking = twins_with_old_name(infer_async)
+    swap, swap_blocking = twins_with_old_name(swap_async)
+    version, version_blocking = twins_with_old_name(version_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)
 

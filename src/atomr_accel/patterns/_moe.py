@@ -14,9 +14,8 @@ from atomr_accel.blueprint import (
     BlueprintActor,
     BlueprintClient,
     SystemLike,
-    async_alias,
     require_positive_int,
-    twin,
+    twins_with_old_name,
 )
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
@@ -227,7 +226,5 @@ class MoeRouter(BlueprintClient):
         stats: RouterStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
-    route = async_alias(route_async)
-    route_blocking = twin(route_async, name="route_blocking")
-    stats = async_alias(stats_async)
-    stats_blocking = twin(stats_async, name="stats_blocking")
+    route, route_blocking = twins_with_old_name(route_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -13,9 +13,8 @@ from atomr_accel.blueprint import (
     BlueprintActor,
     BlueprintClient,
     SystemLike,
-    async_alias,
     require_positive_int,
-    twin,
+    twins_with_old_name,
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import NoReplicaAvailable, RequestRejected
@@ -247,7 +246,5 @@ class ModelReplicaPool(BlueprintClient):
         stats: PoolStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
-    call = async_alias(call_async)
-    call_blocking = twin(call_async, name="call_blocking")
-    stats = async_alias(stats_async)
-    stats_blocking = twin(stats_async, name="stats_blocking")
+    call, call_blocking = twins_with_old_name(call_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -15,9 +15,8 @@ from atomr_accel.blueprint import (
     BlueprintActor,
     BlueprintClient,
     SystemLike,
-    async_alias,
     require_positive_int,
-    twin,
+    twins_with_old_name,
 )
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
@@ -213,7 +212,5 @@ class SpeculativeDecoder(BlueprintClient):
         stats: DecoderStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
-    generate = async_alias(generate_async)
-    generate_blocking = twin(generate_async, name="generate_blocking")
-    stats = async_alias(stats_async)
-    stats_blocking = twin(stats_async, name="stats_blocking")
+    generate, generate_blocking = twins_with_old_name(generate_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -159,15 +159,17 @@ class MultiPassAnalysisActor(RealtimeClient):
         """The frame's statistics (also added to the running ones)."""
         return self._run("analyze", (as_frame(frame, self.shape),), timeout_secs)
 
+    analyze = twin(analyze_async)
+
     def running_async(self, timeout_secs: float = TIMEOUT,
                       ) -> Coroutine[Any, Any, RunningStatistics]:
         """The statistics over every frame analysed since the start or the last reset."""
         return self._run("running", (), timeout_secs)
 
+    running = twin(running_async)
+
     def reset_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Forget the running statistics."""
         return self._run("reset", (), timeout_secs)
 
-    analyze = twin(analyze_async)
-    running = twin(running_async)
     reset = twin(reset_async)

@@ -96,6 +96,8 @@ class ImageFilterPipeline(RealtimeClient):
         """The filtered frame, in the form ``frame`` came in (see the class)."""
         return self._run("process", (as_frame(frame, self.shape),), timeout_secs)
 
+    process = twin(process_async)
+
     def process_buffers_async(self, src: GpuBuffer, dst: GpuBuffer, frames: int = 1,
                               timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Filter ``frames`` frames held one after another in ``src`` into ``dst``: u8 or
@@ -111,6 +113,4 @@ class ImageFilterPipeline(RealtimeClient):
                                       f"need {needed}")
         return self._run("process_buffers", (src, dst, frames), timeout_secs)
 
-    process = twin(process_async)
     process_buffers = twin(process_buffers_async)
-

@@ -151,10 +151,14 @@ class GpuSparseStructureActor(RealtimeClient):
         """Replace the matrix by the triplets' (duplicates summed); answer its nnz."""
         return self._run("build", (self._triplets(rows, cols, values),), timeout_secs)
 
+    build = twin(build_async)
+
     def update_async(self, rows: Any, cols: Any, values: Any,
                      timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Add the triplets to the matrix (summed into entries held); answer its nnz."""
         return self._run("update", (self._triplets(rows, cols, values),), timeout_secs)
+
+    update = twin(update_async)
 
     def spmv_async(self, x: Any, timeout_secs: float = TIMEOUT,
                    ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
@@ -164,17 +168,17 @@ class GpuSparseStructureActor(RealtimeClient):
             raise InvalidArgument(f"x must hold {self.cols} numbers, got shape {vector.shape}")
         return self._run("spmv", (vector,), timeout_secs)
 
+    spmv = twin(spmv_async)
+
     def to_csr_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, Triplets]:
         """``(indptr, indices, values)`` of the CSR matrix, downloaded."""
         return self._run("to_csr", (), timeout_secs)
+
+    to_csr = twin(to_csr_async)
 
     def stats_async(self, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, dict[str, Any]]:
         """``rows``, ``cols``, ``nnz`` and ``dtype``."""
         return self._run("stats", (), timeout_secs)
 
-    build = twin(build_async)
-    update = twin(update_async)
-    spmv = twin(spmv_async)
-    to_csr = twin(to_csr_async)
     stats = twin(stats_async)

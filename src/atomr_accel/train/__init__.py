@@ -101,5 +101,5 @@ __all__ += [
     "unflatten_parameters",
 ]
 
-# The original package's form of DataParallelTrainer.spawn, attached to it there.
+# The original package's forms of the trainers' spawn, attached to them there.
 import atomr_accel.original._train  # noqa: E402, F401

@@ -52,8 +52,8 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._grad_norm import gradient_norm
-from atomr_accel.train._model import Linear, Sequential, Tanh
-from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
+from atomr_accel.train._model import Sequential
+from atomr_accel.train._optim import Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica_state import checked_parameters
@@ -65,34 +65,20 @@ from atomr_accel.train._trainer_args import (
     checked_devices,
     deadline,
     first_error,
-    original_devices,
     require_count,
 )
 from atomr_accel.train._transfer import free_replicas, transfer
 
-__all__ = ["PipelineParallelTrainer", "default_pipeline_model"]
+__all__ = ["PipelineParallelTrainer"]
 
 Array = np.ndarray[Any, Any]
 
 STEP_TIMEOUT = 60.0
 """The default ``timeout_secs`` of a step, seconds."""
 
-DEFAULT_HIDDEN = 16
-"""The width of the original form's default model."""
-
 _PREDICT = 2**61
 """The micro-batch tag ``predict`` uses on every stage."""
 
-
-
-def default_pipeline_model(n_stages: int, hidden: int = DEFAULT_HIDDEN) -> list[Sequential]:
-    """The original form's model, one stage a device: ``Linear(1, h), Tanh`` on the first
-    stage, ``Linear(h, h), Tanh`` on each next one, and ``Linear(h, 1)`` closing the last;
-    it learns to reproduce its scalar inputs (MSE against the input)."""
-    layers: list[list[Any]] = [[Linear(1 if k == 0 else hidden, hidden), Tanh()]
-                               for k in range(n_stages)]
-    layers[-1].append(Linear(hidden, 1))
-    return [Sequential(*stage) for stage in layers]
 
 
 @dataclass
@@ -325,8 +311,12 @@ class PipelineParallelTrainer(BlueprintClient):
     _classes: bool = False
 
     @classmethod
-    def spawn(cls, system: Any, *args: Any, **kwargs: Any) -> PipelineParallelTrainer:
-        """Start a pipeline in the facade ``system``, in one of two forms.
+    def spawn(cls, system: Any, stages: Sequence[Sequential], devices: Sequence[Device],
+              *, loss: Loss, optimizer: Optimizer, micro_batches: int = 1,
+              schedule: str = "1f1b", seed: int = 0,
+              parameters: Mapping[str, Any] | None = None,
+              name: str | None = None) -> PipelineParallelTrainer:
+        """Start a pipeline in the facade ``system``.
 
         ``spawn(system, stages, devices, *, loss, optimizer, micro_batches=1,
         schedule="1f1b", seed=0, parameters=None, name=None)``: ``stages`` is a
@@ -334,27 +324,8 @@ class PipelineParallelTrainer(BlueprintClient):
         several stages), ``schedule`` ``"1f1b"`` or ``"gpipe"``, ``parameters``
         the full model's by name (default: initialised from ``seed``).
 
-        ``spawn(system, n_stages=2, micro_batch_size=4, lr=0.01, name=None)``,
-        the original's form: the default model (``default_pipeline_model``)
-        with ``MSELoss`` and ``SGD(lr)``, stage ``k`` on the system's device
-        ``k`` (cycling when it has fewer; one CPU device is started when it has
-        none), micro-batches of ``micro_batch_size`` rows, 1F1B. Its
-        ``step(microbatch)`` takes a list of numbers and trains the model to
-        reproduce them.
-
         Raises ``InvalidArgument`` for bad settings.
         """
-        if kwargs.keys() & {"n_stages", "micro_batch_size", "lr"} or (
-                not kwargs.keys() & {"stages"} and (not args or isinstance(args[0], int))):
-            return cls._spawn_original(system, *args, **kwargs)
-        return cls._spawn_own(system, *args, **kwargs)
-
-    @classmethod
-    def _spawn_own(cls, system: Any, stages: Sequence[Sequential], devices: Sequence[Device],
-                   *, loss: Loss, optimizer: Optimizer, micro_batches: int = 1,
-                   schedule: str = "1f1b", seed: int = 0,
-                   parameters: Mapping[str, Any] | None = None,
-                   name: str | None = None) -> PipelineParallelTrainer:
         facade = require_system(system)
         if not isinstance(stages, Sequence) or not stages or not all(
                 isinstance(s, Sequential) for s in stages):
@@ -364,17 +335,6 @@ class PipelineParallelTrainer(BlueprintClient):
         require_count("micro_batches", micro_batches)
         return cls._launch(facade, stages, placed, loss, optimizer, micro_batches, None,
                            schedule, seed, parameters, name)
-
-    @classmethod
-    def _spawn_original(cls, system: Any, n_stages: int = 2, micro_batch_size: int = 4,
-                        lr: float = 0.01, name: str | None = None) -> PipelineParallelTrainer:
-        facade = require_system(system)
-        require_count("n_stages", n_stages)
-        require_count("micro_batch_size", micro_batch_size)
-        optimizer = SGD(lr)
-        devices = original_devices(facade, n_stages)
-        return cls._launch(facade, default_pipeline_model(n_stages), devices, MSELoss(),
-                           optimizer, 1, micro_batch_size, "1f1b", 0, None, name)
 
     @classmethod
     def _launch(cls, system: System, stages: Sequence[Sequential], devices: list[Device],

@@ -49,7 +49,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.train._model import GELU, Linear, Sequential
-from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
+from atomr_accel.train._optim import Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica_state import checked_parameters
@@ -303,32 +303,19 @@ class TensorParallelTrainer(BlueprintClient):
     _devices: tuple[Device, ...] = ()
 
     @classmethod
-    def spawn(cls, system: Any, *args: Any, **kwargs: Any) -> TensorParallelTrainer:
-        """Start a tensor-parallel trainer in the facade ``system``, in one of two forms.
+    def spawn(cls, system: Any, model: Sequential, devices: Sequence[Device], *,
+              loss: Loss, optimizer: Optimizer, seed: int = 0,
+              parameters: Mapping[str, Any] | None = None,
+              name: str | None = None) -> TensorParallelTrainer:
+        """Start a tensor-parallel trainer in the facade ``system``.
 
         ``spawn(system, model, devices, *, loss, optimizer, seed=0,
         parameters=None, name=None)``: ``model`` a ``Sequential``, split over
         ``devices`` (distinct devices of the system); ``parameters`` the whole
         model's by name (default: ``model.init_parameters(seed)``).
 
-        ``spawn(system, n_shards=2, lr=0.01, name=None)``, the original's form:
-        the default model (``default_tensor_parallel_model``, its width fixed
-        by the first ``forward``'s input) with ``MSELoss`` against the input and
-        ``SGD(lr)``, on the system's first ``n_shards`` devices (CPU devices
-        are started for the ones it lacks).
-
         Raises ``InvalidArgument`` for bad settings.
         """
-        if kwargs.keys() & {"n_shards", "lr"} or (
-                "model" not in kwargs and (not args or isinstance(args[0], int))):
-            return cls._spawn_original(system, *args, **kwargs)
-        return cls._spawn_own(system, *args, **kwargs)
-
-    @classmethod
-    def _spawn_own(cls, system: Any, model: Sequential, devices: Sequence[Device], *,
-                   loss: Loss, optimizer: Optimizer, seed: int = 0,
-                   parameters: Mapping[str, Any] | None = None,
-                   name: str | None = None) -> TensorParallelTrainer:
         facade = require_system(system)
         if not isinstance(model, Sequential):
             raise InvalidArgument(f"model must be a Sequential, got {model!r}")
@@ -355,18 +342,6 @@ class TensorParallelTrainer(BlueprintClient):
                 else checked_parameters(parameters, model.parameter_shapes(), DType.F32))
         client = cls._launch(facade, model, placed, loss, optimizer, seed, full, name)
         client._in_features, client._out_features = in_features, out_features
-        return client
-
-    @classmethod
-    def _spawn_original(cls, system: Any, n_shards: int = 2, lr: float = 0.01,
-                        name: str | None = None) -> TensorParallelTrainer:
-        facade = require_system(system)
-        require_count("n_shards", n_shards)
-        devices = list(facade.devices[:n_shards])
-        while len(devices) < n_shards:
-            devices.append(facade.spawn_device(mock=True))
-        client = cls._launch(facade, None, devices, MSELoss(), SGD(lr), 0, None, name)
-        client._original = True
         return client
 
     @classmethod

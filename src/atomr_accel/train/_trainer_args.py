@@ -15,7 +15,7 @@ from atomr_accel.facade import Device, System
 from atomr_accel.facade._host_arrays import host_array
 
 __all__ = ["ANSWER_MARGIN", "checked_batch", "checked_devices", "deadline", "first_error",
-           "original_devices", "require_count"]
+           "require_count"]
 
 Array = np.ndarray[Any, Any]
 
@@ -42,13 +42,6 @@ def checked_devices(system: System, devices: object, count: int, what: str) -> l
         if not isinstance(device, Device) or all(d is not device for d in system.devices):
             raise InvalidArgument(f"devices must be Devices of this system, got {device!r}")
     return list(devices)
-
-
-def original_devices(system: System, count: int) -> list[Device]:
-    """``count`` devices for the original forms: the system's, cycled in order; one CPU
-    device is started first when the system has none."""
-    devices = list(system.devices) or [system.spawn_device(mock=True)]
-    return [devices[k % len(devices)] for k in range(count)]
 
 
 def checked_batch(x: Any, y: Any, in_features: int, labels: bool,
