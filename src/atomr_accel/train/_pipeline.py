@@ -61,6 +61,8 @@ from atomr_accel.train._schedule import SCHEDULES, Pass, schedule
 from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
+    StateDictRequest,
+    TrainStep,
     checked_batch,
     checked_devices,
     deadline,
@@ -80,22 +82,9 @@ _PREDICT = 2**61
 """The micro-batch tag ``predict`` uses on every stage."""
 
 
-
-@dataclass
-class _Step:
-    x: Array
-    y: Array | None
-    timeout: float
-
-
 @dataclass
 class _Predict:
     x: Array
-    timeout: float
-
-
-@dataclass(frozen=True)
-class _StateDict:
     timeout: float
 
 
@@ -174,15 +163,15 @@ class _PipelineActor(BlueprintActor):
     async def handle(self, message: Any) -> Any:
         """Answer a step, a prediction or a state download, each within its time-out
         (``AskTimeout`` past it; the next call then recovers the state first)."""
-        if type(message) not in (_Step, _Predict, _StateDict):
+        if type(message) not in (TrainStep, _Predict, StateDictRequest):
             return await super().handle(message)
         async with deadline(f"pipeline {type(message).__name__[1:].lower()}",
                             message.timeout):
             await self._ready()
             return await self._answer(message)
 
-    async def _answer(self, message: _Step | _Predict | _StateDict) -> Any:
-        if isinstance(message, _Step):
+    async def _answer(self, message: TrainStep | _Predict | StateDictRequest) -> Any:
+        if isinstance(message, TrainStep):
             started = time.perf_counter()
             (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
                                                               message.y)
@@ -392,7 +381,7 @@ class PipelineParallelTrainer(BlueprintClient):
                                   f"many outputs as inputs ({self._out_features} outputs, "
                                   f"{self._in_features} inputs)")
         timeout = require_timeout(timeout_secs)
-        return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
+        return self._call(TrainStep(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
     step = twin(step_async)
 
@@ -410,6 +399,6 @@ class PipelineParallelTrainer(BlueprintClient):
         """Every stage's parameters and optimizer state under the full model's names (as
         ``ModelReplica.state_dict``; one ``"optimizer.step"``)."""
         timeout = require_timeout(timeout_secs)
-        return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
+        return self._call(StateDictRequest(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
     state_dict = twin(state_dict_async)

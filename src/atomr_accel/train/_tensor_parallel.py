@@ -63,6 +63,8 @@ from atomr_accel.train._tp_split import (
 )
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
+    StateDictRequest,
+    TrainStep,
     checked_batch,
     checked_devices,
     deadline,
@@ -78,20 +80,11 @@ STEP_TIMEOUT = 60.0
 """The default ``timeout_secs`` of a step, forward or backward, seconds."""
 
 
-
-
 def default_tensor_parallel_model(features: int) -> Sequential:
     """The original form's model for inputs of ``features`` numbers: a transformer-style
     MLP block ``Linear(d, 4d), GELU, Linear(4d, d)`` (one sharded segment), trained to
     reproduce its input (MSE against the input)."""
     return Sequential(Linear(features, 4 * features), GELU(), Linear(4 * features, features))
-
-
-@dataclass
-class _Step:
-    x: Array
-    y: Array | None
-    timeout: float
 
 
 @dataclass
@@ -105,11 +98,6 @@ class _Forward:
 @dataclass
 class _Backward:
     grad: Array | float
-    timeout: float
-
-
-@dataclass(frozen=True)
-class _StateDict:
     timeout: float
 
 
@@ -253,14 +241,14 @@ class _TensorParallelActor(BlueprintActor):
     async def handle(self, message: Any) -> Any:
         """Answer a step, a forward, a backward or a state download, each within its
         time-out (``AskTimeout`` past it; the next call then recovers the state first)."""
-        if type(message) not in (_Step, _Forward, _Backward, _StateDict):
+        if type(message) not in (TrainStep, _Forward, _Backward, StateDictRequest):
             return await super().handle(message)
         async with deadline(f"tensor-parallel {type(message).__name__[1:].lower()}",
                             message.timeout):
             return await self._answer(message)
 
     async def _answer(self, message: Any) -> Any:
-        if type(message) is _Step:
+        if type(message) is TrainStep:
             started = time.perf_counter()
             await self._ready(message.x.shape[-1])
             (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
@@ -278,7 +266,7 @@ class _TensorParallelActor(BlueprintActor):
                 raise InvalidArgument("backward needs a forward (train=True) first")
             norm, _ = await self._s.journal.run(self._backward, *last, message.grad)
             return norm
-        if type(message) is _StateDict:
+        if type(message) is StateDictRequest:
             if self._s.shards is None and self._model is None:
                 raise InvalidArgument("the default model is made at the first forward")
             shards = await self._ready(0)  # the model is known by now
@@ -392,7 +380,7 @@ class TensorParallelTrainer(BlueprintClient):
         zero, forward, loss, backward, update. Answers the ``StepResult``."""
         data, target = self._batch(x, y)
         timeout = require_timeout(timeout_secs)
-        return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
+        return self._call(TrainStep(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
     step = twin(step_async)
 
@@ -451,6 +439,6 @@ class TensorParallelTrainer(BlueprintClient):
         """The whole model's parameters and optimizer state (shards merged), under the
         model's names (as ``ModelReplica.state_dict``)."""
         timeout = require_timeout(timeout_secs)
-        return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
+        return self._call(StateDictRequest(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
     state_dict = twin(state_dict_async)
