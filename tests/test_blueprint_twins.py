@@ -67,11 +67,12 @@ def test_blocking_twins_block_and_take_timeout_secs(system: System) -> None:
 def test_old_names_still_return_coroutines_and_take_timeout_as_timeout_secs(
         system: System) -> None:
     server = DynamicBatchingServer.spawn(system, double, max_batch=1, max_wait=0.0)
+    assert inspect.iscoroutinefunction(DynamicBatchingServer.submit)
     coro = server.submit(1, timeout=5)
     assert inspect.iscoroutine(coro)
     assert system._portal.call(coro) == 2
     with pytest.raises(InvalidArgument, match="not both"):
-        server.submit(1, timeout=5, timeout_secs=5)
+        system._portal.call(server.submit(1, timeout=5, timeout_secs=5))
 
 
 def test_a_bad_timeout_secs_is_an_invalid_argument(system: System) -> None:

@@ -72,20 +72,20 @@ def twin(async_method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]], *,
 
 
 def _async_alias(async_method: Callable[..., Coroutine[Any, Any, T]],
-                ) -> Callable[..., Coroutine[Any, Any, T]]:
+                 ) -> Callable[..., Coroutine[Any, Any, T]]:
     """The old name ``name`` of ``name_async`` for an operation that was async-only before.
 
-    It returns ``name_async``'s coroutine wherever it is called, as it always
-    did, and takes ``timeout=`` as the deprecated spelling of ``timeout_secs``.
+    It is a coroutine function, as it always was, and takes ``timeout=`` as the
+    deprecated spelling of ``timeout_secs``.
     """
 
     @functools.wraps(async_method)
-    def method(self: Any, /, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, T]:
+    async def method(self: Any, /, *args: Any, **kwargs: Any) -> T:
         if "timeout" in kwargs:
             if "timeout_secs" in kwargs:
                 raise InvalidArgument("give timeout_secs, not both it and timeout")
             kwargs["timeout_secs"] = kwargs.pop("timeout")
-        return async_method(self, *args, **kwargs)
+        return await async_method(self, *args, **kwargs)
 
     name = async_method.__name__.removesuffix("_async")
     method.__name__ = name
