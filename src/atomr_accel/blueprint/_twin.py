@@ -1,8 +1,9 @@
 """The one twin rule of the blueprints: an operation is declared once, as ``name_async``.
 
 Every public client method of a blueprint exists twice: ``name_async(...)``,
-which checks its arguments when called and returns a coroutine to await on
-any event loop, and ``name(...)``, its blocking twin, generated here from it.
+which returns a coroutine to await on any event loop (best a plain ``def``
+that checks its arguments when called, then returns the coroutine), and
+``name(...)``, its blocking twin, generated here from it.
 Both take the same arguments, ``timeout_secs`` among them. The blocking twin
 is the facade's (``facade._portal.blocking``): it runs the coroutine to its
 end on the calling thread, in blocking mode. ``twin(..., on_loop=True)``
