@@ -4,10 +4,10 @@ one request without losing the actor's state."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
-from atomr_accel.actor import Actor, ActorStopped
+from atomr_accel.actor import Actor, ActorStopped, Reply
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 
 __all__ = ["BlueprintActor"]
@@ -34,6 +34,23 @@ class BlueprintActor(Actor):
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def answer(self, reply: Reply, work: Awaitable[Any]) -> bool:
+        """Answer ``reply`` with what ``work`` returns or raises; True when it returned.
+
+        Any exception fails only ``reply``. When ``work`` is cancelled (the actor
+        stopping), ``reply`` fails with ``ActorStopped`` and the cancellation goes on.
+        """
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            reply.set_exception(self.stopped_error())
+            raise
+        except Exception as exc:
+            reply.set_exception(exc)
+            return False
+        reply.set_result(result)
+        return True
 
     def stopped_error(self) -> ActorStopped:
         """The error for requests this actor can no longer answer."""

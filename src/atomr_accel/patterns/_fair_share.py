@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,15 +95,7 @@ class _FairShareActor(BlueprintActor):
 
     async def _run(self, ticket: Ticket[tuple[Any, Reply]]) -> None:
         item, reply = ticket.value
-        try:
-            result = await invoke(self.fn, item)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-        else:
-            reply.set_result(result)
+        await self.answer(reply, invoke(self.fn, item))
         self.context.self_ref.tell(_Done(ticket))
 
     async def post_stop(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,18 +131,8 @@ class _HotSwapActor(BlueprintActor):
         self.context.self_ref.tell(_Released(generation))
 
     async def _run(self, generation: _Generation, x: Any, reply: Reply) -> None:
-        me = self.context.self_ref
-        try:
-            result = await invoke(generation.model, x)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-            me.tell(_Done(generation, ok=False))
-            return
-        reply.set_result(result)
-        me.tell(_Done(generation, ok=True))
+        ok = await self.answer(reply, invoke(generation.model, x))
+        self.context.self_ref.tell(_Done(generation, ok=ok))
 
     async def post_stop(self) -> None:
         """Fail running calls and pending swaps, then close every model it still holds."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,18 +163,8 @@ class _PoolActor(BlueprintActor):
                 self.pending.popleft()[1].set_exception(error)
 
     async def _call(self, index: int, x: Any, reply: Reply) -> None:
-        me = self.context.self_ref
-        try:
-            result = await self.workers[index].ask(Invoke((x,)), timeout=None)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-            me.tell(_Done(index, ok=False))
-            return
-        reply.set_result(result)
-        me.tell(_Done(index, ok=True))
+        ok = await self.answer(reply, self.workers[index].ask(Invoke((x,)), timeout=None))
+        self.context.self_ref.tell(_Done(index, ok=ok))
 
     async def post_stop(self) -> None:
         """Fail the requests waiting for a replica, then the running ones."""
