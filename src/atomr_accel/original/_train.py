@@ -24,15 +24,15 @@ from atomr_accel.facade import Device, System
 from atomr_accel.original._forms import attach_spawn, is_models
 from atomr_accel.train._data_parallel import DataParallelTrainer
 from atomr_accel.train._dp_spec import original_spec
-from atomr_accel.train._model import Linear, Sequential, Tanh
+from atomr_accel.train._model import GELU, Linear, Sequential, Tanh
 from atomr_accel.train._optim import SGD, MSELoss
 from atomr_accel.train._pipeline import PipelineParallelTrainer
 from atomr_accel.train._tensor_parallel import TensorParallelTrainer
 from atomr_accel.train._torch_module import TorchModule
 from atomr_accel.train._trainer_args import require_count
 
-__all__ = ["DEFAULT_HIDDEN", "default_pipeline_model", "spawn_data_parallel", "spawn_pipeline",
-           "spawn_tensor_parallel"]
+__all__ = ["DEFAULT_HIDDEN", "default_pipeline_model", "default_tensor_parallel_model",
+           "spawn_data_parallel", "spawn_pipeline", "spawn_tensor_parallel"]
 
 DEFAULT_HIDDEN = 16
 """The width of the pipeline's default model."""
@@ -46,6 +46,13 @@ def default_pipeline_model(n_stages: int, hidden: int = DEFAULT_HIDDEN) -> list[
                                for k in range(n_stages)]
     layers[-1].append(Linear(hidden, 1))
     return [Sequential(*stage) for stage in layers]
+
+
+def default_tensor_parallel_model(features: int) -> Sequential:
+    """The original form's model for inputs of ``features`` numbers: a transformer-style
+    MLP block ``Linear(d, 4d), GELU, Linear(4d, d)`` (one sharded segment), trained to
+    reproduce its input (MSE against the input)."""
+    return Sequential(Linear(features, 4 * features), GELU(), Linear(4 * features, features))
 
 
 def _devices(system: System, count: int, *, cycle: bool) -> list[Device]:
@@ -94,10 +101,8 @@ def spawn_tensor_parallel(spawn: Callable[..., TensorParallelTrainer], system: A
     facade = require_system(system)
     require_count("n_shards", n_shards)
     devices = _devices(facade, n_shards, cycle=False)
-    client = TensorParallelTrainer._launch(facade, None, devices, MSELoss(), SGD(lr), 0, None,
-                                           name)
-    client._original = True
-    return client
+    return TensorParallelTrainer._launch(facade, default_tensor_parallel_model, devices,
+                                         MSELoss(), SGD(lr), 0, None, name)
 
 
 attach_spawn(DataParallelTrainer, spawn_data_parallel, "model",

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from atomr_accel.blueprint import (
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
-from atomr_accel.train._model import GELU, Linear, Sequential
+from atomr_accel.train._model import Linear, Sequential
 from atomr_accel.train._optim import Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
@@ -72,19 +72,15 @@ from atomr_accel.train._trainer_args import (
 )
 from atomr_accel.train._transfer import free_replicas
 
-__all__ = ["TensorParallelTrainer", "default_tensor_parallel_model"]
+__all__ = ["ModelSource", "TensorParallelTrainer"]
 
 Array = np.ndarray[Any, Any]
 
 STEP_TIMEOUT = 60.0
 """The default ``timeout_secs`` of a step, forward or backward, seconds."""
 
-
-def default_tensor_parallel_model(features: int) -> Sequential:
-    """The original form's model for inputs of ``features`` numbers: a transformer-style
-    MLP block ``Linear(d, 4d), GELU, Linear(4d, d)`` (one sharded segment), trained to
-    reproduce its input (MSE against the input)."""
-    return Sequential(Linear(features, 4 * features), GELU(), Linear(4 * features, features))
+ModelSource: TypeAlias = Sequential | Callable[[int], Sequential]
+"""A model, or what makes one from the width of the first batch's rows."""
 
 
 @dataclass
@@ -112,7 +108,7 @@ class _TensorParallelActor(BlueprintActor):
     """Owns the shards; answers steps, forwards, backwards and state downloads, and
     recovers from a lost context (``_recovery``)."""
 
-    def __init__(self, system: System, model: Sequential | None, devices: list[Device],
+    def __init__(self, system: System, model: ModelSource, devices: list[Device],
                  loss: Loss, optimizer: Optimizer, seed: int,
                  parameters: Mapping[str, Array] | None, kept: _Kept) -> None:
         super().__init__()
@@ -129,7 +125,7 @@ class _TensorParallelActor(BlueprintActor):
     async def _ready(self, features: int) -> Shards:
         if self._s.shards is not None:
             return self._s.shards
-        model = self._model or default_tensor_parallel_model(features)
+        model = self._model if isinstance(self._model, Sequential) else self._model(features)
         full = (dict(self._parameters) if self._parameters is not None
                 else model.init_parameters(self._seed))
         n = len(self._devices)
@@ -267,8 +263,8 @@ class _TensorParallelActor(BlueprintActor):
             norm, _ = await self._s.journal.run(self._backward, *last, message.grad)
             return norm
         if type(message) is StateDictRequest:
-            if self._s.shards is None and self._model is None:
-                raise InvalidArgument("the default model is made at the first forward")
+            if self._s.shards is None and not isinstance(self._model, Sequential):
+                raise InvalidArgument("the model is made at the first forward (from its width)")
             shards = await self._ready(0)  # the model is known by now
             return await self._s.journal.read(shards.state_dict)
         raise AssertionError(f"unexpected {message!r}")
@@ -287,7 +283,6 @@ class TensorParallelTrainer(BlueprintClient):
     _in_features: int | None = None
     _out_features: int | None = None
     _classes = False
-    _original = False
     _devices: tuple[Device, ...] = ()
 
     @classmethod
@@ -333,7 +328,7 @@ class TensorParallelTrainer(BlueprintClient):
         return client
 
     @classmethod
-    def _launch(cls, system: System, model: Sequential | None, devices: list[Device],
+    def _launch(cls, system: System, model: ModelSource, devices: list[Device],
                 loss: Loss, optimizer: Optimizer, seed: int,
                 parameters: Mapping[str, Array] | None, name: str | None,
                 ) -> TensorParallelTrainer:
@@ -356,7 +351,7 @@ class TensorParallelTrainer(BlueprintClient):
 
     def _batch(self, x: Any, y: Any, *, labels: bool | None = None,
                ) -> tuple[Array, Array | None]:
-        if self._in_features is None:  # the original form's model: fixed by the first x
+        if self._in_features is None:  # a model made from the first batch: its width
             try:
                 shape = np.shape(x)
             except ValueError as exc:
