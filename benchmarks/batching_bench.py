@@ -110,8 +110,8 @@ async def drive(make_submit: Callable[[int], Submit], inputs: list[Array],
 async def drive_server(server: DynamicBatchingServer, inputs: list[Array],
                        clients: int) -> dict[str, Any]:
     """``drive`` through ``server``; adds the mean batch size of the whole run."""
-    row = await drive(lambda c: server.submit, inputs, clients)
-    stats = await server.stats()
+    row = await drive(lambda c: server.submit_async, inputs, clients)
+    stats = await server.stats_async()
     row["mean_batch"] = stats.completed / stats.batches
     return row
 
@@ -156,7 +156,7 @@ async def our_rows(system: System, dev: Device, cfg: dict[str, Any], *,
         rows["unbatched"] = await drive(direct, inputs, clients)
     server = DynamicBatchingServer.spawn(system, layer.forward, max_batch=max_batch,
                                          max_wait=max_wait, queue_capacity=4 * clients)
-    np.testing.assert_allclose(await server.submit(inputs[0]), expected, atol=1e-4)
+    np.testing.assert_allclose(await server.submit_async(inputs[0]), expected, atol=1e-4)
     rows["batched"] = await drive_server(server, inputs, clients)
     server.stop()
     empty = DynamicBatchingServer.spawn(system, noop, max_batch=max_batch, max_wait=max_wait,

@@ -101,8 +101,9 @@ async def serve(requests: int, cuda: bool) -> int:
         server = DynamicBatchingServer.spawn(  # the batch runs inside the worker
             system, functools.partial(classify, model), max_batch=64, max_wait=0.005)
         began = time.perf_counter()
-        answers = await asyncio.gather(*(server.submit(item, timeout=120) for item in items),
-                                       return_exceptions=True)
+        answers = await asyncio.gather(
+            *(server.submit_async(item, timeout_secs=120) for item in items),
+            return_exceptions=True)
         took = time.perf_counter() - began
         served = sum(isinstance(a, int) for a in answers)
         poisoned = [i for i, a in enumerate(answers) if isinstance(a, ContextPoisoned)]

@@ -41,9 +41,9 @@ async def main() -> None:
         batcher = DynamicBatchingServer.spawn(system, linear, max_batch=MAX_BATCH,
                                               max_wait=0.005)
         xs = [rng.standard_normal(D_IN).astype(np.float32) for _ in range(20)]
-        ys = await asyncio.gather(*(batcher.submit(x) for x in xs))
+        ys = await asyncio.gather(*(batcher.submit_async(x) for x in xs))
         error = max(float(np.abs(y - x @ w).max()) for x, y in zip(xs, ys, strict=True))
-        stats = await batcher.stats()
+        stats = await batcher.stats_async()
         print(f"batching: {stats.completed} requests in {stats.batches} batches, "
               f"max error {error:.1e}")
 
@@ -51,17 +51,17 @@ async def main() -> None:
             Stage(lambda x: ("small", 0.95 if x < 5 else 0.3), threshold=0.9),
             Stage(lambda x: ("large", 0.99)),
         ])
-        answers = [(await cascade.infer(x)).answer for x in (1, 9)]
+        answers = [(await cascade.infer_async(x)).answer for x in (1, 9)]
         print(f"cascade: 1 -> {answers[0]}, 9 -> {answers[1]}")
 
         server = ModelHotSwapServer.spawn(system, lambda x: f"v1({x})")
-        before = await server.infer("a")
-        version = await server.swap(lambda x: f"v2({x})")
-        print(f"hot swap: {before}, then version {version}: {await server.infer('b')}")
+        before = await server.infer_async("a")
+        version = await server.swap_async(lambda x: f"v2({x})")
+        print(f"hot swap: {before}, then version {version}: {await server.infer_async('b')}")
 
         experts = [lambda rows, s=s: rows[:, :D_OUT] * s for s in (1.0, 2.0, 3.0)]
         router = MoeRouter.spawn(system, lambda x: x[:, :3], experts, top_k=2)
-        print(f"moe: output shape {(await router.route(np.stack(xs))).shape}")
+        print(f"moe: output shape {(await router.route_async(np.stack(xs))).shape}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ PACKAGES = [
     "atomr_accel.actor",
     "atomr_accel.actor.testkit",
     "atomr_accel.agents",
+    "atomr_accel.blueprint",
     "atomr_accel.blaslt",
     "atomr_accel.cli",
     "atomr_accel.collective",

@@ -5,15 +5,7 @@ See ``docs/agents-index.md``, ``docs/agents-rag.md`` and ``docs/agents-graph.md`
 """
 
 from atomr_accel.agents._cache import EmbeddingCache
-from atomr_accel.agents._coordinator import (
-    CoordinatorStats,
-    LeaseError,
-    LeaseInfo,
-    LeaseOwnerStopped,
-    LeaseTimeout,
-    SharedGpuStateCoordinator,
-    StaleLeaseToken,
-)
+from atomr_accel.agents._coordinator import SharedGpuStateCoordinator
 from atomr_accel.agents._embedder import HashedTfidfEmbedder
 from atomr_accel.agents._gpu_index import GpuVectorIndex
 from atomr_accel.agents._graph import END, CompiledGraph, Graph, GraphCycleError, UnknownNode
@@ -25,8 +17,15 @@ from atomr_accel.agents._graph_actor import (
     RunInProgress,
     UnknownRun,
 )
-from atomr_accel.agents._graph_original import OriginalLangGraphGpuActor
 from atomr_accel.agents._index import CpuVectorIndex
+from atomr_accel.agents._lease import (
+    CoordinatorStats,
+    LeaseError,
+    LeaseInfo,
+    LeaseOwnerStopped,
+    LeaseTimeout,
+    StaleLeaseToken,
+)
 from atomr_accel.agents._rag import (
     EmbedFailed,
     GenerateFailed,
@@ -37,6 +36,7 @@ from atomr_accel.agents._rag import (
     extractive_answer,
 )
 from atomr_accel.agents._vectors import UnknownVectorId
+from atomr_accel.original._graph import OriginalLangGraphGpuActor
 
 __all__ = [
     "END",

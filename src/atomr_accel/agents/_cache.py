@@ -11,15 +11,15 @@ import numpy as np
 
 from atomr_accel.actor import Props
 from atomr_accel.agents._cache_metrics import CacheCounters, register
-from atomr_accel.agents._client import (
+from atomr_accel.blueprint import (
     TIMEOUT,
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+    BlueprintActor,
+    BlueprintClient,
+    require_positive_int,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import require_positive_int
 
 __all__ = ["EmbeddingCache"]
 
@@ -64,9 +64,10 @@ class _Stats:
     __slots__ = ()
 
 
-class _CacheActor(AgentActor):
+class _CacheActor(BlueprintActor):
     def __init__(self, capacity_entries: int, capacity_bytes: int | None, dim: int,
                  counters: CacheCounters) -> None:
+        super().__init__()
         self.entries: OrderedDict[Key, np.ndarray[Any, np.dtype[np.float32]]] = OrderedDict()
         self.capacity = capacity_entries
         row_bytes = 4 * dim
@@ -112,7 +113,7 @@ class _CacheActor(AgentActor):
         counters.entries = len(self.entries)
 
 
-class EmbeddingCache(AgentClient):
+class EmbeddingCache(BlueprintClient):
     """An LRU cache of embeddings (``dim`` float32 numbers each), keyed by bytes or str.
 
     A ``get`` that finds its key counts a hit and makes the key the most
@@ -150,7 +151,7 @@ class EmbeddingCache(AgentClient):
                                   f"{embedding_dim} float32 numbers ({4 * embedding_dim} bytes)")
         counters = CacheCounters()
         props = Props(_CacheActor, capacity_entries, capacity_bytes, embedding_dim, counters)
-        client: EmbeddingCache = cls._start_in(system, props, name)
+        client: EmbeddingCache = cls._start(system, props, name)
         client.dim = embedding_dim
         register(system.telemetry, client.path, counters)
         return client
@@ -160,6 +161,8 @@ class EmbeddingCache(AgentClient):
         """The embedding stored for ``key`` (a hit), or None (a miss)."""
         message = _Get((_key(key),))
         return self._first(message, require_timeout(timeout_secs))
+
+    get = twin(get_async)
 
     async def _first(self, message: _Get, timeout: float) -> list[float] | None:
         rows: list[list[float] | None] = await self._call(message, timeout, "get")
@@ -173,17 +176,18 @@ class EmbeddingCache(AgentClient):
         message = _Get(tuple(_key(key) for key in keys))
         return self._call(message, require_timeout(timeout_secs), "get_many")
 
+    get_many = twin(get_many_async)
+
     def insert_async(self, key: Key, value: Sequence[float] | Any,
                      timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Store ``value`` (``embedding_dim`` numbers) for ``key`` as its most recent use."""
         message = _Insert(_key(key), _row(value, self.dim))
         return self._call(message, require_timeout(timeout_secs), "insert")
 
+    insert = twin(insert_async)
+
     def stats_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, dict[str, int]]:
         """Counters: hits, misses, evictions, inserts, entries, capacity_entries, bytes."""
         return self._call(_Stats(), require_timeout(timeout_secs), "stats")
 
-    get = blocking_twin(get_async)
-    get_many = blocking_twin(get_many_async)
-    insert = blocking_twin(insert_async)
-    stats = blocking_twin(stats_async)
+    stats = twin(stats_async)

@@ -7,186 +7,51 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from itertools import count
-from typing import Any, Final
+from typing import Any
 
 from atomr_accel.actor import ActorRef, Props, Reply, Terminated
-from atomr_accel.agents._client import AgentClient, blocking_twin, require_timeout
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
-from atomr_accel.patterns._base import PatternActor, SystemLike, require_wait
-from atomr_accel.patterns._invoke import invoke
+from atomr_accel.agents._lease import (
+    _ANSWER_GRACE,
+    _SWEEP,
+    ACQUIRE_TIMEOUT,
+    CALL_TIMEOUT,
+    LEASE_SECS,
+    READ,
+    WRITE,
+    CoordinatorStats,
+    LeaseInfo,
+    LeaseOwnerStopped,
+    LeaseTimeout,
+    StaleLeaseToken,
+    _Acquire,
+    _Check,
+    _Fenced,
+    _FencedDone,
+    _GetStats,
+    _GiveUp,
+    _Lease,
+    _Release,
+    _Renew,
+    _Sweep,
+    _Tokens,
+    _Waiter,
+)
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
+    SystemLike,
+    require_timeout,
+    require_wait,
+    twin,
+)
+from atomr_accel.blueprint._invoke import invoke
+from atomr_accel.core._errors import InvalidArgument
 
-__all__ = [
-    "CoordinatorStats",
-    "LeaseError",
-    "LeaseInfo",
-    "LeaseOwnerStopped",
-    "LeaseTimeout",
-    "SharedGpuStateCoordinator",
-    "StaleLeaseToken",
-]
-
-WRITE: Final = "write"
-READ: Final = "read"
-LEASE_SECS: Final = 30.0
-"""Default lease time: a lease not renewed for this long expires."""
-ACQUIRE_TIMEOUT: Final = 10.0
-"""The original's ``acquire_write`` time-out default, seconds."""
-CALL_TIMEOUT: Final = 5.0
-"""Time-out of the coordinator's quick calls (release, renew, check, stats)."""
-_ANSWER_GRACE: Final = 5.0
-"""How much longer than an acquire's own time-out its ask waits (the coordinator answers
-a time-out itself, with ``LeaseTimeout``)."""
-
-
-class LeaseError(GpuRuntimeError):
-    """Base of the coordinator's errors."""
-
-
-class LeaseTimeout(LeaseError, TimeoutError):
-    """An acquire waited ``timeout_secs`` without getting its lease (the queue behind it
-    is unchanged), or a fenced call ran past its ``timeout_secs``."""
-
-
-class StaleLeaseToken(LeaseError):
-    """A token that is not a live lease (released, expired, its owner dead, never issued,
-    or of the wrong kind): whoever holds it may not touch the shared state."""
-
-    def __init__(self, token: object, why: str) -> None:
-        super().__init__(f"lease token {token!r} is stale: {why}")
-        self.token = token
+__all__ = ["SharedGpuStateCoordinator"]
 
 
-class LeaseOwnerStopped(LeaseError):
-    """The actor given as an acquire's ``owner`` stopped before the lease was granted."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseInfo:
-    """A live lease: its token, holder, kind (``"write"`` or ``"read"``) and the seconds
-    left before it expires (on the coordinator's clock)."""
-
-    token: int
-    agent_id: str | int
-    mode: str
-    expires_in: float
-
-
-@dataclass(frozen=True, slots=True)
-class CoordinatorStats:
-    """The coordinator's state and counters.
-
-    ``writer`` is the write lease's token (None when none is held), ``readers``
-    the read leases' tokens, ``waiting`` the queued acquires, ``last_token``
-    the newest token issued. Counters: leases ``granted``, ``expired``,
-    ``released`` by their holders, released because their ``owner`` died
-    (``owner_releases``), releases of stale tokens (``stale_releases``,
-    no-ops), acquires that timed out (``timeouts``) and stale tokens refused
-    by ``check``, ``renew`` and ``fenced`` (``refused``).
-    """
-
-    writer: int | None
-    readers: tuple[int, ...]
-    waiting: int
-    last_token: int
-    granted: int
-    expired: int
-    released: int
-    owner_releases: int
-    stale_releases: int
-    timeouts: int
-    refused: int
-
-
-class _Tokens:
-    """The last token issued; held by the Props, so a restarted coordinator (which
-    forgets its leases) still never issues a token twice."""
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last = 0
-
-
-class _Lease:
-    __slots__ = ("agent_id", "expires_at", "mode", "owner", "pinned", "token")
-
-    def __init__(self, token: int, agent_id: str | int, mode: str, owner: ActorRef | None,
-                 expires_at: float) -> None:
-        self.token = token
-        self.agent_id = agent_id
-        self.mode = mode
-        self.owner = owner
-        self.expires_at = expires_at
-        self.pinned = 0  # fenced calls running under it: it does not expire meanwhile
-
-
-@dataclass(slots=True)
-class _Waiter:
-    id: int
-    agent_id: str | int
-    mode: str
-    owner: ActorRef | None
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class _Acquire:
-    agent_id: str | int
-    mode: str
-    owner: ActorRef | None
-    timeout_secs: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Release:
-    token: int
-    mode: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Renew:
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Check:
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Fenced:
-    token: int
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    timeout_secs: float
-
-
-@dataclass(frozen=True, slots=True)
-class _FencedDone:
-    token: int
-    renew: bool  # the call ended in time: its lease is renewed
-
-
-@dataclass(frozen=True, slots=True)
-class _GiveUp:
-    waiter_id: int
-    timed_out: bool
-
-
-class _Sweep:
-    __slots__ = ()
-
-
-class _GetStats:
-    __slots__ = ()
-
-
-_SWEEP: Final = _Sweep()
-
-
-class _CoordinatorActor(PatternActor):
+class _CoordinatorActor(BlueprintActor):
     def __init__(self, lease_secs: float, clock: Callable[[], float], tokens: _Tokens) -> None:
         super().__init__()
         self.tokens = tokens
@@ -438,7 +303,7 @@ def _owner(owner: object) -> ActorRef | None:
     return owner
 
 
-class SharedGpuStateCoordinator(AgentClient):
+class SharedGpuStateCoordinator(BlueprintClient):
     """Leases on shared device state: one writer or many readers at a time.
 
     * ``acquire_write`` / ``acquire_read`` wait in one FIFO queue and return a
@@ -482,7 +347,7 @@ class SharedGpuStateCoordinator(AgentClient):
         callable returning monotonic seconds (default ``time.monotonic``);
         tests inject one to control expiry. Acquire time-outs use real time.
         """
-        return cls._start_in(system, cls.props(lease_secs, clock), name)
+        return cls._start(system, cls.props(lease_secs, clock), name)
 
     def acquire_write_async(self, agent_id: str | int, timeout_secs: float = ACQUIRE_TIMEOUT,
                             *, owner: ActorRef | None = None) -> Coroutine[Any, Any, int]:
@@ -494,10 +359,14 @@ class SharedGpuStateCoordinator(AgentClient):
         """
         return self._acquire(agent_id, WRITE, timeout_secs, owner)
 
+    acquire_write = twin(acquire_write_async)
+
     def acquire_read_async(self, agent_id: str | int, timeout_secs: float = ACQUIRE_TIMEOUT,
                            *, owner: ActorRef | None = None) -> Coroutine[Any, Any, int]:
         """Wait for a shared read lease; return its token (as ``acquire_write_async``)."""
         return self._acquire(agent_id, READ, timeout_secs, owner)
+
+    acquire_read = twin(acquire_read_async)
 
     def _acquire(self, agent_id: object, mode: str, timeout_secs: object, owner: object,
                  ) -> Coroutine[Any, Any, int]:
@@ -537,11 +406,15 @@ class SharedGpuStateCoordinator(AgentClient):
         """
         return self._call(_Renew(_token(token)), require_timeout(timeout_secs), "renew")
 
+    renew = twin(renew_async)
+
     def check_async(self, token: int,
                     timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, LeaseInfo]:
         """Return the live lease's ``LeaseInfo``; raise ``StaleLeaseToken`` if it is not live."""
         return self._call(_Check(_token(token)), require_timeout(timeout_secs), "check")
+
+    check = twin(check_async)
 
     def fenced_async(self, token: int, fn: Callable[..., Any], *args: Any,
                      timeout_secs: float = ACQUIRE_TIMEOUT) -> Coroutine[Any, Any, Any]:
@@ -559,14 +432,11 @@ class SharedGpuStateCoordinator(AgentClient):
         return self._call(_Fenced(_token(token), fn, args, timeout),
                           timeout + _ANSWER_GRACE, "fenced")
 
+    fenced = twin(fenced_async)
+
     def stats_async(self, timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, CoordinatorStats]:
         """The coordinator's ``CoordinatorStats``."""
         return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
 
-    acquire_write = blocking_twin(acquire_write_async)
-    acquire_read = blocking_twin(acquire_read_async)
-    renew = blocking_twin(renew_async)
-    check = blocking_twin(check_async)
-    fenced = blocking_twin(fenced_async)
-    stats = blocking_twin(stats_async)
+    stats = twin(stats_async)

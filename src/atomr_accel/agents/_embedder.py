@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from atomr_accel.blueprint import require_positive_int
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import System
-from atomr_accel.patterns._base import require_positive_int
 
 if TYPE_CHECKING:
     from atomr_accel.facade import Device, GpuBuffer

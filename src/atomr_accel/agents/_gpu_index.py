@@ -164,7 +164,7 @@ class GpuVectorIndex(VectorIndex):
             raise InvalidArgument(f"dtype must be 'f32' or 'f16', got {dtype!r}")
         make_store = functools.partial(DeviceStore, device, size, kind, _DTYPES[dtype])
         published = Published()
-        client: GpuVectorIndex = cls._start_in(system, Props(_DeviceIndexActor, size, kind,
+        client: GpuVectorIndex = cls._start(system, Props(_DeviceIndexActor, size, kind,
                                                              make_store, published), name)
         client._setup(size, kind, published)
         return client

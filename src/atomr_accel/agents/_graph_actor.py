@@ -8,17 +8,20 @@ from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from itertools import count
-from typing import TYPE_CHECKING, Any, Final, overload
+from typing import Any, Final
 
 from atomr_accel.actor import Actor, ActorRef, OneForOneStrategy, Props, Reply
-from atomr_accel.agents._client import AgentClient, blocking_twin, require_timeout
 from atomr_accel.agents._graph import END, CompiledGraph, Graph, NodeFn
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
+    SystemLike,
+    require_positive_int,
+    require_timeout,
+    twin,
+)
+from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
-from atomr_accel.patterns._base import PatternActor, SystemLike, require_positive_int
-from atomr_accel.patterns._invoke import invoke
-
-if TYPE_CHECKING:
-    from atomr_accel.agents._graph_original import OriginalLangGraphGpuActor
 
 __all__ = [
     "Checkpoint",
@@ -30,7 +33,7 @@ __all__ = [
 ]
 
 STEP_TIMEOUT: Final = 10.0
-"""The original's ``step`` time-out default, seconds."""
+"""The default ``timeout_secs`` of ``step``, seconds."""
 MAX_RETRIES: Final = 2
 KEEP_RUNS: Final = 128
 _ANSWER_GRACE: Final = 5.0
@@ -152,7 +155,7 @@ class _Attempt:
         self.attempts = 0
 
 
-class _GraphActor(PatternActor):
+class _GraphActor(BlueprintActor):
     # restart a failed node's actor every time; the executor bounds the retries itself
     supervisor_strategy = OneForOneStrategy(max_restarts=None)
 
@@ -339,7 +342,7 @@ def _run_id(run_id: object) -> str:
     return run_id
 
 
-class LangGraphGpuActor(AgentClient):
+class LangGraphGpuActor(BlueprintClient):
     """A DAG executor: ``step(state)`` runs a compiled ``Graph`` once and returns the state.
 
     * Nodes run in a deterministic topological order, in waves: every node
@@ -370,44 +373,17 @@ class LangGraphGpuActor(AgentClient):
         require_positive_int("keep_runs", keep_runs)
         return Props(_GraphActor, _graph(graph), max_retries, keep_runs)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, graph: Graph | CompiledGraph, name: str | None = None,
               max_retries: int = MAX_RETRIES, *, keep_runs: int = KEEP_RUNS,
-              ) -> LangGraphGpuActor: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: SystemLike, n_nodes: int = 2, name: str | None = None,
-              ) -> OriginalLangGraphGpuActor: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> LangGraphGpuActor | OriginalLangGraphGpuActor:
-        """Start an executor in ``system`` and return its client, in one of two forms.
+              ) -> LangGraphGpuActor:
+        """Start an executor in ``system`` and return its client.
 
         ``spawn(system, graph, name=None, max_retries=2, *, keep_runs=128)``
         runs ``graph`` (a ``Graph``, compiled here, or a ``CompiledGraph``);
         the last ``keep_runs`` runs are kept for ``resume``.
-
-        ``spawn(system, n_nodes=2, name=None)``, the original package's form,
-        runs a chain of ``n_nodes`` nodes where node ``i`` multiplies by
-        ``i + 1`` and returns an ``OriginalLangGraphGpuActor`` whose
-        ``step(state: list[float], timeout_secs=10.0)`` returns the product.
         """
-        graph = kwargs.get("graph", args[0] if args else None)
-        if isinstance(graph, Graph | CompiledGraph):
-            return cls._spawn(system, *args, **kwargs)
-        from atomr_accel.agents._graph_original import spawn_original  # late: imports this
-
-        return spawn_original(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, graph: Graph | CompiledGraph, name: str | None = None,
-               max_retries: int = MAX_RETRIES, *, keep_runs: int = KEEP_RUNS,
-               ) -> LangGraphGpuActor:
-        """The blueprint's own ``spawn`` form."""
-        return cls._start_in(system, cls.props(graph, max_retries, keep_runs), name)
+        return cls._start(system, cls.props(graph, max_retries, keep_runs), name)
 
     def step_async(self, state: Mapping[str, Any], timeout_secs: float = STEP_TIMEOUT,
                    ) -> Coroutine[Any, Any, dict[str, Any]]:
@@ -419,6 +395,8 @@ class LangGraphGpuActor(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Step(_state(state), timeout), timeout + _ANSWER_GRACE, "step")
 
+    step = twin(step_async)
+
     def resume_async(self, run_id: str, timeout_secs: float = STEP_TIMEOUT,
                      ) -> Coroutine[Any, Any, dict[str, Any]]:
         """Continue run ``run_id`` from its last checkpoint; return its final state.
@@ -429,18 +407,19 @@ class LangGraphGpuActor(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Resume(_run_id(run_id), timeout), timeout + _ANSWER_GRACE, "resume")
 
+    resume = twin(resume_async)
+
     def checkpoints_async(self, run_id: str, timeout_secs: float = STEP_TIMEOUT,
                           ) -> Coroutine[Any, Any, tuple[Checkpoint, ...]]:
         """Run ``run_id``'s checkpoints, one per completed node, oldest first."""
         return self._call(_GetCheckpoints(_run_id(run_id)),
                           require_timeout(timeout_secs), "checkpoints")
 
+    checkpoints = twin(checkpoints_async)
+
     def stats_async(self, timeout_secs: float = STEP_TIMEOUT,
                     ) -> Coroutine[Any, Any, GraphStats]:
         """The executor's ``GraphStats``."""
         return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
 
-    step = blocking_twin(step_async)
-    resume = blocking_twin(resume_async)
-    checkpoints = blocking_twin(checkpoints_async)
-    stats = blocking_twin(stats_async)
+    stats = twin(stats_async)

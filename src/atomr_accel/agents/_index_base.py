@@ -8,13 +8,6 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from atomr_accel.agents._client import (
-    TIMEOUT,
-    AgentActor,
-    AgentClient,
-    blocking_twin,
-    require_timeout,
-)
 from atomr_accel.agents._slots import Slots
 from atomr_accel.agents._vectors import (
     F32,
@@ -27,9 +20,16 @@ from atomr_accel.agents._vectors import (
     require_top_k,
     write_index,
 )
+from atomr_accel.blueprint import (
+    TIMEOUT,
+    BlueprintActor,
+    BlueprintClient,
+    require_positive_int,
+    require_timeout,
+    twin,
+)
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade._portal import in_blocking_call
-from atomr_accel.patterns._base import require_positive_int
 
 __all__ = ["IndexActor", "Published", "Results", "Store", "VectorIndex"]
 
@@ -132,7 +132,7 @@ class Published:
         return results if self.epoch == epoch else None
 
 
-class IndexActor(AgentActor):
+class IndexActor(BlueprintActor):
     """Holds the ids (``Slots``) and runs each request on its ``Store``, one at a time.
 
     A restart (after an unexpected failure) starts empty, with a new store. Every
@@ -141,6 +141,7 @@ class IndexActor(AgentActor):
 
     def __init__(self, dim: int, metric: Metric, make_store: Callable[[], Store],
                  published: Published) -> None:
+        super().__init__()
         self.dim = dim
         self.metric = metric
         self.published = published
@@ -209,7 +210,7 @@ class IndexActor(AgentActor):
         return count
 
 
-class VectorIndex(AgentClient):
+class VectorIndex(BlueprintClient):
     """Exact nearest-neighbour search over ``(id, vector)`` pairs (base of the indexes).
 
     ``metric`` is ``"cosine"`` (vectors and queries are L2-normalized; score =
@@ -257,6 +258,8 @@ class VectorIndex(AgentClient):
         matrix = as_matrix(embedding, self.dim, "embedding", self.metric, rows=False)
         return self._call(_Insert(ids, matrix), require_timeout(timeout_secs), "insert")
 
+    insert = twin(insert_async)
+
     def insert_many_async(self, ids: Iterable[int], matrix: Any,
                           timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Store row ``i`` of ``matrix`` (``n x dim``) under ``ids[i]`` (distinct ids; upsert)."""
@@ -266,10 +269,14 @@ class VectorIndex(AgentClient):
             raise InvalidArgument(f"insert_many got {len(id_list)} ids for {len(rows)} rows")
         return self._call(_Insert(id_list, rows), require_timeout(timeout_secs), "insert_many")
 
+    insert_many = twin(insert_many_async)
+
     def remove_async(self, id: int, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Remove ``id`` and its vector; ``UnknownVectorId`` if the index does not hold it."""
         vector_id = as_ids([id])[0]
         return self._call(_Remove(vector_id), require_timeout(timeout_secs), "remove")
+
+    remove = twin(remove_async)
 
     def search_async(self, query: Sequence[float] | Any, top_k: int,
                      timeout_secs: float = TIMEOUT,
@@ -279,6 +286,8 @@ class VectorIndex(AgentClient):
         queries = as_matrix(query, self.dim, "query", self.metric, rows=False)
         return self._first(_Search(queries, require_top_k(top_k)),
                            require_timeout(timeout_secs))
+
+    search = twin(search_async)
 
     async def _first(self, message: _Search, timeout: float) -> list[tuple[int, float]]:
         return (await self._search(message, timeout, "search"))[0]
@@ -290,9 +299,13 @@ class VectorIndex(AgentClient):
         return self._search(_Search(matrix, require_top_k(top_k)),
                             require_timeout(timeout_secs), "search_batch")
 
+    search_batch = twin(search_batch_async)
+
     def count_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """How many ids the index holds."""
         return self._call(_Count(), require_timeout(timeout_secs), "count")
+
+    count = twin(count_async)
 
     def save_async(self, path: str | os.PathLike[str], timeout_secs: float = TIMEOUT,
                    ) -> Coroutine[Any, Any, int]:
@@ -302,6 +315,8 @@ class VectorIndex(AgentClient):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
         return self._call(_Save(path), require_timeout(timeout_secs), "save")
 
+    save = twin(save_async)
+
     def load_async(self, path: str | os.PathLike[str], timeout_secs: float = TIMEOUT,
                    ) -> Coroutine[Any, Any, int]:
         """Replace the index's contents by the file ``save`` wrote at ``path`` (same ``dim``
@@ -310,14 +325,7 @@ class VectorIndex(AgentClient):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
         return self._call(_Load(path), require_timeout(timeout_secs), "load")
 
-    insert = blocking_twin(insert_async)
-    insert_many = blocking_twin(insert_many_async)
-    remove = blocking_twin(remove_async)
-    search = blocking_twin(search_async)
-    search_batch = blocking_twin(search_batch_async)
-    count = blocking_twin(count_async)
-    save = blocking_twin(save_async)
-    load = blocking_twin(load_async)
+    load = twin(load_async)
 
     def __len__(self) -> int:
         """How many ids the index holds (``count()``)."""

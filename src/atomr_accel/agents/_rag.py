@@ -10,12 +10,18 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from atomr_accel.actor import Props, Reply
-from atomr_accel.agents._client import AgentClient, blocking_twin, require_system, require_timeout
 from atomr_accel.agents._embedder import HashedTfidfEmbedder
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
+    require_positive_int,
+    require_system,
+    require_timeout,
+    twin,
+)
+from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import System
-from atomr_accel.patterns._base import PatternActor, require_positive_int
-from atomr_accel.patterns._invoke import invoke
 
 __all__ = [
     "EmbedFailed",
@@ -137,7 +143,7 @@ class _Setup:
     texts: dict[int, str]
 
 
-class _RagActor(PatternActor):
+class _RagActor(BlueprintActor):
     def __init__(self, setup: _Setup) -> None:
         super().__init__()
         self.setup = setup
@@ -310,7 +316,7 @@ def _id(value: object) -> int:
     return int(value)
 
 
-class RagPipeline(AgentClient):
+class RagPipeline(BlueprintClient):
     """Answer a query from the documents most like it: embed, retrieve, generate.
 
     ``add_documents(ids, texts)`` embeds the texts (the built-in embedder first
@@ -363,7 +369,7 @@ class RagPipeline(AgentClient):
                        embed if embed is not None else HashedTfidfEmbedder(facade, embedding_dim),
                        generate if generate is not None else extractive_answer,
                        require_timeout(timeout_secs), {})
-        client: RagPipeline = cls._start_in(facade, Props(_RagActor, setup), name)
+        client: RagPipeline = cls._start(facade, Props(_RagActor, setup), name)
         return client
 
     def add_documents_async(self, ids: Sequence[int], texts: Sequence[str],
@@ -384,6 +390,8 @@ class RagPipeline(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Add(id_list, text_list, timeout), timeout, "add_documents")
 
+    add_documents = twin(add_documents_async)
+
     def query_async(self, text: str, k: int = 5, timeout_secs: float = 10.0,
                     ) -> Coroutine[Any, Any, RagResult]:
         """Answer ``text`` from its ``k`` nearest documents: ``(answer, sources, was_cached)``.
@@ -397,12 +405,12 @@ class RagPipeline(AgentClient):
         return self._call(_Query(_text(text), k), require_timeout(timeout_secs),
                           "query")
 
+    query = twin(query_async)
+
     async def stats_async(self, timeout_secs: float = 5.0) -> RagStats:
         """The pipeline's counters (see ``RagStats``)."""
         stats: RagStats = await self._call(_GetStats(), require_timeout(timeout_secs),
                                            "stats")
         return stats
 
-    add_documents = blocking_twin(add_documents_async)
-    query = blocking_twin(query_async)
-    stats = blocking_twin(stats_async)
+    stats = twin(stats_async)

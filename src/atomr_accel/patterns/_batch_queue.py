@@ -6,8 +6,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, Literal, TypeVar, get_args
 
+from atomr_accel.blueprint import require_positive_int, require_wait
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import require_positive_int, require_wait
 
 __all__ = ["BatchQueue", "OverflowPolicy"]
 

@@ -6,25 +6,21 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 from atomr_accel.actor import Props, Reply
-from atomr_accel.core._errors import ContextPoisoned, InvalidArgument
-from atomr_accel.patterns._base import (
-    PatternActor,
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     SystemLike,
-    own_form,
     require_positive_int,
+    twins_with_old_name,
 )
+from atomr_accel.blueprint._invoke import in_context, invoke
+from atomr_accel.core._errors import ContextPoisoned, InvalidArgument
 from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
 from atomr_accel.patterns._errors import BatchResultMismatch, RequestDropped, RequestRejected
-from atomr_accel.patterns._invoke import in_context, invoke
 from atomr_accel.patterns._isolate import Outcome, isolate
-
-if TYPE_CHECKING:
-    from atomr_accel.facade import System
-    from atomr_accel.patterns._original import OriginalDynamicBatchingServer
 
 __all__ = ["BatchingStats", "DynamicBatchingServer", "split_results"]
 
@@ -100,7 +96,7 @@ class _GetStats:
     __slots__ = ()
 
 
-class _BatchingActor(PatternActor):
+class _BatchingActor(BlueprintActor):
     """Queues requests, flushes batches and answers request i with result i."""
 
     def __init__(self, batch_fn: BatchFn, max_batch: int, max_wait: float, queue_capacity: int,
@@ -227,7 +223,7 @@ class _BatchingActor(PatternActor):
         await super().post_stop()
 
 
-class DynamicBatchingServer(PatternClient):
+class DynamicBatchingServer(BlueprintClient):
     """Serve single requests through a function that takes a whole batch.
 
     ``batch_fn(items)`` gets a list of up to ``max_batch`` items, oldest first,
@@ -255,10 +251,6 @@ class DynamicBatchingServer(PatternClient):
       queueing meanwhile and the next batch starts when one finishes.
     * A request whose caller's ask has timed out is skipped when its batch is
       formed (counted as ``expired``).
-
-    Given no ``batch_fn``, ``spawn`` takes the original package's form: its
-    echo demo model behind an ``OriginalDynamicBatchingServer``, whose methods
-    block (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -273,62 +265,36 @@ class DynamicBatchingServer(PatternClient):
         return Props(_BatchingActor, batch_fn, max_batch, max_wait, queue_capacity, overflow,
                      max_concurrent_batches)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, batch_fn: BatchFn, *, max_batch: int, max_wait: float,
               queue_capacity: int = 1024, overflow: OverflowPolicy = "reject",
               max_concurrent_batches: int = 1, name: str | None = None,
-              ) -> DynamicBatchingServer: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: System, max_batch: int = 8, max_wait_ms: float = 10,
-              name: str | None = None) -> OriginalDynamicBatchingServer: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> DynamicBatchingServer | OriginalDynamicBatchingServer:
-        """Start a server in ``system`` and return its client, in one of two forms.
+              ) -> DynamicBatchingServer:
+        """Start a server in ``system`` and return its client.
 
         ``spawn(system, batch_fn, *, max_batch, max_wait, queue_capacity=1024,
         overflow="reject", max_concurrent_batches=1, name=None)`` serves
         ``batch_fn`` and returns this class's client. Raises
         ``InvalidArgument`` for a bad setting (``max_batch`` < 1, a negative
-        ``max_wait``, an unknown ``overflow``, ...).
-
-        ``spawn(system, max_batch=8, max_wait_ms=10, name=None)``, the original
-        package's form (no ``batch_fn``; ``system`` a facade ``System``), serves
-        its echo batch function and returns an ``OriginalDynamicBatchingServer``:
-        ``submit(payload, timeout_secs=5.0)`` blocks and returns the payload's
-        bytes as a list of ints.
-        """
-        from atomr_accel.patterns._original import spawn_batching  # late: it imports this module
-
-        if own_form(spawn_batching, args, kwargs, "batch_fn"):
-            return cls._spawn(system, *args, **kwargs)
-        return spawn_batching(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, batch_fn: BatchFn, *, max_batch: int, max_wait: float,
-               queue_capacity: int = 1024, overflow: OverflowPolicy = "reject",
-               max_concurrent_batches: int = 1, name: str | None = None,
-               ) -> DynamicBatchingServer:
-        """The blueprint's own ``spawn`` form."""
+        ``max_wait``, an unknown ``overflow``, ...)."""
         props = cls.props(batch_fn, max_batch=max_batch, max_wait=max_wait,
                           queue_capacity=queue_capacity, overflow=overflow,
                           max_concurrent_batches=max_concurrent_batches)
         return cls._start(system, props, name)
 
-    async def submit(self, item: Any, *, timeout: float | None = None) -> Any:
+    async def submit_async(self, item: Any, *, timeout_secs: float | None = None) -> Any:
         """Queue ``item`` and return its result once its batch has run.
 
         Raises what ``batch_fn`` raised, ``BatchResultMismatch``,
         ``RequestRejected`` / ``RequestDropped`` on overflow, ``AskTimeout``
-        after ``timeout`` seconds and ``ActorStopped`` if the server stops first.
+        after ``timeout_secs`` seconds and ``ActorStopped`` if the server stops first.
         """
-        return await self._ask(_Submit(item), timeout)
+        return await self._ask(_Submit(item), timeout_secs)
 
-    async def stats(self) -> BatchingStats:
+    async def stats_async(self, *, timeout_secs: float | None = None) -> BatchingStats:
         """A snapshot of queue depth, running batches and counters."""
-        stats: BatchingStats = await self._ask(_GetStats(), None)
+        stats: BatchingStats = await self._ask(_GetStats(), timeout_secs)
         return stats
+
+    submit, submit_blocking = twins_with_old_name(submit_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

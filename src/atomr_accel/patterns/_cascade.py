@@ -7,17 +7,16 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 from atomr_accel.actor import ActorRef, Props, Reply
-from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import (
-    PatternActor,
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     SystemLike,
-    is_models,
-    own_form,
+    twins_with_old_name,
 )
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
 from atomr_accel.patterns._worker import (
     Invoke,
@@ -28,10 +27,6 @@ from atomr_accel.patterns._worker import (
     check_model,
     worker_strategy,
 )
-
-if TYPE_CHECKING:
-    from atomr_accel.facade import System
-    from atomr_accel.patterns._original import OriginalInferenceCascade
 
 __all__ = ["CascadeResult", "CascadeStats", "InferenceCascade", "Stage"]
 
@@ -91,7 +86,7 @@ def _stage_output(out: Any, stage: int) -> tuple[Any, float]:
     return answer, float(confidence)
 
 
-class _CascadeActor(PatternActor):
+class _CascadeActor(BlueprintActor):
     def __init__(self, stages: Sequence[Stage], max_restarts: int | None,
                  within: float | None) -> None:
         super().__init__()
@@ -147,7 +142,7 @@ class _CascadeActor(PatternActor):
             me.tell(_Finished(None))
 
 
-class InferenceCascade(PatternClient):
+class InferenceCascade(BlueprintClient):
     """Ask the stages in order; the first whose confidence meets its threshold answers.
 
     Each stage's model runs in its own child actor (``stage-0``, ...),
@@ -158,10 +153,6 @@ class InferenceCascade(PatternClient):
     with a real confidence fails the request with ``InvalidModelOutput``. If no
     earlier stage is confident enough the last stage answers. Requests run
     concurrently; each stage takes one call at a time.
-
-    Given no stages, ``spawn`` takes the original package's form: its echo
-    demo model behind an ``OriginalInferenceCascade``, whose methods block
-    (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -181,54 +172,31 @@ class InferenceCascade(PatternClient):
                 raise InvalidArgument(f"stage {i} needs a finite threshold, got {t!r}")
         return Props(_CascadeActor, stages, max_restarts, within)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, stages: Sequence[Stage], *,
               max_restarts: int | None = 10, within: float | None = 60.0,
-              name: str | None = None) -> InferenceCascade: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: System, name: str | None = None) -> OriginalInferenceCascade: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> InferenceCascade | OriginalInferenceCascade:
-        """Start an InferenceCascade in ``system`` and return its client, in one of two forms.
+              name: str | None = None) -> InferenceCascade:
+        """Start an InferenceCascade in ``system`` and return its client.
 
         ``spawn(system, stages, *, max_restarts=10, within=60.0, name=None)``
         runs ``stages`` and returns this class's client. Raises
-        ``InvalidArgument`` for a bad setting.
-
-        ``spawn(system, name=None)``, the original package's form (no stages;
-        ``system`` a facade ``System``), runs one echo stage and returns an
-        ``OriginalInferenceCascade``: ``infer(input, timeout_secs=5.0)`` blocks
-        and returns ``(list(input), 0, 1.0)``.
-        """
-        from atomr_accel.patterns._original import spawn_cascade  # late: it imports this module
-
-        if own_form(spawn_cascade, args, kwargs, "stages", is_models):
-            return cls._spawn(system, *args, **kwargs)
-        return spawn_cascade(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, stages: Sequence[Stage], *,
-               max_restarts: int | None = 10, within: float | None = 60.0,
-               name: str | None = None) -> InferenceCascade:
-        """The blueprint's own ``spawn`` form."""
+        ``InvalidArgument`` for a bad setting."""
         props = cls.props(stages, max_restarts=max_restarts, within=within)
         return cls._start(system, props, name)
 
-    async def infer(self, x: Any, *, timeout: float | None = None) -> CascadeResult:
+    async def infer_async(self, x: Any, *, timeout_secs: float | None = None) -> CascadeResult:
         """Run ``x`` through the cascade; return the answering stage's result.
 
         Raises what a stage raised, ``InvalidModelOutput``, ``AskTimeout`` or
         ``ActorStopped``.
         """
-        result: CascadeResult = await self._ask(_Infer(x), timeout)
+        result: CascadeResult = await self._ask(_Infer(x), timeout_secs)
         return result
 
-    async def stats(self) -> CascadeStats:
+    async def stats_async(self, *, timeout_secs: float | None = None) -> CascadeStats:
         """Answers per stage, failures and restarts per stage."""
-        stats: CascadeStats = await self._ask(_GetStats(), None)
+        stats: CascadeStats = await self._ask(_GetStats(), timeout_secs)
         return stats
+
+    infer, infer_blocking = twins_with_old_name(infer_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -9,8 +9,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from atomr_accel.blueprint import require_positive_int
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.patterns._errors import RequestRejected, UnknownTenant
 
 __all__ = ["FairQueue", "Ticket"]

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 from atomr_accel.actor import Props, Reply
-from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import (
-    PatternActor,
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     SystemLike,
-    own_form,
+    twins_with_old_name,
 )
+from atomr_accel.blueprint._invoke import invoke
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import PatternError
 from atomr_accel.patterns._fair_queue import FairQueue, Ticket
-from atomr_accel.patterns._invoke import invoke
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from atomr_accel.facade import System
-    from atomr_accel.patterns._original import OriginalFairShareScheduler
 
 __all__ = ["FairShareScheduler", "FairShareStats"]
 
@@ -55,7 +48,7 @@ class _GetStats:
     __slots__ = ()
 
 
-class _FairShareActor(PatternActor):
+class _FairShareActor(BlueprintActor):
     def __init__(self, fn: Callable[[Any], Any], weights: Mapping[Hashable, float],
                  max_in_flight: int, tenant_limits: Mapping[Hashable, int] | None,
                  queue_capacity: int | None) -> None:
@@ -102,15 +95,7 @@ class _FairShareActor(PatternActor):
 
     async def _run(self, ticket: Ticket[tuple[Any, Reply]]) -> None:
         item, reply = ticket.value
-        try:
-            result = await invoke(self.fn, item)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-        else:
-            reply.set_result(result)
+        await self.answer(reply, invoke(self.fn, item))
         self.context.self_ref.tell(_Done(ticket))
 
     async def post_stop(self) -> None:
@@ -121,7 +106,7 @@ class _FairShareActor(PatternActor):
         await super().post_stop()
 
 
-class FairShareScheduler(PatternClient):
+class FairShareScheduler(BlueprintClient):
     """Run ``fn(item)`` for many tenants, sharing it by weight (weighted fair queueing).
 
     Each request carries a tenant and a ``cost`` (default 1). Requests are
@@ -133,10 +118,6 @@ class FairShareScheduler(PatternClient):
     the weights. ``fn`` may be sync (run on a worker thread) or async. Each
     tenant queues at most ``queue_capacity`` requests (``RequestRejected``
     beyond); an unknown tenant gets ``UnknownTenant``.
-
-    Given no ``fn``, ``spawn`` takes the original package's form: its echo
-    demo model behind an ``OriginalFairShareScheduler``, whose methods block
-    (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -150,62 +131,34 @@ class FairShareScheduler(PatternClient):
         return Props(_FairShareActor, fn, dict(weights), max_in_flight,
                      None if tenant_limits is None else dict(tenant_limits), queue_capacity)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, fn: Callable[[Any], Any], *,
               weights: Mapping[Hashable, float], max_in_flight: int,
               tenant_limits: Mapping[Hashable, int] | None = None,
               queue_capacity: int | None = 1024, name: str | None = None,
-              ) -> FairShareScheduler: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: System, tenants: Iterable[tuple[int, float]], max_in_flight: int = 4,
-              name: str | None = None) -> OriginalFairShareScheduler: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> FairShareScheduler | OriginalFairShareScheduler:
-        """Start a FairShareScheduler in ``system`` and return its client, in one of two forms.
+              ) -> FairShareScheduler:
+        """Start a FairShareScheduler in ``system`` and return its client.
 
         ``spawn(system, fn, *, weights, max_in_flight, tenant_limits=None,
         queue_capacity=1024, name=None)`` shares ``fn`` and returns this class's
-        client. Raises ``InvalidArgument`` for a bad setting.
-
-        ``spawn(system, tenants, max_in_flight=4, name=None)``, the original
-        package's form (no ``fn``; ``tenants`` a list of ``(id, weight)``;
-        ``system`` a facade ``System``), shares the echo and returns an
-        ``OriginalFairShareScheduler``: ``submit(tenant, payload,
-        timeout_secs=5.0)`` blocks and returns the payload's bytes as a list
-        of ints.
-        """
-        from atomr_accel.patterns._original import spawn_fair_share  # late: it imports this module
-
-        if own_form(spawn_fair_share, args, kwargs, "fn"):
-            return cls._spawn(system, *args, **kwargs)
-        return spawn_fair_share(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, fn: Callable[[Any], Any], *,
-               weights: Mapping[Hashable, float], max_in_flight: int,
-               tenant_limits: Mapping[Hashable, int] | None = None,
-               queue_capacity: int | None = 1024, name: str | None = None,
-               ) -> FairShareScheduler:
-        """The blueprint's own ``spawn`` form."""
+        client. Raises ``InvalidArgument`` for a bad setting."""
         props = cls.props(fn, weights=weights, max_in_flight=max_in_flight,
                           tenant_limits=tenant_limits, queue_capacity=queue_capacity)
         return cls._start(system, props, name)
 
-    async def submit(self, tenant: Hashable, item: Any, *, cost: float = 1.0,
-                     timeout: float | None = None) -> Any:
+    async def submit_async(self, tenant: Hashable, item: Any, *, cost: float = 1.0,
+                     timeout_secs: float | None = None) -> Any:
         """Queue ``item`` for ``tenant`` and return ``fn(item)`` once it has run.
 
         Raises what ``fn`` raised, ``UnknownTenant``, ``RequestRejected``,
         ``InvalidArgument`` (bad cost), ``AskTimeout`` or ``ActorStopped``.
         """
-        return await self._ask(_Submit(tenant, item, cost), timeout)
+        return await self._ask(_Submit(tenant, item, cost), timeout_secs)
 
-    async def stats(self) -> FairShareStats:
+    async def stats_async(self, *, timeout_secs: float | None = None) -> FairShareStats:
         """Queued, in-flight and completed figures per tenant, and the virtual clock."""
-        stats: FairShareStats = await self._ask(_GetStats(), None)
+        stats: FairShareStats = await self._ask(_GetStats(), timeout_secs)
         return stats
+
+    submit, submit_blocking = twins_with_old_name(submit_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

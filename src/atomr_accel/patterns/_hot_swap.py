@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 from atomr_accel.actor import Props, Reply
-from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import (
-    PatternActor,
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     SystemLike,
-    own_form,
+    twins_with_old_name,
 )
-from atomr_accel.patterns._invoke import invoke
+from atomr_accel.blueprint._invoke import invoke
+from atomr_accel.core._errors import InvalidArgument
 
-if TYPE_CHECKING:
-    from atomr_accel.facade import System
-    from atomr_accel.patterns._original import OriginalHotSwapServer
-
-__all__ = ["HotSwapServer", "HotSwapStats", "ModelHotSwapServer"]
+__all__ = ["HotSwapStats", "ModelHotSwapServer"]
 
 _log = logging.getLogger("atomr_accel.patterns")
 
@@ -85,7 +80,7 @@ async def _close(model: Any) -> None:
         _log.exception("close() of a retired model raised")
 
 
-class _HotSwapActor(PatternActor):
+class _HotSwapActor(BlueprintActor):
     def __init__(self, model: Callable[..., Any]) -> None:
         super().__init__()
         self.current = _Generation(1, model)
@@ -136,18 +131,8 @@ class _HotSwapActor(PatternActor):
         self.context.self_ref.tell(_Released(generation))
 
     async def _run(self, generation: _Generation, x: Any, reply: Reply) -> None:
-        me = self.context.self_ref
-        try:
-            result = await invoke(generation.model, x)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-            me.tell(_Done(generation, ok=False))
-            return
-        reply.set_result(result)
-        me.tell(_Done(generation, ok=True))
+        ok = await self.answer(reply, invoke(generation.model, x))
+        self.context.self_ref.tell(_Done(generation, ok=ok))
 
     async def post_stop(self) -> None:
         """Fail running calls and pending swaps, then close every model it still holds."""
@@ -163,7 +148,7 @@ class _HotSwapActor(PatternActor):
                 await _close(generation.model)
 
 
-class ModelHotSwapServer(PatternClient):
+class ModelHotSwapServer(BlueprintClient):
     """Serve ``model(x)`` and replace the model while requests keep flowing.
 
     ``swap(new_model)`` makes every later request go to the new model at once
@@ -173,11 +158,6 @@ class ModelHotSwapServer(PatternClient):
     a swap. Calls run concurrently; models may be sync (run on a worker
     thread) or async. The server owns its models: it closes each one it
     retires, and all it holds when it stops.
-
-    Given no model, ``spawn`` takes the original package's form: its
-    version-tagged echo models behind an ``OriginalHotSwapServer``, whose
-    methods block (see ``spawn`` and docs/patterns.md). ``HotSwapServer`` is
-    the original package's name of this class.
     """
 
     @staticmethod
@@ -187,68 +167,44 @@ class ModelHotSwapServer(PatternClient):
             raise InvalidArgument(f"model must be callable, got {model!r}")
         return Props(_HotSwapActor, model)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, model: Callable[..., Any], *,
-              name: str | None = None) -> ModelHotSwapServer: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: System, name: str | None = None) -> OriginalHotSwapServer: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> ModelHotSwapServer | OriginalHotSwapServer:
-        """Start a ModelHotSwapServer in ``system`` and return its client, in one of two forms.
+              name: str | None = None) -> ModelHotSwapServer:
+        """Start a ModelHotSwapServer in ``system`` and return its client.
 
         ``spawn(system, model, *, name=None)`` serves ``model`` as version 1
-        and returns this class's client.
-
-        ``spawn(system, name=None)``, the original package's form (no model;
-        ``system`` a facade ``System``; the class is also named
-        ``HotSwapServer``), serves version-tagged echo models and returns an
-        ``OriginalHotSwapServer``: ``serve(payload, timeout_secs=5.0)`` returns
-        the payload's bytes plus the generation byte (``b"x"``: ``[120, 0]``),
-        ``swap(timeout_secs=5.0)`` the new generation (1, 2, ...).
-        """
-        from atomr_accel.patterns._original import spawn_hot_swap  # late: it imports this module
-
-        if own_form(spawn_hot_swap, args, kwargs, "model"):
-            return cls._spawn(system, *args, **kwargs)
-        return spawn_hot_swap(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, model: Callable[..., Any], *,
-               name: str | None = None) -> ModelHotSwapServer:
-        """The blueprint's own ``spawn`` form."""
+        and returns this class's client."""
         return cls._start(system, cls.props(model), name)
 
-    async def infer(self, x: Any, *, timeout: float | None = None) -> Any:
+    async def infer_async(self, x: Any, *, timeout_secs: float | None = None) -> Any:
         """Return ``model(x)`` from the model current when the request arrives.
 
         Raises what the model raised, ``AskTimeout`` or ``ActorStopped``.
         """
-        return await self._ask(_Infer(x), timeout)
+        return await self._ask(_Infer(x), timeout_secs)
 
-    async def swap(self, model: Callable[..., Any], *, timeout: float | None = None) -> int:
+    async def swap_async(self, model: Callable[..., Any], *,
+                         timeout_secs: float | None = None) -> int:
         """Serve ``model`` from now on; return its version once the old model is released.
 
         Raises ``InvalidArgument`` if ``model`` is not callable.
         """
         if not callable(model):
             raise InvalidArgument(f"model must be callable, got {model!r}")
-        version: int = await self._ask(_Swap(model), timeout)
+        version: int = await self._ask(_Swap(model), timeout_secs)
         return version
 
-    async def version(self) -> int:
+    async def version_async(self, *, timeout_secs: float | None = None) -> int:
         """The version now served (1 for the first model, +1 per swap)."""
-        return (await self.stats()).version
+        return (await self.stats_async(timeout_secs=timeout_secs)).version
 
-    async def stats(self) -> HotSwapStats:
+    async def stats_async(self, *, timeout_secs: float | None = None) -> HotSwapStats:
         """Version, in-flight calls, draining versions and counters."""
-        stats: HotSwapStats = await self._ask(_GetStats(), None)
+        stats: HotSwapStats = await self._ask(_GetStats(), timeout_secs)
         return stats
 
+    infer, infer_blocking = twins_with_old_name(infer_async)
+    swap, swap_blocking = twins_with_old_name(swap_async)
+    version, version_blocking = twins_with_old_name(version_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)
 
-HotSwapServer = ModelHotSwapServer
-"""The original package's name of ``ModelHotSwapServer``."""

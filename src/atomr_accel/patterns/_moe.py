@@ -5,21 +5,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 import numpy as np
 
 from atomr_accel.actor import ActorRef, Props, Reply
-from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import (
-    PatternActor,
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     SystemLike,
-    own_form,
     require_positive_int,
+    twins_with_old_name,
 )
+from atomr_accel.blueprint._invoke import invoke
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
-from atomr_accel.patterns._invoke import invoke
 from atomr_accel.patterns._worker import (
     Invoke,
     ModelSpec,
@@ -29,10 +29,6 @@ from atomr_accel.patterns._worker import (
     check_model,
     worker_strategy,
 )
-
-if TYPE_CHECKING:
-    from atomr_accel.facade import System
-    from atomr_accel.patterns._original import OriginalMoeRouter
 
 __all__ = ["MoeRouter", "RouterStats", "top_k_gating"]
 
@@ -85,7 +81,7 @@ class _GetStats:
     __slots__ = ()
 
 
-class _RouterActor(PatternActor):
+class _RouterActor(BlueprintActor):
     def __init__(self, gate: Callable[[Array], Any], experts: Sequence[ModelSpec], top_k: int,
                  max_restarts: int | None, within: float | None) -> None:
         super().__init__()
@@ -173,7 +169,7 @@ class _RouterActor(PatternActor):
         return (combined[0] if single else combined), counts
 
 
-class MoeRouter(PatternClient):
+class MoeRouter(BlueprintClient):
     """Mixture-of-experts routing: top-k gating, experts in parallel, weighted combine.
 
     For input ``x`` (one token as a 1-D array, or ``tokens x features``) the
@@ -186,10 +182,6 @@ class MoeRouter(PatternClient):
     its experts' rows, in float64 or wider. Gate and experts may be sync (run
     on a worker thread) or async, for example running on a device. An expert
     that raises fails the request with that error and is restarted.
-
-    Given no gate and experts, ``spawn`` takes the original package's form:
-    its demo gate and bias experts behind an ``OriginalMoeRouter``, whose
-    methods block (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -208,57 +200,31 @@ class MoeRouter(PatternClient):
             raise InvalidArgument(f"top_k is {top_k} but there are only {len(experts)} experts")
         return Props(_RouterActor, gate, experts, top_k, max_restarts, within)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, gate: Callable[[Array], Any],
               experts: Sequence[ModelSpec], *, top_k: int, max_restarts: int | None = 10,
-              within: float | None = 60.0, name: str | None = None) -> MoeRouter: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: System, n_experts: int = 2, top_k: int = 1,
-              name: str | None = None) -> OriginalMoeRouter: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> MoeRouter | OriginalMoeRouter:
-        """Start a MoeRouter in ``system`` and return its client, in one of two forms.
+              within: float | None = 60.0, name: str | None = None) -> MoeRouter:
+        """Start a MoeRouter in ``system`` and return its client.
 
         ``spawn(system, gate, experts, *, top_k, max_restarts=10, within=60.0,
         name=None)`` routes to ``experts`` by ``gate`` and returns this class's
-        client. Raises ``InvalidArgument`` for a bad setting.
-
-        ``spawn(system, n_experts=2, top_k=1, name=None)``, the original
-        package's form (no gate or experts; ``system`` a facade ``System``),
-        routes to experts that add their index under a gate the last one wins
-        and returns an ``OriginalMoeRouter``: ``route(input,
-        timeout_secs=5.0)`` blocks and returns a list of floats (``[1, 2]``
-        with 3 experts: ``[3.0, 4.0]``).
-        """
-        from atomr_accel.patterns._original import spawn_moe  # late: it imports this module
-
-        if own_form(spawn_moe, args, kwargs, "gate"):
-            return cls._spawn(system, *args, **kwargs)
-        return spawn_moe(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, gate: Callable[[Array], Any],
-               experts: Sequence[ModelSpec], *, top_k: int, max_restarts: int | None = 10,
-               within: float | None = 60.0, name: str | None = None) -> MoeRouter:
-        """The blueprint's own ``spawn`` form."""
+        client. Raises ``InvalidArgument`` for a bad setting."""
         props = cls.props(gate, experts, top_k=top_k, max_restarts=max_restarts, within=within)
         return cls._start(system, props, name)
 
-    async def route(self, x: Any, *, timeout: float | None = None) -> Array:
+    async def route_async(self, x: Any, *, timeout_secs: float | None = None) -> Array:
         """Return the mixture's output for ``x`` (1-D in, 1-D out; 2-D in, 2-D out).
 
         Raises what the gate or an expert raised, ``InvalidModelOutput``,
         ``InvalidArgument``, ``AskTimeout`` or ``ActorStopped``.
         """
-        result: Array = await self._ask(_Route(x), timeout)
+        result: Array = await self._ask(_Route(x), timeout_secs)
         return result
 
-    async def stats(self) -> RouterStats:
+    async def stats_async(self, *, timeout_secs: float | None = None) -> RouterStats:
         """Requests, tokens, tokens per expert and expert restarts."""
-        stats: RouterStats = await self._ask(_GetStats(), None)
+        stats: RouterStats = await self._ask(_GetStats(), timeout_secs)
         return stats
+
+    route, route_blocking = twins_with_old_name(route_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args, overload
+from typing import Any, Literal, get_args
 
 from atomr_accel.actor import ActorRef, Props, Reply, Terminated
-from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import (
-    PatternActor,
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     SystemLike,
-    is_models,
-    own_form,
     require_positive_int,
+    twins_with_old_name,
 )
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import NoReplicaAvailable, RequestRejected
 from atomr_accel.patterns._worker import (
     Invoke,
@@ -28,10 +26,6 @@ from atomr_accel.patterns._worker import (
     check_model,
     worker_strategy,
 )
-
-if TYPE_CHECKING:
-    from atomr_accel.facade import System
-    from atomr_accel.patterns._original import OriginalModelReplicaPool
 
 __all__ = ["ModelReplicaPool", "PoolPolicy", "PoolStats", "pick_replica"]
 
@@ -90,7 +84,7 @@ class _GetStats:
     __slots__ = ()
 
 
-class _PoolActor(PatternActor):
+class _PoolActor(BlueprintActor):
     def __init__(self, replicas: Sequence[ModelSpec], policy: PoolPolicy, queue_capacity: int,
                  max_restarts: int | None, within: float | None) -> None:
         super().__init__()
@@ -169,18 +163,8 @@ class _PoolActor(PatternActor):
                 self.pending.popleft()[1].set_exception(error)
 
     async def _call(self, index: int, x: Any, reply: Reply) -> None:
-        me = self.context.self_ref
-        try:
-            result = await self.workers[index].ask(Invoke((x,)), timeout=None)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-            me.tell(_Done(index, ok=False))
-            return
-        reply.set_result(result)
-        me.tell(_Done(index, ok=True))
+        ok = await self.answer(reply, self.workers[index].ask(Invoke((x,)), timeout=None))
+        self.context.self_ref.tell(_Done(index, ok=ok))
 
     async def post_stop(self) -> None:
         """Fail the requests waiting for a replica, then the running ones."""
@@ -190,7 +174,7 @@ class _PoolActor(PatternActor):
         await super().post_stop()
 
 
-class ModelReplicaPool(PatternClient):
+class ModelReplicaPool(BlueprintClient):
     """Serve requests on several replicas of a model, each a supervised child actor.
 
     Each replica (``replica-0``, ...) runs one call at a time; the pool picks
@@ -206,10 +190,6 @@ class ModelReplicaPool(PatternClient):
     stopped, requests fail with ``NoReplicaAvailable``. While no replica is up
     (all starting or restarting) up to ``queue_capacity`` requests wait in the
     pool; beyond that they fail with ``RequestRejected``.
-
-    Given no replicas, ``spawn`` takes the original package's form: its echo
-    demo model behind an ``OriginalModelReplicaPool``, whose methods block
-    (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -228,58 +208,32 @@ class ModelReplicaPool(PatternClient):
         require_positive_int("queue_capacity", queue_capacity)
         return Props(_PoolActor, replicas, policy, queue_capacity, max_restarts, within)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, replicas: Sequence[ModelSpec], *,
               policy: PoolPolicy = "round_robin", queue_capacity: int = 1024,
               max_restarts: int | None = 10, within: float | None = 60.0,
-              name: str | None = None) -> ModelReplicaPool: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: System, n_replicas: int = 2,
-              name: str | None = None) -> OriginalModelReplicaPool: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> ModelReplicaPool | OriginalModelReplicaPool:
-        """Start a ModelReplicaPool in ``system`` and return its client, in one of two forms.
+              name: str | None = None) -> ModelReplicaPool:
+        """Start a ModelReplicaPool in ``system`` and return its client.
 
         ``spawn(system, replicas, *, policy="round_robin", queue_capacity=1024,
         max_restarts=10, within=60.0, name=None)`` runs ``replicas`` and returns
-        this class's client. Raises ``InvalidArgument`` for a bad setting.
-
-        ``spawn(system, n_replicas=2, name=None)``, the original package's form
-        (no replicas; ``system`` a facade ``System``), runs ``n_replicas`` echo
-        replicas round-robin and returns an ``OriginalModelReplicaPool``:
-        ``submit(payload, timeout_secs=5.0)`` blocks and returns the payload's
-        bytes as a list of ints.
-        """
-        from atomr_accel.patterns._original import spawn_pool  # late: it imports this module
-
-        if own_form(spawn_pool, args, kwargs, "replicas", is_models):
-            return cls._spawn(system, *args, **kwargs)
-        return spawn_pool(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, replicas: Sequence[ModelSpec], *,
-               policy: PoolPolicy = "round_robin", queue_capacity: int = 1024,
-               max_restarts: int | None = 10, within: float | None = 60.0,
-               name: str | None = None) -> ModelReplicaPool:
-        """The blueprint's own ``spawn`` form."""
+        this class's client. Raises ``InvalidArgument`` for a bad setting."""
         props = cls.props(replicas, policy=policy, queue_capacity=queue_capacity,
                           max_restarts=max_restarts, within=within)
         return cls._start(system, props, name)
 
-    async def call(self, x: Any, *, timeout: float | None = None) -> Any:
+    async def call_async(self, x: Any, *, timeout_secs: float | None = None) -> Any:
         """Run ``model(x)`` on a replica and return its result.
 
         Raises what the model raised, ``NoReplicaAvailable``,
         ``RequestRejected``, ``AskTimeout`` or ``ActorStopped``.
         """
-        return await self._ask(_Call(x), timeout)
+        return await self._ask(_Call(x), timeout_secs)
 
-    async def stats(self) -> PoolStats:
+    async def stats_async(self, *, timeout_secs: float | None = None) -> PoolStats:
         """In-flight counts, up flags, served/failed counts and restarts per replica."""
-        stats: PoolStats = await self._ask(_GetStats(), None)
+        stats: PoolStats = await self._ask(_GetStats(), timeout_secs)
         return stats
+
+    call, call_blocking = twins_with_old_name(call_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -6,25 +6,21 @@ import asyncio
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 import numpy as np
 
 from atomr_accel.actor import Props, Reply
-from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import (
-    PatternActor,
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     SystemLike,
-    own_form,
     require_positive_int,
+    twins_with_old_name,
 )
+from atomr_accel.blueprint._invoke import invoke
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
-from atomr_accel.patterns._invoke import invoke
-
-if TYPE_CHECKING:
-    from atomr_accel.facade import System
-    from atomr_accel.patterns._original import OriginalSpeculativeDecoder
 
 __all__ = ["Decoded", "DecoderStats", "SpeculativeDecoder", "accept_draft"]
 
@@ -98,7 +94,7 @@ class _GetStats:
     __slots__ = ()
 
 
-class _DecoderActor(PatternActor):
+class _DecoderActor(BlueprintActor):
     def __init__(self, draft: DraftFn, verifier: VerifierFn, k: int, max_tokens: int,
                  eos: int | None) -> None:
         super().__init__()
@@ -162,7 +158,7 @@ class _DecoderActor(PatternActor):
         self.context.self_ref.tell(result)
 
 
-class SpeculativeDecoder(PatternClient):
+class SpeculativeDecoder(BlueprintClient):
     """Greedy speculative decoding: the output is exactly what the verifier alone would emit.
 
     Each round the draft model proposes up to ``k`` tokens
@@ -174,10 +170,6 @@ class SpeculativeDecoder(PatternClient):
     ``accept_draft``). Decoding stops after ``max_tokens`` new tokens or at
     ``eos``. Both models may be sync (run on a worker thread) or async; a bad
     output fails the request with ``InvalidModelOutput``.
-
-    Given no draft and verifier, ``spawn`` takes the original package's form:
-    its demo draft and verifier behind an ``OriginalSpeculativeDecoder``,
-    whose methods block (see ``spawn`` and docs/patterns.md).
     """
 
     @staticmethod
@@ -190,50 +182,21 @@ class SpeculativeDecoder(PatternClient):
         require_positive_int("max_tokens", max_tokens)
         return Props(_DecoderActor, draft, verifier, k, max_tokens, eos)
 
-    @overload
     @classmethod
     def spawn(cls, system: SystemLike, draft: DraftFn, verifier: VerifierFn, *, k: int,
               max_tokens: int, eos: int | None = None,
-              name: str | None = None) -> SpeculativeDecoder: ...
-
-    @overload
-    @classmethod
-    def spawn(cls, system: System, k: int = 4, max_total_tokens: int = 64,
-              name: str | None = None) -> OriginalSpeculativeDecoder: ...
-
-    @classmethod
-    def spawn(cls, system: SystemLike, *args: Any, **kwargs: Any,
-              ) -> SpeculativeDecoder | OriginalSpeculativeDecoder:
-        """Start a SpeculativeDecoder in ``system`` and return its client, in one of two forms.
+              name: str | None = None) -> SpeculativeDecoder:
+        """Start a SpeculativeDecoder in ``system`` and return its client.
 
         ``spawn(system, draft, verifier, *, k, max_tokens, eos=None,
         name=None)`` decodes with ``draft`` and ``verifier`` and returns this
         class's client; ``max_tokens`` is the default limit per request.
-        Raises ``InvalidArgument`` for a bad setting.
-
-        ``spawn(system, k=4, max_total_tokens=64, name=None)``, the original
-        package's form (no models; ``system`` a facade ``System``), drafts
-        ``last+1 ... last+k`` with a verifier that accepts it and returns an
-        ``OriginalSpeculativeDecoder``: ``decode(prompt, budget=64,
-        timeout_secs=5.0)`` blocks and returns ``(tokens, iterations,
-        accepted)``.
-        """
-        from atomr_accel.patterns._original import spawn_speculative  # late: it imports this module
-
-        if own_form(spawn_speculative, args, kwargs, "draft"):
-            return cls._spawn(system, *args, **kwargs)
-        return spawn_speculative(cls, system, *args, **kwargs)
-
-    @classmethod
-    def _spawn(cls, system: SystemLike, draft: DraftFn, verifier: VerifierFn, *, k: int,
-               max_tokens: int, eos: int | None = None,
-               name: str | None = None) -> SpeculativeDecoder:
-        """The blueprint's own ``spawn`` form."""
+        Raises ``InvalidArgument`` for a bad setting."""
         props = cls.props(draft, verifier, k=k, max_tokens=max_tokens, eos=eos)
         return cls._start(system, props, name)
 
-    async def generate(self, prompt: Sequence[int], *, max_tokens: int | None = None,
-                       timeout: float | None = None) -> Decoded:
+    async def generate_async(self, prompt: Sequence[int], *, max_tokens: int | None = None,
+                       timeout_secs: float | None = None) -> Decoded:
         """Decode after ``prompt``; return up to ``max_tokens`` new tokens and draft figures.
 
         ``max_tokens`` defaults to the decoder's. Raises what a model raised,
@@ -241,10 +204,13 @@ class SpeculativeDecoder(PatternClient):
         ``ActorStopped``.
         """
         require_positive_int("max_tokens", max_tokens, allow_none=True)
-        result: Decoded = await self._ask(_Generate(tuple(prompt), max_tokens), timeout)
+        result: Decoded = await self._ask(_Generate(tuple(prompt), max_tokens), timeout_secs)
         return result
 
-    async def stats(self) -> DecoderStats:
+    async def stats_async(self, *, timeout_secs: float | None = None) -> DecoderStats:
         """Totals over finished requests: tokens, drafted, accepted, verifier calls."""
-        stats: DecoderStats = await self._ask(_GetStats(), None)
+        stats: DecoderStats = await self._ask(_GetStats(), timeout_secs)
         return stats
+
+    generate, generate_blocking = twins_with_old_name(generate_async)
+    stats, stats_blocking = twins_with_old_name(stats_async)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from atomr_accel.actor import Actor, OneForOneStrategy, Props, SupervisorStrategy
+from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._invoke import invoke
 
 __all__ = [
     "Invoke",

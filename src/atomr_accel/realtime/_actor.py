@@ -29,13 +29,13 @@ from typing import Any, Self
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
+from atomr_accel.blueprint import (
     TIMEOUT,
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import GpuRefStale, GpuRuntimeError, InvalidArgument, OutOfMemory
@@ -114,7 +114,7 @@ class Buffers:
                 await device.free_async(buffer)
 
 
-class RealtimeActor(AgentActor):
+class RealtimeActor(BlueprintActor):
     """Base of the realtime actors (see the module): its device, fixed at its first start,
     the buffers it owns there, and calls ``_Call(m, a)`` answered by ``on_<m>(*a)``.
 
@@ -123,6 +123,7 @@ class RealtimeActor(AgentActor):
     """
 
     def __init__(self, system: System, placement: Placement, bytes_needed: int = 0) -> None:
+        super().__init__()
         self._system = system
         self._placement = placement
         self._bytes_needed = bytes_needed
@@ -210,7 +211,7 @@ class RealtimeActor(AgentActor):
             await self.buffers.close(self._placement.device)
 
 
-class RealtimeClient(AgentClient):
+class RealtimeClient(BlueprintClient):
     """Base of the realtime clients: spawn an actor on a device, call its methods."""
 
     @classmethod
@@ -225,7 +226,7 @@ class RealtimeClient(AgentClient):
                                    or all(d is not device for d in facade.devices)):
             raise InvalidArgument(f"device must be a Device of this system (spawn_device) or "
                                   f"None, got {device!r}")
-        return cls._start_in(facade, Props(actor, facade, Placement(device), *args), name)
+        return cls._start(facade, Props(actor, facade, Placement(device), *args), name)
 
     def _run(self, method: str, args: tuple[Any, ...], timeout_secs: object,
              ) -> Coroutine[Any, Any, Any]:
@@ -238,4 +239,4 @@ class RealtimeClient(AgentClient):
         none)."""
         return self._run("device", (), timeout_secs)
 
-    device = blocking_twin(device_async)
+    device = twin(device_async)

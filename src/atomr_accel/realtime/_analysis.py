@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import blocking_twin
+from atomr_accel.blueprint import require_positive_int, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import FilterFrames, FrameStats, Stage
 from atomr_accel.facade import Device, System
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._checks import require_number
 from atomr_accel.realtime._frames import Frame, FrameShape, as_frame, as_stages, frame_shape
@@ -160,15 +159,17 @@ class MultiPassAnalysisActor(RealtimeClient):
         """The frame's statistics (also added to the running ones)."""
         return self._run("analyze", (as_frame(frame, self.shape),), timeout_secs)
 
+    analyze = twin(analyze_async)
+
     def running_async(self, timeout_secs: float = TIMEOUT,
                       ) -> Coroutine[Any, Any, RunningStatistics]:
         """The statistics over every frame analysed since the start or the last reset."""
         return self._run("running", (), timeout_secs)
 
+    running = twin(running_async)
+
     def reset_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Forget the running statistics."""
         return self._run("reset", (), timeout_secs)
 
-    analyze = blocking_twin(analyze_async)
-    running = blocking_twin(running_async)
-    reset = blocking_twin(reset_async)
+    reset = twin(reset_async)

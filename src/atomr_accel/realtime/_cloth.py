@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import ClothStep
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._checks import (
     F32Array,
@@ -162,26 +161,30 @@ class ClothSimulationActor(RealtimeClient):
         """Pin the vertices ``indices`` (``row * width + col``) where they are now."""
         return self._run("pin", (self._indices(indices),), timeout_secs)
 
+    pin = twin(pin_async)
+
     def unpin_async(self, indices: Any, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, None]:
         """Let the vertices ``indices`` move again."""
         return self._run("unpin", (self._indices(indices),), timeout_secs)
+
+    unpin = twin(unpin_async)
 
     def set_wind_async(self, wind: Any, timeout_secs: float = TIMEOUT,
                        ) -> Coroutine[Any, Any, None]:
         """Set the wind: a constant acceleration ``(x, y, z)`` on every free vertex."""
         return self._run("set_wind", (as_vector(wind, "wind"),), timeout_secs)
 
+    set_wind = twin(set_wind_async)
+
     def step_async(self, dt: float, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Advance the cloth by ``dt`` seconds."""
         return self._run("step", (require_dt(dt),), timeout_secs)
+
+    step = twin(step_async)
 
     def positions_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """Every vertex's position, ``(width * height, 3)`` float32, row by row."""
         return self._run("positions", (), timeout_secs)
 
-    pin = blocking_twin(pin_async)
-    unpin = blocking_twin(unpin_async)
-    set_wind = blocking_twin(set_wind_async)
-    step = blocking_twin(step_async)
-    positions = blocking_twin(positions_async)
+    positions = twin(positions_async)

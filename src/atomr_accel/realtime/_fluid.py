@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._realtime_physics import (
@@ -21,7 +21,6 @@ from atomr_accel.core.ops._realtime_physics import (
 )
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._checks import F32Array, require_count, require_dt, require_number
 
@@ -173,6 +172,8 @@ class FluidSimulationActor(RealtimeClient):
         return self._run("add_density", (cx, cy, require_number("amount", amount)),
                          timeout_secs)
 
+    add_density = twin(add_density_async)
+
     def add_velocity_async(self, x: int, y: int, vx: float, vy: float,
                            timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Add ``(vx, vy)`` (cells per second) to the velocity of cell ``(x, y)``: to each
@@ -182,18 +183,26 @@ class FluidSimulationActor(RealtimeClient):
                          (cx, cy, require_number("vx", vx), require_number("vy", vy)),
                          timeout_secs)
 
+    add_velocity = twin(add_velocity_async)
+
     def step_async(self, dt: float, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Advance the fluid by ``dt`` seconds."""
         return self._run("step", (require_dt(dt),), timeout_secs)
+
+    step = twin(step_async)
 
     def density_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The density of each cell, ``(height, width)`` float32."""
         return self._run("density", (), timeout_secs)
 
+    density = twin(density_async)
+
     def velocity_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """Each cell's velocity (the mean of its faces), ``(height, width, 2)`` float32,
         ``[..., 0]`` along x."""
         return self._run("velocity", (), timeout_secs)
+
+    velocity = twin(velocity_async)
 
     def face_velocities_async(self, timeout_secs: float = TIMEOUT,
                               ) -> Coroutine[Any, Any, tuple[F32Array, F32Array]]:
@@ -201,15 +210,11 @@ class FluidSimulationActor(RealtimeClient):
         vertical faces, ``v`` of shape ``(height + 1, width)`` on the horizontal ones."""
         return self._run("face_velocities", (), timeout_secs)
 
+    face_velocities = twin(face_velocities_async)
+
     def divergence_async(self, timeout_secs: float = TIMEOUT,
                          ) -> Coroutine[Any, Any, F32Array]:
         """The divergence of each cell now (net outflow of its faces), ``(height, width)``."""
         return self._run("divergence", (), timeout_secs)
 
-    add_density = blocking_twin(add_density_async)
-    add_velocity = blocking_twin(add_velocity_async)
-    step = blocking_twin(step_async)
-    density = blocking_twin(density_async)
-    velocity = blocking_twin(velocity_async)
-    face_velocities = blocking_twin(face_velocities_async)
-    divergence = blocking_twin(divergence_async)
+    divergence = twin(divergence_async)

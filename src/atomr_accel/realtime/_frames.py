@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from atomr_accel.blueprint import require_positive_int
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
 from atomr_accel.core.ops._realtime_frames import (
@@ -19,7 +20,6 @@ from atomr_accel.core.ops._realtime_frames import (
     Stage,
     Threshold,
 )
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._checks import as_byte_values
 
 __all__ = ["Frame", "FrameShape", "as_frame", "as_stages", "frame_shape"]

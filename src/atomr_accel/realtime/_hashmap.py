@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_data import (
@@ -19,7 +19,6 @@ from atomr_accel.core.ops._realtime_data import (
     HashTable,
 )
 from atomr_accel.facade import Device, System
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._checks import U8Array, as_byte_values
 
@@ -176,29 +175,33 @@ class GpuHashMapActor(RealtimeClient):
             raise InvalidArgument(f"{len(key_rows)} keys but {len(value_rows)} values")
         return self._run("insert", (key_rows, value_rows), timeout_secs)
 
+    insert = twin(insert_async)
+
     def lookup_async(self, keys: Any, timeout_secs: float = TIMEOUT,
                      ) -> Coroutine[Any, Any, tuple[U8Array, np.ndarray[Any, Any]]]:
         """``(values, found)``: an ``n x value_size_bytes`` u8 array (zero rows for missing
         keys) and a bool array saying which keys are held."""
         return self._run("lookup", (_rows(keys, self.key_size_bytes, "keys"),), timeout_secs)
 
+    lookup = twin(lookup_async)
+
     def erase_async(self, keys: Any, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, int]:
         """Remove the keys (absent ones are skipped); answer how many were held."""
         return self._run("erase", (_rows(keys, self.key_size_bytes, "keys"),), timeout_secs)
+
+    erase = twin(erase_async)
 
     def stats_async(self, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, dict[str, Any]]:
         """``capacity``, ``size``, ``load_factor`` (size / capacity) and the entry sizes."""
         return self._run("stats", (), timeout_secs)
 
+    stats = twin(stats_async)
+
     def compact_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Rebuild the table from its live entries, dropping the erased slots that lookups
         probe past (worth it after many erases); answers the number of entries."""
         return self._run("compact", (), timeout_secs)
 
-    insert = blocking_twin(insert_async)
-    lookup = blocking_twin(lookup_async)
-    erase = blocking_twin(erase_async)
-    stats = blocking_twin(stats_async)
-    compact = blocking_twin(compact_async)
+    compact = twin(compact_async)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
-from atomr_accel.agents._client import blocking_twin
+from atomr_accel.blueprint import require_positive_int, twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import FRAME_DTYPES, Correlate, FilterFrames, Stage
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 from atomr_accel.realtime._frames import Frame, FrameShape, as_frame, as_stages, frame_shape
 
@@ -97,6 +96,8 @@ class ImageFilterPipeline(RealtimeClient):
         """The filtered frame, in the form ``frame`` came in (see the class)."""
         return self._run("process", (as_frame(frame, self.shape),), timeout_secs)
 
+    process = twin(process_async)
+
     def process_buffers_async(self, src: GpuBuffer, dst: GpuBuffer, frames: int = 1,
                               timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Filter ``frames`` frames held one after another in ``src`` into ``dst``: u8 or
@@ -112,6 +113,4 @@ class ImageFilterPipeline(RealtimeClient):
                                       f"need {needed}")
         return self._run("process_buffers", (src, dst, frames), timeout_secs)
 
-    process = blocking_twin(process_async)
-    process_buffers = blocking_twin(process_buffers_async)
-
+    process_buffers = twin(process_buffers_async)

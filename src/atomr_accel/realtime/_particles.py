@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import ParticleCompact, ParticleStep
@@ -135,34 +135,38 @@ class ParticleSystemActor(RealtimeClient):
         life = _lifetimes(lifetimes, len(p))
         return self._run("emit", (p, v, life), timeout_secs)
 
+    emit = twin(emit_async)
+
     def step_async(self, dt: float, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Advance every particle by ``dt`` seconds; answers how many are alive after it
         (0 when empty)."""
         return self._run("step", (require_dt(dt),), timeout_secs)
 
+    step = twin(step_async)
+
     def positions_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The live particles' positions, ``(n, 3)`` float32, in emission order."""
         return self._run("positions", (), timeout_secs)
+
+    positions = twin(positions_async)
 
     def velocities_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The live particles' velocities, ``(n, 3)`` float32, in emission order."""
         return self._run("velocities", (), timeout_secs)
 
+    velocities = twin(velocities_async)
+
     def lifetimes_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, F32Array]:
         """The live particles' remaining lifetimes (seconds, ``inf`` for forever)."""
         return self._run("lifetimes", (), timeout_secs)
+
+    lifetimes = twin(lifetimes_async)
 
     async def live_count_async(self, timeout_secs: float = TIMEOUT) -> int:
         """How many particles are alive."""
         return int(await self._run("live_count", (), timeout_secs))
 
-    emit = blocking_twin(emit_async)
-    step = blocking_twin(step_async)
-    positions = blocking_twin(positions_async)
-    velocities = blocking_twin(velocities_async)
-    lifetimes = blocking_twin(lifetimes_async)
-    live_count = blocking_twin(live_count_async)
-
+    live_count = twin(live_count_async)
 
 def _lifetimes(value: Any, n: int) -> F32Array:
     """Lifetimes for ``n`` particles: None (forever), one number or ``n`` numbers > 0."""

@@ -8,14 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, require_positive_int, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_data import BuildCsr
 from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.patterns._base import require_positive_int
 from atomr_accel.realtime._actor import Placement, RealtimeActor, RealtimeClient
 
 __all__ = ["GpuSparseStructureActor"]
@@ -152,10 +151,14 @@ class GpuSparseStructureActor(RealtimeClient):
         """Replace the matrix by the triplets' (duplicates summed); answer its nnz."""
         return self._run("build", (self._triplets(rows, cols, values),), timeout_secs)
 
+    build = twin(build_async)
+
     def update_async(self, rows: Any, cols: Any, values: Any,
                      timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Add the triplets to the matrix (summed into entries held); answer its nnz."""
         return self._run("update", (self._triplets(rows, cols, values),), timeout_secs)
+
+    update = twin(update_async)
 
     def spmv_async(self, x: Any, timeout_secs: float = TIMEOUT,
                    ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
@@ -165,17 +168,17 @@ class GpuSparseStructureActor(RealtimeClient):
             raise InvalidArgument(f"x must hold {self.cols} numbers, got shape {vector.shape}")
         return self._run("spmv", (vector,), timeout_secs)
 
+    spmv = twin(spmv_async)
+
     def to_csr_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, Triplets]:
         """``(indptr, indices, values)`` of the CSR matrix, downloaded."""
         return self._run("to_csr", (), timeout_secs)
+
+    to_csr = twin(to_csr_async)
 
     def stats_async(self, timeout_secs: float = TIMEOUT,
                     ) -> Coroutine[Any, Any, dict[str, Any]]:
         """``rows``, ``cols``, ``nnz`` and ``dtype``."""
         return self._run("stats", (), timeout_secs)
 
-    build = blocking_twin(build_async)
-    update = blocking_twin(update_async)
-    spmv = blocking_twin(spmv_async)
-    to_csr = blocking_twin(to_csr_async)
-    stats = blocking_twin(stats_async)
+    stats = twin(stats_async)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
-from atomr_accel.agents._client import TIMEOUT, blocking_twin
+from atomr_accel.blueprint import TIMEOUT, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_physics import GridBuild, GridQuery
@@ -137,13 +137,19 @@ class SpatialIndexActor(RealtimeClient):
         """Add points (``(n, 3)``, or one ``(3,)``); answers the ids they got."""
         return self._run("insert", (as_points(points, "points"),), timeout_secs)
 
+    insert = twin(insert_async)
+
     def rebuild_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Build the grid of every point now; answers how many points it holds."""
         return self._run("rebuild", (), timeout_secs)
 
+    rebuild = twin(rebuild_async)
+
     def count_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """How many points the index holds."""
         return self._run("count", (), timeout_secs)
+
+    count = twin(count_async)
 
     async def query_neighbors_async(self, x: float, y: float, z: float,
                                     radius: float | None = None,
@@ -155,6 +161,8 @@ class SpatialIndexActor(RealtimeClient):
                                            timeout_secs)
         return found
 
+    query_neighbors = twin(query_neighbors_async)
+
     def query_many_async(self, points: Any, radius: float | None = None,
                          timeout_secs: float = QUERY_TIMEOUT,
                          ) -> Coroutine[Any, Any, list[list[int]]]:
@@ -162,8 +170,4 @@ class SpatialIndexActor(RealtimeClient):
         return self._run("query_many", (as_points(points, "points"), self._radius(radius)),
                          timeout_secs)
 
-    insert = blocking_twin(insert_async)
-    rebuild = blocking_twin(rebuild_async)
-    count = blocking_twin(count_async)
-    query_neighbors = blocking_twin(query_neighbors_async)
-    query_many = blocking_twin(query_many_async)
+    query_many = twin(query_many_async)

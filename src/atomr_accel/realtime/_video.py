@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.agents._client import blocking_twin
+from atomr_accel.blueprint import twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import BlendFrames, FilterFrames, Stage
@@ -184,6 +184,8 @@ class VideoEffectsGraph(RealtimeClient):
         node = _Node((_name(input, "input"),), chain)
         return self._run("add", (_name(name, "name"), node), timeout_secs)
 
+    add_filter = twin(add_filter_async)
+
     def add_blend_async(self, name: str, a: str, b: str, weight_a: float = 0.5,
                         weight_b: float = 0.5, timeout_secs: float = TIMEOUT,
                         ) -> Coroutine[Any, Any, None]:
@@ -192,19 +194,27 @@ class VideoEffectsGraph(RealtimeClient):
         node = _Node((_name(a, "a"), _name(b, "b")), (), weights)
         return self._run("add", (_name(name, "name"), node), timeout_secs)
 
+    add_blend = twin(add_blend_async)
+
     def set_output_async(self, name: str, timeout_secs: float = TIMEOUT,
                          ) -> Coroutine[Any, Any, None]:
         """Make node ``name`` the graph's output."""
         return self._run("set_output", (_name(name, "name"),), timeout_secs)
 
+    set_output = twin(set_output_async)
+
     def order_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, list[str]]:
         """The nodes ``process`` runs, in the order it runs them."""
         return self._run("order", (), timeout_secs)
+
+    order = twin(order_async)
 
     def process_async(self, frame: Any, timeout_secs: float = TIMEOUT,
                       ) -> Coroutine[Any, Any, Any]:
         """The output node's frame for ``frame``, in the form ``frame`` came in."""
         return self._run("process", (as_frame(frame, self.shape),), timeout_secs)
+
+    process = twin(process_async)
 
     def process_many_async(self, frames: Iterable[Any], timeout_secs: float = TIMEOUT,
                            ) -> Coroutine[Any, Any, list[Any]]:
@@ -215,9 +225,4 @@ class VideoEffectsGraph(RealtimeClient):
             raise InvalidArgument("process_many needs at least one frame")
         return self._run("process_many", (checked,), timeout_secs)
 
-    add_filter = blocking_twin(add_filter_async)
-    add_blend = blocking_twin(add_blend_async)
-    set_output = blocking_twin(set_output_async)
-    order = blocking_twin(order_async)
-    process = blocking_twin(process_async)
-    process_many = blocking_twin(process_many_async)
+    process_many = twin(process_many_async)

@@ -8,7 +8,7 @@ is retried up to the stage's ``retries``; past that the stream fails with that
 error, every stage is cancelled and nothing is left running. Cancelling
 ``run`` cancels every stage the same way. User code (stages, sinks, sources)
 may raise any ``BaseException``: one that is no ``Exception`` fails the stream
-as ``UserCodeError`` (``atomr_accel.patterns._invoke.call_here``).
+as ``UserCodeError`` (``atomr_accel.blueprint._invoke.call_here``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from atomr_accel.actor import user_code
+from atomr_accel.blueprint._invoke import call_here
 from atomr_accel.core._errors import InvalidArgument, UserCodeError
-from atomr_accel.patterns._invoke import call_here
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device

@@ -100,3 +100,6 @@ __all__ += [
     "flatten_parameters",
     "unflatten_parameters",
 ]
+
+# The original package's forms of the trainers' spawn, attached to them there.
+import atomr_accel.original._train  # noqa: E402, F401

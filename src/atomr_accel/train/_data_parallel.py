@@ -8,16 +8,15 @@ import asyncio
 import math
 import os
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import AgentClient, blocking_twin, require_system, require_timeout
+from atomr_accel.blueprint import BlueprintClient, require_system, require_timeout, twin
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._files import read_npz
 from atomr_accel.facade import Device, System
-from atomr_accel.patterns._base import own_form
 from atomr_accel.train._dp_actor import (
     DataParallelActor,
     Evaluate,
@@ -30,12 +29,10 @@ from atomr_accel.train._dp_actor import (
     Step,
 )
 from atomr_accel.train._dp_ledger import Ledger, TrainerStats
-from atomr_accel.train._dp_spec import Model, TrainerSpec, original_spec
+from atomr_accel.train._dp_spec import Model, TrainerSpec
 from atomr_accel.train._dp_split import batch_arrays, rows_array
-from atomr_accel.train._model import Sequential
 from atomr_accel.train._optim import Loss, Optimizer
 from atomr_accel.train._step_result import StepResult
-from atomr_accel.train._torch_module import TorchModule
 
 __all__ = ["DataParallelTrainer"]
 
@@ -47,13 +44,7 @@ READY_TIMEOUT = 120.0
 """The default ``timeout_secs`` of ``ready`` (spawning devices, a world, the replicas)."""
 
 
-def _original_spawn(cls: type, system: System, n_replicas: int = 2,
-                    batch_size_per_device: int = 4, lr: float = 0.01,
-                    name: str | None = None) -> None:
-    """The original package's ``spawn`` signature (only its shape is used)."""
-
-
-class DataParallelTrainer(AgentClient):
+class DataParallelTrainer(BlueprintClient):
     """Data-parallel training of one model over several devices, in a supervised actor.
 
     **Own form**: ``spawn(system, model, *, loss, optimizer, devices=None,
@@ -96,25 +87,16 @@ class DataParallelTrainer(AgentClient):
 
     _original = False
 
-    @overload
     @classmethod
     def spawn(cls, system: System, model: Model, *, loss: Loss, optimizer: Optimizer,
               devices: Sequence[Device] | None = None, n_replicas: int = 2, seed: int = 0,
               name: str | None = None, mock: bool | None = None, isolation: str = "thread",
               standby: int = 0, dtype: str = "f32", micro_batch: int | None = None,
               checkpoint_every: int | None = None, max_retries: int = 2,
-              collective_timeout: float = 60.0) -> DataParallelTrainer: ...
+              collective_timeout: float = 60.0) -> DataParallelTrainer:
+        """Start a trainer in the facade ``system`` (class doc).
 
-    @overload
-    @classmethod
-    def spawn(cls, system: System, n_replicas: int = 2, batch_size_per_device: int = 4,
-              lr: float = 0.01, name: str | None = None) -> DataParallelTrainer: ...
-
-    @classmethod
-    def spawn(cls, system: System, *args: Any, **kwargs: Any) -> DataParallelTrainer:
-        """Start a trainer in the facade ``system``, in one of two forms (class doc).
-
-        Own form, the settings beyond the model: ``loss`` (``MSELoss`` or
+        The settings beyond the model: ``loss`` (``MSELoss`` or
         ``CrossEntropyLoss``), ``optimizer`` (``SGD``, ``Adam``, ``AdamW``);
         ``devices`` the devices, one replica each (None: ``n_replicas``
         devices ``0 .. n-1`` spawned here with ``mock``, ``isolation`` and
@@ -128,19 +110,6 @@ class DataParallelTrainer(AgentClient):
         and replicas are built in the actor; ``ready()`` waits for them.
         """
         require_system(system)
-        if own_form(_original_spawn, args, kwargs, "model",
-                    lambda v: isinstance(v, Sequential | TorchModule)):
-            return cls._spawn_own(system, *args, **kwargs)
-        return cls._spawn_original(system, *args, **kwargs)
-
-    @classmethod
-    def _spawn_own(cls, system: System, model: Model, *, loss: Loss, optimizer: Optimizer,
-                   devices: Sequence[Device] | None = None, n_replicas: int = 2,
-                   seed: int = 0, name: str | None = None, mock: bool | None = None,
-                   isolation: str = "thread", standby: int = 0, dtype: str = "f32",
-                   micro_batch: int | None = None, checkpoint_every: int | None = None,
-                   max_retries: int = 2, collective_timeout: float = 60.0,
-                   ) -> DataParallelTrainer:
         if model is None:
             raise InvalidArgument("model must be a Sequential or a TorchModule, got None")
         spec = TrainerSpec.checked(model, loss, optimizer, devices, n_replicas, mock,
@@ -149,17 +118,10 @@ class DataParallelTrainer(AgentClient):
         return cls._launch(system, spec, name, original=False)
 
     @classmethod
-    def _spawn_original(cls, system: System, n_replicas: int = 2,
-                        batch_size_per_device: int = 4, lr: float = 0.01,
-                        name: str | None = None) -> DataParallelTrainer:
-        spec = original_spec(n_replicas, batch_size_per_device, lr)
-        return cls._launch(system, spec, name, original=True)
-
-    @classmethod
     def _launch(cls, system: System, spec: TrainerSpec, name: str | None, *,
                 original: bool) -> DataParallelTrainer:
         ledger = Ledger(spec.checkpoint_every or 0)
-        client = cls._start_in(system, Props(DataParallelActor, system, spec, ledger), name)
+        client = cls._start(system, Props(DataParallelActor, system, spec, ledger), name)
         client._original = original
         client._spec = spec
         client.ref.tell(Ready())  # start building at once; the first call waits for it
@@ -174,7 +136,7 @@ class DataParallelTrainer(AgentClient):
         form's replicas wait for the first batch's width)."""
         return self._call(Ready(), require_timeout(timeout_secs), "ready")
 
-    ready = blocking_twin(ready_async)
+    ready = twin(ready_async)
 
     def step_async(self, x: Any, y: Any = None, timeout_secs: float = STEP_TIMEOUT,
                    ) -> Coroutine[Any, Any, StepResult]:
@@ -197,7 +159,7 @@ class DataParallelTrainer(AgentClient):
         xs, ys = batch_arrays(x, y, self._spec.classification, finite=False)
         return self._call(Step(xs, ys), timeout, "step")
 
-    step = blocking_twin(step_async)
+    step = twin(step_async)
 
     def predict_async(self, x: Any, timeout_secs: float = STEP_TIMEOUT,
                       ) -> Coroutine[Any, Any, Array]:
@@ -205,7 +167,7 @@ class DataParallelTrainer(AgentClient):
         the replicas."""
         return self._call(Predict(rows_array(x)), require_timeout(timeout_secs), "predict")
 
-    predict = blocking_twin(predict_async)
+    predict = twin(predict_async)
 
     def evaluate_async(self, x: Any, y: Any, timeout_secs: float = STEP_TIMEOUT,
                        ) -> Coroutine[Any, Any, dict[str, float]]:
@@ -214,7 +176,7 @@ class DataParallelTrainer(AgentClient):
         xs, ys = batch_arrays(x, y, self._spec.classification)
         return self._call(Evaluate(xs, ys), require_timeout(timeout_secs), "evaluate")
 
-    evaluate = blocking_twin(evaluate_async)
+    evaluate = twin(evaluate_async)
 
     def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
                          ) -> Coroutine[Any, Any, dict[str, Array]]:
@@ -222,7 +184,7 @@ class DataParallelTrainer(AgentClient):
         every replica holds the same."""
         return self._call(StateDict(), require_timeout(timeout_secs), "state_dict")
 
-    state_dict = blocking_twin(state_dict_async)
+    state_dict = twin(state_dict_async)
 
     def replica_states_async(self, timeout_secs: float = STEP_TIMEOUT,
                              ) -> Coroutine[Any, Any, list[dict[str, Array]]]:
@@ -230,7 +192,7 @@ class DataParallelTrainer(AgentClient):
         step: this is how to check it)."""
         return self._call(ReplicaStates(), require_timeout(timeout_secs), "replica_states")
 
-    replica_states = blocking_twin(replica_states_async)
+    replica_states = twin(replica_states_async)
 
     def load_state_dict_async(self, state: dict[str, Array],
                               timeout_secs: float = STEP_TIMEOUT) -> Coroutine[Any, Any, None]:
@@ -241,7 +203,7 @@ class DataParallelTrainer(AgentClient):
         arrays = {k: np.asarray(v) for k, v in state.items()}
         return self._call(LoadState(arrays), require_timeout(timeout_secs), "load_state_dict")
 
-    load_state_dict = blocking_twin(load_state_dict_async)
+    load_state_dict = twin(load_state_dict_async)
 
     async def save_async(self, path: str | os.PathLike[str],
                          timeout_secs: float = STEP_TIMEOUT) -> None:
@@ -250,7 +212,7 @@ class DataParallelTrainer(AgentClient):
         state = await self.state_dict_async(timeout_secs)
         await self._on_loop(asyncio.to_thread(_write, target, state))
 
-    save = blocking_twin(save_async)
+    save = twin(save_async)
 
     async def load_async(self, path: str | os.PathLike[str],
                          timeout_secs: float = STEP_TIMEOUT) -> None:
@@ -258,7 +220,7 @@ class DataParallelTrainer(AgentClient):
         state = await self._on_loop(asyncio.to_thread(read_npz, _path(path), "a saved state"))
         await self.load_state_dict_async(state, timeout_secs)
 
-    load = blocking_twin(load_async)
+    load = twin(load_async)
 
     async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the system's loop (file work in its executor, whether the
@@ -271,7 +233,7 @@ class DataParallelTrainer(AgentClient):
         """A ``TrainerStats`` snapshot (steps, samples, recoveries, ...)."""
         return self._call(Stats(), require_timeout(timeout_secs), "stats")
 
-    stats = blocking_twin(stats_async)
+    stats = twin(stats_async)
 
     def __repr__(self) -> str:
         return f"DataParallelTrainer({self.path}, replicas={self._spec.n_replicas})"

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from atomr_accel.agents._client import AgentActor
+from atomr_accel.blueprint import BlueprintActor
 from atomr_accel.core._errors import (
     ContextPoisoned,
     GpuRuntimeError,
@@ -110,10 +110,11 @@ class Stats:
     """A ``TrainerStats`` snapshot."""
 
 
-class DataParallelActor(AgentActor):
+class DataParallelActor(BlueprintActor):
     """One replica per device, the gradient all-reduce, recovery (see the module doc)."""
 
     def __init__(self, system: System, spec: TrainerSpec, ledger: Ledger) -> None:
+        super().__init__()
         self.system = system
         self.spec = spec
         self.ledger = ledger

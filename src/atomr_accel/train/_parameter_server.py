@@ -27,12 +27,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
@@ -107,11 +107,12 @@ class _Kept:
     store: WeightStore | None = None
 
 
-class _ServerActor(AgentActor):
+class _ServerActor(BlueprintActor):
     """Holds the weights and optimizer state on its device; answers pushes and pulls."""
 
     def __init__(self, system: System, device: Device | None, initial: np.ndarray[Any, Any],
                  optimizer: str, lr: float, max_staleness: int, kept: _Kept) -> None:
+        super().__init__()
         self._system = system
         self._device = device
         self._initial = initial
@@ -186,7 +187,7 @@ def _count(name: str, value: object) -> int:
     return int(value)
 
 
-class AsyncParameterServer(AgentClient):
+class AsyncParameterServer(BlueprintClient):
     """A central weight vector with asynchronous gradient pushes and weight pulls.
 
     Start one with ``spawn``; see the module for the update and the staleness
@@ -229,7 +230,7 @@ class AsyncParameterServer(AgentClient):
         initial = _float_vector(initial_weights, "initial_weights")
         props = Props(_ServerActor, facade, device, initial, optimizer.lower(), float(lr),
                       staleness, _Kept())
-        client = cls._start_in(facade, props, name)
+        client = cls._start(facade, props, name)
         client._shape = np.shape(initial_weights)
         client._as_list = not isinstance(initial_weights, np.ndarray)
         return client
@@ -255,7 +256,7 @@ class AsyncParameterServer(AgentClient):
         return self._call(_Push(worker, version, data), require_timeout(timeout_secs),
                           "push_gradient")
 
-    push_gradient = blocking_twin(push_gradient_async)
+    push_gradient = twin(push_gradient_async)
 
     async def _pull(self, worker: int, timeout: float) -> tuple[Any, int]:
         data, version = await self._call(_Pull(worker), timeout, "pull_weights")
@@ -268,7 +269,7 @@ class AsyncParameterServer(AgentClient):
         server was spawned from a list, else a float32 array of the initial shape."""
         return self._pull(_count("worker_id", worker_id), require_timeout(timeout_secs))
 
-    pull_weights = blocking_twin(pull_weights_async)
+    pull_weights = twin(pull_weights_async)
 
     async def _stats(self, timeout: float) -> ParameterServerStats:
         counters: ParameterServerCounters = await self._call(_Stats(), timeout, "stats")
@@ -280,18 +281,18 @@ class AsyncParameterServer(AgentClient):
         """``(version, gradients_applied, weights_pulled, avg_staleness)``, as the original."""
         return self._stats(require_timeout(timeout_secs))
 
-    stats = blocking_twin(stats_async)
+    stats = twin(stats_async)
 
     def counters_async(self, timeout_secs: float = STATS_TIMEOUT,
                        ) -> Coroutine[Any, Any, ParameterServerCounters]:
         """Every counter: ``stats()``'s and the rejected and down-weighted pushes (ours)."""
         return self._call(_Stats(), require_timeout(timeout_secs), "counters")
 
-    counters = blocking_twin(counters_async)
+    counters = twin(counters_async)
 
     def device_async(self, timeout_secs: float = STATS_TIMEOUT) -> Coroutine[Any, Any, Device]:
         """The device that holds the weights (placed at the first request if spawn named
         none)."""
         return self._call(_Device(), require_timeout(timeout_secs), "device")
 
-    device = blocking_twin(device_async)
+    device = twin(device_async)

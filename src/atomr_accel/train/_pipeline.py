@@ -40,76 +40,51 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._grad_norm import gradient_norm
-from atomr_accel.train._model import Linear, Sequential, Tanh
-from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
+from atomr_accel.train._model import Sequential
+from atomr_accel.train._optim import Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
-from atomr_accel.train._replica import _checked_parameters as checked_parameters
+from atomr_accel.train._replica_state import checked_parameters
 from atomr_accel.train._schedule import SCHEDULES, Pass, schedule
 from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
+    StateDictRequest,
+    TrainStep,
     checked_batch,
     checked_devices,
     deadline,
     first_error,
-    original_devices,
     require_count,
 )
 from atomr_accel.train._transfer import free_replicas, transfer
 
-__all__ = ["PipelineParallelTrainer", "default_pipeline_model"]
+__all__ = ["PipelineParallelTrainer"]
 
 Array = np.ndarray[Any, Any]
 
 STEP_TIMEOUT = 60.0
 """The default ``timeout_secs`` of a step, seconds."""
 
-DEFAULT_HIDDEN = 16
-"""The width of the original form's default model."""
-
 _PREDICT = 2**61
 """The micro-batch tag ``predict`` uses on every stage."""
-
-
-
-def default_pipeline_model(n_stages: int, hidden: int = DEFAULT_HIDDEN) -> list[Sequential]:
-    """The original form's model, one stage a device: ``Linear(1, h), Tanh`` on the first
-    stage, ``Linear(h, h), Tanh`` on each next one, and ``Linear(h, 1)`` closing the last;
-    it learns to reproduce its scalar inputs (MSE against the input)."""
-    layers: list[list[Any]] = [[Linear(1 if k == 0 else hidden, hidden), Tanh()]
-                               for k in range(n_stages)]
-    layers[-1].append(Linear(hidden, 1))
-    return [Sequential(*stage) for stage in layers]
-
-
-@dataclass
-class _Step:
-    x: Array
-    y: Array | None
-    timeout: float
 
 
 @dataclass
 class _Predict:
     x: Array
-    timeout: float
-
-
-@dataclass(frozen=True)
-class _StateDict:
     timeout: float
 
 
@@ -134,13 +109,14 @@ class _Run:
         return self.done[key]
 
 
-class _PipelineActor(AgentActor):
+class _PipelineActor(BlueprintActor):
     """Owns the stage replicas; runs steps, predictions and state downloads."""
 
     def __init__(self, system: System, model: Sequential, cuts: list[tuple[int, int]],
                  devices: list[Device], loss: Loss, optimizer: Optimizer, micro_batches: int,
                  micro_batch_size: int | None, kind: str, seed: int,
                  parameters: Mapping[str, Array] | None, kept: KeptState) -> None:
+        super().__init__()
         self._system = system
         self._model = model
         self._cuts = cuts
@@ -187,15 +163,15 @@ class _PipelineActor(AgentActor):
     async def handle(self, message: Any) -> Any:
         """Answer a step, a prediction or a state download, each within its time-out
         (``AskTimeout`` past it; the next call then recovers the state first)."""
-        if type(message) not in (_Step, _Predict, _StateDict):
+        if type(message) not in (TrainStep, _Predict, StateDictRequest):
             return await super().handle(message)
         async with deadline(f"pipeline {type(message).__name__[1:].lower()}",
                             message.timeout):
             await self._ready()
             return await self._answer(message)
 
-    async def _answer(self, message: _Step | _Predict | _StateDict) -> Any:
-        if isinstance(message, _Step):
+    async def _answer(self, message: TrainStep | _Predict | StateDictRequest) -> Any:
+        if isinstance(message, TrainStep):
             started = time.perf_counter()
             (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
                                                               message.y)
@@ -308,7 +284,7 @@ class _PipelineActor(AgentActor):
         await free_replicas(self._s.replicas)
 
 
-class PipelineParallelTrainer(AgentClient):
+class PipelineParallelTrainer(BlueprintClient):
     """A ``Sequential`` cut into stages on several devices, trained with micro-batches.
 
     See the module for the schedule and how results match the unsplit model.
@@ -324,8 +300,12 @@ class PipelineParallelTrainer(AgentClient):
     _classes: bool = False
 
     @classmethod
-    def spawn(cls, system: Any, *args: Any, **kwargs: Any) -> PipelineParallelTrainer:
-        """Start a pipeline in the facade ``system``, in one of two forms.
+    def spawn(cls, system: Any, stages: Sequence[Sequential], devices: Sequence[Device],
+              *, loss: Loss, optimizer: Optimizer, micro_batches: int = 1,
+              schedule: str = "1f1b", seed: int = 0,
+              parameters: Mapping[str, Any] | None = None,
+              name: str | None = None) -> PipelineParallelTrainer:
+        """Start a pipeline in the facade ``system``.
 
         ``spawn(system, stages, devices, *, loss, optimizer, micro_batches=1,
         schedule="1f1b", seed=0, parameters=None, name=None)``: ``stages`` is a
@@ -333,27 +313,8 @@ class PipelineParallelTrainer(AgentClient):
         several stages), ``schedule`` ``"1f1b"`` or ``"gpipe"``, ``parameters``
         the full model's by name (default: initialised from ``seed``).
 
-        ``spawn(system, n_stages=2, micro_batch_size=4, lr=0.01, name=None)``,
-        the original's form: the default model (``default_pipeline_model``)
-        with ``MSELoss`` and ``SGD(lr)``, stage ``k`` on the system's device
-        ``k`` (cycling when it has fewer; one CPU device is started when it has
-        none), micro-batches of ``micro_batch_size`` rows, 1F1B. Its
-        ``step(microbatch)`` takes a list of numbers and trains the model to
-        reproduce them.
-
         Raises ``InvalidArgument`` for bad settings.
         """
-        if kwargs.keys() & {"n_stages", "micro_batch_size", "lr"} or (
-                not kwargs.keys() & {"stages"} and (not args or isinstance(args[0], int))):
-            return cls._spawn_original(system, *args, **kwargs)
-        return cls._spawn_own(system, *args, **kwargs)
-
-    @classmethod
-    def _spawn_own(cls, system: Any, stages: Sequence[Sequential], devices: Sequence[Device],
-                   *, loss: Loss, optimizer: Optimizer, micro_batches: int = 1,
-                   schedule: str = "1f1b", seed: int = 0,
-                   parameters: Mapping[str, Any] | None = None,
-                   name: str | None = None) -> PipelineParallelTrainer:
         facade = require_system(system)
         if not isinstance(stages, Sequence) or not stages or not all(
                 isinstance(s, Sequential) for s in stages):
@@ -363,17 +324,6 @@ class PipelineParallelTrainer(AgentClient):
         require_count("micro_batches", micro_batches)
         return cls._launch(facade, stages, placed, loss, optimizer, micro_batches, None,
                            schedule, seed, parameters, name)
-
-    @classmethod
-    def _spawn_original(cls, system: Any, n_stages: int = 2, micro_batch_size: int = 4,
-                        lr: float = 0.01, name: str | None = None) -> PipelineParallelTrainer:
-        facade = require_system(system)
-        require_count("n_stages", n_stages)
-        require_count("micro_batch_size", micro_batch_size)
-        optimizer = SGD(lr)
-        devices = original_devices(facade, n_stages)
-        return cls._launch(facade, default_pipeline_model(n_stages), devices, MSELoss(),
-                           optimizer, 1, micro_batch_size, "1f1b", 0, None, name)
 
     @classmethod
     def _launch(cls, system: System, stages: Sequence[Sequential], devices: list[Device],
@@ -403,7 +353,7 @@ class PipelineParallelTrainer(AgentClient):
                 else checked_parameters(parameters, model.parameter_shapes(), DType.F32))
         props = Props(_PipelineActor, system, model, cuts, devices, loss, optimizer,
                       micro_batches, micro_batch_size, kind, seed, full, KeptState())
-        client = cls._start_in(system, props, name)
+        client = cls._start(system, props, name)
         client._in_features = in_features
         client._out_features = out_features
         client._micro_batches = micro_batches
@@ -431,9 +381,9 @@ class PipelineParallelTrainer(AgentClient):
                                   f"many outputs as inputs ({self._out_features} outputs, "
                                   f"{self._in_features} inputs)")
         timeout = require_timeout(timeout_secs)
-        return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
+        return self._call(TrainStep(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
-    step = blocking_twin(step_async)
+    step = twin(step_async)
 
     def predict_async(self, x: Any, timeout_secs: float = STEP_TIMEOUT,
                       ) -> Coroutine[Any, Any, Array]:
@@ -442,13 +392,13 @@ class PipelineParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Predict(data, timeout), timeout + ANSWER_MARGIN, "predict")
 
-    predict = blocking_twin(predict_async)
+    predict = twin(predict_async)
 
     def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
                          ) -> Coroutine[Any, Any, dict[str, Array]]:
         """Every stage's parameters and optimizer state under the full model's names (as
         ``ModelReplica.state_dict``; one ``"optimizer.step"``)."""
         timeout = require_timeout(timeout_secs)
-        return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
+        return self._call(StateDictRequest(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
-    state_dict = blocking_twin(state_dict_async)
+    state_dict = twin(state_dict_async)

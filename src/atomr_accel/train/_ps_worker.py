@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device
@@ -41,6 +41,7 @@ from atomr_accel.train._optim import SGD, Loss, MSELoss
 from atomr_accel.train._parameter_server import AsyncParameterServer
 from atomr_accel.train._recovery import RECOVERABLE, settled_generation
 from atomr_accel.train._replica import ModelReplica
+from atomr_accel.train._replica_state import STEP_KEY
 from atomr_accel.train._staleness import StaleGradient
 from atomr_accel.train._trainer_args import checked_batch, require_count
 from atomr_accel.train._transfer import free_replicas
@@ -54,7 +55,6 @@ TRAIN_TIMEOUT = 300.0
 """The default ``timeout_secs`` of ``train``, seconds."""
 
 
-_STEP_KEY = "optimizer.step"
 
 
 def flatten_parameters(model: Sequential, parameters: Mapping[str, Any]) -> Array:
@@ -125,11 +125,12 @@ class _Kept:
     """Times the replica was made again after its context was rebuilt."""
 
 
-class _WorkerActor(AgentActor):
+class _WorkerActor(BlueprintActor):
     """Owns the replica on its device; runs ``train`` requests."""
 
     def __init__(self, server: AsyncParameterServer, model: Sequential, device: Device,
                  loss: Loss, worker_id: int, kept: _Kept) -> None:
+        super().__init__()
         self._server = server
         self._model = model
         self._device = device
@@ -173,7 +174,7 @@ class _WorkerActor(AgentActor):
                        ) -> tuple[float, Array, int]:
         weights, version = await self._server.pull_weights_async(self._worker_id)
         state: dict[str, Any] = unflatten_parameters(self._model, weights)
-        state[_STEP_KEY] = np.array(0, np.int64)
+        state[STEP_KEY] = np.array(0, np.int64)
         await replica.load_state_dict_async(state)
         await replica.zero_grad_async()
         await replica.forward_async(x)
@@ -204,7 +205,7 @@ class _WorkerActor(AgentActor):
         return report
 
 
-class ParameterServerWorker(AgentClient):
+class ParameterServerWorker(BlueprintClient):
     """A worker actor that trains ``model`` on its device through an
     ``AsyncParameterServer`` (see the module for one step)."""
 
@@ -236,7 +237,7 @@ class ParameterServerWorker(AgentClient):
         in_features = model.in_features()
         if in_features is None:
             raise InvalidArgument("the model must start with a Linear or LayerNorm")
-        client = cls._start_in(facade, Props(_WorkerActor, server, model, device, loss,
+        client = cls._start(facade, Props(_WorkerActor, server, model, device, loss,
                                              int(worker_id), _Kept()), name)
         client._in_features = in_features
         client._classes = not isinstance(loss, MSELoss)
@@ -254,4 +255,4 @@ class ParameterServerWorker(AgentClient):
         return self._call(_Train(data, target, int(steps), int(batch_size), int(seed)),
                           require_timeout(timeout_secs), "train")
 
-    train = blocking_twin(train_async)
+    train = twin(train_async)

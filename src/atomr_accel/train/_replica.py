@@ -32,20 +32,17 @@ an array of the wrong kind) before any op is submitted.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import math
-import os
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
+from atomr_accel.blueprint import twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
-from atomr_accel.core._files import read_npz
 from atomr_accel.core._op import Op, is_int
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._train import (
@@ -74,27 +71,21 @@ from atomr_accel.train._optim import (
     MSELoss,
     Optimizer,
 )
+from atomr_accel.train._replica_state import (
+    ParamInfo,
+    ReplicaState,
+    Thunk,
+    checked_parameters,
+    gather,
+    require_real,
+)
 
 __all__ = ["ModelReplica", "ParamInfo"]
+
 
 Array = np.ndarray[Any, Any]
 P = ParamSpec("P")
 T = TypeVar("T")
-_STEP_KEY = "optimizer.step"
-
-
-@dataclass(frozen=True, slots=True)
-class ParamInfo:
-    """Where one named parameter lives: its bucket, offset and shape there."""
-
-    bucket: int
-    offset: int
-    shape: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        """Its element count."""
-        return math.prod(self.shape)
 
 
 @dataclass
@@ -120,77 +111,23 @@ def _flattened(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[0], math.prod(shape[1:])) if len(shape) > 1 else shape
 
 
-def blocking(async_method: Callable[Concatenate[ModelReplica, P], Coroutine[Any, Any, T]],
-             ) -> Callable[Concatenate[ModelReplica, P], T]:
-    """The blocking twin of a replica's ``*_async`` method: the coroutine runs on the
-    system's event loop while this thread waits (never call it on that loop)."""
-
-    @functools.wraps(async_method)
-    def method(self: ModelReplica, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._portal.call(async_method(self, *args, **kwargs))
-
-    name = async_method.__name__.removesuffix("_async")
-    method.__name__ = name
-    method.__qualname__ = async_method.__qualname__.removesuffix("_async")
-    summary = (async_method.__doc__ or "").strip()
-    method.__doc__ = (f"{summary}\n\nBlocking twin of ``{async_method.__name__}``; never call "
-                      "it on the system's own event loop.")
-    return method
-
-
-Thunk = Callable[[], Coroutine[Any, Any, Any]]
-"""A call that makes one device call's coroutine (made only when it is started)."""
-
-
-async def _gather(thunks: Sequence[Thunk]) -> list[Any]:
-    """Start every call in order (each reaches the device in that order) and await
-    them once; the first error is raised after all have finished."""
-    tasks = [asyncio.ensure_future(make()) for make in thunks]
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
-
-
-class ModelReplica:
+class ModelReplica(ReplicaState):
     """A ``Sequential`` on one device with its loss, optimizer, gradients and state.
 
     Make one with ``await ModelReplica.create_async(device, model, loss=...,
     optimizer=...)`` (or ``create``). Every ``*_async`` method has a blocking
     twin without the suffix (never call those on the system's event loop).
-    See the module docstring for the buffers' layout and how ops are ordered.
+    See the module docstring for the buffers' layout and how ops are ordered;
+    ``ReplicaState`` holds the buffers and the state's reads and writes.
     """
 
-    def __init__(self, device: Device, model: Sequential, loss: Loss, optimizer: Optimizer,
-                 dtype: DType, layout: dict[str, ParamInfo], slots: list[ParamSlot | None],
-                 params: list[GpuBuffer], grads: list[GpuBuffer],
-                 state: dict[str, list[GpuBuffer]], seed: int,
-                 timeout_secs: float | None) -> None:
-        """Use ``create_async``; this only binds what it made."""
-        self.device = device
-        self.model = model
-        self.loss = loss
-        self.optimizer = optimizer
-        self.dtype = dtype
-        self.parameter_layout = layout
-        """Each parameter's ``ParamInfo`` by name, in declaration order."""
-        self.slots = slots
-        """Each layer's ``ParamSlot`` (None for a layer without parameters)."""
-        self.params = params
-        """The parameter buckets, in declaration order (one per parametrized layer)."""
-        self.grads = grads
-        """The gradient buckets, in declaration order (``gradient_buckets`` is reversed)."""
-        self.optimizer_state = state
-        """Each optimizer state's buckets by name (``"exp_avg"``, ...), declaration order."""
-        self.step = 0
-        """Optimizer updates applied so far."""
-        self.seed = seed
-        self._timeout = timeout_secs
-        self._portal = device._portal
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Use ``create_async``; this only binds what it made (``ReplicaState``'s
+        arguments)."""
+        super().__init__(*args, **kwargs)
         self._tapes: dict[int, _Tape] = {}
-        self._work: dict[tuple[Any, ...], GpuBuffer] = {}
         self._loss_buffer: GpuBuffer | None = None
+
 
     # ------------------------------------------------------------ creation
 
@@ -214,13 +151,13 @@ class ModelReplica:
         if not is_int(seed) or seed < 0:
             raise InvalidArgument(f"seed must be an int >= 0, got {seed!r}")
         if timeout_secs is not None:
-            _require_real("timeout_secs", timeout_secs)
+            require_real("timeout_secs", timeout_secs)
             if timeout_secs <= 0:
                 raise InvalidArgument(f"timeout_secs must be > 0 or None, got {timeout_secs!r}")
         kind = train_dtype(dtype)
         shapes = model.parameter_shapes()
         values = (model.init_parameters(seed, kind) if parameters is None
-                  else _checked_parameters(parameters, shapes, kind))
+                  else checked_parameters(parameters, shapes, kind))
         layout: dict[str, ParamInfo] = {}
         slots: list[ParamSlot | None] = []
         sizes: list[int] = []
@@ -257,59 +194,6 @@ class ModelReplica:
         return device._portal.call(cls.create_async(
             device, model, loss=loss, optimizer=optimizer, parameters=parameters, seed=seed,
             dtype=dtype, timeout_secs=timeout_secs))
-
-    # -------------------------------------------------------------- layout
-
-    @property
-    def gradient_buckets(self) -> list[GpuBuffer]:
-        """The gradient buffers in the order backward fills them: the last layer's first."""
-        return self.grads[::-1]
-
-    def bucket_names(self, position: int) -> list[str]:
-        """The parameters in ``gradient_buckets[position]``."""
-        bucket = len(self.grads) - 1 - position
-        return [name for name, info in self.parameter_layout.items() if info.bucket == bucket]
-
-    # ----------------------------------------------------------- plumbing
-
-    def _run(self, op: Op) -> Thunk:
-        return partial(self.device.run_async, op, self._timeout)
-
-    async def _buffer(self, key: tuple[Any, ...], length: int,
-                      dtype: DType | None = None) -> GpuBuffer:
-        """A work buffer of at least ``length`` elements kept under ``key`` (made again,
-        larger, when a batch outgrows it)."""
-        buf = self._work.get(key)
-        kind = dtype or self.dtype
-        if buf is None or len(buf) < length or buf.dtype != kind:
-            buf = await self.device.allocate_async(max(length, 1), kind,
-                                                   timeout_secs=self._timeout)
-            self._work[key] = buf
-        return buf
-
-    def _upload(self, buf: GpuBuffer, data: Array) -> Thunk:
-        """The upload of ``data`` (flattened, cast to the buffer's dtype) to the start of
-        ``buf``."""
-        flat = np.ascontiguousarray(data, dtype=buf.dtype.numpy).reshape(-1)
-        return partial(self.device.copy_from_numpy_async, buf, flat, 0,
-                       timeout_secs=self._timeout)
-
-    async def _upload_buckets(self, buckets: list[GpuBuffer], values: Mapping[str, Array],
-                              suffix: str = "") -> None:
-        host = [np.zeros(len(b), self.dtype.numpy) for b in buckets]
-        for name, info in self.parameter_layout.items():
-            host[info.bucket][info.offset: info.offset + info.size] = \
-                values[name + suffix].reshape(-1)
-        await _gather([partial(self.device.copy_from_numpy_async, b, h,
-                               timeout_secs=self._timeout)
-                       for b, h in zip(buckets, host, strict=True)])
-
-    async def _download_buckets(self, buckets: list[GpuBuffer], suffix: str = "",
-                                ) -> dict[str, Array]:
-        host = await _gather([partial(self.device.copy_to_numpy_async, b,
-                                      timeout_secs=self._timeout) for b in buckets])
-        return {name + suffix: host[info.bucket][info.offset: info.offset + info.size]
-                .reshape(info.shape).copy() for name, info in self.parameter_layout.items()}
 
     def _host_input(self, x: Any) -> Array:
         data = np.asarray(x)
@@ -401,10 +285,10 @@ class ModelReplica:
         ``micro_batch``. ``train=False``: Dropout is
         the identity and nothing is kept for backward."""
         coros, tape = await self._forward_ops(x, micro_batch, train, shape)
-        await _gather(coros)
+        await gather(coros)
         return tape.output
 
-    forward = blocking(forward_async)
+    forward = twin(forward_async, on_loop=True)
 
     def output_shape(self, micro_batch: int = 0) -> tuple[int, ...]:
         """The shape of the last forward's output of ``micro_batch``."""
@@ -468,11 +352,11 @@ class ModelReplica:
         """The loss of the last forward of ``micro_batch`` against ``y`` (integer labels
         for ``CrossEntropyLoss``, targets shaped like the output for ``MSELoss``); its
         gradient (times ``grad_scale``) is left ready for ``backward_async``."""
-        _require_real("grad_scale", grad_scale)
-        await _gather(await self._loss_ops(y, micro_batch, float(grad_scale)))
+        require_real("grad_scale", grad_scale)
+        await gather(await self._loss_ops(y, micro_batch, float(grad_scale)))
         return await self._read_loss()
 
-    compute_loss = blocking(loss_async)
+    compute_loss = twin(loss_async, on_loop=True)
     compute_loss.__name__ = compute_loss.__qualname__ = "compute_loss"
 
     # ----------------------------------------------------------- backward
@@ -539,14 +423,14 @@ class ModelReplica:
         submitted (see the module docstring)."""
         coros, dx = await self._backward_ops(grad_out, micro_batch, want_input_grad,
                                              bucket_ready)
-        await _gather(coros)
+        await gather(coros)
         if not want_input_grad:
             return None
         tape = self._tape(micro_batch)
         assert dx is not None
         return self._device_buffer(dx, tape.keep)
 
-    backward = blocking(backward_async)
+    backward = twin(backward_async, on_loop=True)
 
     # ---------------------------------------------------------- optimizer
 
@@ -555,9 +439,9 @@ class ModelReplica:
 
     async def zero_grad_async(self) -> None:
         """Set every gradient to zero."""
-        await _gather(self._zero_ops())
+        await gather(self._zero_ops())
 
-    zero_grad = blocking(zero_grad_async)
+    zero_grad = twin(zero_grad_async, on_loop=True)
 
     def _update_ops(self, grad_scale: float) -> list[Thunk]:
         opt = self.optimizer
@@ -581,10 +465,10 @@ class ModelReplica:
     async def optimizer_step_async(self, *, grad_scale: float = 1.0) -> None:
         """Apply one fused optimizer update per bucket, the gradients multiplied by
         ``grad_scale`` first; the step count (and the schedule's learning rate) advances."""
-        _require_real("grad_scale", grad_scale)
-        await _gather(self._update_ops(float(grad_scale)))
+        require_real("grad_scale", grad_scale)
+        await gather(self._update_ops(float(grad_scale)))
 
-    optimizer_step = blocking(optimizer_step_async)
+    optimizer_step = twin(optimizer_step_async, on_loop=True)
 
     async def _gradient_ops(self, x: Any, y: Any, *, grad_scale: float, zero: bool,
                             micro_batch: int, bucket_ready: Callable[[int], None] | None,
@@ -605,14 +489,14 @@ class ModelReplica:
         submitted back to back and awaited once; no update. Answers the loss.
         ``bucket_ready`` as for ``backward_async``: what a data-parallel trainer needs
         between backward and the update (its all-reduce)."""
-        _require_real("grad_scale", grad_scale)
+        require_real("grad_scale", grad_scale)
         coros = await self._gradient_ops(x, y, grad_scale=float(grad_scale), zero=zero,
                                          micro_batch=micro_batch, bucket_ready=bucket_ready)
         coros.append(self._read_loss)
-        results = await _gather(coros)
+        results = await gather(coros)
         return float(results[-1])
 
-    gradient_step = blocking(gradient_step_async)
+    gradient_step = twin(gradient_step_async, on_loop=True)
 
     async def train_step_async(self, x: Any, y: Any) -> float:
         """Zero the gradients, forward ``x``, take the loss against ``y``, backward, update;
@@ -620,91 +504,21 @@ class ModelReplica:
         coros = await self._gradient_ops(x, y, grad_scale=1.0, zero=True, micro_batch=0,
                                          bucket_ready=None)
         coros += [*self._update_ops(1.0), self._read_loss]
-        results = await _gather(coros)
+        results = await gather(coros)
         return float(results[-1])
 
-    train_step = blocking(train_step_async)
+    train_step = twin(train_step_async, on_loop=True)
 
     async def predict_async(self, x: Any) -> Array:
         """The model's output for ``x`` in evaluation mode, as a host array."""
         coros, tape = await self._forward_ops(x, _PREDICT, False, None)
         coros.append(partial(self.device.copy_to_numpy_async,
             tape.output, 0, math.prod(tape.shapes[-1]), timeout_secs=self._timeout))
-        results = await _gather(coros)
+        results = await gather(coros)
         out: Array = results[-1].reshape(tape.shapes[-1])
         return out
 
-    predict = blocking(predict_async)
-
-    # ------------------------------------------------------------- state
-
-    async def parameters_async(self) -> dict[str, Array]:
-        """The parameters by name, as host arrays."""
-        return await self._download_buckets(self.params)
-
-    parameters = blocking(parameters_async)
-
-    async def gradients_async(self) -> dict[str, Array]:
-        """The accumulated gradients by parameter name, as host arrays."""
-        return await self._download_buckets(self.grads)
-
-    gradients = blocking(gradients_async)
-
-    async def state_dict_async(self) -> dict[str, Array]:
-        """Parameters (by name), optimizer state (``"optimizer.<name>.<state>"``) and the
-        step count (``"optimizer.step"``), as host arrays."""
-        out = await self._download_buckets(self.params)
-        for state, buckets in self.optimizer_state.items():
-            values = await self._download_buckets(buckets)
-            out.update({f"optimizer.{k}.{state}": v for k, v in values.items()})
-        out[_STEP_KEY] = np.array(self.step, np.int64)
-        return out
-
-    state_dict = blocking(state_dict_async)
-
-    async def load_state_dict_async(self, state: Mapping[str, Any]) -> None:
-        """Load what ``state_dict_async`` answered: exactly its keys (the same model and
-        optimizer kind), shapes checked, before anything is written."""
-        if not isinstance(state, Mapping):
-            raise InvalidArgument(f"state must be a mapping, got {type(state).__name__}")
-        shapes = {name: info.shape for name, info in self.parameter_layout.items()}
-        known = {*shapes, _STEP_KEY, *(f"optimizer.{k}.{name}" for k in shapes
-                                       for name in self.optimizer_state)}
-        extra = sorted(str(k) for k in state if k not in known)
-        if extra:
-            raise InvalidArgument(f"state has keys this replica does not keep: {extra[:4]}")
-        params = _checked_parameters({k: state[k] for k in shapes if k in state}, shapes,
-                                     self.dtype)
-        if _STEP_KEY not in state:
-            raise InvalidArgument(f"state has no {_STEP_KEY!r}")
-        step = np.asarray(state[_STEP_KEY])
-        if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
-            raise InvalidArgument(f"{_STEP_KEY} must be an int >= 0, got {step!r}")
-        loads: list[tuple[list[GpuBuffer], dict[str, Array]]] = [(self.params, params)]
-        for name, buckets in self.optimizer_state.items():
-            keyed = {k: state.get(f"optimizer.{k}.{name}") for k in shapes}
-            missing = [k for k, v in keyed.items() if v is None]
-            if missing:
-                raise InvalidArgument(f"state has no optimizer.{missing[0]}.{name}")
-            loads.append((buckets, _checked_parameters(keyed, shapes, self.dtype)))
-        for buckets, values in loads:
-            await self._upload_buckets(buckets, values)
-        self.step = int(step)
-
-    load_state_dict = blocking(load_state_dict_async)
-
-    async def save_async(self, path: str | os.PathLike[str]) -> None:
-        """Write ``state_dict`` to an ``.npz`` file at ``path``."""
-        state = await self.state_dict_async()
-        np.savez(path, **state)  # type: ignore[arg-type]
-
-    save = blocking(save_async)
-
-    async def load_async(self, path: str | os.PathLike[str]) -> None:
-        """Load a state written by ``save`` from ``path``."""
-        await self.load_state_dict_async(read_npz(path, "a saved state"))
-
-    load = blocking(load_async)
+    predict = twin(predict_async, on_loop=True)
 
 
 _PREDICT = 2**62
@@ -713,36 +527,3 @@ _PREDICT = 2**62
 
 async def _call_soon(fn: Callable[[int], None], position: int) -> None:
     fn(position)
-
-
-def _require_real(name: str, value: object) -> None:
-    if (not isinstance(value, int | float) or isinstance(value, bool)
-            or not math.isfinite(value)):
-        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
-
-
-def _checked_parameters(values: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
-                        dtype: DType) -> dict[str, Array]:
-    """``values`` as contiguous arrays of ``dtype`` with exactly the names and shapes of
-    ``shapes`` (``InvalidArgument`` otherwise; torch tensors are taken through NumPy)."""
-    if not isinstance(values, Mapping):
-        raise InvalidArgument(f"parameters must be a mapping of name to array, got "
-                              f"{type(values).__name__}")
-    missing = [k for k in shapes if k not in values]
-    extra = [k for k in values if k not in shapes]
-    if missing or extra:
-        raise InvalidArgument(f"parameters do not match the model: missing {missing}, "
-                              f"unknown {extra}")
-    out: dict[str, Array] = {}
-    for name, shape in shapes.items():
-        value = values[name]
-        if hasattr(value, "detach"):
-            value = value.detach().cpu().numpy()
-        array = np.asarray(value)
-        if array.dtype.kind not in "fiu":
-            raise DTypeMismatch(f"parameter {name} holds {array.dtype}, not numbers")
-        if array.shape != shape:
-            raise InvalidArgument(f"parameter {name} has shape {array.shape}, expected {shape}")
-        out[name] = np.ascontiguousarray(array, dtype=dtype.numpy)
-    return out
-

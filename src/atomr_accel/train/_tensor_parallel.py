@@ -29,74 +29,58 @@ Inputs are ``(rows, features)`` batches.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.agents._client import (
-    AgentActor,
-    AgentClient,
-    blocking_twin,
+from atomr_accel.blueprint import (
+    BlueprintActor,
+    BlueprintClient,
     require_system,
     require_timeout,
+    twin,
 )
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.facade import Collective, Device, System
-from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.train._grad_norm import gradient_norm
-from atomr_accel.train._model import GELU, Linear, Sequential
-from atomr_accel.train._optim import SGD, Loss, MSELoss, Optimizer
+from atomr_accel.facade import Device, System
+from atomr_accel.train._model import Linear, Sequential
+from atomr_accel.train._optim import Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
-from atomr_accel.train._replica import _checked_parameters as checked_parameters
+from atomr_accel.train._replica_state import checked_parameters
 from atomr_accel.train._step_result import StepResult
+from atomr_accel.train._tp_shards import Shards
 from atomr_accel.train._tp_split import (
     Segment,
-    merge_parameters,
     segments,
     shard_model,
     shard_parameters,
 )
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
+    StateDictRequest,
+    TrainStep,
     checked_batch,
     checked_devices,
     deadline,
-    first_error,
     require_count,
 )
 from atomr_accel.train._transfer import free_replicas
 
-__all__ = ["TensorParallelTrainer", "default_tensor_parallel_model"]
+__all__ = ["ModelSource", "TensorParallelTrainer"]
 
 Array = np.ndarray[Any, Any]
 
 STEP_TIMEOUT = 60.0
 """The default ``timeout_secs`` of a step, forward or backward, seconds."""
 
-_STEP_KEY = "optimizer.step"
-
-
-
-def default_tensor_parallel_model(features: int) -> Sequential:
-    """The original form's model for inputs of ``features`` numbers: a transformer-style
-    MLP block ``Linear(d, 4d), GELU, Linear(4d, d)`` (one sharded segment), trained to
-    reproduce its input (MSE against the input)."""
-    return Sequential(Linear(features, 4 * features), GELU(), Linear(4 * features, features))
-
-
-@dataclass
-class _Step:
-    x: Array
-    y: Array | None
-    timeout: float
+ModelSource: TypeAlias = Sequential | Callable[[int], Sequential]
+"""A model, or what makes one from the width of the first batch's rows."""
 
 
 @dataclass
@@ -113,112 +97,21 @@ class _Backward:
     timeout: float
 
 
-@dataclass(frozen=True)
-class _StateDict:
-    timeout: float
-
-
-class _Shards:
-    """The replicas: ``replicas[segment][rank]``, and the world that joins the ranks."""
-
-    def __init__(self, model: Sequential, parts: list[Segment],
-                 replicas: list[list[ModelReplica]], world: Collective | None) -> None:
-        self.model = model
-        self.parts = parts
-        self.replicas = replicas
-        self.world = world
-        self.last: tuple[Array, Array] | None = None
-        """The last training forward's input and target (for ``backward``)."""
-
-    async def all_reduce(self, buffers: list[GpuBuffer]) -> None:
-        """Sum ``buffers`` (one a rank) in place on every rank (nothing with one rank)."""
-        if self.world is not None:
-            await self.world.all_reduce_async(buffers)
-
-    async def each(self, calls: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
-        """Await one call a rank together; the first typed error is raised."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(c) for c in calls]
-        except ExceptionGroup as error:
-            raise first_error(error) from None
-        return [t.result() for t in tasks]
-
-    async def forward(self, x: Array, train: bool) -> list[GpuBuffer]:
-        """Every rank's whole output of the model for ``x`` (tag 0)."""
-        current: list[Any] = [x] * len(self.replicas[0])
-        shape: tuple[int, ...] | None = None
-        for part, replicas in zip(self.parts, self.replicas, strict=True):
-            outs = await self.each([r.forward_async(c, train=train, shape=shape)
-                                    for r, c in zip(replicas, current, strict=True)])
-            if part.sharded:
-                await self.all_reduce(outs)
-            current, shape = outs, replicas[0].output_shape(0)
-        return current
-
-    async def loss(self, y: Array, scale: float = 1.0) -> float:
-        """The loss of the last forward against ``y`` on every rank (rank 0's answered);
-        its gradient, times ``scale``, is left ready on every rank."""
-        losses = await self.each([r.loss_async(y, grad_scale=scale)
-                                  for r in self.replicas[-1]])
-        return float(losses[0])
-
-    async def backward(self, grad_out: Array | None) -> None:
-        """Backpropagate (from the loss when ``grad_out`` is None), every rank."""
-        current: list[Any] = [grad_out] * len(self.replicas[0])
-        for index in reversed(range(len(self.parts))):
-            part, replicas = self.parts[index], self.replicas[index]
-            want = index > 0
-            grads = await self.each([r.backward_async(g, want_input_grad=want)
-                                     for r, g in zip(replicas, current, strict=True)])
-            if want and part.sharded:
-                await self.all_reduce(grads)
-            current = grads
-
-    async def update(self) -> None:
-        """One optimizer update on every replica."""
-        await self.each([r.optimizer_step_async() for rs in self.replicas for r in rs])
-
-    async def zero_grad(self) -> None:
-        """Zero every gradient."""
-        await self.each([r.zero_grad_async() for rs in self.replicas for r in rs])
-
-    async def grad_norm(self) -> float:
-        """The L2 norm of the whole model's gradient (shards once each, replicated
-        segments once), computed on the devices."""
-        return await gradient_norm(r for part, replicas in zip(self.parts, self.replicas,
-                                                                strict=True)
-                                   for r in (replicas if part.sharded else replicas[:1]))
-
-    async def state_dict(self) -> dict[str, Array]:
-        """The whole model's parameters and optimizer state, shards merged."""
-        out: dict[str, Array] = {}
-        for part, replicas in zip(self.parts, self.replicas, strict=True):
-            states = [await r.state_dict_async() for r in replicas]
-            out[_STEP_KEY] = states[0].pop(_STEP_KEY)
-            patterns = ["{}", *(f"optimizer.{{}}.{kind}" for kind in replicas[0].optimizer_state)]
-            for pattern in patterns:
-                shards = [{n: s[pattern.format(n)] for n in r.parameter_layout}
-                          for s, r in zip(states, replicas, strict=True)]
-                merged = merge_parameters(self.model, part, shards)
-                out.update({pattern.format(k): v for k, v in merged.items()})
-        return out
-
-
 @dataclass
 class _Kept(KeptState):
     """``KeptState`` with the shards (``replicas`` stays unused)."""
 
-    shards: _Shards | None = None
+    shards: Shards | None = None
 
 
-class _TensorParallelActor(AgentActor):
+class _TensorParallelActor(BlueprintActor):
     """Owns the shards; answers steps, forwards, backwards and state downloads, and
     recovers from a lost context (``_recovery``)."""
 
-    def __init__(self, system: System, model: Sequential | None, devices: list[Device],
+    def __init__(self, system: System, model: ModelSource, devices: list[Device],
                  loss: Loss, optimizer: Optimizer, seed: int,
                  parameters: Mapping[str, Array] | None, kept: _Kept) -> None:
+        super().__init__()
         self._system = system
         self._model = model
         self._devices = devices
@@ -229,10 +122,10 @@ class _TensorParallelActor(AgentActor):
         self._s = kept
         kept.bind(self._save, self._restore)
 
-    async def _ready(self, features: int) -> _Shards:
+    async def _ready(self, features: int) -> Shards:
         if self._s.shards is not None:
             return self._s.shards
-        model = self._model or default_tensor_parallel_model(features)
+        model = self._model if isinstance(self._model, Sequential) else self._model(features)
         full = (dict(self._parameters) if self._parameters is not None
                 else model.init_parameters(self._seed))
         n = len(self._devices)
@@ -245,7 +138,7 @@ class _TensorParallelActor(AgentActor):
         world = (await self._system.nccl_world_async(self._devices)
                  if n > 1 and any(p.sharded for p in parts) else None)
         replicas = [[ranks[rank][i] for rank in range(n)] for i in range(len(parts))]
-        self._s.shards = _Shards(model, parts, replicas, world)
+        self._s.shards = Shards(model, parts, replicas, world)
         return self._s.shards
 
     async def _save(self) -> list[dict[str, Array]]:
@@ -344,14 +237,14 @@ class _TensorParallelActor(AgentActor):
     async def handle(self, message: Any) -> Any:
         """Answer a step, a forward, a backward or a state download, each within its
         time-out (``AskTimeout`` past it; the next call then recovers the state first)."""
-        if type(message) not in (_Step, _Forward, _Backward, _StateDict):
+        if type(message) not in (TrainStep, _Forward, _Backward, StateDictRequest):
             return await super().handle(message)
         async with deadline(f"tensor-parallel {type(message).__name__[1:].lower()}",
                             message.timeout):
             return await self._answer(message)
 
     async def _answer(self, message: Any) -> Any:
-        if type(message) is _Step:
+        if type(message) is TrainStep:
             started = time.perf_counter()
             await self._ready(message.x.shape[-1])
             (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
@@ -369,15 +262,15 @@ class _TensorParallelActor(AgentActor):
                 raise InvalidArgument("backward needs a forward (train=True) first")
             norm, _ = await self._s.journal.run(self._backward, *last, message.grad)
             return norm
-        if type(message) is _StateDict:
-            if self._s.shards is None and self._model is None:
-                raise InvalidArgument("the default model is made at the first forward")
+        if type(message) is StateDictRequest:
+            if self._s.shards is None and not isinstance(self._model, Sequential):
+                raise InvalidArgument("the model is made at the first forward (from its width)")
             shards = await self._ready(0)  # the model is known by now
             return await self._s.journal.read(shards.state_dict)
         raise AssertionError(f"unexpected {message!r}")
 
 
-class TensorParallelTrainer(AgentClient):
+class TensorParallelTrainer(BlueprintClient):
     """A ``Sequential`` whose ``Linear`` pairs are split over several devices.
 
     See the module for the split and the collectives. ``step(x, y)`` answers a
@@ -390,36 +283,22 @@ class TensorParallelTrainer(AgentClient):
     _in_features: int | None = None
     _out_features: int | None = None
     _classes = False
-    _original = False
     _devices: tuple[Device, ...] = ()
 
     @classmethod
-    def spawn(cls, system: Any, *args: Any, **kwargs: Any) -> TensorParallelTrainer:
-        """Start a tensor-parallel trainer in the facade ``system``, in one of two forms.
+    def spawn(cls, system: Any, model: Sequential, devices: Sequence[Device], *,
+              loss: Loss, optimizer: Optimizer, seed: int = 0,
+              parameters: Mapping[str, Any] | None = None,
+              name: str | None = None) -> TensorParallelTrainer:
+        """Start a tensor-parallel trainer in the facade ``system``.
 
         ``spawn(system, model, devices, *, loss, optimizer, seed=0,
         parameters=None, name=None)``: ``model`` a ``Sequential``, split over
         ``devices`` (distinct devices of the system); ``parameters`` the whole
         model's by name (default: ``model.init_parameters(seed)``).
 
-        ``spawn(system, n_shards=2, lr=0.01, name=None)``, the original's form:
-        the default model (``default_tensor_parallel_model``, its width fixed
-        by the first ``forward``'s input) with ``MSELoss`` against the input and
-        ``SGD(lr)``, on the system's first ``n_shards`` devices (CPU devices
-        are started for the ones it lacks).
-
         Raises ``InvalidArgument`` for bad settings.
         """
-        if kwargs.keys() & {"n_shards", "lr"} or (
-                "model" not in kwargs and (not args or isinstance(args[0], int))):
-            return cls._spawn_original(system, *args, **kwargs)
-        return cls._spawn_own(system, *args, **kwargs)
-
-    @classmethod
-    def _spawn_own(cls, system: Any, model: Sequential, devices: Sequence[Device], *,
-                   loss: Loss, optimizer: Optimizer, seed: int = 0,
-                   parameters: Mapping[str, Any] | None = None,
-                   name: str | None = None) -> TensorParallelTrainer:
         facade = require_system(system)
         if not isinstance(model, Sequential):
             raise InvalidArgument(f"model must be a Sequential, got {model!r}")
@@ -449,19 +328,7 @@ class TensorParallelTrainer(AgentClient):
         return client
 
     @classmethod
-    def _spawn_original(cls, system: Any, n_shards: int = 2, lr: float = 0.01,
-                        name: str | None = None) -> TensorParallelTrainer:
-        facade = require_system(system)
-        require_count("n_shards", n_shards)
-        devices = list(facade.devices[:n_shards])
-        while len(devices) < n_shards:
-            devices.append(facade.spawn_device(mock=True))
-        client = cls._launch(facade, None, devices, MSELoss(), SGD(lr), 0, None, name)
-        client._original = True
-        return client
-
-    @classmethod
-    def _launch(cls, system: System, model: Sequential | None, devices: list[Device],
+    def _launch(cls, system: System, model: ModelSource, devices: list[Device],
                 loss: Loss, optimizer: Optimizer, seed: int,
                 parameters: Mapping[str, Array] | None, name: str | None,
                 ) -> TensorParallelTrainer:
@@ -472,7 +339,7 @@ class TensorParallelTrainer(AgentClient):
         require_count("seed", seed, least=0)
         props = Props(_TensorParallelActor, system, model, devices, loss, optimizer, seed,
                       parameters, _Kept())
-        client = cls._start_in(system, props, name)
+        client = cls._start(system, props, name)
         client._devices = tuple(devices)
         client._classes = not isinstance(loss, MSELoss)
         return client
@@ -484,7 +351,7 @@ class TensorParallelTrainer(AgentClient):
 
     def _batch(self, x: Any, y: Any, *, labels: bool | None = None,
                ) -> tuple[Array, Array | None]:
-        if self._in_features is None:  # the original form's model: fixed by the first x
+        if self._in_features is None:  # a model made from the first batch: its width
             try:
                 shape = np.shape(x)
             except ValueError as exc:
@@ -508,9 +375,9 @@ class TensorParallelTrainer(AgentClient):
         zero, forward, loss, backward, update. Answers the ``StepResult``."""
         data, target = self._batch(x, y)
         timeout = require_timeout(timeout_secs)
-        return self._call(_Step(data, target, timeout), timeout + ANSWER_MARGIN, "step")
+        return self._call(TrainStep(data, target, timeout), timeout + ANSWER_MARGIN, "step")
 
-    step = blocking_twin(step_async)
+    step = twin(step_async)
 
     async def _forward(self, x: Any, data: Array, target: Array | None, train: bool,
                        timeout: float) -> tuple[Any, float | None]:
@@ -528,7 +395,7 @@ class TensorParallelTrainer(AgentClient):
         data, target = self._batch(x, y)
         return self._forward(x, data, target, True, require_timeout(timeout_secs))
 
-    forward = blocking_twin(forward_async)
+    forward = twin(forward_async)
 
     def backward_async(self, grad: Any = 1.0, timeout_secs: float = STEP_TIMEOUT,
                        ) -> Coroutine[Any, Any, float]:
@@ -546,7 +413,7 @@ class TensorParallelTrainer(AgentClient):
         timeout = require_timeout(timeout_secs)
         return self._call(_Backward(value, timeout), timeout + ANSWER_MARGIN, "backward")
 
-    backward = blocking_twin(backward_async)
+    backward = twin(backward_async)
 
     async def _predict(self, data: Array, timeout: float) -> Array:
         out, _ = await self._call(_Forward(data, None, False, timeout),
@@ -560,13 +427,13 @@ class TensorParallelTrainer(AgentClient):
         data, _ = self._batch(x, None, labels=False)
         return self._predict(data, require_timeout(timeout_secs))
 
-    predict = blocking_twin(predict_async)
+    predict = twin(predict_async)
 
     def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
                          ) -> Coroutine[Any, Any, dict[str, Array]]:
         """The whole model's parameters and optimizer state (shards merged), under the
         model's names (as ``ModelReplica.state_dict``)."""
         timeout = require_timeout(timeout_secs)
-        return self._call(_StateDict(timeout), timeout + ANSWER_MARGIN, "state_dict")
+        return self._call(StateDictRequest(timeout), timeout + ANSWER_MARGIN, "state_dict")
 
-    state_dict = blocking_twin(state_dict_async)
+    state_dict = twin(state_dict_async)

@@ -1,11 +1,13 @@
 """What the model-parallel trainers share: argument checks (``InvalidArgument``), the
-devices of the original forms, and time-outs and errors of their work inside the actor."""
+messages of a step and of a state download, and time-outs and errors of their work inside
+the actor."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,14 +16,30 @@ from atomr_accel.core._errors import AskTimeout, DTypeMismatch, GpuRuntimeError,
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._host_arrays import host_array
 
-__all__ = ["ANSWER_MARGIN", "checked_batch", "checked_devices", "deadline", "first_error",
-           "original_devices", "require_count"]
+__all__ = ["ANSWER_MARGIN", "StateDictRequest", "TrainStep", "checked_batch", "checked_devices",
+           "deadline", "first_error", "require_count"]
 
 Array = np.ndarray[Any, Any]
 
 ANSWER_MARGIN = 1.0
 """Seconds a client waits past a request's own time-out, so the trainer's typed
 ``AskTimeout`` (not the ask's) answers a request that ran too long."""
+
+
+@dataclass
+class TrainStep:
+    """A training step on the batch ``x`` against ``y`` (None: reproduce ``x``)."""
+
+    x: Array
+    y: Array | None
+    timeout: float
+
+
+@dataclass(frozen=True)
+class StateDictRequest:
+    """A download of the whole model's state."""
+
+    timeout: float
 
 
 def require_count(name: str, value: object, least: int = 1) -> int:
@@ -42,13 +60,6 @@ def checked_devices(system: System, devices: object, count: int, what: str) -> l
         if not isinstance(device, Device) or all(d is not device for d in system.devices):
             raise InvalidArgument(f"devices must be Devices of this system, got {device!r}")
     return list(devices)
-
-
-def original_devices(system: System, count: int) -> list[Device]:
-    """``count`` devices for the original forms: the system's, cycled in order; one CPU
-    device is started first when the system has none."""
-    devices = list(system.devices) or [system.spawn_device(mock=True)]
-    return [devices[k % len(devices)] for k in range(count)]
 
 
 def checked_batch(x: Any, y: Any, in_features: int, labels: bool,

@@ -3,14 +3,15 @@ multiplying a list of floats by ``i + 1``, built on the same ``Graph`` machinery
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
-from atomr_accel.agents._graph import Graph
+from atomr_accel.agents._graph import CompiledGraph, Graph
 from atomr_accel.agents._graph_actor import STEP_TIMEOUT, LangGraphGpuActor
+from atomr_accel.blueprint import SystemLike, require_positive_int, twin
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.patterns._base import SystemLike, require_positive_int
+from atomr_accel.original._forms import attach_spawn
 
 __all__ = ["OriginalLangGraphGpuActor", "Scale", "chain_graph", "spawn_original"]
 
@@ -72,18 +73,21 @@ class OriginalLangGraphGpuActor:
         result: list[float] = (await run)[KEY]
         return result
 
-    def step(self, state: list[float], timeout_secs: float = STEP_TIMEOUT) -> list[float]:
-        """Blocking twin of ``step_async``; never call it on the system's own event loop."""
-        return self._client._blocking(self.step_async(state, timeout_secs), "step")
+    step = twin(step_async)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._client.path})"
 
 
-def spawn_original(cls: type[LangGraphGpuActor], system: SystemLike, n_nodes: int = 2,
-                   name: str | None = None) -> OriginalLangGraphGpuActor:
-    """``LangGraphGpuActor.spawn(system, n_nodes=2, name=None)``, the original's form."""
+def spawn_original(spawn: Callable[..., LangGraphGpuActor], system: SystemLike,
+                   n_nodes: int = 2, name: str | None = None) -> OriginalLangGraphGpuActor:
+    """A chain of ``n_nodes`` nodes, node ``i`` multiplying by ``i + 1``, behind an
+    ``OriginalLangGraphGpuActor`` whose ``step(state: list[float], timeout_secs=10.0)``
+    returns the product."""
     if name is not None and not isinstance(name, str):
         raise InvalidArgument(f"name must be a str or None, got {name!r}")
-    return OriginalLangGraphGpuActor(cls._spawn(system, chain_graph(n_nodes), name))
+    return OriginalLangGraphGpuActor(spawn(system, chain_graph(n_nodes), name))
 
+
+attach_spawn(LangGraphGpuActor, spawn_original, "graph",
+             lambda value: isinstance(value, Graph | CompiledGraph))

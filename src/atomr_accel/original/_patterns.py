@@ -1,30 +1,19 @@
-"""The original package's forms of the seven blueprints: its demo models and its handles.
+"""The original package's forms of the seven serving blueprints: its spawns and handles.
 
 The original package (``atomr_accel`` 0.10, built with PyO3) offered each
-blueprint on built-in demo models only, as ``Blueprint.spawn(system,
-<settings>)`` and blocking methods taking ``timeout_secs``. Here a
-blueprint's ``spawn`` takes that form when it is given no model and its
-arguments fit the original's (``own_form``): it starts the blueprint on the
-demo model below and returns this module's handle, whose methods are the
-original's. The demo models are async functions, so they run on the event
-loop:
-
-* echo: a payload's bytes as a list of ints (batching, replica pool, scheduler,
-  and the cascade's one stage, at confidence 1.0);
-* ``VersionTag``: the echo plus one byte, the model's generation (0, then 1, 2, ...
-  per swap);
-* ``draft_next`` proposes ``last+1 ... last+k``; ``verify_next`` (greedy rule
-  ``last + 1``) accepts all of it;
-* ``BiasExpert(i)`` adds ``i``; ``LinearGate`` scores expert ``i`` with ``i``, so
-  the last expert wins.
+serving blueprint on built-in demo models only (``_pattern_models``), as
+``Blueprint.spawn(system, <settings>)`` and blocking methods taking
+``timeout_secs``. This module attaches that form to each blueprint's
+``spawn`` (``attach_spawn``): given no model, and arguments that fit the
+original's, it starts the blueprint on the demo model and returns this
+module's handle, whose methods are the original's. ``HotSwapServer`` is the
+original's name of ``ModelHotSwapServer``.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import numpy as np
@@ -32,14 +21,26 @@ import numpy as np
 from atomr_accel.actor import ActorError, InvalidActorName
 from atomr_accel.actor import AskTimeout as ActorAskTimeout
 from atomr_accel.actor import SystemClosed as ActorSystemClosed
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, gpu_error_of
-from atomr_accel.facade import System
-from atomr_accel.facade._portal import blocking
-from atomr_accel.patterns._base import (
-    PatternClient,
+from atomr_accel.blueprint import (
+    BlueprintClient,
     SystemLike,
     require_positive_int,
+    require_timeout,
     require_wait,
+    twin,
+)
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, gpu_error_of
+from atomr_accel.facade import System
+from atomr_accel.original._forms import attach_spawn, is_models
+from atomr_accel.original._pattern_models import (
+    BiasExpert,
+    LinearGate,
+    VersionTag,
+    draft_next,
+    echo,
+    echo_batch,
+    echo_stage,
+    verify_next,
 )
 from atomr_accel.patterns._batching import DynamicBatchingServer
 from atomr_accel.patterns._cascade import InferenceCascade, Stage
@@ -50,8 +51,7 @@ from atomr_accel.patterns._replica_pool import ModelReplicaPool
 from atomr_accel.patterns._speculative import SpeculativeDecoder
 
 __all__ = [
-    "BiasExpert",
-    "LinearGate",
+    "HotSwapServer",
     "OriginalDynamicBatchingServer",
     "OriginalFairShareScheduler",
     "OriginalHandle",
@@ -60,11 +60,6 @@ __all__ = [
     "OriginalModelReplicaPool",
     "OriginalMoeRouter",
     "OriginalSpeculativeDecoder",
-    "VersionTag",
-    "draft_next",
-    "echo",
-    "echo_batch",
-    "echo_stage",
     "spawn_batching",
     "spawn_cascade",
     "spawn_fair_share",
@@ -72,94 +67,17 @@ __all__ = [
     "spawn_moe",
     "spawn_pool",
     "spawn_speculative",
-    "verify_next",
 ]
 
 T = TypeVar("T")
-C = TypeVar("C", bound=PatternClient)
+C = TypeVar("C", bound=BlueprintClient)
 Array = np.ndarray[Any, Any]
 BytesLike: TypeAlias = bytes | bytearray | memoryview
 TIMEOUT = 5.0
 """The original's ``timeout_secs`` default, seconds."""
 
 
-# ---------------------------------------------------------------- the demo models
-
-
-async def echo_batch(payloads: list[bytes]) -> list[list[int]]:
-    """The original's echo batch function: each payload's bytes as a list of ints."""
-    return [list(payload) for payload in payloads]
-
-
-async def echo(payload: bytes) -> list[int]:
-    """The original's echo model: the payload's bytes as a list of ints."""
-    return list(payload)
-
-
-async def echo_stage(payload: bytes) -> tuple[list[int], float]:
-    """The original's one cascade stage: the echo, with confidence 1.0."""
-    return list(payload), 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class VersionTag:
-    """The original's hot-swap model: the echo plus one byte, ``generation % 256``."""
-
-    generation: int
-
-    async def __call__(self, payload: bytes) -> list[int]:
-        """Return the payload's bytes and the generation byte."""
-        return [*payload, self.generation % 256]
-
-
-async def draft_next(context: tuple[int, ...], n: int) -> list[int]:
-    """The original's draft: ``last+1 ... last+n`` after the context's last token (0 if none)."""
-    last = context[-1] if context else 0
-    return list(range(last + 1, last + n + 1))
-
-
-async def verify_next(context: tuple[int, ...], proposal: tuple[int, ...]) -> list[int]:
-    """A verifier whose greedy token is the previous one + 1: it accepts all ``draft_next`` says.
-
-    Returns its choice after ``context + proposal[:i]`` for each ``i`` (the
-    original's verifier accepted every proposal).
-    """
-    seq = [*context, *proposal]
-    start = len(context)
-    return [(seq[start + i - 1] if start + i else 0) + 1 for i in range(len(proposal) + 1)]
-
-
-@dataclass(frozen=True, slots=True)
-class LinearGate:
-    """The original's gate: every token scores expert ``i`` with ``i`` (the last one wins)."""
-
-    n_experts: int
-
-    async def __call__(self, rows: Array) -> Array:
-        """Return the ``tokens x experts`` scores."""
-        return np.tile(np.arange(self.n_experts, dtype=np.float64), (len(rows), 1))
-
-
-@dataclass(frozen=True, slots=True)
-class BiasExpert:
-    """The original's expert: adds ``bias`` to every feature."""
-
-    bias: float
-
-    async def __call__(self, rows: Array) -> Array:
-        """Return ``rows + bias``."""
-        return np.asarray(rows, dtype=np.float64) + self.bias
-
-
 # ------------------------------------------------------------------- argument checks
-
-
-def _timeout(timeout_secs: object) -> float:
-    if (not isinstance(timeout_secs, int | float) or isinstance(timeout_secs, bool)
-            or not math.isfinite(timeout_secs) or timeout_secs <= 0):
-        raise InvalidArgument(f"timeout_secs must be a positive number of seconds, "
-                              f"got {timeout_secs!r}")
-    return float(timeout_secs)
 
 
 def _payload(name: str, value: object) -> bytes:
@@ -271,10 +189,10 @@ class OriginalDynamicBatchingServer(OriginalHandle[DynamicBatchingServer]):
     def submit_async(self, payload: BytesLike, timeout_secs: float = TIMEOUT,
                      ) -> Coroutine[Any, Any, list[int]]:
         """Send ``payload`` through the batcher; the echo answers its bytes as a list of ints."""
-        return self._run("submit", self._client.submit, _payload("payload", payload),
-                         timeout=_timeout(timeout_secs))
+        return self._run("submit", self._client.submit_async, _payload("payload", payload),
+                         timeout_secs=require_timeout(timeout_secs))
 
-    submit = blocking(submit_async)
+    submit = twin(submit_async)
 
 
 class OriginalInferenceCascade(OriginalHandle[InferenceCascade]):
@@ -286,13 +204,14 @@ class OriginalInferenceCascade(OriginalHandle[InferenceCascade]):
 
         With the echo stage: ``(list(input), 0, 1.0)``.
         """
-        return self._run("infer", self._infer, _payload("input", input), _timeout(timeout_secs))
+        return self._run("infer", self._infer, _payload("input", input),
+                         require_timeout(timeout_secs))
 
     async def _infer(self, data: bytes, timeout: float) -> tuple[list[int], int, float]:
-        result = await self._client.infer(data, timeout=timeout)
+        result = await self._client.infer_async(data, timeout_secs=timeout)
         return result.answer, result.stage, result.confidence
 
-    infer = blocking(infer_async)
+    infer = twin(infer_async)
 
 
 class OriginalModelReplicaPool(OriginalHandle[ModelReplicaPool]):
@@ -301,10 +220,10 @@ class OriginalModelReplicaPool(OriginalHandle[ModelReplicaPool]):
     def submit_async(self, payload: BytesLike, timeout_secs: float = TIMEOUT,
                      ) -> Coroutine[Any, Any, list[int]]:
         """Send ``payload`` to the next replica; the echo answers its bytes as a list of ints."""
-        return self._run("submit", self._client.call, _payload("payload", payload),
-                         timeout=_timeout(timeout_secs))
+        return self._run("submit", self._client.call_async, _payload("payload", payload),
+                         timeout_secs=require_timeout(timeout_secs))
 
-    submit = blocking(submit_async)
+    submit = twin(submit_async)
 
 
 class OriginalFairShareScheduler(OriginalHandle[FairShareScheduler]):
@@ -325,10 +244,10 @@ class OriginalFairShareScheduler(OriginalHandle[FairShareScheduler]):
                 or int(tenant) not in self._tenants):
             raise InvalidArgument(f"unknown tenant {tenant!r}; the tenants are "
                                   f"{sorted(self._tenants)}")
-        return self._run("submit", self._client.submit, int(tenant),
-                         _payload("payload", payload), timeout=_timeout(timeout_secs))
+        return self._run("submit", self._client.submit_async, int(tenant),
+                         _payload("payload", payload), timeout_secs=require_timeout(timeout_secs))
 
-    submit = blocking(submit_async)
+    submit = twin(submit_async)
 
 
 class OriginalHotSwapServer(OriginalHandle[ModelHotSwapServer]):
@@ -342,8 +261,8 @@ class OriginalHotSwapServer(OriginalHandle[ModelHotSwapServer]):
                     ) -> Coroutine[Any, Any, list[int]]:
         """Serve ``payload``: its bytes and the serving model's generation byte (``b"x"``:
         ``[120, 0]`` before any swap)."""
-        return self._run("serve", self._client.infer, _payload("payload", payload),
-                         timeout=_timeout(timeout_secs))
+        return self._run("serve", self._client.infer_async, _payload("payload", payload),
+                         timeout_secs=require_timeout(timeout_secs))
 
     def swap_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """Swap in the next generation's model; return its generation (1, 2, ...).
@@ -351,7 +270,7 @@ class OriginalHotSwapServer(OriginalHandle[ModelHotSwapServer]):
         Returns once the old model has drained; every later ``serve`` appends
         the new generation.
         """
-        return self._run("swap", self._swap, _timeout(timeout_secs))
+        return self._run("swap", self._swap, require_timeout(timeout_secs))
 
     async def _swap(self, timeout: float) -> int:
         return await self._portal.acall(self._swap_on_loop(timeout))
@@ -360,11 +279,12 @@ class OriginalHotSwapServer(OriginalHandle[ModelHotSwapServer]):
         # On the system's loop: nothing suspends between counting the generation and
         # mailing its swap, so generations follow the order the server takes swaps in.
         self._generation += 1
-        version = await self._client.swap(VersionTag(self._generation), timeout=timeout)
+        version = await self._client.swap_async(VersionTag(self._generation),
+                                                 timeout_secs=timeout)
         return version - 1
 
-    serve = blocking(serve_async)
-    swap = blocking(swap_async)
+    serve = twin(serve_async)
+    swap = twin(swap_async)
 
 
 class OriginalSpeculativeDecoder(OriginalHandle[SpeculativeDecoder]):
@@ -391,16 +311,17 @@ class OriginalSpeculativeDecoder(OriginalHandle[SpeculativeDecoder]):
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
             raise InvalidArgument(f"budget must be an int >= 0, got {budget!r}")
         return self._run("decode", self._decode, tokens, min(self._max_total, budget),
-                         _timeout(timeout_secs))
+                         require_timeout(timeout_secs))
 
     async def _decode(self, prompt: list[int], cap: int,
                       timeout: float) -> tuple[list[int], int, int]:
         if len(prompt) >= cap:
             return prompt[:cap], 0, 0
-        out = await self._client.generate(prompt, max_tokens=cap - len(prompt), timeout=timeout)
+        out = await self._client.generate_async(prompt, max_tokens=cap - len(prompt),
+                                               timeout_secs=timeout)
         return [*prompt, *out.tokens], out.verifier_calls, out.accepted
 
-    decode = blocking(decode_async)
+    decode = twin(decode_async)
 
 
 class OriginalMoeRouter(OriginalHandle[MoeRouter]):
@@ -413,20 +334,21 @@ class OriginalMoeRouter(OriginalHandle[MoeRouter]):
         Expert ``i`` adds ``i`` and the last expert wins: ``[1, 2]`` with 3
         experts and ``top_k=1`` gives ``[3.0, 4.0]``.
         """
-        return self._run("route", self._route, _vector(input), _timeout(timeout_secs))
+        return self._run("route", self._route, _vector(input), require_timeout(timeout_secs))
 
     async def _route(self, vector: Array, timeout: float) -> list[float]:
-        result: list[float] = (await self._client.route(vector, timeout=timeout)).tolist()
+        routed = await self._client.route_async(vector, timeout_secs=timeout)
+        result: list[float] = routed.tolist()
         return result
 
-    route = blocking(route_async)
+    route = twin(route_async)
 
 
 # ------------------------------------------------------------------- the spawn forms
 
 
-def spawn_batching(cls: type[DynamicBatchingServer], system: SystemLike, max_batch: int = 8,
-                   max_wait_ms: float = 10, name: str | None = None,
+def spawn_batching(spawn: Callable[..., DynamicBatchingServer], system: SystemLike,
+                   max_batch: int = 8, max_wait_ms: float = 10, name: str | None = None,
                    ) -> OriginalDynamicBatchingServer:
     """The original's ``DynamicBatchingServer.spawn``: the echo batch function.
 
@@ -435,29 +357,29 @@ def spawn_batching(cls: type[DynamicBatchingServer], system: SystemLike, max_bat
     """
     checked = _system(system)
     require_wait("max_wait_ms", max_wait_ms)
-    client = _start(checked, name, cls._spawn, echo_batch, max_batch=max_batch,
+    client = _start(checked, name, spawn, echo_batch, max_batch=max_batch,
                     max_wait=max_wait_ms / 1000)
     return OriginalDynamicBatchingServer(client, checked)
 
 
-def spawn_cascade(cls: type[InferenceCascade], system: SystemLike,
+def spawn_cascade(spawn: Callable[..., InferenceCascade], system: SystemLike,
                   name: str | None = None) -> OriginalInferenceCascade:
     """The original's ``InferenceCascade.spawn``: one echo stage at confidence 1.0."""
     checked = _system(system)
-    client = _start(checked, name, cls._spawn, [Stage(echo_stage)])
+    client = _start(checked, name, spawn, [Stage(echo_stage)])
     return OriginalInferenceCascade(client, checked)
 
 
-def spawn_pool(cls: type[ModelReplicaPool], system: SystemLike, n_replicas: int = 2,
+def spawn_pool(spawn: Callable[..., ModelReplicaPool], system: SystemLike, n_replicas: int = 2,
                name: str | None = None) -> OriginalModelReplicaPool:
     """The original's ``ModelReplicaPool.spawn``: ``n_replicas`` echo replicas, round-robin."""
     checked = _system(system)
     require_positive_int("n_replicas", n_replicas)
-    client = _start(checked, name, cls._spawn, [echo] * n_replicas)
+    client = _start(checked, name, spawn, [echo] * n_replicas)
     return OriginalModelReplicaPool(client, checked)
 
 
-def spawn_fair_share(cls: type[FairShareScheduler], system: SystemLike,
+def spawn_fair_share(spawn: Callable[..., FairShareScheduler], system: SystemLike,
                      tenants: Iterable[tuple[int, float]], max_in_flight: int = 4,
                      name: str | None = None) -> OriginalFairShareScheduler:
     """The original's ``FairShareScheduler.spawn``: the echo for ``(id, weight)`` tenants.
@@ -475,20 +397,20 @@ def spawn_fair_share(cls: type[FairShareScheduler], system: SystemLike,
         if tenant in weights:
             raise InvalidArgument(f"tenant {tenant} is given twice")
         weights[tenant] = pair[1]
-    client = _start(checked, name, cls._spawn, echo, weights=weights,
+    client = _start(checked, name, spawn, echo, weights=weights,
                     max_in_flight=max_in_flight)
     return OriginalFairShareScheduler(client, checked, weights)
 
 
-def spawn_hot_swap(cls: type[ModelHotSwapServer], system: SystemLike,
+def spawn_hot_swap(spawn: Callable[..., ModelHotSwapServer], system: SystemLike,
                    name: str | None = None) -> OriginalHotSwapServer:
     """The original's ``HotSwapServer.spawn``: serves ``VersionTag(0)``."""
     checked = _system(system)
-    client = _start(checked, name, cls._spawn, VersionTag(0))
+    client = _start(checked, name, spawn, VersionTag(0))
     return OriginalHotSwapServer(client, checked)
 
 
-def spawn_speculative(cls: type[SpeculativeDecoder], system: SystemLike, k: int = 4,
+def spawn_speculative(spawn: Callable[..., SpeculativeDecoder], system: SystemLike, k: int = 4,
                       max_total_tokens: int = 64,
                       name: str | None = None) -> OriginalSpeculativeDecoder:
     """The original's ``SpeculativeDecoder.spawn``: ``draft_next`` and ``verify_next``.
@@ -498,16 +420,28 @@ def spawn_speculative(cls: type[SpeculativeDecoder], system: SystemLike, k: int 
     """
     checked = _system(system)
     require_positive_int("max_total_tokens", max_total_tokens)
-    client = _start(checked, name, cls._spawn, draft_next, verify_next, k=k,
+    client = _start(checked, name, spawn, draft_next, verify_next, k=k,
                     max_tokens=max_total_tokens)
     return OriginalSpeculativeDecoder(client, checked, max_total_tokens)
 
 
-def spawn_moe(cls: type[MoeRouter], system: SystemLike, n_experts: int = 2, top_k: int = 1,
-              name: str | None = None) -> OriginalMoeRouter:
+def spawn_moe(spawn: Callable[..., MoeRouter], system: SystemLike, n_experts: int = 2,
+              top_k: int = 1, name: str | None = None) -> OriginalMoeRouter:
     """The original's ``MoeRouter.spawn``: ``n_experts`` bias experts under ``LinearGate``."""
     checked = _system(system)
     require_positive_int("n_experts", n_experts)
-    client = _start(checked, name, cls._spawn, LinearGate(n_experts),
+    client = _start(checked, name, spawn, LinearGate(n_experts),
                     [BiasExpert(float(i)) for i in range(n_experts)], top_k=top_k)
     return OriginalMoeRouter(client, checked)
+
+
+HotSwapServer = ModelHotSwapServer
+"""The original package's name of ``ModelHotSwapServer``."""
+
+attach_spawn(DynamicBatchingServer, spawn_batching, "batch_fn")
+attach_spawn(InferenceCascade, spawn_cascade, "stages", is_models)
+attach_spawn(ModelReplicaPool, spawn_pool, "replicas", is_models)
+attach_spawn(FairShareScheduler, spawn_fair_share, "fn")
+attach_spawn(ModelHotSwapServer, spawn_hot_swap, "model")
+attach_spawn(SpeculativeDecoder, spawn_speculative, "draft")
+attach_spawn(MoeRouter, spawn_moe, "gate")

@@ -1,0 +1,249 @@
+"""The buffers of a ``ModelReplica`` and its state: where each parameter lives, and the
+reads and writes of parameters, gradients, optimizer state and step count."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from atomr_accel.blueprint import twin
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
+from atomr_accel.core._files import read_npz
+from atomr_accel.core._op import Op
+from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._device import Device
+from atomr_accel.train._layers import ParamSlot
+from atomr_accel.train._model import Sequential
+from atomr_accel.train._optim import Loss, Optimizer
+
+__all__ = ["STEP_KEY", "ParamInfo", "ReplicaState", "Thunk", "checked_parameters", "gather",
+           "require_real"]
+
+Array = np.ndarray[Any, Any]
+STEP_KEY = "optimizer.step"
+"""The key of the optimizer's step count in a replica's state dict."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParamInfo:
+    """Where one named parameter lives: its bucket, offset and shape there."""
+
+    bucket: int
+    offset: int
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """Its element count."""
+        return math.prod(self.shape)
+
+
+Thunk = Callable[[], Coroutine[Any, Any, Any]]
+"""A call that makes one device call's coroutine (made only when it is started)."""
+
+
+async def gather(thunks: Sequence[Thunk]) -> list[Any]:
+    """Start every call in order (each reaches the device in that order) and await
+    them once; the first error is raised after all have finished."""
+    tasks = [asyncio.ensure_future(make()) for make in thunks]
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+class ReplicaState:
+    """A model's buffers on one device: parameters, gradients and optimizer state in
+    buckets (one per parametrized layer), and the reads and writes of that state."""
+
+    def __init__(self, device: Device, model: Sequential, loss: Loss, optimizer: Optimizer,
+                 dtype: DType, layout: dict[str, ParamInfo], slots: list[ParamSlot | None],
+                 params: list[GpuBuffer], grads: list[GpuBuffer],
+                 state: dict[str, list[GpuBuffer]], seed: int,
+                 timeout_secs: float | None) -> None:
+        """Use ``create_async``; this only binds what it made."""
+        self.device = device
+        self.model = model
+        self.loss = loss
+        self.optimizer = optimizer
+        self.dtype = dtype
+        self.parameter_layout = layout
+        """Each parameter's ``ParamInfo`` by name, in declaration order."""
+        self.slots = slots
+        """Each layer's ``ParamSlot`` (None for a layer without parameters)."""
+        self.params = params
+        """The parameter buckets, in declaration order (one per parametrized layer)."""
+        self.grads = grads
+        """The gradient buckets, in declaration order (``gradient_buckets`` is reversed)."""
+        self.optimizer_state = state
+        """Each optimizer state's buckets by name (``"exp_avg"``, ...), declaration order."""
+        self.step = 0
+        """Optimizer updates applied so far."""
+        self.seed = seed
+        self._timeout = timeout_secs
+        self._portal = device._portal
+        self._work: dict[tuple[Any, ...], GpuBuffer] = {}
+
+    # -------------------------------------------------------------- layout
+
+    @property
+    def gradient_buckets(self) -> list[GpuBuffer]:
+        """The gradient buffers in the order backward fills them: the last layer's first."""
+        return self.grads[::-1]
+
+    def bucket_names(self, position: int) -> list[str]:
+        """The parameters in ``gradient_buckets[position]``."""
+        bucket = len(self.grads) - 1 - position
+        return [name for name, info in self.parameter_layout.items() if info.bucket == bucket]
+
+    # ----------------------------------------------------------- plumbing
+
+    def _run(self, op: Op) -> Thunk:
+        return partial(self.device.run_async, op, self._timeout)
+
+    async def _buffer(self, key: tuple[Any, ...], length: int,
+                      dtype: DType | None = None) -> GpuBuffer:
+        """A work buffer of at least ``length`` elements kept under ``key`` (made again,
+        larger, when a batch outgrows it)."""
+        buf = self._work.get(key)
+        kind = dtype or self.dtype
+        if buf is None or len(buf) < length or buf.dtype != kind:
+            buf = await self.device.allocate_async(max(length, 1), kind,
+                                                   timeout_secs=self._timeout)
+            self._work[key] = buf
+        return buf
+
+    def _upload(self, buf: GpuBuffer, data: Array) -> Thunk:
+        """The upload of ``data`` (flattened, cast to the buffer's dtype) to the start of
+        ``buf``."""
+        flat = np.ascontiguousarray(data, dtype=buf.dtype.numpy).reshape(-1)
+        return partial(self.device.copy_from_numpy_async, buf, flat, 0,
+                       timeout_secs=self._timeout)
+
+    async def _upload_buckets(self, buckets: list[GpuBuffer], values: Mapping[str, Array],
+                              suffix: str = "") -> None:
+        host = [np.zeros(len(b), self.dtype.numpy) for b in buckets]
+        for name, info in self.parameter_layout.items():
+            host[info.bucket][info.offset: info.offset + info.size] = \
+                values[name + suffix].reshape(-1)
+        await gather([partial(self.device.copy_from_numpy_async, b, h,
+                               timeout_secs=self._timeout)
+                       for b, h in zip(buckets, host, strict=True)])
+
+    async def _download_buckets(self, buckets: list[GpuBuffer], suffix: str = "",
+                                ) -> dict[str, Array]:
+        host = await gather([partial(self.device.copy_to_numpy_async, b,
+                                      timeout_secs=self._timeout) for b in buckets])
+        return {name + suffix: host[info.bucket][info.offset: info.offset + info.size]
+                .reshape(info.shape).copy() for name, info in self.parameter_layout.items()}
+
+    # ------------------------------------------------------------- state
+
+    async def parameters_async(self) -> dict[str, Array]:
+        """The parameters by name, as host arrays."""
+        return await self._download_buckets(self.params)
+
+    parameters = twin(parameters_async, on_loop=True)
+
+    async def gradients_async(self) -> dict[str, Array]:
+        """The accumulated gradients by parameter name, as host arrays."""
+        return await self._download_buckets(self.grads)
+
+    gradients = twin(gradients_async, on_loop=True)
+
+    async def state_dict_async(self) -> dict[str, Array]:
+        """Parameters (by name), optimizer state (``"optimizer.<name>.<state>"``) and the
+        step count (``"optimizer.step"``), as host arrays."""
+        out = await self._download_buckets(self.params)
+        for state, buckets in self.optimizer_state.items():
+            values = await self._download_buckets(buckets)
+            out.update({f"optimizer.{k}.{state}": v for k, v in values.items()})
+        out[STEP_KEY] = np.array(self.step, np.int64)
+        return out
+
+    state_dict = twin(state_dict_async, on_loop=True)
+
+    async def load_state_dict_async(self, state: Mapping[str, Any]) -> None:
+        """Load what ``state_dict_async`` answered: exactly its keys (the same model and
+        optimizer kind), shapes checked, before anything is written."""
+        if not isinstance(state, Mapping):
+            raise InvalidArgument(f"state must be a mapping, got {type(state).__name__}")
+        shapes = {name: info.shape for name, info in self.parameter_layout.items()}
+        known = {*shapes, STEP_KEY, *(f"optimizer.{k}.{name}" for k in shapes
+                                       for name in self.optimizer_state)}
+        extra = sorted(str(k) for k in state if k not in known)
+        if extra:
+            raise InvalidArgument(f"state has keys this replica does not keep: {extra[:4]}")
+        params = checked_parameters({k: state[k] for k in shapes if k in state}, shapes,
+                                     self.dtype)
+        if STEP_KEY not in state:
+            raise InvalidArgument(f"state has no {STEP_KEY!r}")
+        step = np.asarray(state[STEP_KEY])
+        if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
+            raise InvalidArgument(f"{STEP_KEY} must be an int >= 0, got {step!r}")
+        loads: list[tuple[list[GpuBuffer], dict[str, Array]]] = [(self.params, params)]
+        for name, buckets in self.optimizer_state.items():
+            keyed = {k: state.get(f"optimizer.{k}.{name}") for k in shapes}
+            missing = [k for k, v in keyed.items() if v is None]
+            if missing:
+                raise InvalidArgument(f"state has no optimizer.{missing[0]}.{name}")
+            loads.append((buckets, checked_parameters(keyed, shapes, self.dtype)))
+        for buckets, values in loads:
+            await self._upload_buckets(buckets, values)
+        self.step = int(step)
+
+    load_state_dict = twin(load_state_dict_async, on_loop=True)
+
+    async def save_async(self, path: str | os.PathLike[str]) -> None:
+        """Write ``state_dict`` to an ``.npz`` file at ``path``."""
+        state = await self.state_dict_async()
+        np.savez(path, **state)  # type: ignore[arg-type]
+
+    save = twin(save_async, on_loop=True)
+
+    async def load_async(self, path: str | os.PathLike[str]) -> None:
+        """Load a state written by ``save`` from ``path``."""
+        await self.load_state_dict_async(read_npz(path, "a saved state"))
+
+    load = twin(load_async, on_loop=True)
+
+
+def require_real(name: str, value: object) -> None:
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value)):
+        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
+
+
+def checked_parameters(values: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
+                        dtype: DType) -> dict[str, Array]:
+    """``values`` as contiguous arrays of ``dtype`` with exactly the names and shapes of
+    ``shapes`` (``InvalidArgument`` otherwise; torch tensors are taken through NumPy)."""
+    if not isinstance(values, Mapping):
+        raise InvalidArgument(f"parameters must be a mapping of name to array, got "
+                              f"{type(values).__name__}")
+    missing = [k for k in shapes if k not in values]
+    extra = [k for k in values if k not in shapes]
+    if missing or extra:
+        raise InvalidArgument(f"parameters do not match the model: missing {missing}, "
+                              f"unknown {extra}")
+    out: dict[str, Array] = {}
+    for name, shape in shapes.items():
+        value = values[name]
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        array = np.asarray(value)
+        if array.dtype.kind not in "fiu":
+            raise DTypeMismatch(f"parameter {name} holds {array.dtype}, not numbers")
+        if array.shape != shape:
+            raise InvalidArgument(f"parameter {name} has shape {array.shape}, expected {shape}")
+        out[name] = np.ascontiguousarray(array, dtype=dtype.numpy)
+    return out
