@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +21,12 @@ from atomr_accel import (
     ContextPoisoned,
     DTypeMismatch,
     FaultKind,
+    FunctionFailed,
     GpuRefStale,
     InvalidArgument,
     LibraryUnavailable,
     System,
+    UserCodeError,
 )
 from atomr_accel.facade import Device
 from atomr_accel.train import (
@@ -545,3 +548,38 @@ def test_torch_module_without_torch_names_the_package() -> None:
     else:
         with pytest.raises(InvalidArgument):
             TorchModule(object())
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt, asyncio.CancelledError,
+                                    ValueError])
+def test_a_torch_module_that_raises_any_exception_fails_only_its_step(
+        system: System, raised: type[BaseException]) -> None:
+    """The user's forward runs as user code: a SystemExit, KeyboardInterrupt or stray
+    CancelledError fails that step with a typed UserCodeError, any other exception with
+    FunctionFailed; the trainer keeps its replicas and trains on."""
+    torch = pytest.importorskip("torch")
+    failing = threading.Event()  # shared by every replica's copy of the module
+
+    class Flaky(torch.nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(6, 3)
+
+        def forward(self, x: Any) -> Any:
+            if failing.is_set():
+                raise raised("from the user's forward")
+            return self.linear(x)
+
+    net = Flaky()
+    trainer = DataParallelTrainer.spawn(system, TorchModule(net), loss=MSELoss(),
+                                        optimizer=SGD(lr=0.1), devices=devices(system, 2))
+    xs, ys = random_regression(3, 4, seed=22)
+    first = float(trainer.step(xs[0], ys[0]))
+    failing.set()
+    expected = FunctionFailed if issubclass(raised, Exception) else UserCodeError
+    with pytest.raises(expected) as failed:
+        trainer.step(xs[1], ys[1])
+    assert isinstance(failed.value.__cause__, raised)
+    failing.clear()
+    assert np.isfinite(float(trainer.step(xs[2], ys[2]))) and np.isfinite(first)
+    trainer.stop()

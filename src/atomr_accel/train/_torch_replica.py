@@ -1,17 +1,30 @@
 """``TorchReplica``: one device's copy of a ``TorchModule``, driven by the data-parallel
-trainer like a ``ModelReplica`` (see ``_torch_module`` for the design)."""
+trainer like a ``ModelReplica`` (see ``_torch_module`` for the design).
+
+The user's module runs as user code: whatever its forward or backward raises
+(``SystemExit``, a stray ``CancelledError``, a ``ValueError``, ...) fails the step with a
+typed error (``UserCodeError``, ``FunctionFailed``) and never ends the trainer's tasks,
+its replicas or its loop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.actor import user_code
+from atomr_accel.core._errors import (
+    FunctionFailed,
+    GpuRuntimeError,
+    InvalidArgument,
+    UserCodeError,
+)
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._optim import SGD, Adam, AdamW, CrossEntropyLoss, Loss, Optimizer
@@ -20,6 +33,25 @@ from atomr_accel.train._torch_module import TorchModule, import_torch
 __all__ = ["TorchReplica"]
 
 Array = np.ndarray[Any, Any]
+
+
+@contextlib.contextmanager
+def _user_module(what: str) -> Iterator[None]:
+    """Around a call into the user's module: what it raises answers the call as a typed
+    error (``UserCodeError`` for a ``SystemExit`` and its kin, ``FunctionFailed`` for any
+    other exception not of this package), so the step fails and the trainer keeps its
+    replicas."""
+    try:
+        with user_code(what, UserCodeError):
+            yield
+    except GpuRuntimeError:
+        raise
+    except Exception as exc:
+        kind = type(exc)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else \
+            f"{kind.__module__}.{kind.__qualname__}"
+        raise FunctionFailed(what, name, str(exc),
+                             "".join(traceback.format_exception(exc))) from exc
 
 
 @dataclass(slots=True)
@@ -76,7 +108,8 @@ class TorchReplica:
                                   "one address space: spawn CUDA devices with "
                                   "isolation='thread'")
         where = torch.device(f"cuda:{device.device_id}" if cuda else "cpu")
-        module = model.copy_module().to(where)
+        with _user_module("TorchModule copy"):
+            module = model.copy_module().to(where)
         module.train()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         groups: list[list[tuple[str, Any]]] = [[]]
@@ -134,7 +167,8 @@ class TorchReplica:
         """Run the module on ``x`` (kept for ``loss_async``)."""
         del micro_batch
         self.module.train(train)
-        self.output = await asyncio.to_thread(self._forward, x)
+        with _user_module("TorchModule forward"):
+            self.output = await asyncio.to_thread(self._forward, x)
         return self.output
 
     def _forward(self, x: Any) -> Any:
@@ -148,7 +182,8 @@ class TorchReplica:
         (the loss times ``grad_scale``), whose buckets ``backward_async`` hands on."""
         del micro_batch
         self._arm()
-        value = await asyncio.to_thread(self._loss_backward, y, float(grad_scale))
+        with _user_module("TorchModule loss and backward"):
+            value = await asyncio.to_thread(self._loss_backward, y, float(grad_scale))
         for index, bucket in enumerate(self.buckets):
             if not bucket.done.done():  # parameters the forward did not use
                 self._settle(index, self._event())
@@ -247,7 +282,8 @@ class TorchReplica:
 
     async def predict_async(self, x: Any) -> Array:
         """The module's output on ``x`` in evaluation mode, as a NumPy array."""
-        return await asyncio.to_thread(self._predict, x)
+        with _user_module("TorchModule forward"):
+            return await asyncio.to_thread(self._predict, x)
 
     def _predict(self, x: Any) -> Array:
         torch = self.torch
