@@ -1,0 +1,19 @@
+"""The original package's forms, in one place.
+
+atomr-accel keeps code written for the original ``atomr-accel`` Python package
+(release 0.10, built with PyO3) running: its import paths, its names, its
+argument orders and defaults. The rest of the package speaks its own
+vocabulary; what exists only for the original is declared here:
+
+- ``_shims``: the original's module names (``atomr_accel.blas``,
+  ``atomr_accel.system``, ``atomr_accel._native``, ...), declared once in
+  ``SHIMS``; ``python -m atomr_accel.original`` writes the thin top-level
+  modules from it.
+
+``docs/original-api.md`` maps the original's names to the package's own.
+Nothing here is imported by ``import atomr_accel``.
+"""
+
+from atomr_accel.original._shims import SHIMS, Shim
+
+__all__ = ["SHIMS", "Shim"]
