@@ -46,11 +46,22 @@ def test_the_original_imports_keep_working() -> None:
 
 
 def test_import_atomr_accel_loads_none_of_them() -> None:
-    code = ("import sys, atomr_accel; from atomr_accel.original import SHIMS; "
-            "print(sorted(n for n in SHIMS if 'atomr_accel.' + n in sys.modules))")
+    code = ("import sys, atomr_accel; loaded = 'atomr_accel.original' in sys.modules; "
+            "from atomr_accel.original import SHIMS; "
+            "print(loaded, sorted(n for n in SHIMS if 'atomr_accel.' + n in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "False []"
+
+
+def test_the_device_tier_offers_the_originals_device_names() -> None:
+    import atomr_accel.device
+    from atomr_accel.original import DEVICE_NAMES
+
+    for name in DEVICE_NAMES:
+        assert getattr(atomr_accel.device, name) is getattr(atomr_accel, name)
+    with pytest.raises(AttributeError):
+        atomr_accel.device.Nothing  # noqa: B018
 
 
 def test_mypy_reads_them_as_typed_modules(tmp_path: Path) -> None:

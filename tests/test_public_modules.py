@@ -32,6 +32,7 @@ PUBLIC = [
     "atomr_accel.streams",
     "atomr_accel.telemetry",
     "atomr_accel.train",
+    "atomr_accel.original",
     "atomr_accel._native",
     "atomr_accel.blas",
     "atomr_accel.blaslt",

@@ -8,12 +8,18 @@ vocabulary; what exists only for the original is declared here:
 - ``_shims``: the original's module names (``atomr_accel.blas``,
   ``atomr_accel.system``, ``atomr_accel._native``, ...), declared once in
   ``SHIMS``; ``python -m atomr_accel.original`` writes the thin top-level
-  modules from it.
+  modules from it. ``DEVICE_NAMES``: the original's ``atomr_accel.device``
+  names (``Device``, ``DeviceLoad``, ``GpuBuffer*``), which
+  ``atomr_accel.device`` looks up here on first use.
 
 ``docs/original-api.md`` maps the original's names to the package's own.
 Nothing here is imported by ``import atomr_accel``.
 """
 
-from atomr_accel.original._shims import SHIMS, Shim
+from atomr_accel.original._shims import DEVICE_NAMES, SHIMS, Shim
 
-__all__ = ["SHIMS", "Shim"]
+__all__ = ["DEVICE_NAMES", "SHIMS", "Shim"]
+
+from atomr_accel._public import publish as _publish  # a lazily imported package
+
+_publish(__name__)  # its names report this module (see atomr_accel._public)

@@ -2,7 +2,9 @@
 
 The original offered its classes from modules of their own (``atomr_accel.blas``,
 ``atomr_accel.system``, the compiled ``atomr_accel._native``, ...). ``SHIMS``
-says, per module name, what it offers and where each name comes from here.
+says, per module name, what it offers and where each name comes from here;
+``DEVICE_NAMES``, what the original's ``atomr_accel.device`` offered that the
+device tier's package offers beside its own names.
 The modules themselves are thin files at the top of the package, written from
 this declaration by ``python -m atomr_accel.original`` (a test checks that they
 are current): files, rather than modules made at run time, so that type checkers,
@@ -17,7 +19,7 @@ import keyword
 import re
 from pathlib import Path
 
-__all__ = ["SHIMS", "Shim", "render", "write_all"]
+__all__ = ["DEVICE_NAMES", "SHIMS", "Shim", "render", "write_all"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,6 +144,15 @@ SHIMS: dict[str, Shim] = {
                    (("atomr_accel", ("System",)),)),
 }
 """Each original module name (``atomr_accel.<key>``) and what it offers."""
+
+DEVICE_NAMES: dict[str, tuple[str, str]] = {
+    "DeviceLoad": ("atomr_accel.device", "DeviceStats"),
+    **{name: ("atomr_accel.facade", name) for name in (
+        "Device", "GpuBuffer", "GpuBufferF32", "GpuBufferF64", "GpuBufferI32", "GpuBufferU32",
+        "GpuBufferU8", "GpuBufferC64", "GpuBufferC128")},
+}
+"""The original's ``atomr_accel.device`` names, which the device tier (a real package
+here) offers beside its own: each is ``(module, name)``, looked up on first use."""
 
 _HEADER = ("Written from ``atomr_accel.original`` by ``python -m atomr_accel.original``; "
            "edit the\ndeclaration there, not this file.")
