@@ -70,6 +70,12 @@ def test_every_exported_name_reports_a_public_module_that_exports_it(package: st
 
 
 @pytest.mark.parametrize("package", PUBLIC)
+def test_every_exported_name_pickles_by_reference(package: str) -> None:
+    for _, obj in _exported(package):
+        assert pickle.loads(pickle.dumps(obj)) is obj
+
+
+@pytest.mark.parametrize("package", PUBLIC)
 def test_methods_of_exported_classes_report_a_public_module(package: str) -> None:
     for name, obj in _exported(package):
         if not isinstance(obj, type):
