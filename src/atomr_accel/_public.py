@@ -25,7 +25,7 @@ resolved before its ``__module__`` changes (where they can be), since
 
 from __future__ import annotations
 
-import inspect
+import functools
 import re
 import sys
 from types import FunctionType
@@ -93,26 +93,32 @@ def _publish_class(cls: type, module: str) -> None:
             continue
         _walked.add(base)
         for attr, member in vars(base).items():
-            for function in _functions_of(member):
-                if function.__module__ == _GENERATED:
-                    function.__qualname__ = f"{cls.__qualname__}.{attr}"
-                    function.__module__ = module
-                elif function.__module__ == owner:
-                    function.__module__ = module
+            kind = type(member)
+            if kind is FunctionType:
+                _publish_function(member, cls, attr, owner, module)
+            elif kind is staticmethod or kind is classmethod or kind is property:
+                for function in _functions_of(member):
+                    _publish_function(function, cls, attr, owner, module)
+
+
+def _publish_function(function: FunctionType, cls: type, attr: str, owner: str,
+                      module: str) -> None:
+    """Give a method of ``cls`` (``attr``), written in ``owner`` or generated, ``module``."""
+    written = function.__module__
+    if written == owner:
+        function.__module__ = module
+    elif written == _GENERATED:
+        function.__qualname__ = f"{cls.__qualname__}.{attr}"
+        function.__module__ = module
 
 
 def _functions_of(member: object) -> tuple[FunctionType, ...]:
-    """The plain functions behind a class attribute: a method, a static or class
-    method, or a property's accessors."""
-    kind = type(member)
-    if kind is FunctionType:
-        return (member,)  # type: ignore[return-value]
-    if kind is staticmethod or kind is classmethod:
-        return _functions_of(member.__func__)  # type: ignore[attr-defined]
-    if kind is property:
-        return tuple(f for f in (member.fget, member.fset, member.fdel)  # type: ignore[attr-defined]
-                     if type(f) is FunctionType)
-    return ()
+    """The plain functions behind a static or class method or a property."""
+    if isinstance(member, staticmethod | classmethod):
+        member = member.__func__
+    accessors = ((member.fget, member.fset, member.fdel) if isinstance(member, property)
+                 else (member,))
+    return tuple(f for f in accessors if type(f) is FunctionType)
 
 
 def _resolve_annotations(cls: type, module: str) -> None:
@@ -120,20 +126,26 @@ def _resolve_annotations(cls: type, module: str) -> None:
     checks and subclasses' hints use) once it reports ``module``: evaluate, in its
     defining module, each string annotation that would read otherwise there (the rest
     stay strings, which cost nothing at import)."""
-    annotations = inspect.get_annotations(cls)
-    private, public = vars(sys.modules[cls.__module__]), vars(sys.modules[module])
+    annotations = vars(cls).get("__annotations__")
+    if not annotations:
+        return
+    private = cls.__module__
     local: dict[str, object] | None = None
     for key, text in annotations.items():
-        if isinstance(text, str) and not all(
-                private.get(name, _MISSING) is public.get(name, _MISSING)
-                for name in _NAMES.findall(text)):
+        if type(text) is str and not _reads_alike(text, private, module):
             local = dict(vars(cls)) if local is None else local
             try:
-                annotations[key] = eval(text, private, local)
+                annotations[key] = eval(text, vars(sys.modules[private]), local)
             except Exception:  # a name only a type checker sees: it stays a string
                 continue
-    if local is not None:
-        cls.__annotations__ = annotations
+
+
+@functools.cache
+def _reads_alike(text: str, private: str, public: str) -> bool:
+    """Whether the annotation ``text`` names the same objects in both modules."""
+    one, other = vars(sys.modules[private]), vars(sys.modules[public])
+    return all(one.get(name, _MISSING) is other.get(name, _MISSING)
+               for name in _NAMES.findall(text))
 
 
 _NAMES = re.compile(r"\b[A-Za-z_]\w*")
