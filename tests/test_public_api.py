@@ -26,6 +26,19 @@ PACKAGES = [
     "atomr_accel.streams",
     "atomr_accel.telemetry",
     "atomr_accel.train",
+    "atomr_accel.errors",
+    "atomr_accel.original",
+    "atomr_accel.patterns",
+    "atomr_accel.blas",
+    "atomr_accel.cudnn",
+    "atomr_accel.cutlass",
+    "atomr_accel.fft",
+    "atomr_accel.graph",
+    "atomr_accel.memory",
+    "atomr_accel.nvrtc",
+    "atomr_accel.rng",
+    "atomr_accel.solver",
+    "atomr_accel.system",
 ]
 
 

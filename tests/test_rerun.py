@@ -252,7 +252,8 @@ def test_a_worker_killed_from_outside_is_held_against_no_request() -> None:
         assert pending.rerun(generation, killed)
     assert pending.reruns == 0 and state.reruns == generation
     crashed = WorkerLost("context worker 2 died (exit code -11)")
-    for generation in range(generation + 1, generation + RERUN_LIMIT + 1):
+    first = generation + 1
+    for generation in range(first, first + RERUN_LIMIT):
         assert pending.claim(generation)
         assert pending.rerun(generation, crashed)
     assert pending.claim(generation + 1)

@@ -7,6 +7,9 @@ the CPU backend (NumPy/SciPy). See README.md and docs/.
 
 import logging as _logging
 
+from atomr_accel import errors as errors
+from atomr_accel._public import PUBLIC as _PUBLIC
+from atomr_accel._public import publish as _publish
 from atomr_accel.actor import ActorStopped
 from atomr_accel.agents import (
     CpuVectorIndex,
@@ -245,3 +248,9 @@ __all__ = [
     "UserCodeError",
     "WorkerLost",
 ]
+
+# Every public class and function reports the public module it is exported from
+# (``atomr_accel.Blas``, ``atomr_accel.errors.OutOfMemory``): see ``_public``.
+for _module in _PUBLIC:
+    _publish(_module)
+del _module

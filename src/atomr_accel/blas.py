@@ -1,5 +1,12 @@
-"""The original package's ``atomr_accel.blas``: ``Blas``."""
+"""The original package's ``atomr_accel.blas``: ``Blas``.
 
-from atomr_accel.facade._libraries import Blas
+Written from ``atomr_accel.original`` by ``python -m atomr_accel.original``; edit the
+declaration there, not this file.
+"""
+
+from atomr_accel import Blas
+from atomr_accel._public import publish as _publish
 
 __all__ = ["Blas"]
+
+_publish(__name__)

@@ -1,10 +1,14 @@
-"""CUTLASS kernel templates: the ``Cutlass`` handle (``dev.cutlass()``), its epilogue visitor
-trees, kernel plans, ``build_kernels`` to fill the kernel cache ahead of time, and
-``to_fp8`` / ``from_fp8`` to encode and decode the fp8 bits ``Cutlass.gemm_fp8`` takes."""
+"""CUTLASS kernel templates: the ``Cutlass`` handle (``dev.cutlass()``), its epilogue
+visitor trees, kernel plans, ``build_kernels`` to fill the kernel cache ahead of
+time, and ``to_fp8`` / ``from_fp8`` to encode and decode the fp8 bits
+``Cutlass.gemm_fp8`` takes.
 
-from collections.abc import Iterable
-from pathlib import Path
+Written from ``atomr_accel.original`` by ``python -m atomr_accel.original``; edit the
+declaration there, not this file.
+"""
 
+from atomr_accel import Cutlass
+from atomr_accel._public import publish as _publish
 from atomr_accel.core._fp8 import FP8_MAX, from_fp8, to_fp8
 from atomr_accel.core.ops._cutlass import (
     Activate,
@@ -26,18 +30,18 @@ from atomr_accel.core.ops._cutlass_plan import (
     gemm_plan,
     grouped_plan,
 )
-from atomr_accel.facade._cutlass import Cutlass
+from atomr_accel.facade._kernel_cache import build_kernels
 
 __all__ = [
-    "CUTLASS_VERSION",
-    "FP8_FORMATS",
-    "FP8_MAX",
     "Activate",
     "Activation",
     "Axis",
     "BiasAdd",
+    "CUTLASS_VERSION",
     "Cutlass",
     "Epilogue",
+    "FP8_FORMATS",
+    "FP8_MAX",
     "KernelPlan",
     "PlanKind",
     "Reduce",
@@ -52,11 +56,4 @@ __all__ = [
     "to_fp8",
 ]
 
-
-def build_kernels(plans: Iterable[KernelPlan], jobs: int | None = None) -> list[Path]:
-    """Compile the kernels of ``plans`` into the disk cache with nvcc, ``jobs`` at a time
-    (no GPU needed: nvcc and the ``nvidia-cutlass`` package are); answer the cache files.
-    Raises ``LibraryUnavailable`` without them, ``KernelCompileError`` on a compiler error."""
-    from atomr_accel.backends._cutlass_build import build
-
-    return build(plans, jobs)
+_publish(__name__)

@@ -1,6 +1,13 @@
-"""The original package's ``atomr_accel.graph``: ``GraphScript``, ``GraphCapture``,
-``GraphHandle`` (real graphs here; the original's were a mock)."""
+"""The original package's ``atomr_accel.graph``: ``GraphScript``,
+``GraphCapture``, ``GraphHandle`` (real graphs here; the original's were a mock).
 
-from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
+Written from ``atomr_accel.original`` by ``python -m atomr_accel.original``; edit the
+declaration there, not this file.
+"""
+
+from atomr_accel import GraphCapture, GraphHandle, GraphScript
+from atomr_accel._public import publish as _publish
 
 __all__ = ["GraphCapture", "GraphHandle", "GraphScript"]
+
+_publish(__name__)

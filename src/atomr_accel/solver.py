@@ -1,5 +1,12 @@
-"""The original package's ``atomr_accel.solver``: ``Solver``."""
+"""The original package's ``atomr_accel.solver``: ``Solver``.
 
-from atomr_accel.facade._libraries import Solver
+Written from ``atomr_accel.original`` by ``python -m atomr_accel.original``; edit the
+declaration there, not this file.
+"""
+
+from atomr_accel import Solver
+from atomr_accel._public import publish as _publish
 
 __all__ = ["Solver"]
+
+_publish(__name__)

@@ -60,6 +60,8 @@ class NvccError(KernelCompileError):
     """nvcc could not build a CUTLASS kernel (``log``: its output), or the kernel it built
     cannot run (it needs more shared memory than a CTA has)."""
 
+    __module__ = "atomr_accel.errors"  # its public home, which loads it on first use
+
     def __init__(self, status: object, log: str, name: str) -> None:
         LibraryError.__init__(self, "nvcc", status,
                               f"CUTLASS kernel {name!r} did not build:\n{log.strip()}")

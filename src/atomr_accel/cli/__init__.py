@@ -33,3 +33,7 @@ __all__ = [
     "run_demo",
     "run_tests",
 ]
+
+from atomr_accel._public import publish as _publish  # a lazily imported package
+
+_publish(__name__)  # its names report this module (see atomr_accel._public)

@@ -2,27 +2,9 @@
 
 Every error a device, buffer or handle call raises is a ``GpuRuntimeError``.
 
-Hierarchy::
-
-    GpuRuntimeError (Exception)
-    ├── ContextPoisoned     sticky device fault; the context must be rebuilt (Restart)
-    ├── OutOfMemory         an allocation did not fit (Resume)
-    ├── Unrecoverable       the device cannot serve any more (Stop)
-    ├── GpuRefStale         a handle from an older context generation was used
-    ├── LibraryError        a library call failed (library name + status)
-    │   ├── KernelCompileError  NVRTC rejected a kernel; ``log`` holds the compiler's log
-    │   └── LibraryUnavailable  an optional library's Python package is not installed
-    ├── FunctionFailed      user code run inside the context raised (device functions)
-    ├── DeviceUnavailable   no such device or backend on this machine
-    ├── QueueFull           the device's rebuild queue is full
-    ├── InvalidArgument     bad dtype, length, shape or option (also ValueError)
-    │   ├── DTypeMismatch   a host array or buffer of the wrong dtype (also TypeError)
-    │   └── PortInUse       an HTTP port is taken by another server
-    ├── SystemClosed        the system is closed (or closing); also actor.SystemClosed
-    ├── AskTimeout          no answer within the time-out; also actor.AskTimeout
-    │                       and TimeoutError
-    └── UserCodeError       user code (a model, a stage, a callback) raised a
-                            BaseException that is no Exception; also actor.UserCodeError
+The classes of the device tier live here, below the layers that raise them;
+``atomr_accel.errors`` is their public home and draws the whole tree, the
+blueprints' errors included.
 
 ``SystemClosed``, ``AskTimeout`` and ``UserCodeError`` subclass the actor
 runtime's errors of the same names too, so ``except atomr_accel.actor.SystemClosed``

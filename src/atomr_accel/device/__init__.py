@@ -1,5 +1,6 @@
 """The device tier: ``DeviceActor`` over a restartable ``ContextActor`` and kernel actors."""
 
+import importlib
 from typing import Any
 
 from atomr_accel.device._config import ALL_LIBRARIES, DeviceConfig
@@ -119,20 +120,13 @@ __all__ = [
     "recovery_plan",
 ]
 
-_ORIGINAL_NAMES = frozenset({
-    "Device", "GpuBuffer", "GpuBufferF32", "GpuBufferF64", "GpuBufferI32", "GpuBufferU32",
-    "GpuBufferU8", "GpuBufferC64", "GpuBufferC128",
-})
-
-
 def __getattr__(name: str) -> Any:
-    """The original package's ``atomr_accel.device`` names: ``DeviceLoad`` (our
-    ``DeviceStats``), and ``Device`` and the ``GpuBuffer*`` classes, which belong to the
-    facade above this layer and are looked up there on first use only."""
-    if name == "DeviceLoad":
-        return DeviceStats
-    if name in _ORIGINAL_NAMES:
-        import atomr_accel.facade
+    """The original package's ``atomr_accel.device`` names (``DeviceLoad``, ``Device`` and
+    the ``GpuBuffer*`` classes; ``atomr_accel.original`` declares them), looked up on first
+    use: the facade they belong to sits above this layer."""
+    from atomr_accel.original._shims import DEVICE_NAMES
 
-        return getattr(atomr_accel.facade, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in DEVICE_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = DEVICE_NAMES[name]
+    return getattr(importlib.import_module(module), attr)

@@ -8,3 +8,7 @@ stopped.
 from atomr_accel.streams._pipeline import Pipeline, Sink, Source, Stage, gpu_stage, stage
 
 __all__ = ["Pipeline", "Sink", "Source", "Stage", "gpu_stage", "stage"]
+
+from atomr_accel._public import publish as _publish  # a lazily imported package
+
+_publish(__name__)  # its names report this module (see atomr_accel._public)
