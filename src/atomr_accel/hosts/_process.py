@@ -70,9 +70,11 @@ __all__ = ["ProcessHost"]
 _DEFAULT_ARENA = 64 << 20
 _OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
 _PACKAGE_ROOT = str(Path(atomr_accel.__file__).resolve().parents[1])  # the worker imports from it
-WORKER_COMMAND = (sys.executable, "-P", "-s", "-m", "atomr_accel.hosts._worker")
+WORKER_COMMAND = (sys.executable, "-P", "-s", str(Path(__file__).with_name("_boot.py")),
+                  "atomr_accel.hosts._worker")
 """How a worker starts: ``-P`` keeps the caller's current directory off its ``sys.path``
-(a ``numpy.py`` there must not run in the worker), ``-s`` the user's site-packages."""
+(a ``numpy.py`` there must not run in the worker), ``-s`` the user's site-packages;
+``_boot.py``, run by its path, imports only what the worker needs."""
 
 
 def worker_env(environ: Mapping[str, str], import_dirs: Sequence[str] = ()) -> dict[str, str]:
