@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from atomr_accel.backends import capabilities
 from atomr_accel.core._errors import DeviceUnavailable, InvalidArgument
 from atomr_accel.device._state import Status
 from atomr_accel.hosts._ray import ensure_ray, ray_module
@@ -71,7 +72,7 @@ async def spawn_cluster(system: System, mock: bool | None, backend: str,
     for node in _nodes(ray):
         node_id = str(node["NodeID"])
         resources = node.get("Resources", {})
-        if chosen == "cuda":
+        if capabilities(chosen).needs_gpu:
             wanted += [(i, node_id, f"ray-{node_id[:8]}-gpu{i}")
                        for i in range(int(resources.get("GPU", 0)))]
         elif resources.get("CPU", 0) >= 1:

@@ -39,7 +39,7 @@ def _members(system: System, devices: Iterable[Device]) -> tuple[Device, ...]:
     backends = {d.backend for d in members}
     if len(backends) > 1:
         raise InvalidArgument(f"a world's devices share one backend, got {sorted(backends)}")
-    if members[0].backend == "cuda":
+    if members[0].config.capabilities.needs_gpu:
         ids = [d.device_id for d in members]
         if len(set(ids)) != len(ids):
             raise InvalidArgument(f"NCCL needs one rank per GPU, got device ids {ids}")
