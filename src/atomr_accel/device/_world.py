@@ -3,7 +3,8 @@ context is.
 
 The world is the control plane of a set of collectives: it joins every member
 to a communicator (one ``CommInit`` per member, all in flight together, with
-one NCCL unique id made here, in the parent process, for both hosts), watches
+one communicator id made here, in the parent process, by the backend: NCCL's
+unique id on CUDA), watches
 every member's generation (``WatchGeneration``), and when one changes, or a
 collective reports the epoch broken (``WorldBroken``), it aborts the epoch
 (the shared abort word first, which makes every collective of the epoch abort
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import itertools
 import logging
 import mmap
@@ -28,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Actor, ActorRef
+from atomr_accel.backends import communicator_id
+from atomr_accel.backends._shm import shm_dir
 from atomr_accel.core._errors import (
     GpuRuntimeError,
     SystemClosed,
@@ -36,7 +40,6 @@ from atomr_accel.core._errors import (
 from atomr_accel.core.ops._collective import CommAbort, CommInit
 from atomr_accel.device._messages import GenerationChanged, WatchGeneration
 from atomr_accel.device._state import DeviceState, Status
-from atomr_accel.hosts._shm import shm_dir
 
 __all__ = [
     "GetWorldStats", "NcclWorldActor", "WorldBroken", "WorldEvent", "WorldState", "WorldStats",
@@ -133,8 +136,9 @@ class WorldState:
         return len(self.members)
 
     def open_word(self) -> None:
-        """Create the shared abort word (CUDA worlds): a file of one int64 in shared memory
-        that every rank's collectives poll; it holds the epoch that may run."""
+        """Create the shared abort word: a file of one int64 in shared memory that every
+        rank's collectives poll; it holds the epoch that may run. The ranks may keep files
+        of their own beside it (``<word>.*``)."""
         fd, path = tempfile.mkstemp(prefix=f"atomr-nccl-{os.getpid()}-", dir=shm_dir())
         try:
             os.ftruncate(fd, 8)
@@ -145,16 +149,24 @@ class WorldState:
         self._word = np.frombuffer(self._map, dtype=np.int64, count=1)
 
     def close_word(self) -> None:
-        """Remove the abort word (the world stops)."""
+        """Remove the abort word and the files the ranks kept beside it (the world stops)."""
         self._word = None
         if self._map is not None:
             with contextlib.suppress(BufferError):
                 self._map.close()
             self._map = None
         if self.abort_path:
+            self.remove_rank_files()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.abort_path)
             self.abort_path = ""
+
+    def remove_rank_files(self) -> None:
+        """Remove the files the ranks kept beside the abort word (between two epochs: no
+        collective runs)."""
+        for path in glob.glob(f"{glob.escape(self.abort_path)}.*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def abort(self, epoch: int) -> None:
         """Make every collective of ``epoch`` abort itself on every rank (any later epoch
@@ -209,7 +221,7 @@ class NcclWorldActor(Actor):
     async def pre_start(self) -> None:
         """Watch every member, then build the first epoch."""
         state = self.state
-        if state.backend == "cuda" and not state.abort_path:
+        if not state.abort_path:
             try:
                 state.open_word()
             except OSError as exc:
@@ -301,11 +313,8 @@ class NcclWorldActor(Actor):
         state.generations = tuple(m.generation for m in state.members)
         await asyncio.gather(*(ref.ask(CommAbort(state.id), timeout=INIT_TIMEOUT)
                                for ref in state.refs), return_exceptions=True)
-        unique_id = b""
-        if state.backend == "cuda":
-            from atomr_accel.backends.cuda._collective import unique_id as make_id
-
-            unique_id = make_id()
+        state.remove_rank_files()
+        unique_id = communicator_id(state.backend)
         state.generations = tuple(m.generation for m in state.members)
         asks = [ref.ask(CommInit(state.id, epoch, state.nranks, rank, unique_id,
                                  state.abort_path), timeout=INIT_TIMEOUT)

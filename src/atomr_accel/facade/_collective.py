@@ -7,15 +7,10 @@ finished. Arguments are checked before anything runs (``InvalidArgument``,
 
 How the data moves:
 
-* CUDA devices: one ``RunCollective`` op per rank, all in flight together, each
-  on its device's ``nccl`` stream (ordered with the buffers' other users like
-  any op); NCCL moves the data (NVLink, PCIe or the network).
-* CPU devices (both hosts): the world gathers. Each rank's send buffer is read
-  with a ``Download`` on its device, the reduction (or gather, scatter,
-  exchange) is computed here in NumPy in the buffers' dtype (integers wrap as
-  NCCL's do; ``avg`` divides the sum, truncating integers toward zero), and
-  each rank's result is written with an ``Upload``. Every rank's part is an op
-  on its own device, ordered with its other ops.
+One ``RunCollective`` op per rank, all in flight together, each ordered with
+the buffers' other users like any op; the backend moves the data: NCCL on CUDA
+(NVLink, PCIe or the network, on the device's ``nccl`` stream), shared memory
+on the CPU (every rank computes its own result in NumPy).
 
 Failure: the first rank that fails aborts the epoch at once (the world's abort
 word: every other rank's collective aborts itself), the call raises, and the
@@ -35,8 +30,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from atomr_accel.actor import ActorRef
 from atomr_accel.core._errors import (
     CollectiveAborted,
@@ -46,7 +39,6 @@ from atomr_accel.core._errors import (
     GpuRuntimeError,
     InvalidArgument,
 )
-from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._collective import (
     COLLECTIVE_DTYPES,
     CallKind,
@@ -54,7 +46,6 @@ from atomr_accel.core.ops._collective import (
     ReduceOp,
     RunCollective,
 )
-from atomr_accel.core.ops._memory import Download, Upload
 from atomr_accel.device._state import Status
 from atomr_accel.device._world import GetWorldStats, WorldBroken, WorldState, WorldStats
 from atomr_accel.facade._buffers import GpuBuffer
@@ -362,7 +353,7 @@ class Collective:
 
     async def execute(self, plans: list[_Planned], timeout: float
                       ) -> list[GpuRuntimeError | None]:
-        """Run ``plans`` (in order, as one launch per rank on CUDA) on the system's loop;
+        """Run ``plans`` (in order, as one launch per rank) on the system's loop;
         answer each rank's error (None where the rank succeeded)."""
         state = self._state
         deadline = time.perf_counter() + timeout
@@ -373,10 +364,7 @@ class Collective:
         epoch = state.epoch
         generations = [d.generation for d in self.devices]
         left = max(deadline - time.perf_counter(), 1e-3)
-        if state.backend == "cuda":
-            errors = await self._run_cuda(plans, epoch, left)
-        else:
-            errors = await self._run_cpu(plans, epoch, left)
+        errors = await self._run_ranks(plans, epoch, left)
         if not any(errors):
             for planned in plans:
                 state.count(planned.kind.value, planned.nbytes)
@@ -459,7 +447,7 @@ class Collective:
             for task in pending:
                 task.cancel()
 
-    async def _run_cuda(self, plans: list[_Planned], epoch: int, timeout: float
+    async def _run_ranks(self, plans: list[_Planned], epoch: int, timeout: float
                         ) -> list[GpuRuntimeError | None]:
         state = self._state
         coros = []
@@ -470,57 +458,6 @@ class Collective:
             op = RunCollective(state.id, epoch, self.nranks, calls, timeout)
             coros.append(device.run_async(op, timeout + 5.0))
         return _typed(await self._first_failure(coros, epoch, timeout))
-
-    async def _run_cpu(self, plans: list[_Planned], epoch: int, timeout: float
-                       ) -> list[GpuRuntimeError | None]:
-        errors: list[GpuRuntimeError | None] = [None] * self.nranks
-        start = time.perf_counter()
-        for planned in plans:
-            left = timeout - (time.perf_counter() - start)
-            if left <= 0:
-                return [CollectiveAborted("the group did not finish within its time-out")
-                        ] * self.nranks
-            errors = await self._cpu_step(planned, epoch, left)
-            if any(errors):
-                return errors
-        return errors
-
-    async def _cpu_step(self, planned: _Planned, epoch: int, timeout: float
-                        ) -> list[GpuRuntimeError | None]:
-        step, n = planned.step, self.nranks
-        first = next(c for c in step if c is not None)
-        count, kind = first.count, planned.kind
-        reads: dict[int, GpuRef] = {r: c.send for r, c in enumerate(step)
-                                    if c is not None and c.send is not None}
-        if kind is CallKind.BROADCAST:
-            reads = {first.root: reads[first.root]}
-        length = {CallKind.REDUCE_SCATTER: count * n, CallKind.ALL_TO_ALL: count * n}.get(
-            kind, count)
-        order = sorted(reads)
-        got = await self._first_failure(
-            [self.devices[r].run_async(Download(reads[r], 0, length), timeout) for r in order],
-            epoch, timeout)
-        errors = self._spread(dict(zip(order, got, strict=True)))
-        if any(errors):
-            return errors
-        data = dict(zip(order, got, strict=True))
-        writes = _cpu_results(kind, step, data, n)
-        targets: list[tuple[int, GpuRef]] = []
-        for r in sorted(writes):
-            call = step[r]
-            assert call is not None and call.recv is not None
-            targets.append((r, call.recv))
-        put = await self._first_failure(
-            [self.devices[r].run_async(Upload(recv, writes[r], 0), timeout)
-             for r, recv in targets], epoch, timeout)
-        return self._spread(dict(zip([r for r, _ in targets], put, strict=True)))
-
-    def _spread(self, got: dict[int, Any]) -> list[GpuRuntimeError | None]:
-        errors: list[GpuRuntimeError | None] = [None] * self.nranks
-        for rank, value in got.items():
-            if isinstance(value, BaseException):
-                errors[rank] = _typed([value])[0]
-        return errors
 
     def __repr__(self) -> str:
         return (f"Collective(name={self.name!r}, nranks={self.nranks}, "
@@ -582,53 +519,6 @@ def raise_merged(errors: list[GpuRuntimeError | None]) -> None:
         return
     dead = [e for e in failed if isinstance(e, ContextPoisoned)]
     raise dead[0] if dead else failed[0]
-
-
-def _reduce(op: ReduceOp, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
-    stacked = np.stack(arrays)
-    dtype = arrays[0].dtype
-    result: np.ndarray[Any, Any]
-    with np.errstate(over="ignore"):
-        if op is ReduceOp.PROD:
-            result = np.multiply.reduce(stacked, axis=0, dtype=dtype)
-        elif op is ReduceOp.MIN:
-            result = np.min(stacked, axis=0)
-        elif op is ReduceOp.MAX:
-            result = np.max(stacked, axis=0)
-        else:
-            result = np.add.reduce(stacked, axis=0, dtype=dtype)
-            n = len(arrays)
-            if op is ReduceOp.AVG and np.issubdtype(dtype, np.signedinteger):
-                result = (np.sign(result) * (np.abs(result) // n)).astype(dtype)  # C division
-            elif op is ReduceOp.AVG and np.issubdtype(dtype, np.integer):
-                result = (result // n).astype(dtype)
-            elif op is ReduceOp.AVG:
-                result = (result / np.asarray(n, dtype=dtype)).astype(dtype)
-    return result
-
-
-def _cpu_results(kind: CallKind, step: Step, data: dict[int, np.ndarray[Any, Any]],
-                 n: int) -> dict[int, np.ndarray[Any, Any]]:
-    """What each rank's recv buffer receives, from the ranks' send data."""
-    first = next(c for c in step if c is not None)
-    count = first.count
-    if kind is CallKind.SEND:
-        (src,) = data
-        return {r: data[src] for r, c in enumerate(step) if c is not None and c.recv is not None}
-    if kind is CallKind.BROADCAST:
-        return {r: data[first.root] for r in range(n)}
-    if kind is CallKind.ALL_GATHER:
-        whole = np.concatenate([data[r] for r in range(n)])
-        return {r: whole for r in range(n)}
-    if kind is CallKind.ALL_TO_ALL:
-        return {r: np.concatenate([data[p][r * count:(r + 1) * count] for p in range(n)])
-                for r in range(n)}
-    reduced = _reduce(first.op, [data[r] for r in range(n)])
-    if kind is CallKind.REDUCE:
-        return {first.root: reduced}
-    if kind is CallKind.REDUCE_SCATTER:
-        return {r: reduced[r * count:(r + 1) * count] for r in range(n)}
-    return {r: reduced for r in range(n)}
 
 
 def _consume(task: asyncio.Future[Any]) -> None:
