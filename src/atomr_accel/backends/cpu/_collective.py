@@ -127,10 +127,21 @@ def _peers(call: CollectiveCall, rank: int, nranks: int) -> tuple[str, tuple[int
 
 
 def _write(path: str, data: np.ndarray[Any, Any]) -> None:
-    """Write ``data`` to ``path`` so that a reader sees all of it or nothing."""
+    """Write ``data`` (1-D, contiguous) to ``path`` so that a reader sees all of it or
+    nothing."""
     with open(f"{path}.part", "wb") as out:
-        out.write(data.tobytes())
+        out.write(data.view(np.uint8).data)
     os.replace(f"{path}.part", path)
+
+
+def _read(path: str, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """The elements in file ``path``, mapped without a copy (the map outlives the file)."""
+    with open(path, "rb") as source:
+        size = os.fstat(source.fileno()).st_size
+        if not size:
+            return np.empty(0, dtype=dtype)
+        mapped = mmap.mmap(source.fileno(), size, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=np.uint8).view(dtype)
 
 
 def _run(backend: Backend, op: RunCollective) -> None:
@@ -150,10 +161,8 @@ def _run_call(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCo
     n = joined.runs.get(peers, 0)
     joined.runs[peers] = n + 1
     length = sent_length(call, joined.rank, op.nranks)
-    if call.send is not None and length:
-        mine = backend.read(call.send.buffer_id, 0, length)
-    else:
-        mine = np.empty(0, dtype=backend.array(_ref_of(call)).dtype)
+    own = backend.array(_ref_of(call))
+    mine = own[:length] if call.send is not None else own[:0]
     _write(joined.path(peers, n, joined.rank), mine)
     paths = {r: joined.path(peers, n, r) for r in ranks}
 
@@ -168,7 +177,7 @@ def _run_call(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCo
     if joined.told_to_abort():
         raise _aborted(op, backend.device_id, "the world aborted it (a peer's context went "
                                               "down)")
-    data = {r: np.frombuffer(_read(p), dtype=mine.dtype) for r, p in paths.items()}
+    data = {r: _read(p, mine.dtype) for r, p in paths.items()}
     if n:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(joined.path(peers, n - 1, joined.rank))
@@ -181,11 +190,6 @@ def _ref_of(call: CollectiveCall) -> int:
     ref = call.send if call.send is not None else call.recv
     assert ref is not None  # a validated call names a send or a recv buffer
     return ref.buffer_id
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as source:
-        return source.read()
 
 
 def _aborted(op: RunCollective, device_id: int, why: str) -> CollectiveAborted:

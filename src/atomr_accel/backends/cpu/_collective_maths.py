@@ -27,27 +27,26 @@ def sent_length(call: CollectiveCall, rank: int, nranks: int) -> int:
     return call.count
 
 
+_UFUNCS = {ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
+"""The element-wise ufunc of each reduction but the sums (``np.add``)."""
+
+
 def reduce(op: ReduceOp, arrays: list[Array]) -> Array:
-    """The element-wise ``op`` of ``arrays`` (one per rank, one dtype)."""
-    stacked = np.stack(arrays)
+    """The element-wise ``op`` of ``arrays`` (one per rank, one dtype), accumulated in rank
+    order."""
     dtype = arrays[0].dtype
-    result: Array
+    ufunc = _UFUNCS.get(op, np.add)
+    result: Array = np.array(arrays[0], dtype=dtype)
     with np.errstate(over="ignore"):
-        if op is ReduceOp.PROD:
-            result = np.multiply.reduce(stacked, axis=0, dtype=dtype)
-        elif op is ReduceOp.MIN:
-            result = np.min(stacked, axis=0)
-        elif op is ReduceOp.MAX:
-            result = np.max(stacked, axis=0)
-        else:
-            result = np.add.reduce(stacked, axis=0, dtype=dtype)
-            n = len(arrays)
-            if op is ReduceOp.AVG and np.issubdtype(dtype, np.signedinteger):
-                result = (np.sign(result) * (np.abs(result) // n)).astype(dtype)  # C division
-            elif op is ReduceOp.AVG and np.issubdtype(dtype, np.integer):
-                result = (result // n).astype(dtype)
-            elif op is ReduceOp.AVG:
-                result = (result / np.asarray(n, dtype=dtype)).astype(dtype)
+        for array in arrays[1:]:
+            ufunc(result, array, out=result)
+        n = len(arrays)
+        if op is ReduceOp.AVG and np.issubdtype(dtype, np.signedinteger):
+            result = (np.sign(result) * (np.abs(result) // n)).astype(dtype)  # C division
+        elif op is ReduceOp.AVG and np.issubdtype(dtype, np.integer):
+            result = (result // n).astype(dtype)
+        elif op is ReduceOp.AVG:
+            result = (result / np.asarray(n, dtype=dtype)).astype(dtype)
     return result
 
 
