@@ -56,13 +56,7 @@ def resolve_backend(mock: bool | None, backend: str) -> str:
     ``backend="auto"`` means CUDA when a GPU is visible, CPU otherwise. Asking
     for CUDA without a GPU raises ``DeviceUnavailable``.
     """
-    if backend not in ("auto", "cpu", "cuda"):
-        raise InvalidArgument(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
-    if mock is not None:
-        wanted = "cpu" if mock else "cuda"
-        if backend not in ("auto", wanted):
-            raise InvalidArgument(f"mock={mock} contradicts backend={backend!r}")
-        backend = wanted
+    backend = cluster.requested_backend(mock, backend)
     if backend == "auto":
         backend = "cuda" if cuda_device_count() > 0 else "cpu"
     if capabilities(backend).needs_gpu and cuda_device_count() == 0:
