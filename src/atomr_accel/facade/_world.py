@@ -76,7 +76,7 @@ async def start_world(system: System, devices: Iterable[Device], name: str | Non
     except ActorError as exc:  # the system closed meanwhile, or the name is taken
         raise gpu_error_of(exc, system.actors.name, "nccl_world") from exc
     try:
-        await portal.acall(world._ready(time.perf_counter() + wait))
+        await portal.acall(world._run.ready(time.perf_counter() + wait))
     except BaseException:
         await portal.acall(_stop(system, world))
         raise

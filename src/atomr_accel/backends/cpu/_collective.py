@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.backends._base import Backend, Handler
+from atomr_accel.backends._shm import map_path
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu._collective_maths import result_of, sent_length
@@ -72,11 +73,7 @@ class _Joined:
         """Map the world's abort word (a world without one never aborts early)."""
         if not self.word_path:
             return
-        fd = os.open(self.word_path, os.O_RDWR)
-        try:
-            self._map = mmap.mmap(fd, 8)
-        finally:
-            os.close(fd)
+        self._map = map_path(self.word_path, 8)
         self.word = np.frombuffer(self._map, dtype=np.int64, count=1)
 
     def told_to_abort(self) -> bool:
