@@ -29,7 +29,7 @@ from atomr_accel.core.ops._collective import CommInit
 from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.errors import CollectiveAborted
 from atomr_accel.facade import Collective, Device, GpuBuffer
-from atomr_accel.hosts._shm import live_segments
+from atomr_accel.hosts._shm import live_segments, shm_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -361,3 +361,29 @@ async def test_a_world_whose_communicators_cannot_be_made_fails_fast_typed(
         assert time.perf_counter() - started < 10  # three tries, not the whole time-out
         buf = await devices[0].allocate_async(4, "f32")  # the devices serve on
         assert len(buf) == 4
+
+
+def world_files() -> list[str]:
+    """The files this process's worlds keep in shared memory: abort words, and the data the
+    ranks of a CPU world exchange beside them."""
+    return [n for n in os.listdir(shm_dir()) if n.startswith(f"atomr-nccl-{os.getpid()}-")]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_a_cpu_world_keeps_few_files_and_leaves_none(isolation: str) -> None:
+    rng = np.random.default_rng(17)
+    async with await System.open_async("t", op_timeout=20) as system:
+        devices, world = await world_of(system, 3, isolation)
+        xs = [rng.standard_normal(1000) for _ in devices]
+        bufs = [await upload(d, x, "f64") for d, x in zip(devices, xs, strict=True)]
+        for _ in range(5):
+            await world.all_reduce_async(bufs, op="max")
+        await world.send_recv_async(bufs[0], bufs[2], src=0, dst=2)
+        assert len(world_files()) <= 1 + world.nranks + 2  # the word, each rank's last files
+        with pytest.raises(ContextPoisoned):
+            await devices[1].inject_fault_async(FaultKind.POISON)
+        fresh = [await upload(d, x, "f64") for d, x in zip(devices, xs, strict=True)]
+        await world.all_reduce_async(fresh)
+        for d, b in zip(devices, fresh, strict=True):
+            np.testing.assert_allclose(await d.copy_to_numpy_async(b), sum(xs), rtol=1e-12)
+    assert world_files() == []
