@@ -3,15 +3,15 @@ context is.
 
 The world is the control plane of a set of collectives: it joins every member
 to a communicator (one ``CommInit`` per member, all in flight together, with
-one communicator id made here, in the parent process, by the backend: NCCL's
-unique id on CUDA), watches
-every member's generation (``WatchGeneration``), and when one changes, or a
-collective reports the epoch broken (``WorldBroken``), it aborts the epoch
-(the shared abort word first, which makes every collective of the epoch abort
-itself on every rank, then a ``CommAbort`` per member) and builds the next
-epoch over the members' new contexts. The collectives themselves are the data
-plane: the facade runs them straight on the members (``Collective``), reading
-the ``WorldState`` this actor keeps.
+one communicator id the backend makes here, in the parent process: NCCL's
+unique id on CUDA), watches every member's generation (``WatchGeneration``),
+and when one changes, or a collective reports the epoch broken
+(``WorldBroken``), it aborts the epoch (the shared abort word first, which
+makes every collective of the epoch abort itself on every rank, then a
+``CommAbort`` per member) and builds the next epoch over the members' new
+contexts. The collectives themselves are the data plane: the facade runs them
+straight on the members (``Collective``), reading the ``WorldState`` this
+actor keeps.
 """
 
 from __future__ import annotations
