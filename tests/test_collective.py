@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -363,10 +365,11 @@ async def test_a_world_whose_communicators_cannot_be_made_fails_fast_typed(
         assert len(buf) == 4
 
 
-def world_files() -> list[str]:
-    """The files this process's worlds keep in shared memory: abort words, and the data the
-    ranks of a CPU world exchange beside them."""
-    return [n for n in os.listdir(shm_dir()) if n.startswith(f"atomr-nccl-{os.getpid()}-")]
+def world_files(pid: int | None = None) -> list[str]:
+    """The files process ``pid``'s (default: this one's) worlds keep in shared memory: abort
+    words, and the data the ranks of a CPU world exchange beside them."""
+    pid = os.getpid() if pid is None else pid
+    return [n for n in os.listdir(shm_dir()) if n.startswith(f"atomr-nccl-{pid}-")]
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -387,3 +390,16 @@ async def test_a_cpu_world_keeps_few_files_and_leaves_none(isolation: str) -> No
         for d, b in zip(devices, fresh, strict=True):
             np.testing.assert_allclose(await d.copy_to_numpy_async(b), sum(xs), rtol=1e-12)
     assert world_files() == []
+
+
+def test_a_world_left_open_at_exit_leaves_no_file() -> None:
+    code = ("import os\n"
+            "from atomr_accel import System\n"
+            "system = System.open('t')\n"
+            "devices = [system.spawn_device(i, mock=True) for i in range(2)]\n"
+            "world = system.nccl_world(devices)\n"
+            "world.all_reduce([d.allocate_f32(4) for d in devices])\n"
+            "print(os.getpid())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert world_files(int(out.stdout.split()[-1])) == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import logging
 import mmap
 import os
@@ -37,11 +38,13 @@ __all__ = [
     "SHM_ENV",
     "Segment",
     "SharedArena",
+    "SharedWord",
     "ShmSlice",
     "create_segment",
     "dtype_spec",
     "live_segments",
     "map_path",
+    "remove_files",
     "remove_segment_files",
     "shm_dir",
 ]
@@ -294,3 +297,50 @@ def _arena_segment(nbytes: int) -> Segment:
             _log.warning("shared memory is short: the staging arena has %d bytes, not %d "
                          "(larger payloads take one-off segments)", size, nbytes)
         return segment
+
+
+class SharedWord:
+    """One int64 in a file of shared memory that several processes map (a collective
+    world's abort word): ``create`` makes the file, ``SharedWord(path)`` maps it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._map: mmap.mmap | None = map_path(path, 8)
+        self._value: np.ndarray[Any, Any] | None = np.frombuffer(self._map, dtype=np.int64,
+                                                                 count=1)
+
+    @classmethod
+    def create(cls, prefix: str) -> SharedWord:
+        """A new word (zero) in a file ``<shm_dir>/<prefix>...`` (``OSError`` if none can be
+        made)."""
+        fd, path = tempfile.mkstemp(prefix=prefix, dir=shm_dir())
+        try:
+            os.ftruncate(fd, 8)
+        finally:
+            os.close(fd)
+        return cls(path)
+
+    @property
+    def value(self) -> int | None:
+        """The word (None once closed)."""
+        return None if self._value is None else int(self._value[0])
+
+    @value.setter
+    def value(self, value: int) -> None:
+        if self._value is not None:
+            self._value[0] = value
+
+    def close(self) -> None:
+        """Unmap the word (its file stays: ``remove_files`` removes it)."""
+        self._value = None
+        if self._map is not None:
+            with contextlib.suppress(BufferError):
+                self._map.close()
+            self._map = None
+
+
+def remove_files(pattern: str) -> None:
+    """Remove the files whose paths match the glob ``pattern`` (gone already: nothing)."""
+    for path in glob.glob(pattern):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -21,17 +21,14 @@ import contextlib
 import glob
 import itertools
 import logging
-import mmap
 import os
-import tempfile
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from atomr_accel.actor import Actor, ActorRef
 from atomr_accel.backends import communicator_id
-from atomr_accel.backends._shm import shm_dir
+from atomr_accel.backends._shm import SharedWord, remove_files
 from atomr_accel.core._errors import (
     GpuRuntimeError,
     SystemClosed,
@@ -127,8 +124,8 @@ class WorldState:
         self.bytes_moved: dict[str, int] = {}
         self.aborted = 0
         self.abort_path = ""
-        self._word: np.ndarray[Any, Any] | None = None
-        self._map: mmap.mmap | None = None
+        self._word: SharedWord | None = None
+        self._remove: weakref.finalize[Any, Any] | None = None
 
     @property
     def nranks(self) -> int:
@@ -138,46 +135,37 @@ class WorldState:
     def open_word(self) -> None:
         """Create the shared abort word: a file of one int64 in shared memory that every
         rank's collectives poll; it holds the epoch that may run. The ranks may keep files
-        of their own beside it (``<word>.*``)."""
-        fd, path = tempfile.mkstemp(prefix=f"atomr-nccl-{os.getpid()}-", dir=shm_dir())
-        try:
-            os.ftruncate(fd, 8)
-            self._map = mmap.mmap(fd, 8)
-        finally:
-            os.close(fd)
-        self.abort_path = path
-        self._word = np.frombuffer(self._map, dtype=np.int64, count=1)
+        of their own beside it (``<word>.*``). They are all removed when the world stops,
+        or at this process's exit if it never does."""
+        self._word = SharedWord.create(f"atomr-nccl-{os.getpid()}-")
+        self.abort_path = self._word.path
+        self._remove = weakref.finalize(self, remove_files, f"{glob.escape(self.abort_path)}*")
 
     def close_word(self) -> None:
         """Remove the abort word and the files the ranks kept beside it (the world stops)."""
-        self._word = None
-        if self._map is not None:
-            with contextlib.suppress(BufferError):
-                self._map.close()
-            self._map = None
-        if self.abort_path:
-            self.remove_rank_files()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.abort_path)
-            self.abort_path = ""
+        if self._word is not None:
+            self._word.close()
+            self._word = None
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
+        self.abort_path = ""
 
     def remove_rank_files(self) -> None:
         """Remove the files the ranks kept beside the abort word (between two epochs: no
         collective runs)."""
-        for path in glob.glob(f"{glob.escape(self.abort_path)}.*"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        remove_files(f"{glob.escape(self.abort_path)}.*")
 
     def abort(self, epoch: int) -> None:
         """Make every collective of ``epoch`` abort itself on every rank (any later epoch
         may run); called on the loop the moment a collective sees a rank fail."""
-        if self._word is not None and int(self._word[0]) == epoch:
-            self._word[0] = epoch + 1_000_000  # an epoch no communicator has
+        if self._word is not None and self._word.value == epoch:
+            self._word.value = epoch + 1_000_000  # an epoch no communicator has
 
     def allow(self, epoch: int) -> None:
         """Let the collectives of ``epoch`` run."""
         if self._word is not None:
-            self._word[0] = epoch
+            self._word.value = epoch
 
     def count(self, kind: str, nbytes: int) -> None:
         """Count one completed collective of ``kind`` that sent ``nbytes``."""

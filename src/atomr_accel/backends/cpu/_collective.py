@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.backends._base import Backend, Handler
-from atomr_accel.backends._shm import map_path
+from atomr_accel.backends._shm import SharedWord, remove_files
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu._collective_maths import result_of, sent_length
@@ -66,19 +66,16 @@ class _Joined:
     nranks: int
     word_path: str
     runs: dict[str, int] = field(default_factory=dict)
-    word: np.ndarray[Any, Any] | None = None
-    _map: mmap.mmap | None = None
+    word: SharedWord | None = None
 
     def open(self) -> None:
         """Map the world's abort word (a world without one never aborts early)."""
-        if not self.word_path:
-            return
-        self._map = map_path(self.word_path, 8)
-        self.word = np.frombuffer(self._map, dtype=np.int64, count=1)
+        if self.word_path:
+            self.word = SharedWord(self.word_path)
 
     def told_to_abort(self) -> bool:
         """Whether the world has left this epoch."""
-        return self.word is not None and int(self.word[0]) != self.epoch
+        return self.word is not None and self.word.value != self.epoch
 
     def path(self, peers: str, n: int, rank: int) -> str:
         """The file rank ``rank`` writes for the ``n``-th collective of ``peers``."""
@@ -86,15 +83,11 @@ class _Joined:
 
     def leave(self) -> None:
         """Unmap the word and remove this rank's files."""
-        self.word = None
-        if self._map is not None:
-            with contextlib.suppress(BufferError):
-                self._map.close()
-            self._map = None
+        if self.word is not None:
+            self.word.close()
+            self.word = None
         if self.word_path:
-            for path in glob.glob(f"{glob.escape(self.word_path)}.*.{self.rank}"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            remove_files(f"{glob.escape(self.word_path)}.*.{self.rank}")
 
 
 worlds: Callable[[Backend], dict[int, _Joined]] = per_backend(dict)
