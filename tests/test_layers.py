@@ -1,7 +1,10 @@
 """The package's layers (docs/architecture.md), checked on every module's imports.
 
 Arrows point down only: a module imports its own layer or the layers below it,
-never one above; blueprint packages may use each other. Above ``backends/``
+never one above. Where ``blueprint/`` holds the blueprints' base, the blueprint
+packages build on it, not on each other (else they may use each other); a
+blueprint package's ``__init__.py`` may re-export the original package's names
+from ``original/``, above it. Above ``backends/``
 no module imports ``backends.cpu`` or ``backends.cuda``: it asks the
 ``backends`` package for a backend's capabilities and class. ``telemetry`` and
 ``cli`` sit beside the stack: the facade and the blueprints may use telemetry,
@@ -19,9 +22,12 @@ import atomr_accel
 
 ROOT = Path(atomr_accel.__file__).parent
 
-LAYERS = ("actor", "core", "backends", "hosts", "device", "facade", "blueprints")
+LAYERS = ("actor", "core", "backends", "hosts", "device", "facade", "blueprint", "blueprints",
+          "original")
 """The layers, bottom to top."""
 BLUEPRINTS = frozenset({"patterns", "train", "agents", "realtime", "streams"})
+BLUEPRINTS_APART = (ROOT / "blueprint").is_dir()
+"""Whether the blueprint packages may not import each other (they share ``blueprint/``)."""
 BESIDE = {"telemetry": "facade", "cli": None}
 """The packages beside the stack, and the lowest layer that may import each (None: no
 layer)."""
@@ -79,6 +85,10 @@ def _violation(importer: str, imported: str) -> str | None:
     if not imported.startswith("atomr_accel.") or _package(imported) == _package(importer):
         return None
     below, above = _layer(imported), _layer(importer)
+    if above == below == "blueprints":
+        return "imports another blueprint package" if BLUEPRINTS_APART else None
+    if above == "blueprints" and below == "original" and importer.count(".") == 1:
+        return None  # a blueprint package's __init__.py re-exports the original's names
     if above is None:  # the root's modules, telemetry and cli may import anything
         return None
     if above != "backends" and imported.startswith(CONCRETE_BACKENDS):
@@ -133,7 +143,10 @@ def test_the_checker_sees_each_kind_of_violation() -> None:
     assert _violation("atomr_accel.facade._x", "atomr_accel.cli")
     assert _violation("atomr_accel.device._x", "atomr_accel.errors")
     assert _violation("atomr_accel.backends.cpu._x", "atomr_accel.backends.cuda") is None
-    assert _violation("atomr_accel.train._x", "atomr_accel.agents") is None
+    assert (_violation("atomr_accel.train._x", "atomr_accel.agents") is None) \
+        == (not BLUEPRINTS_APART)
+    assert _violation("atomr_accel.train", "atomr_accel.original._train") is None
+    assert _violation("atomr_accel.train._x", "atomr_accel.original._train")
     assert _violation("atomr_accel.facade._x", "atomr_accel.backends") is None
     assert _violation("atomr_accel.agents._x", "atomr_accel.telemetry") is None
     assert _violation("atomr_accel.cli._x", "atomr_accel.facade._system") is None
