@@ -4,31 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import logging
 import secrets
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.actor import ActorRef
+from atomr_accel.core._errors import OutOfMemory
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef
 from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.core.ops._function import CallFunction
 from atomr_accel.core.ops._graph import DestroyGraph
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
-from atomr_accel.device._functions import FunctionBook, FunctionsStats
+from atomr_accel.device._functions import FunctionBook
 from atomr_accel.device._lane import Lane
-from atomr_accel.device._pending import (
-    RERUN_LIMIT,
-    Answer,
-    LaunchObserver,
-    OpObserver,
-    Pending,
-)
+from atomr_accel.device._messages import Redispatch
+from atomr_accel.device._observers import Answer, LaunchObserver, OpObserver
+from atomr_accel.device._stats import DeviceStats, Status
+from atomr_accel.hosts._base import Ticket
 
 
 def kept_refs(value: Any) -> list[GpuRef]:
@@ -54,99 +50,207 @@ __all__ = [
 _log = logging.getLogger("atomr_accel.device")
 
 
-class Status(enum.Enum):
-    """Where the device is in its life."""
-
-    STARTING = "starting"
-    READY = "ready"
-    REBUILDING = "rebuilding"
-    STOPPED = "stopped"
+RERUN_LIMIT = 3
+"""How many times one request may run again on a new context after its own died under it."""
 
 
-_LOAD_FIELDS = frozenset({"memory_free", "memory_total", "active_streams", "queue_depth",
-                          "compute_capability"})
-"""The fields the original's ``DeviceLoad`` repr shows first, in its own words."""
+class AbandonedRequest(Exception):
+    """What observers hear of a request dropped before it ran because its asker was gone."""
 
 
-@dataclass(frozen=True, slots=True, repr=False)
-class DeviceStats:
-    """A snapshot of a device: what it is doing and how it has fared (the original
-    package's ``DeviceLoad``, the name its ``repr`` shows)."""
+class Pending:
+    """One request that has left the device actor and awaits its answer.
 
-    device_id: int
-    backend: str
-    isolation: str
-    status: Status
-    generation: int
-    restarts: int
-    in_flight: int
-    queue_depth: int
-    completed: int
-    failed: int
-    out_of_memory: int
-    host_pid: int | None
-    bytes_allocated: int
-    """Bytes held by the live buffers of the current context generation."""
-    memory_free: int | None
-    """Free device bytes: the last ``MemoryInfo`` reading less what was allocated since
-    (None before the first reading). Exact on the CPU backend."""
-    memory_total: int | None
-    """Total device bytes as of the last ``MemoryInfo`` reading (None before it)."""
-    journal_healthy: bool | None = None
-    """None without a journal; False once a journal write failed or its queue overflowed:
-    durable buffers are then lost at the next rebuild and ``mark_durable`` fails."""
-    journal_error: str | None = None
-    """Why the journal is unhealthy (None while it is healthy or absent)."""
-    active_streams: int = 0
-    """Streams the context runs ops on (one per library on CUDA; 0 on the CPU backend)."""
-    compute_capability: tuple[int, int] = (0, 0)
-    """The GPU's compute capability, ``(9, 0)`` on an H100; ``(0, 0)`` on the CPU backend."""
-    standby_ready: bool | None = None
-    """None without a standby (``spawn_device(standby=1)``); else whether a started spare
-    context waits (False while one starts)."""
-    standby_pid: int | None = None
-    """The worker process of the waiting spare context: it holds a context of its own
-    (on CUDA, its context's memory on the GPU)."""
-    standby_switches: int = 0
-    """Rebuilds that took the spare context instead of starting one."""
-    standby_switch_ms: float | None = None
-    """How long the last such rebuild waited for the spare (None before the first)."""
-    reruns: int = 0
-    """Requests run again on a new context after theirs died under them (their buffers
-    durable, their op not the cause)."""
-    functions: FunctionsStats = dataclasses.field(default_factory=FunctionsStats)
-    """Its residents (name, generation built on) and device functions (calls, failures,
-    latencies); the same as ``Device.functions_stats()``."""
+    ``launched`` is set when it is handed to a host (for ``generation``); a
+    request not launched when its context goes down is dispatched again to the
+    next generation, so it is never lost and never runs twice. One that was
+    launched there runs again on the next generation instead of failing when
+    it can (``rerun``): once a generation, ``RERUN_LIMIT`` times at most, and
+    never the op that caused the fault.
+    """
 
-    def __repr__(self) -> str:
-        """``DeviceLoad(free=…, total=…, streams=…, queue=…, sm=M.m, …)``: the original's
-        repr, then this snapshot's other fields."""
-        major, minor = self.compute_capability
-        rest = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                         if f.name not in _LOAD_FIELDS)
-        return (f"DeviceLoad(free={self.free_bytes}, total={self.total_bytes}, "
-                f"streams={self.active_streams}, queue={self.queue_depth}, "
-                f"sm={major}.{minor}, {rest})")
+    __slots__ = ("_state", "abandoned", "generation", "launched", "made", "observers", "op",
+                 "reply", "reruns", "seq", "started")
+
+    def __init__(self, state: DeviceState, op: Op, reply: Answer) -> None:
+        self._state = state
+        self.op = op
+        self.reply = reply
+        self.generation = 0
+        self.launched = False
+        self.observers: tuple[OpObserver, ...] = ()
+        """The observers told of its start, so exactly they are told of its end."""
+        self.started = 0.0
+        self.seq = 0
+        """Launch order on this device (set by ``claim``); a journal replays in this order."""
+        self.abandoned = False
+        """Its asker is gone: what the op makes is released when it completes."""
+        self.made: Any = None
+        """What it made (a buffer, a graph), kept until its asker has it."""
+        self.reruns = 0
+        """How many times it was launched again after its context died under it (``rerun``)."""
 
     @property
-    def free_bytes(self) -> int:
-        """Free device bytes as last read (0 before the first reading): ``DeviceLoad``'s name."""
-        return self.memory_free or 0
+    def state(self) -> DeviceState:
+        """The device state the request belongs to."""
+        return self._state
 
-    @property
-    def total_bytes(self) -> int:
-        """Total device bytes as last read (0 before the first reading)."""
-        return self.memory_total or 0
+    def claim(self, generation: int) -> bool:
+        """Mark as launched on ``generation``; False if already launched or answered.
 
-    @property
-    def compute_cap_major(self) -> int:
-        """The major compute capability (0 on the CPU backend)."""
-        return self.compute_capability[0]
+        Hosts call it at the moment they launch the op, so ``seq`` is launch order.
+        """
+        state = self._state
+        with state.lock:
+            if self.launched or self not in state.pending:
+                return False
+            recorder = state.recorder
+            if (recorder is not None and recorder.durable and recorder.serving != generation
+                    and self not in recorder.replaying):
+                return False  # held until the durable buffers are whole, then dispatched again
+            self.launched = True
+            self.generation = generation
+            state.launches += 1
+            self.seq = state.launches
+        if self.observers:
+            self._notify_launched(generation)
+        return True
 
-    @property
-    def compute_cap_minor(self) -> int:
-        """The minor compute capability (0 on the CPU backend)."""
-        return self.compute_capability[1]
+    def _notify_launched(self, generation: int) -> None:
+        """Tell the observers that have an ``op_launched`` method of the launch."""
+        for observer in self.observers:
+            launched = getattr(observer, "op_launched", None)
+            if launched is not None:
+                try:
+                    launched(self._state.name, self.op, generation)
+                except Exception:
+                    _log.exception("op observer %r raised", observer)
+
+    def ticket(self, generation: int) -> Ticket:
+        """Its right to be launched on ``generation``, as a host takes it."""
+        return _Ticket(self, generation)
+
+    def unclaim(self, generation: int) -> None:
+        """Its op never ran on ``generation`` (the host went first): it is launched again on
+        the next context, as a request that never left the device is."""
+        state = self._state
+        with state.lock:
+            if not (self.launched and self.generation == generation and self in state.pending):
+                return
+            self.launched = False
+            shut = state.shut_error
+            ask = shut is None and state.device is not None and not state.redispatch_asked
+            state.redispatch_asked = state.redispatch_asked or ask
+        if shut is not None:  # no device actor will dispatch it again
+            self.fail(shut)
+        elif ask:  # the device may serve a newer context already: one message for them all
+            assert state.device is not None
+            state.device.tell(Redispatch())
+
+    def rerun(self, generation: int) -> bool:
+        """Its context ``generation`` died under it, through no fault of its op: launch it
+        again on the next context (transparent re-execution) when it may run twice: its
+        buffers are all durable (restored before it runs, as a whole, from the journal)
+        and it holds no kernel or graph of the dead context. Once a generation (it is
+        launched once on each), ``RERUN_LIMIT`` times in all: an op that every context it
+        runs on dies under may be what kills them. Answers whether it will run again; if
+        not, the caller fails it."""
+        state = self._state
+        with state.lock:
+            if (self.reruns >= RERUN_LIMIT or not self.launched or self.generation != generation
+                    or self not in state.pending or not state.rerunnable(self.op)):
+                return False
+            self.reruns += 1
+            state.reruns += 1
+        self.unclaim(generation)
+        return True
+
+    def abandon(self) -> None:
+        """Its asker is gone (cancelled, or timed out): a request not launched yet is dropped,
+        and what a launched one made (a buffer, a graph) is released, now if it has finished
+        already, else once it completes; any thread."""
+        state = self._state
+        with state.lock:
+            made, self.made = self.made, None
+            if self not in state.pending:
+                dropped = False
+            elif self.launched:
+                self.abandoned = True
+                return
+            else:
+                del state.pending[self]
+                dropped = True
+        if made is not None:
+            state.release(made)
+        if dropped and self.observers:
+            self._notify(AbandonedRequest("its asker is gone"))
+
+    def succeed(self, result: Any) -> None:
+        """Answer with ``result`` (ignored if already answered); any thread."""
+        state = self._state
+        with state.lock:
+            if state.pending.pop(self, None) is None:
+                return
+            state.completed += 1
+            if self.op.library == "memory":
+                state.account(self.op, result)
+            if state.recorder is not None:
+                state.recorder.completed(self, result, None)
+            if not self.abandoned and isinstance(result, GpuRef | GraphRef):
+                self.made = result  # released if the answer never reaches its asker
+        if self.abandoned:
+            state.release(result)
+        if self.observers:  # first: once its asker hears back, the op is counted
+            self._notify(None)
+        self.reply.set_result(result)
+
+    def fail(self, error: BaseException, generation: int | None = None) -> None:
+        """Answer with ``error`` (ignored if already answered); any thread. With
+        ``generation``, the error is that of a run on it: ignored unless the request is
+        still launched there (it may have been handed on to the next context already)."""
+        state = self._state
+        with state.lock:
+            if generation is not None and not (self.launched and self.generation == generation):
+                return
+            if state.pending.pop(self, None) is None:
+                return
+            state.failed += 1
+            if isinstance(error, OutOfMemory) and self.launched:
+                state.out_of_memory += 1
+            if state.recorder is not None:
+                state.recorder.completed(self, None, error)
+        if isinstance(error, OutOfMemory):
+            _log.warning("device %s: out of memory: %s", state.name, error, extra={
+                "event": "out_of_memory", "device": state.name,
+                "device_id": state.device_id, "requested": error.requested,
+                "available": error.available})
+        if self.observers:  # first: once its asker hears back, the op is counted
+            self._notify(error)
+        self.reply.set_exception(error)
+
+    def _notify(self, error: BaseException | None) -> None:
+        seconds = time.perf_counter() - self.started
+        for observer in self.observers:
+            try:
+                observer.op_finished(self._state.name, self.op, seconds, error)
+            except Exception:
+                _log.exception("op observer %r raised", observer)
+
+
+class _Ticket:
+    """A request's right to be launched on one generation (see ``Pending.ticket``)."""
+
+    __slots__ = ("_generation", "_pending")
+
+    def __init__(self, pending: Pending, generation: int) -> None:
+        self._pending = pending
+        self._generation = generation
+
+    def claim(self) -> bool:
+        return self._pending.claim(self._generation)
+
+    def unclaim(self) -> None:
+        self._pending.unclaim(self._generation)
 
 
 class DeviceState:
