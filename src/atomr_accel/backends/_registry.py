@@ -41,15 +41,20 @@ class Capabilities:
     """The backend takes a ``completion`` strategy (how it learns work has finished)."""
     compiles_kernels: bool
     """The backend compiles kernels at run time (NVRTC)."""
+    collectives_across_machines: bool
+    """The ranks of a collective world may run on several machines (NCCL's network);
+    else they meet in one machine's shared memory."""
 
 
 BACKENDS: dict[str, Capabilities] = {
     "cpu": Capabilities(needs_gpu=False, device_memory=False, array_module="numpy",
                         peer_access=False, library_streams=False,
-                        completion_strategies=False, compiles_kernels=False),
+                        completion_strategies=False, compiles_kernels=False,
+                        collectives_across_machines=False),
     "cuda": Capabilities(needs_gpu=True, device_memory=True, array_module="cupy",
                          peer_access=True, library_streams=True,
-                         completion_strategies=True, compiles_kernels=True),
+                         completion_strategies=True, compiles_kernels=True,
+                         collectives_across_machines=True),
 }
 """Every backend's name and capabilities; its class is ``<name>.<Name>Backend`` of this
 package (``backends.cpu.CpuBackend``)."""
