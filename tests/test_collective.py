@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -29,7 +31,7 @@ from atomr_accel.core.ops._collective import CommInit
 from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.errors import CollectiveAborted
 from atomr_accel.facade import Collective, Device, GpuBuffer
-from atomr_accel.hosts._shm import live_segments
+from atomr_accel.hosts._shm import live_segments, shm_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -361,3 +363,43 @@ async def test_a_world_whose_communicators_cannot_be_made_fails_fast_typed(
         assert time.perf_counter() - started < 10  # three tries, not the whole time-out
         buf = await devices[0].allocate_async(4, "f32")  # the devices serve on
         assert len(buf) == 4
+
+
+def world_files(pid: int | None = None) -> list[str]:
+    """The files process ``pid``'s (default: this one's) worlds keep in shared memory: abort
+    words, and the data the ranks of a CPU world exchange beside them."""
+    pid = os.getpid() if pid is None else pid
+    return [n for n in os.listdir(shm_dir()) if n.startswith(f"atomr-nccl-{pid}-")]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_a_cpu_world_keeps_few_files_and_leaves_none(isolation: str) -> None:
+    rng = np.random.default_rng(17)
+    async with await System.open_async("t", op_timeout=20) as system:
+        devices, world = await world_of(system, 3, isolation)
+        xs = [rng.standard_normal(1000) for _ in devices]
+        bufs = [await upload(d, x, "f64") for d, x in zip(devices, xs, strict=True)]
+        for _ in range(5):
+            await world.all_reduce_async(bufs, op="max")
+        await world.send_recv_async(bufs[0], bufs[2], src=0, dst=2)
+        assert len(world_files()) <= 1 + world.nranks + 2  # the word, each rank's last files
+        with pytest.raises(ContextPoisoned):
+            await devices[1].inject_fault_async(FaultKind.POISON)
+        fresh = [await upload(d, x, "f64") for d, x in zip(devices, xs, strict=True)]
+        await world.all_reduce_async(fresh)
+        for d, b in zip(devices, fresh, strict=True):
+            np.testing.assert_allclose(await d.copy_to_numpy_async(b), sum(xs), rtol=1e-12)
+    assert world_files() == []
+
+
+def test_a_world_left_open_at_exit_leaves_no_file() -> None:
+    code = ("import os\n"
+            "from atomr_accel import System\n"
+            "system = System.open('t')\n"
+            "devices = [system.spawn_device(i, mock=True) for i in range(2)]\n"
+            "world = system.nccl_world(devices)\n"
+            "world.all_reduce([d.allocate_f32(4) for d in devices])\n"
+            "print(os.getpid())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert world_files(int(out.stdout.split()[-1])) == []

@@ -18,7 +18,7 @@ from atomr_accel import (
     InvalidArgument,
     System,
 )
-from atomr_accel.backends import cuda_device_count
+from atomr_accel.backends import capabilities, cuda_device_count
 from atomr_accel.cli._table import Progress, format_bytes, format_table
 from atomr_accel.facade._system import resolve_backend
 
@@ -162,7 +162,7 @@ def run_demo(out: IO[str], backend: str = "auto") -> int:
     """Run the demo on ``backend`` (``auto``: CUDA when present), print it; return 0 if all
     checks pass. Raises ``DemoCheckFailed`` on a wrong result."""
     chosen = resolve_backend(None, backend)
-    cuda = chosen == "cuda"
+    cuda = capabilities(chosen).needs_gpu
     size = 1024 if cuda else 256
     rng = np.random.default_rng(0)
     logger = logging.getLogger("atomr_accel")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from atomr_accel.backends import BACKENDS, Capabilities, capabilities
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.device._journal import JournalConfig
 from atomr_accel.device._streams import PerActorStreams, StreamAllocator
@@ -77,7 +78,8 @@ class DeviceConfig:
             )
         if self.device_id < 0:
             raise InvalidArgument(f"device_id must be >= 0, got {self.device_id}")
-        if self.completion is not None and self.backend != "cuda":
+        offers = BACKENDS.get(self.backend)
+        if self.completion is not None and not (offers and offers.completion_strategies):
             raise InvalidArgument("completion strategies apply to the CUDA backend only")
         if self.standby not in (0, 1) or isinstance(self.standby, bool):
             raise InvalidArgument(f"standby must be 0 or 1, got {self.standby!r}")
@@ -86,6 +88,11 @@ class DeviceConfig:
                                   "host rebuilds in place)")
         if self.stash_capacity < 0 or self.max_restarts < 0 or self.within <= 0:
             raise InvalidArgument("stash_capacity and max_restarts must be >= 0, within > 0")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the backend offers (``DeviceUnavailable`` for an unknown backend)."""
+        return capabilities(self.backend)
 
     @property
     def spec(self) -> BackendSpec:

@@ -347,7 +347,8 @@ class DeviceActor(Actor):
             memory_total=memory_total,
             journal_healthy=None if journal is None else error is None,
             journal_error=None if error is None else str(error),
-            active_streams=len(self.config.libraries) if self.config.backend == "cuda" else 0,
+            active_streams=len(self.config.libraries) if self.config.capabilities.library_streams
+            else 0,
             compute_capability=state.capability,
             standby_ready=None if state.standby is None else state.standby.ready,
             standby_pid=None if state.standby is None else state.standby.pid,

@@ -16,22 +16,8 @@ Buffers are journaled under their *canonical* ref: the ``GpuRef`` of their first
 allocation. A durable buffer keeps that name across rebuilds; the recorder maps
 it to the buffer's current ref.
 
-Recovery replays the minimal closure of the journal, not all of it
-(``recovery_plan``): walking back from the end, an entry is kept when it writes
-a buffer whose contents are needed or makes a handle that is needed; a kept
-entry needs every buffer and handle it touches (a written buffer may be read
-too: ``beta * C``, ``axpy``), except a buffer it overwrites whole without reading
-it (a full ``Upload`` or ``RngFill``), whose earlier history then stops
-mattering. Non-durable buffers the closure needs are rebuilt as temporaries
-and freed once the durable ones are whole again; graphs the replay captured are
-destroyed; if the replay fails, everything it made is released.
-
-Compaction bounds that replay (``compacted``): once a durable buffer has been
-written by ``compact_after`` journaled ops since its last whole overwrite, the
-device downloads it as an op of its own (so its contents are exactly those of
-its launch point ``seq``) and journals an ``Upload`` of those bytes under that
-``seq``: a snapshot. It then rewrites its stream, dropping the entries before
-the oldest op still in flight that nothing live needs any more.
+Recovery replays the minimal closure of the journal and compaction bounds it
+(``_replay_plan.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,12 +42,20 @@ from atomr_accel.core._errors import (
     Unrecoverable,
 )
 from atomr_accel.core._op import Op
-from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
+from atomr_accel.core._ref import GpuRef, GraphRef
 from atomr_accel.core.ops._graph import DestroyGraph
 from atomr_accel.core.ops._memory import Allocate, Download, Free, Upload
-from atomr_accel.core.ops._rng import RngFill
 from atomr_accel.device._journal import Journal, JournalConfig, JournalEntry
 from atomr_accel.device._messages import Run
+from atomr_accel.device._replay_plan import (
+    HANDLES,
+    Replayer,
+    compacted,
+    drive,
+    overwrites,
+    recovery_plan,
+    remap,
+)
 
 if TYPE_CHECKING:
     from atomr_accel.device._state import DeviceState, Pending
@@ -80,137 +74,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("atomr_accel.device")
-
-_HANDLES = (GpuRef, KernelRef, GraphRef)
-Handle = GpuRef | KernelRef | GraphRef
-
-
-def remap(value: Any, mapping: dict[Any, Any]) -> Any:
-    """``value`` with every handle found in ``mapping`` replaced; the same object if none is.
-
-    Walks ops, nested dataclasses (a ``CsrMatrix``, the ops of a graph) and
-    tuples; handles themselves (``GpuRef``, ``KernelRef``, ``GraphRef``) are
-    looked up whole, never opened.
-    """
-    if isinstance(value, _HANDLES):
-        return mapping.get(value, value)
-    if isinstance(value, tuple):
-        items = tuple(remap(item, mapping) for item in value)
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for field in dataclasses.fields(value):
-            old = getattr(value, field.name)
-            new = remap(old, mapping)
-            if new is not old:
-                changes[field.name] = new
-        return dataclasses.replace(value, **changes) if changes else value
-    return value
-
-
-def _overwrites(op: Op) -> tuple[GpuRef, ...]:
-    """Buffers ``op`` overwrites whole without reading them."""
-    if isinstance(op, Upload) and op.offset == 0 and getattr(op.data, "size", -1) == op.ref.length:
-        return (op.ref,)
-    if isinstance(op, RngFill) and op.count == op.out.length:
-        return (op.out,)
-    return ()
-
-
-def recovery_plan(entries: Sequence[JournalEntry], durable: Iterable[GpuRef]) -> list[JournalEntry]:
-    """The entries that rebuild the ``durable`` buffers (canonical refs), in journal order.
-
-    A backward slice of the journal (no I/O): see the module docstring.
-    """
-    exists: set[Any] = set(durable)  # buffers and handles the replay must make
-    contents: set[GpuRef] = set(exists)  # buffers whose contents it must rebuild
-    plan: list[JournalEntry] = []
-    for entry in reversed(entries):
-        op = entry.op
-        if isinstance(op, Free):
-            continue
-        makes = entry.result in exists if isinstance(entry.result, _HANDLES) else False
-        if not makes and contents.isdisjoint(op.writes()):
-            continue
-        plan.append(entry)
-        whole = _overwrites(op)
-        contents.difference_update(whole)
-        for ref in op.refs():
-            exists.add(ref)
-            if ref not in whole:
-                contents.add(ref)
-        exists.update(op.handles())
-    plan.reverse()
-    return plan
-
-
-def compacted(entries: Sequence[JournalEntry], horizon: int,
-              live: Iterable[GpuRef]) -> list[JournalEntry]:
-    """``entries`` less those before ``horizon`` that nothing live needs (no I/O).
-
-    Every op with ``seq < horizon`` has been answered and journaled (or never
-    will be), so that prefix is final: of it, keep the closure that rebuilds
-    the ``live`` buffers (canonical refs) and every buffer or handle a later
-    entry uses, and every handle it made (a caller may still launch it). The
-    entries from ``horizon`` on are kept as they are.
-    """
-    prefix = [e for e in entries if e.seq < horizon]
-    suffix = [e for e in entries if e.seq >= horizon]
-    needed: set[Any] = set(live)
-    for entry in suffix:
-        needed.update(entry.op.refs())
-        needed.update(entry.op.handles())
-    destroyed = {e.op.graph for e in prefix if isinstance(e.op, DestroyGraph)}
-    needed.update(e.result for e in prefix
-                  if isinstance(e.result, KernelRef | GraphRef) and e.result not in destroyed)
-    return recovery_plan(prefix, needed) + suffix
-
-
-class Replayer:
-    """Replays journal entries in order, mapping recorded handles to the ones it makes.
-
-    No I/O: a driver asks ``next_op()`` for the op to run (the recorded op with
-    its handles mapped), runs it, and reports with ``completed(result, error)``.
-    ``mapping`` maps each recorded handle to the replayed one.
-    """
-
-    def __init__(self, entries: Iterable[JournalEntry],
-                 mapping: dict[Any, Any] | None = None) -> None:
-        self.entries = list(entries)
-        self.mapping: dict[Any, Any] = dict(mapping or {})
-        self.index = 0
-
-    def next_op(self) -> Op | None:
-        """The next op to run, or None when every entry has been replayed."""
-        if self.index >= len(self.entries):
-            return None
-        op: Op = remap(self.entries[self.index].op, self.mapping)
-        return op
-
-    def completed(self, result: Any, error: GpuRuntimeError | None = None) -> None:
-        """Record how the op from ``next_op`` ended; re-raise an error the journal did not have."""
-        entry = self.entries[self.index]
-        self.index += 1
-        if error is not None:
-            if entry.outcome == "error" and isinstance(error, LibraryError):
-                return  # it failed the same way when it was recorded
-            error.add_note(f"while replaying journal entry {entry.seq} ({type(entry.op).__name__})")
-            raise error
-        if isinstance(entry.result, _HANDLES) and isinstance(result, _HANDLES):
-            self.mapping[entry.result] = result
-
-
-async def drive(replayer: Replayer, run: Callable[[Op], Awaitable[Any]]) -> dict[Any, Any]:
-    """Replay every entry through ``run`` (one op at a time, in order); return the mapping."""
-    while (op := replayer.next_op()) is not None:
-        try:
-            result = await run(op)
-        except GpuRuntimeError as exc:
-            replayer.completed(None, exc)
-        else:
-            replayer.completed(result)
-    return replayer.mapping
-
 
 @dataclass(frozen=True, slots=True)
 class MarkDurable:
@@ -313,7 +176,7 @@ class DeviceRecorder:
             self.live.add(result)
         elif isinstance(op, Free):
             self._forget(self.canonical.get(op.ref, op.ref))
-        elif not (op.writes() or op.handles() or isinstance(result, _HANDLES)):
+        elif not (op.writes() or op.handles() or isinstance(result, HANDLES)):
             return  # a read: it changed nothing
         if self.canonical:
             op = remap(op, self.canonical)
@@ -321,13 +184,13 @@ class DeviceRecorder:
             # the caller may reuse its array; the copy's memory is recycled once stored
             op = dataclasses.replace(op, data=self.journal.copy_payload(op.data))
         self.journal.record(self.stream, pending.seq, op,
-                            result if isinstance(result, _HANDLES) else None, outcome)
+                            result if isinstance(result, HANDLES) else None, outcome)
         if self.writes and self.compact_after is not None:
             self._count(op, pending.state, self.compact_after)
 
     def _count(self, op: Op, state: DeviceState, bound: int) -> None:
         """Count ``op``'s writes to durable buffers; ask for a compaction past ``bound``."""
-        whole = _overwrites(op)
+        whole = overwrites(op)
         for ref in op.writes():
             if ref in self.writes:
                 count = self.writes[ref] = 0 if ref in whole else self.writes[ref] + 1

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import logging
 import secrets
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from atomr_accel.actor import ActorRef
 from atomr_accel.core._errors import OutOfMemory, WorkerLost
@@ -21,9 +19,11 @@ from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.core.ops._function import CallFunction
 from atomr_accel.core.ops._graph import DestroyGraph
 from atomr_accel.core.ops._memory import Allocate, Free, MemoryInfo
-from atomr_accel.device._functions import FunctionBook, FunctionsStats
+from atomr_accel.device._functions import FunctionBook
 from atomr_accel.device._lane import Lane
 from atomr_accel.device._messages import Redispatch
+from atomr_accel.device._observers import Answer, LaunchObserver, OpObserver
+from atomr_accel.device._stats import DeviceStats, Status
 from atomr_accel.hosts._base import Ticket
 
 
@@ -48,52 +48,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("atomr_accel.device")
-
-
-class Status(enum.Enum):
-    """Where the device is in its life."""
-
-    STARTING = "starting"
-    READY = "ready"
-    REBUILDING = "rebuilding"
-    STOPPED = "stopped"
-
-
-class Answer(Protocol):
-    """Where a request's answer goes: an ask's ``Reply``, or a blocking caller's slot."""
-
-    def set_result(self, value: Any) -> None:
-        """Answer with ``value``."""
-
-    def set_exception(self, exc: BaseException) -> None:
-        """Answer with ``exc``."""
-
-
-class OpObserver(Protocol):
-    """Told about every request a device hands to its context (``DeviceState.add_observer``).
-
-    Both calls run inside the op path, on the thread that made or finished the
-    request (the system's event loop, a blocking caller's thread or a
-    completion thread): keep them short and thread-safe. An exception they
-    raise is logged and otherwise ignored. Requests refused before they reach a
-    context (bad input, a full rebuild queue, a stopped device) are not reported.
-    """
-
-    def op_started(self, device: str, op: Op) -> None:
-        """A request for ``op`` is on its way to the context of ``device``."""
-
-    def op_finished(self, device: str, op: Op, seconds: float,
-                    error: BaseException | None) -> None:
-        """It was answered after ``seconds``: with a result (``error`` None) or ``error``."""
-
-
-class LaunchObserver(OpObserver, Protocol):
-    """An ``OpObserver`` also told when each request is launched on a context (the moment
-    its host claims it; again on the next context when it runs again there). Any
-    observer with an ``op_launched`` method is told, on the launching thread."""
-
-    def op_launched(self, device: str, op: Op, generation: int) -> None:
-        """The request for ``op`` was handed to context ``generation`` of ``device``."""
 
 
 RERUN_LIMIT = 3
@@ -302,92 +256,6 @@ class _Ticket:
 
     def unclaim(self) -> None:
         self._pending.unclaim(self._generation)
-
-
-_LOAD_FIELDS = frozenset({"memory_free", "memory_total", "active_streams", "queue_depth",
-                          "compute_capability"})
-"""The fields the original's ``DeviceLoad`` repr shows first, in its own words."""
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class DeviceStats:
-    """A snapshot of a device: what it is doing and how it has fared (the original
-    package's ``DeviceLoad``, the name its ``repr`` shows)."""
-
-    device_id: int
-    backend: str
-    isolation: str
-    status: Status
-    generation: int
-    restarts: int
-    in_flight: int
-    queue_depth: int
-    completed: int
-    failed: int
-    out_of_memory: int
-    host_pid: int | None
-    bytes_allocated: int
-    """Bytes held by the live buffers of the current context generation."""
-    memory_free: int | None
-    """Free device bytes: the last ``MemoryInfo`` reading less what was allocated since
-    (None before the first reading). Exact on the CPU backend."""
-    memory_total: int | None
-    """Total device bytes as of the last ``MemoryInfo`` reading (None before it)."""
-    journal_healthy: bool | None = None
-    """None without a journal; False once a journal write failed or its queue overflowed:
-    durable buffers are then lost at the next rebuild and ``mark_durable`` fails."""
-    journal_error: str | None = None
-    """Why the journal is unhealthy (None while it is healthy or absent)."""
-    active_streams: int = 0
-    """Streams the context runs ops on (one per library on CUDA; 0 on the CPU backend)."""
-    compute_capability: tuple[int, int] = (0, 0)
-    """The GPU's compute capability, ``(9, 0)`` on an H100; ``(0, 0)`` on the CPU backend."""
-    standby_ready: bool | None = None
-    """None without a standby (``spawn_device(standby=1)``); else whether a started spare
-    context waits (False while one starts)."""
-    standby_pid: int | None = None
-    """The worker process of the waiting spare context: it holds a context of its own
-    (on CUDA, its context's memory on the GPU)."""
-    standby_switches: int = 0
-    """Rebuilds that took the spare context instead of starting one."""
-    standby_switch_ms: float | None = None
-    """How long the last such rebuild waited for the spare (None before the first)."""
-    reruns: int = 0
-    """Requests run again on a new context after theirs died under them (their buffers
-    durable, their op not the cause)."""
-    functions: FunctionsStats = dataclasses.field(default_factory=FunctionsStats)
-    """Its residents (name, generation built on) and device functions (calls, failures,
-    latencies); the same as ``Device.functions_stats()``."""
-
-    def __repr__(self) -> str:
-        """``DeviceLoad(free=…, total=…, streams=…, queue=…, sm=M.m, …)``: the original's
-        repr, then this snapshot's other fields."""
-        major, minor = self.compute_capability
-        rest = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                         if f.name not in _LOAD_FIELDS)
-        return (f"DeviceLoad(free={self.free_bytes}, total={self.total_bytes}, "
-                f"streams={self.active_streams}, queue={self.queue_depth}, "
-                f"sm={major}.{minor}, {rest})")
-
-    @property
-    def free_bytes(self) -> int:
-        """Free device bytes as last read (0 before the first reading): ``DeviceLoad``'s name."""
-        return self.memory_free or 0
-
-    @property
-    def total_bytes(self) -> int:
-        """Total device bytes as last read (0 before the first reading)."""
-        return self.memory_total or 0
-
-    @property
-    def compute_cap_major(self) -> int:
-        """The major compute capability (0 on the CPU backend)."""
-        return self.compute_capability[0]
-
-    @property
-    def compute_cap_minor(self) -> int:
-        """The minor compute capability (0 on the CPU backend)."""
-        return self.compute_capability[1]
 
 
 class DeviceState:

@@ -3,31 +3,32 @@ context is.
 
 The world is the control plane of a set of collectives: it joins every member
 to a communicator (one ``CommInit`` per member, all in flight together, with
-one NCCL unique id made here, in the parent process, for both hosts), watches
-every member's generation (``WatchGeneration``), and when one changes, or a
-collective reports the epoch broken (``WorldBroken``), it aborts the epoch
-(the shared abort word first, which makes every collective of the epoch abort
-itself on every rank, then a ``CommAbort`` per member) and builds the next
-epoch over the members' new contexts. The collectives themselves are the data
-plane: the facade runs them straight on the members (``Collective``), reading
-the ``WorldState`` this actor keeps.
+one communicator id the backend makes here, in the parent process: NCCL's
+unique id on CUDA), watches every member's generation (``WatchGeneration``),
+and when one changes, or a collective reports the epoch broken
+(``WorldBroken``), it aborts the epoch (the shared abort word first, which
+makes every collective of the epoch abort itself on every rank, then a
+``CommAbort`` per member) and builds the next epoch over the members' new
+contexts. The collectives themselves are the data plane: the facade runs them
+straight on the members (``Collective``), reading the ``WorldState`` this
+actor keeps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import itertools
 import logging
-import mmap
 import os
-import tempfile
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from atomr_accel.actor import Actor, ActorRef
+from atomr_accel.backends import communicator_id
+from atomr_accel.backends._shm import SharedWord, remove_files
 from atomr_accel.core._errors import (
     GpuRuntimeError,
     SystemClosed,
@@ -36,7 +37,6 @@ from atomr_accel.core._errors import (
 from atomr_accel.core.ops._collective import CommAbort, CommInit
 from atomr_accel.device._messages import GenerationChanged, WatchGeneration
 from atomr_accel.device._state import DeviceState, Status
-from atomr_accel.hosts._shm import shm_dir
 
 __all__ = [
     "GetWorldStats", "NcclWorldActor", "WorldBroken", "WorldEvent", "WorldState", "WorldStats",
@@ -124,8 +124,8 @@ class WorldState:
         self.bytes_moved: dict[str, int] = {}
         self.aborted = 0
         self.abort_path = ""
-        self._word: np.ndarray[Any, Any] | None = None
-        self._map: mmap.mmap | None = None
+        self._word: SharedWord | None = None
+        self._remove: weakref.finalize[Any, Any] | None = None
 
     @property
     def nranks(self) -> int:
@@ -133,39 +133,39 @@ class WorldState:
         return len(self.members)
 
     def open_word(self) -> None:
-        """Create the shared abort word (CUDA worlds): a file of one int64 in shared memory
-        that every rank's collectives poll; it holds the epoch that may run."""
-        fd, path = tempfile.mkstemp(prefix=f"atomr-nccl-{os.getpid()}-", dir=shm_dir())
-        try:
-            os.ftruncate(fd, 8)
-            self._map = mmap.mmap(fd, 8)
-        finally:
-            os.close(fd)
-        self.abort_path = path
-        self._word = np.frombuffer(self._map, dtype=np.int64, count=1)
+        """Create the shared abort word: a file of one int64 in shared memory that every
+        rank's collectives poll; it holds the epoch that may run. The ranks may keep files
+        of their own beside it (``<word>.*``). They are all removed when the world stops,
+        or at this process's exit if it never does."""
+        self._word = SharedWord.create(f"atomr-nccl-{os.getpid()}-")
+        self.abort_path = self._word.path
+        self._remove = weakref.finalize(self, remove_files, f"{glob.escape(self.abort_path)}*")
 
     def close_word(self) -> None:
-        """Remove the abort word (the world stops)."""
-        self._word = None
-        if self._map is not None:
-            with contextlib.suppress(BufferError):
-                self._map.close()
-            self._map = None
-        if self.abort_path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.abort_path)
-            self.abort_path = ""
+        """Remove the abort word and the files the ranks kept beside it (the world stops)."""
+        if self._word is not None:
+            self._word.close()
+            self._word = None
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
+        self.abort_path = ""
+
+    def remove_rank_files(self) -> None:
+        """Remove the files the ranks kept beside the abort word (between two epochs: no
+        collective runs)."""
+        remove_files(f"{glob.escape(self.abort_path)}.*")
 
     def abort(self, epoch: int) -> None:
         """Make every collective of ``epoch`` abort itself on every rank (any later epoch
         may run); called on the loop the moment a collective sees a rank fail."""
-        if self._word is not None and int(self._word[0]) == epoch:
-            self._word[0] = epoch + 1_000_000  # an epoch no communicator has
+        if self._word is not None and self._word.value == epoch:
+            self._word.value = epoch + 1_000_000  # an epoch no communicator has
 
     def allow(self, epoch: int) -> None:
         """Let the collectives of ``epoch`` run."""
         if self._word is not None:
-            self._word[0] = epoch
+            self._word.value = epoch
 
     def count(self, kind: str, nbytes: int) -> None:
         """Count one completed collective of ``kind`` that sent ``nbytes``."""
@@ -209,7 +209,7 @@ class NcclWorldActor(Actor):
     async def pre_start(self) -> None:
         """Watch every member, then build the first epoch."""
         state = self.state
-        if state.backend == "cuda" and not state.abort_path:
+        if not state.abort_path:
             try:
                 state.open_word()
             except OSError as exc:
@@ -301,11 +301,8 @@ class NcclWorldActor(Actor):
         state.generations = tuple(m.generation for m in state.members)
         await asyncio.gather(*(ref.ask(CommAbort(state.id), timeout=INIT_TIMEOUT)
                                for ref in state.refs), return_exceptions=True)
-        unique_id = b""
-        if state.backend == "cuda":
-            from atomr_accel.backends.cuda._collective import unique_id as make_id
-
-            unique_id = make_id()
+        state.remove_rank_files()
+        unique_id = communicator_id(state.backend)
         state.generations = tuple(m.generation for m in state.members)
         asks = [ref.ask(CommInit(state.id, epoch, state.nranks, rank, unique_id,
                                  state.abort_path), timeout=INIT_TIMEOUT)

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from atomr_accel.backends import BACKENDS, capabilities
 from atomr_accel.core._errors import DeviceUnavailable, InvalidArgument
 from atomr_accel.device._state import Status
 from atomr_accel.hosts._ray import ensure_ray, ray_module
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
     from atomr_accel.facade._system import System
 
-__all__ = ["connect", "disconnect", "rendezvous", "resolve_backend", "spawn_cluster"]
+__all__ = [
+    "connect", "disconnect", "rendezvous", "requested_backend", "resolve_backend", "spawn_cluster",
+]
 
 
 def connect(address: str | None) -> bool:
@@ -38,18 +41,25 @@ def disconnect() -> None:
     ray_module().shutdown()
 
 
-def resolve_backend(mock: bool | None, backend: str) -> str:
-    """The backend of a Ray device: ``mock`` decides if given, else ``backend``; ``"auto"`` is
-    CUDA when the cluster reports a GPU (no GPU is needed on this machine)."""
-    if backend not in ("auto", "cpu", "cuda"):
+def requested_backend(mock: bool | None, backend: str) -> str:
+    """``mock`` and ``backend`` checked and combined: ``mock`` decides if given (True: the
+    CPU backend, False: CUDA), else ``backend`` (a backend's name or ``"auto"``)."""
+    if backend != "auto" and backend not in BACKENDS:
         raise InvalidArgument(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
-    if mock is not None:
-        wanted = "cpu" if mock else "cuda"
-        if backend not in ("auto", wanted):
-            raise InvalidArgument(f"mock={mock} contradicts backend={backend!r}")
-        return wanted
-    if backend != "auto":
+    if mock is None:
         return backend
+    wanted = "cpu" if mock else "cuda"
+    if backend not in ("auto", wanted):
+        raise InvalidArgument(f"mock={mock} contradicts backend={backend!r}")
+    return wanted
+
+
+def resolve_backend(mock: bool | None, backend: str) -> str:
+    """The backend of a Ray device (see ``requested_backend``); ``"auto"`` is CUDA when the
+    cluster reports a GPU (no GPU is needed on this machine)."""
+    chosen = requested_backend(mock, backend)
+    if chosen != "auto":
+        return chosen
     ray, _ = ensure_ray()
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
 
@@ -71,7 +81,7 @@ async def spawn_cluster(system: System, mock: bool | None, backend: str,
     for node in _nodes(ray):
         node_id = str(node["NodeID"])
         resources = node.get("Resources", {})
-        if chosen == "cuda":
+        if capabilities(chosen).needs_gpu:
             wanted += [(i, node_id, f"ray-{node_id[:8]}-gpu{i}")
                        for i in range(int(resources.get("GPU", 0)))]
         elif resources.get("CPU", 0) >= 1:

@@ -5,17 +5,11 @@ and runs the collective on every rank; it returns once every rank has
 finished. Arguments are checked before anything runs (``InvalidArgument``,
 ``DTypeMismatch``).
 
-How the data moves:
-
-* CUDA devices: one ``RunCollective`` op per rank, all in flight together, each
-  on its device's ``nccl`` stream (ordered with the buffers' other users like
-  any op); NCCL moves the data (NVLink, PCIe or the network).
-* CPU devices (both hosts): the world gathers. Each rank's send buffer is read
-  with a ``Download`` on its device, the reduction (or gather, scatter,
-  exchange) is computed here in NumPy in the buffers' dtype (integers wrap as
-  NCCL's do; ``avg`` divides the sum, truncating integers toward zero), and
-  each rank's result is written with an ``Upload``. Every rank's part is an op
-  on its own device, ordered with its other ops.
+How the data moves: one ``RunCollective`` op per rank, all in flight together,
+each ordered with the buffers' other users like any op (``_collective_run.py``);
+the backend moves the data: NCCL on CUDA (NVLink, PCIe or the network, on the
+device's ``nccl`` stream), shared memory on the CPU (every rank computes its
+own result in NumPy).
 
 Failure: the first rank that fails aborts the epoch at once (the world's abort
 word: every other rank's collective aborts itself), the call raises, and the
@@ -28,52 +22,25 @@ from the controller raises ``ContextPoisoned`` when any rank died, else
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from atomr_accel.actor import ActorRef
-from atomr_accel.core._errors import (
-    CollectiveAborted,
-    ContextPoisoned,
-    DTypeMismatch,
-    GpuRefStale,
-    GpuRuntimeError,
-    InvalidArgument,
-)
-from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._collective import (
-    COLLECTIVE_DTYPES,
-    CallKind,
-    CollectiveCall,
-    ReduceOp,
-    RunCollective,
-)
-from atomr_accel.core.ops._memory import Download, Upload
-from atomr_accel.device._state import Status
-from atomr_accel.device._world import GetWorldStats, WorldBroken, WorldState, WorldStats
+from atomr_accel.core._errors import DTypeMismatch, GpuRefStale, GpuRuntimeError, InvalidArgument
+from atomr_accel.core.ops._collective import COLLECTIVE_DTYPES, CallKind, CollectiveCall, ReduceOp
+from atomr_accel.device._world import GetWorldStats, WorldState, WorldStats
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._collective_run import Planned, WorldRun, raise_merged
+from atomr_accel.facade._collective_views import CollectiveGroup, CollectiveRank, Rendezvous
 from atomr_accel.facade._portal import Portal, blocking
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
 
-__all__ = ["Collective", "CollectiveRank"]
+__all__ = ["Collective", "CollectiveGroup", "CollectiveRank"]
 
 DEFAULT_TIMEOUT = 60.0
 """A collective's time-out when the call gives none and the system has no ``op_timeout``."""
-
-WATCH_SECONDS = 0.01
-"""How often a collective in flight looks whether a member's context went down."""
-
-Step = tuple[CollectiveCall | None, ...]
-"""One collective: one call per rank, in rank order (None: the rank takes no part)."""
-
 
 def _reduce_op(op: object) -> ReduceOp:
     try:
@@ -81,16 +48,6 @@ def _reduce_op(op: object) -> ReduceOp:
     except ValueError:
         choices = ", ".join(repr(m.value) for m in ReduceOp)
         raise InvalidArgument(f"op must be one of {choices}, got {op!r}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class _Planned:
-    """A collective checked and ready to run: its calls per rank and what it moves."""
-
-    kind: CallKind
-    step: Step
-    nbytes: int
-
 
 class Collective:
     """The collectives of one communicator world over ``devices`` (rank i = ``devices[i]``).
@@ -109,8 +66,9 @@ class Collective:
         self._portal = portal
         self._op_timeout = op_timeout
         self._system = system
-        self._group: list[_Planned] | None = None
-        self._rendezvous = _Rendezvous(self)
+        self._group: list[Planned] | None = None
+        self._run = WorldRun(ref, state, devices)
+        self._rendezvous = Rendezvous(self)
 
     # ------------------------------------------------------------ properties
 
@@ -176,7 +134,7 @@ class Collective:
 
     def _plan(self, kind: CallKind, send: list[GpuBuffer | None],
               recv: list[GpuBuffer | None], count: int, op: ReduceOp = ReduceOp.SUM,
-              root: int = 0) -> _Planned:
+              root: int = 0) -> Planned:
         present = [b for b in (*send, *recv) if b is not None]
         dtypes = {b.ref.dtype for b in present}
         if len(dtypes) > 1:
@@ -192,7 +150,7 @@ class Collective:
         sent = {CallKind.ALL_GATHER: count, CallKind.REDUCE_SCATTER: count * self.nranks,
                 CallKind.ALL_TO_ALL: count * self.nranks}.get(kind, count)
         senders = 1 if kind is CallKind.BROADCAST else self.nranks
-        return _Planned(kind, step, sent * itemsize * senders)
+        return Planned(kind, step, sent * itemsize * senders)
 
     def _root(self, root: object, what: str = "root") -> int:
         if not isinstance(root, int) or isinstance(root, bool) \
@@ -217,7 +175,7 @@ class Collective:
         rank's ``recv`` (in place, into ``send``, when ``recv`` is None)."""
         return self._submit(self._plan_all_reduce(send, recv, op), timeout_secs)
 
-    def _plan_all_reduce(self, send: Any, recv: Any, op: Any) -> _Planned:
+    def _plan_all_reduce(self, send: Any, recv: Any, op: Any) -> Planned:
         sends = self._buffers(send, "send")
         recvs = sends if recv is None else self._buffers(recv, "recv")
         count = self._same_length(sends, "send")
@@ -230,7 +188,7 @@ class Collective:
         """Copy rank ``root``'s buffer into every other rank's (in place)."""
         return self._submit(self._plan_broadcast(bufs, root), timeout_secs)
 
-    def _plan_broadcast(self, bufs: Any, root: Any) -> _Planned:
+    def _plan_broadcast(self, bufs: Any, root: Any) -> Planned:
         buffers = self._buffers(bufs, "bufs")
         count = self._same_length(buffers, "bufs")
         return self._plan(CallKind.BROADCAST, buffers, buffers, count, root=self._root(root))
@@ -244,7 +202,7 @@ class Collective:
         be None and are left as they are)."""
         return self._submit(self._plan_reduce(send, recv, root, op), timeout_secs)
 
-    def _plan_reduce(self, send: Any, recv: Any, root: Any, op: Any) -> _Planned:
+    def _plan_reduce(self, send: Any, recv: Any, root: Any, op: Any) -> Planned:
         sends = self._buffers(send, "send")
         root = self._root(root)
         if recv is None:
@@ -262,7 +220,7 @@ class Collective:
         """Concatenate every rank's ``send`` (rank order) into every rank's ``recv``."""
         return self._submit(self._plan_all_gather(send, recv), timeout_secs)
 
-    def _plan_all_gather(self, send: Any, recv: Any) -> _Planned:
+    def _plan_all_gather(self, send: Any, recv: Any) -> Planned:
         sends = self._buffers(send, "send")
         recvs = self._buffers(recv, "recv")
         count = self._same_length(sends, "send")
@@ -277,7 +235,7 @@ class Collective:
         (``len(recv)`` elements a block)."""
         return self._submit(self._plan_reduce_scatter(send, recv, op), timeout_secs)
 
-    def _plan_reduce_scatter(self, send: Any, recv: Any, op: Any) -> _Planned:
+    def _plan_reduce_scatter(self, send: Any, recv: Any, op: Any) -> Planned:
         sends = self._buffers(send, "send")
         recvs = self._buffers(recv, "recv")
         count = self._same_length(recvs, "recv")
@@ -291,7 +249,7 @@ class Collective:
         equal blocks a buffer)."""
         return self._submit(self._plan_all_to_all(send, recv), timeout_secs)
 
-    def _plan_all_to_all(self, send: Any, recv: Any) -> _Planned:
+    def _plan_all_to_all(self, send: Any, recv: Any) -> Planned:
         sends = self._buffers(send, "send")
         recvs = self._buffers(recv, "recv")
         length = self._same_length(sends, "send")
@@ -325,7 +283,7 @@ class Collective:
             CollectiveCall(CallKind.RECV, None, recv.ref, count, root=src) if r == dst else
             None for r in range(self.nranks))
         del checked_send, checked_recv
-        planned = _Planned(CallKind.SEND, calls, count * send.ref.dtype.itemsize)
+        planned = Planned(CallKind.SEND, calls, count * send.ref.dtype.itemsize)
         return self._submit(planned, timeout_secs)
 
     send_recv = blocking(send_recv_async)
@@ -349,485 +307,23 @@ class Collective:
             raise InvalidArgument(f"timeout_secs must be > 0 seconds, got {timeout!r}")
         return float(timeout)
 
-    async def _submit(self, planned: _Planned, timeout_secs: float | None) -> None:
+    async def _submit(self, planned: Planned, timeout_secs: float | None) -> None:
         timeout = self._timeout(timeout_secs)
         if self._group is not None:
             self._group.append(planned)
             return
         await self._portal.acall(self._run_checked([planned], timeout))
 
-    async def _run_checked(self, plans: list[_Planned], timeout: float) -> None:
+    async def _run_checked(self, plans: list[Planned], timeout: float) -> None:
         errors = await self.execute(plans, timeout)
         raise_merged(errors)
 
-    async def execute(self, plans: list[_Planned], timeout: float
+    async def execute(self, plans: list[Planned], timeout: float
                       ) -> list[GpuRuntimeError | None]:
-        """Run ``plans`` (in order, as one launch per rank on CUDA) on the system's loop;
+        """Run ``plans`` (in order, as one launch per rank) on the system's loop;
         answer each rank's error (None where the rank succeeded)."""
-        state = self._state
-        deadline = time.perf_counter() + timeout
-        try:
-            await self._ready(deadline)
-        except GpuRuntimeError as exc:
-            return [exc] * self.nranks
-        epoch = state.epoch
-        generations = [d.generation for d in self.devices]
-        left = max(deadline - time.perf_counter(), 1e-3)
-        if state.backend == "cuda":
-            errors = await self._run_cuda(plans, epoch, left)
-        else:
-            errors = await self._run_cpu(plans, epoch, left)
-        if not any(errors):
-            for planned in plans:
-                state.count(planned.kind.value, planned.nbytes)
-            return errors
-        state.aborted += 1
-        state.abort(epoch)
-        self.ref.tell(WorldBroken(epoch, _why(errors)))
-        return _per_rank(errors, [d.generation != g for d, g in zip(self.devices, generations,
-                                                                    strict=True)])
-
-    async def _ready(self, deadline: float) -> None:
-        state = self._state
-        while True:
-            if state.error is not None:
-                raise state.error
-            if state.status == "ready" and not state.changed():
-                return
-            ready = state.ready
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                raise CollectiveAborted(f"world {state.name} was not ready within the "
-                                        "collective's time-out (rebuilding its communicators)")
-            if ready is None:  # the world's actor has not started yet
-                await asyncio.sleep(min(left, 0.001))
-                continue
-            try:
-                async with asyncio.timeout(left):
-                    await asyncio.shield(ready)
-            except TimeoutError:
-                continue
-            except GpuRuntimeError:
-                continue
-            if state.status == "ready" and state.changed():
-                await asyncio.sleep(0.001)  # a member changed: the world rebuilds
-
-    async def _first_failure(self, coros: list[Coroutine[Any, Any, Any]], epoch: int,
-                             timeout: float) -> list[Any]:
-        """Run one coroutine per rank; the first error aborts the epoch at once (the others
-        then abort themselves); past ``timeout`` the unfinished ones are cancelled."""
-        tasks = [asyncio.ensure_future(c) for c in coros]
-        try:
-            await self._watch(tasks, epoch, timeout)
-        except BaseException:  # the caller was cancelled: the ranks' calls finish unwatched
-            for task in tasks:
-                task.add_done_callback(_consume)
-            raise
-        results: list[Any] = []
-        for task in tasks:
-            if task.cancelled() or not task.done():
-                results.append(CollectiveAborted(
-                    f"collective of world {self._state.name} did not finish within its "
-                    f"time-out of {timeout:g} s"))
-            else:
-                error = task.exception()
-                results.append(task.result() if error is None else error)
-        return results
-
-    async def _watch(self, tasks: list[asyncio.Task[Any]], epoch: int, timeout: float) -> None:
-        """Wait for the ranks' ``tasks`` (see ``_first_failure``); cancel those unfinished
-        past ``timeout``."""
-        deadline = time.perf_counter() + timeout
-        members = self._state.members
-        generations = [m.generation for m in members]
-        pending: set[asyncio.Task[Any]] = set(tasks)
-        while pending:  # until done, the first error, a member's context going down, or time
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                break
-            _, pending = await asyncio.wait(pending, timeout=min(left, WATCH_SECONDS),
-                                            return_when=asyncio.FIRST_EXCEPTION)
-            if any(t.done() and not t.cancelled() and t.exception() is not None
-                   for t in tasks) or any(m.generation != g or m.status is not Status.READY
-                                          for m, g in zip(members, generations, strict=True)):
-                break
-        if pending:
-            self._state.abort(epoch)  # every rank's collective of the epoch aborts itself
-            left = max(deadline - time.perf_counter(), 0.0)
-            if left:
-                _, pending = await asyncio.wait(pending, timeout=left)
-            for task in pending:
-                task.cancel()
-
-    async def _run_cuda(self, plans: list[_Planned], epoch: int, timeout: float
-                        ) -> list[GpuRuntimeError | None]:
-        state = self._state
-        coros = []
-        for rank, device in enumerate(self.devices):
-            calls = tuple(c for p in plans if (c := p.step[rank]) is not None)
-            if not calls:
-                continue
-            op = RunCollective(state.id, epoch, self.nranks, calls, timeout)
-            coros.append(device.run_async(op, timeout + 5.0))
-        return _typed(await self._first_failure(coros, epoch, timeout))
-
-    async def _run_cpu(self, plans: list[_Planned], epoch: int, timeout: float
-                       ) -> list[GpuRuntimeError | None]:
-        errors: list[GpuRuntimeError | None] = [None] * self.nranks
-        start = time.perf_counter()
-        for planned in plans:
-            left = timeout - (time.perf_counter() - start)
-            if left <= 0:
-                return [CollectiveAborted("the group did not finish within its time-out")
-                        ] * self.nranks
-            errors = await self._cpu_step(planned, epoch, left)
-            if any(errors):
-                return errors
-        return errors
-
-    async def _cpu_step(self, planned: _Planned, epoch: int, timeout: float
-                        ) -> list[GpuRuntimeError | None]:
-        step, n = planned.step, self.nranks
-        first = next(c for c in step if c is not None)
-        count, kind = first.count, planned.kind
-        reads: dict[int, GpuRef] = {r: c.send for r, c in enumerate(step)
-                                    if c is not None and c.send is not None}
-        if kind is CallKind.BROADCAST:
-            reads = {first.root: reads[first.root]}
-        length = {CallKind.REDUCE_SCATTER: count * n, CallKind.ALL_TO_ALL: count * n}.get(
-            kind, count)
-        order = sorted(reads)
-        got = await self._first_failure(
-            [self.devices[r].run_async(Download(reads[r], 0, length), timeout) for r in order],
-            epoch, timeout)
-        errors = self._spread(dict(zip(order, got, strict=True)))
-        if any(errors):
-            return errors
-        data = dict(zip(order, got, strict=True))
-        writes = _cpu_results(kind, step, data, n)
-        targets: list[tuple[int, GpuRef]] = []
-        for r in sorted(writes):
-            call = step[r]
-            assert call is not None and call.recv is not None
-            targets.append((r, call.recv))
-        put = await self._first_failure(
-            [self.devices[r].run_async(Upload(recv, writes[r], 0), timeout)
-             for r, recv in targets], epoch, timeout)
-        return self._spread(dict(zip([r for r, _ in targets], put, strict=True)))
-
-    def _spread(self, got: dict[int, Any]) -> list[GpuRuntimeError | None]:
-        errors: list[GpuRuntimeError | None] = [None] * self.nranks
-        for rank, value in got.items():
-            if isinstance(value, BaseException):
-                errors[rank] = _typed([value])[0]
-        return errors
+        return await self._run.execute(plans, timeout)
 
     def __repr__(self) -> str:
         return (f"Collective(name={self.name!r}, nranks={self.nranks}, "
                 f"backend={self._state.backend!r}, epoch={self.epoch})")
-
-
-def _typed(results: list[Any]) -> list[GpuRuntimeError | None]:
-    out: list[GpuRuntimeError | None] = []
-    for value in results:
-        if value is None or isinstance(value, GpuRuntimeError):
-            out.append(value)
-        elif isinstance(value, BaseException):
-            error = CollectiveAborted(f"the collective failed: {value!r}")
-            error.__cause__ = value
-            out.append(error)
-        else:
-            out.append(None)
-    return out
-
-
-def _why(errors: list[GpuRuntimeError | None]) -> str:
-    for rank, error in enumerate(errors):
-        if error is not None:
-            return f"rank {rank} failed: {error}"
-    return ""
-
-
-def _per_rank(errors: list[GpuRuntimeError | None], died: list[bool]
-              ) -> list[GpuRuntimeError | None]:
-    """Each rank's error: ``ContextPoisoned`` where its context died, the request's own
-    error where it was refused for itself (a bad argument), ``CollectiveAborted`` else."""
-    cause = next(e for e in errors if e is not None)
-    out: list[GpuRuntimeError | None] = []
-    for rank, error in enumerate(errors):
-        if died[rank] or isinstance(error, ContextPoisoned):
-            if isinstance(error, ContextPoisoned):
-                out.append(error)
-            else:
-                dead = ContextPoisoned(f"rank {rank}'s context went down during the collective")
-                dead.__cause__ = error
-                out.append(dead)
-        elif error is not None and not isinstance(error, CollectiveAborted | GpuRefStale) \
-                and isinstance(error, InvalidArgument):
-            out.append(error)
-        else:
-            aborted = error if isinstance(error, CollectiveAborted) else CollectiveAborted(
-                f"rank {rank}'s collective was aborted: {_why(errors)}")
-            if aborted is not error:
-                aborted.__cause__ = error or cause
-            out.append(aborted)
-    return out
-
-
-def raise_merged(errors: list[GpuRuntimeError | None]) -> None:
-    """Raise the controller's error of a collective: ``ContextPoisoned`` if a rank's context
-    died, else the first rank's error; nothing when every rank succeeded."""
-    failed = [e for e in errors if e is not None]
-    if not failed:
-        return
-    dead = [e for e in failed if isinstance(e, ContextPoisoned)]
-    raise dead[0] if dead else failed[0]
-
-
-def _reduce(op: ReduceOp, arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
-    stacked = np.stack(arrays)
-    dtype = arrays[0].dtype
-    result: np.ndarray[Any, Any]
-    with np.errstate(over="ignore"):
-        if op is ReduceOp.PROD:
-            result = np.multiply.reduce(stacked, axis=0, dtype=dtype)
-        elif op is ReduceOp.MIN:
-            result = np.min(stacked, axis=0)
-        elif op is ReduceOp.MAX:
-            result = np.max(stacked, axis=0)
-        else:
-            result = np.add.reduce(stacked, axis=0, dtype=dtype)
-            n = len(arrays)
-            if op is ReduceOp.AVG and np.issubdtype(dtype, np.signedinteger):
-                result = (np.sign(result) * (np.abs(result) // n)).astype(dtype)  # C division
-            elif op is ReduceOp.AVG and np.issubdtype(dtype, np.integer):
-                result = (result // n).astype(dtype)
-            elif op is ReduceOp.AVG:
-                result = (result / np.asarray(n, dtype=dtype)).astype(dtype)
-    return result
-
-
-def _cpu_results(kind: CallKind, step: Step, data: dict[int, np.ndarray[Any, Any]],
-                 n: int) -> dict[int, np.ndarray[Any, Any]]:
-    """What each rank's recv buffer receives, from the ranks' send data."""
-    first = next(c for c in step if c is not None)
-    count = first.count
-    if kind is CallKind.SEND:
-        (src,) = data
-        return {r: data[src] for r, c in enumerate(step) if c is not None and c.recv is not None}
-    if kind is CallKind.BROADCAST:
-        return {r: data[first.root] for r in range(n)}
-    if kind is CallKind.ALL_GATHER:
-        whole = np.concatenate([data[r] for r in range(n)])
-        return {r: whole for r in range(n)}
-    if kind is CallKind.ALL_TO_ALL:
-        return {r: np.concatenate([data[p][r * count:(r + 1) * count] for p in range(n)])
-                for r in range(n)}
-    reduced = _reduce(first.op, [data[r] for r in range(n)])
-    if kind is CallKind.REDUCE:
-        return {first.root: reduced}
-    if kind is CallKind.REDUCE_SCATTER:
-        return {r: reduced[r * count:(r + 1) * count] for r in range(n)}
-    return {r: reduced for r in range(n)}
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    """Mark a rank's call as heard: its caller is gone (cancelled), so nobody can take its
-    error; a member whose context went down is seen by the world's next call, which waits
-    for the communicators to be rebuilt (``WorldState.changed``)."""
-    if not task.cancelled():
-        task.exception()
-
-
-class CollectiveGroup:
-    """``with world.group():`` / ``async with world.group():``: the collectives called
-    inside run as one launch per rank when it exits (see ``Collective.group``)."""
-
-    def __init__(self, world: Collective, timeout_secs: float | None = None) -> None:
-        self._world = world
-        self._timeout = timeout_secs
-
-    def _enter(self) -> None:
-        if self._world._group is not None:
-            raise InvalidArgument("groups do not nest")
-        self._world._group = []
-
-    def _take(self) -> list[_Planned]:
-        plans, self._world._group = self._world._group or [], None
-        return plans
-
-    def __enter__(self) -> CollectiveGroup:
-        self._enter()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        plans = self._take()
-        if exc_type is None and plans:
-            world = self._world
-            world._portal.call(world._run_checked(plans, world._timeout(self._timeout)))
-
-    async def __aenter__(self) -> CollectiveGroup:
-        self._enter()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        plans = self._take()
-        if exc_type is None and plans:
-            world = self._world
-            await world._portal.acall(world._run_checked(plans, world._timeout(self._timeout)))
-
-
-class _Slot:
-    """The k-th collective of every rank of a rank-view rendezvous."""
-
-    def __init__(self, n: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.parts: dict[int, tuple[str, tuple[Any, ...], dict[str, Any]]] = {}
-        self.answers: list[asyncio.Future[None]] = [loop.create_future() for _ in range(n)]
-        self.failed: GpuRuntimeError | None = None
-
-
-class _Rendezvous:
-    """Matches the k-th call of every rank view into one collective, runs it, answers each
-    rank with its own error (or success)."""
-
-    def __init__(self, world: Collective) -> None:
-        self._world = world
-        self._next = [0] * world.nranks
-        self._slots: dict[int, _Slot] = {}
-
-    async def join(self, rank: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   timeout: float) -> None:
-        world = self._world
-        index = self._next[rank]
-        self._next[rank] += 1
-        slot = self._slots.get(index)
-        if slot is None:
-            slot = self._slots[index] = _Slot(world.nranks, asyncio.get_running_loop())
-        if slot.failed is not None:
-            raise slot.failed
-        slot.parts[rank] = (method, args, kwargs)
-        if len(slot.parts) == world.nranks:
-            del self._slots[index]
-            asyncio.get_running_loop().create_task(self._run(slot, timeout))
-        try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(slot.answers[rank])
-        except TimeoutError:
-            if self._slots.get(index) is slot:  # the others never came: this slot is spent
-                slot.failed = CollectiveAborted(
-                    f"collective {index} of world {world.name}: not every rank joined within "
-                    f"{timeout:g} s")
-                for answer in slot.answers:
-                    if not answer.done():
-                        answer.set_exception(slot.failed)
-                        answer.exception()
-            raise CollectiveAborted(f"rank {rank}'s collective {index} did not finish within "
-                                    f"{timeout:g} s") from None
-
-    async def _run(self, slot: _Slot, timeout: float) -> None:
-        world = self._world
-        methods = {m for m, _, _ in slot.parts.values()}
-        errors: list[GpuRuntimeError | None]
-        try:
-            if len(methods) != 1:
-                raise InvalidArgument(f"the ranks called different collectives: "
-                                      f"{sorted(methods)}")
-            planned = _plan_of(world, methods.pop(), slot.parts)
-            errors = await world.execute([planned], timeout)
-        except GpuRuntimeError as exc:
-            errors = [exc] * world.nranks
-        for answer, error in zip(slot.answers, errors, strict=True):
-            if answer.done():
-                continue
-            if error is None:
-                answer.set_result(None)
-            else:
-                answer.set_exception(error)
-                answer.exception()
-
-
-_BUFFER_ARGS = {"all_reduce": 2, "broadcast": 1, "reduce": 2, "all_gather": 2,
-                "reduce_scatter": 2, "all_to_all": 2}
-"""How many leading arguments of each rank-view method are that rank's buffers."""
-
-
-def _plan_of(world: Collective, method: str,
-             parts: dict[int, tuple[str, tuple[Any, ...], dict[str, Any]]]) -> _Planned:
-    """The single-controller plan of the ranks' matching calls of ``method``."""
-    n, k = world.nranks, _BUFFER_ARGS[method]
-    options = parts[0][1][k:]
-    if any(parts[r][1][k:] != options for r in range(n)):
-        raise InvalidArgument(f"the ranks called {method} with different options")
-    lists: list[Any] = []
-    for i in range(k):
-        column = [parts[r][1][i] for r in range(n)]
-        lists.append(None if all(b is None for b in column) else column)
-    planner = getattr(world, f"_plan_{method}")
-    planned: _Planned = planner(*lists, *options)
-    return planned
-
-
-class CollectiveRank:
-    """Rank ``index`` of a ``Collective``: the same collectives, each taking this rank's
-    buffer(s); the k-th call of every rank runs as the world's k-th collective (the ranks
-    must make the same calls in the same order, with the same options)."""
-
-    def __init__(self, world: Collective, index: int) -> None:
-        self.world = world
-        self.index = index
-        self._portal = world._portal
-
-    async def _join(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    timeout_secs: float | None) -> None:
-        timeout = self.world._timeout(timeout_secs)
-        rendezvous = self.world._rendezvous
-        await self._portal.acall(rendezvous.join(self.index, method, args, kwargs, timeout))
-
-    def all_reduce_async(self, send: GpuBuffer, recv: GpuBuffer | None = None,
-                         op: str = "sum", *, timeout_secs: float | None = None,
-                         ) -> Coroutine[Any, Any, None]:
-        """This rank's part of ``Collective.all_reduce``."""
-        return self._join("all_reduce", (send, recv, op), {}, timeout_secs)
-
-    all_reduce = blocking(all_reduce_async)
-
-    def broadcast_async(self, buf: GpuBuffer, root: int = 0, *,
-                        timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
-        """This rank's part of ``Collective.broadcast``."""
-        return self._join("broadcast", (buf, root), {}, timeout_secs)
-
-    broadcast = blocking(broadcast_async)
-
-    def reduce_async(self, send: GpuBuffer, recv: GpuBuffer | None = None, root: int = 0,
-                     op: str = "sum", *, timeout_secs: float | None = None,
-                     ) -> Coroutine[Any, Any, None]:
-        """This rank's part of ``Collective.reduce`` (``recv`` may be None but on the root)."""
-        return self._join("reduce", (send, recv, root, op), {}, timeout_secs)
-
-    reduce = blocking(reduce_async)
-
-    def all_to_all_async(self, send: GpuBuffer, recv: GpuBuffer, *,
-                         timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
-        """This rank's part of ``Collective.all_to_all``."""
-        return self._join("all_to_all", (send, recv), {}, timeout_secs)
-
-    all_to_all = blocking(all_to_all_async)
-
-    def all_gather_async(self, send: GpuBuffer, recv: GpuBuffer, *,
-                         timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
-        """This rank's part of ``Collective.all_gather``."""
-        return self._join("all_gather", (send, recv), {}, timeout_secs)
-
-    all_gather = blocking(all_gather_async)
-
-    def reduce_scatter_async(self, send: GpuBuffer, recv: GpuBuffer, op: str = "sum", *,
-                             timeout_secs: float | None = None) -> Coroutine[Any, Any, None]:
-        """This rank's part of ``Collective.reduce_scatter``."""
-        return self._join("reduce_scatter", (send, recv, op), {}, timeout_secs)
-
-    reduce_scatter = blocking(reduce_scatter_async)
-
-    def __repr__(self) -> str:
-        return f"CollectiveRank({self.index} of {self.world!r})"

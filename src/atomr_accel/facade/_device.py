@@ -422,8 +422,8 @@ class Device(DeviceApi):
     async def _libraries_ready(self, stats: Coroutine[Any, Any, DeviceStats]) -> dict[str, Any]:
         ready = (await stats).status is Status.READY
         enabled = set(self.config.libraries)
-        if self.backend != "cuda":
-            enabled.discard("nvrtc")  # the CPU backend compiles no kernels
+        if not self.config.capabilities.compiles_kernels:
+            enabled.discard("nvrtc")
         named = {key: library in enabled for key, library in _ORIGINAL_LIBRARIES.items()}
         extras = len(enabled - set(_ORIGINAL_LIBRARIES.values()) - {"memory"})
         return {**named, "extras": extras, "ready": ready}

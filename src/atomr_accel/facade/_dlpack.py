@@ -56,7 +56,7 @@ def export(buffer: GpuBuffer, options: dict[str, Any]) -> Any:
 
 def export_device(buffer: GpuBuffer) -> tuple[int, int]:
     """``buffer.__dlpack_device__()``: where ``export`` puts the data."""
-    if _in_process(buffer.device) and buffer.device.backend == "cuda":
+    if _in_process(buffer.device) and buffer.device.config.capabilities.device_memory:
         kind, index = _source(buffer).__dlpack_device__()
         return int(kind), int(index)
     return (_CPU, 0)
@@ -91,7 +91,7 @@ def _adoptable(device: Device, data: Any) -> Any:
     if not hasattr(data, "__dlpack__") or not hasattr(data, "__dlpack_device__"):
         return None
     kind, index = data.__dlpack_device__()
-    if device.backend == "cuda":
+    if device.config.capabilities.device_memory:
         flags = getattr(data, "flags", None)
         contiguous = flags is None or bool(flags.c_contiguous)
         return data if (kind, index) == (_CUDA, device.device_id) and contiguous else None

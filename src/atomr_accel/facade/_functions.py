@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from atomr_accel.backends import capabilities
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._function import (
@@ -59,11 +60,11 @@ def _array_kind(arrays: str, backend: str) -> str:
         raise InvalidArgument(f"arrays must be one of {', '.join(map(repr, ARRAY_KINDS))}, "
                               f"got {arrays!r}")
     if arrays == "auto":
-        return "cupy" if backend == "cuda" else "numpy"
-    if arrays == "cupy" and backend != "cuda":
+        return capabilities(backend).array_module
+    if arrays == "cupy" and capabilities(backend).array_module != "cupy":
         raise InvalidArgument("arrays='cupy' needs a CUDA device; this one is "
                               f"{backend!r} (use 'numpy', 'torch' or 'auto')")
-    if arrays == "numpy" and backend == "cuda":
+    if arrays == "numpy" and capabilities(backend).device_memory:
         raise InvalidArgument("arrays='numpy' cannot view CUDA buffers without a copy; use "
                               "'cupy', 'torch' or 'auto'")
     if arrays == "torch" and importlib.util.find_spec("torch") is None:

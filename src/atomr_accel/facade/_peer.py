@@ -98,13 +98,13 @@ def _member(system: System, device: Any, name: str) -> Device:
 
 
 def _cuda_devices(system: System) -> list[Device]:
-    return [d for d in system.devices if d.backend == "cuda"]
+    return [d for d in system.devices if d.config.capabilities.peer_access]
 
 
 async def _can_access(a: Device, b: Device) -> bool:
     if a is b:
         return True
-    if a.backend != "cuda" or b.backend != "cuda":
+    if not (a.config.capabilities.peer_access and b.config.capabilities.peer_access):
         return False
     (answer,) = await a.run_async(CanAccessPeer((b.device_id,)))
     return bool(answer)
@@ -154,7 +154,7 @@ async def enable_peer_access(system: System) -> PeerTopology:
 
 async def _path(src: GpuBuffer, b: Device) -> CopyPath:
     a = src.device
-    if a.backend != "cuda" or b.backend != "cuda":
+    if not (a.config.capabilities.peer_access and b.config.capabilities.peer_access):
         return CopyPath.STAGED
     if b.journal is not None:  # journal an Upload with its data: a replay cannot re-read a peer
         return CopyPath.STAGED

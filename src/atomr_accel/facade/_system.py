@@ -12,8 +12,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from atomr_accel.actor import ActorError, ActorSystem, Props
-from atomr_accel.backends import cuda_device_count
-from atomr_accel.backends._base import Backend
+from atomr_accel.backends import (
+    backend_class,
+    capabilities,
+    cuda_capability,
+    cuda_device_count,
+)
 from atomr_accel.core._errors import (
     DeviceUnavailable,
     InvalidArgument,
@@ -52,16 +56,10 @@ def resolve_backend(mock: bool | None, backend: str) -> str:
     ``backend="auto"`` means CUDA when a GPU is visible, CPU otherwise. Asking
     for CUDA without a GPU raises ``DeviceUnavailable``.
     """
-    if backend not in ("auto", "cpu", "cuda"):
-        raise InvalidArgument(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
-    if mock is not None:
-        wanted = "cpu" if mock else "cuda"
-        if backend not in ("auto", wanted):
-            raise InvalidArgument(f"mock={mock} contradicts backend={backend!r}")
-        backend = wanted
+    backend = cluster.requested_backend(mock, backend)
     if backend == "auto":
         backend = "cuda" if cuda_device_count() > 0 else "cpu"
-    if backend == "cuda" and cuda_device_count() == 0:
+    if capabilities(backend).needs_gpu and cuda_device_count() == 0:
         raise DeviceUnavailable(
             "no CUDA device is visible (install atomr-accel-py[cuda] on a GPU machine, "
             "or use mock=True for the CPU backend)"
@@ -75,16 +73,8 @@ def check_backend_options(backend: str, options: Mapping[str, Any]) -> None:
     The constructor's keyword parameters are the options (``capacity`` for
     ``cpu``; ``completion`` and ``kernel_cache_dir`` for ``cuda``).
     """
-    backend_class: type[Backend]
-    if backend == "cuda":
-        from atomr_accel.backends.cuda import CudaBackend
-
-        backend_class = CudaBackend
-    else:
-        from atomr_accel.backends.cpu import CpuBackend
-
-        backend_class = CpuBackend
-    known = [name for name in inspect.signature(backend_class).parameters if name != "device_id"]
+    parameters = inspect.signature(backend_class(backend)).parameters
+    known = [name for name in parameters if name != "device_id"]
     unknown = sorted(set(options) - set(known), key=str)
     if unknown:
         raise InvalidArgument(
@@ -214,7 +204,7 @@ class System:
         else:
             chosen = resolve_backend(mock, backend)
         options = dict(backend_options or {})
-        if isolation != "ray" or chosen == "cpu":  # a Ray node's CUDA backend checks its own
+        if isolation != "ray" or not capabilities(chosen).needs_gpu:  # a Ray node checks its own
             check_backend_options(chosen, options)
         config = DeviceConfig(
             device_id=device_id,
@@ -250,7 +240,7 @@ class System:
             device = await self._portal.acall(start())
         except ActorError as exc:  # the system closed meanwhile
             raise gpu_error_of(exc, self.actors.name, "spawn_device") from exc
-        if config.backend == "cuda" and config.isolation != "ray":
+        if capabilities(config.backend).needs_gpu and config.isolation != "ray":
             state.capability = cuda_capability(config.device_id)
         # Wait until the context is up: a worker process and a CUDA context take seconds,
         # far longer than an op_timeout tuned for ops may allow.
@@ -522,18 +512,6 @@ class System:
 
     def __repr__(self) -> str:
         return f"System(name={self.actors.name!r}, devices={len(self.devices)})"
-
-
-def cuda_capability(device_id: int) -> tuple[int, int]:
-    """The compute capability of CUDA device ``device_id``, read in this process through
-    CuPy; ``(0, 0)`` where CuPy cannot tell (not installed here, or no such device)."""
-    try:
-        import cupy
-
-        props = cupy.cuda.runtime.getDeviceProperties(device_id)
-        return int(props["major"]), int(props["minor"])
-    except Exception:
-        return (0, 0)
 
 
 async def _stop(actors: ActorSystem, device: Device) -> None:

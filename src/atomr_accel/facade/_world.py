@@ -39,10 +39,15 @@ def _members(system: System, devices: Iterable[Device]) -> tuple[Device, ...]:
     backends = {d.backend for d in members}
     if len(backends) > 1:
         raise InvalidArgument(f"a world's devices share one backend, got {sorted(backends)}")
-    if members[0].backend == "cuda":
+    caps = members[0].config.capabilities
+    if caps.needs_gpu:
         ids = [d.device_id for d in members]
         if len(set(ids)) != len(ids):
             raise InvalidArgument(f"NCCL needs one rank per GPU, got device ids {ids}")
+    nodes = {d.config.node for d in members if d.config.node is not None}
+    if not caps.collectives_across_machines and len(nodes) > 1:
+        raise InvalidArgument(f"the ranks of a {members[0].backend} world share one machine; "
+                              f"these devices are pinned to {len(nodes)} Ray nodes")
     return members
 
 
@@ -76,7 +81,7 @@ async def start_world(system: System, devices: Iterable[Device], name: str | Non
     except ActorError as exc:  # the system closed meanwhile, or the name is taken
         raise gpu_error_of(exc, system.actors.name, "nccl_world") from exc
     try:
-        await portal.acall(world._ready(time.perf_counter() + wait))
+        await portal.acall(world._run.ready(time.perf_counter() + wait))
     except BaseException:
         await portal.acall(_stop(system, world))
         raise

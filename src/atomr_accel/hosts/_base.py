@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from atomr_accel.backends import backend_class
 from atomr_accel.backends._base import Backend
 from atomr_accel.core._errors import (
     ContextPoisoned,
-    DeviceUnavailable,
     GpuRuntimeError,
     InvalidArgument,
     LibraryError,
@@ -117,20 +117,7 @@ class BackendSpec:
 
     def create(self) -> Backend:
         """Build the backend (imports it lazily); ``DeviceUnavailable`` if it cannot run here."""
-        if self.name == "cpu":
-            from atomr_accel.backends.cpu import CpuBackend
-
-            return CpuBackend(self.device_id, **self.options)
-        if self.name == "cuda":
-            try:
-                from atomr_accel.backends.cuda import CudaBackend
-            except ImportError as exc:
-                raise DeviceUnavailable(
-                    "the CUDA backend needs CuPy: pip install 'atomr-accel-py[cuda]'"
-                ) from exc
-            backend: Backend = CudaBackend(self.device_id, **self.options)
-            return backend
-        raise DeviceUnavailable(f"unknown backend {self.name!r}; choose 'cpu' or 'cuda'")
+        return backend_class(self.name)(self.device_id, **self.options)
 
 
 def translate_error(exc: BaseException, op: Op) -> GpuRuntimeError:

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr_accel.backends import capabilities
 from atomr_accel.core._errors import (
     ContextPoisoned,
     DeviceUnavailable,
@@ -173,7 +174,7 @@ class RayHost(ContextHost):
     def actor_options(self) -> dict[str, Any]:
         """What the context actor asks Ray for (``ray_options`` override these)."""
         options: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0}
-        if self.spec.name == "cuda":
+        if capabilities(self.spec.name).needs_gpu:
             options["num_gpus"] = 1
         else:
             options["num_cpus"] = 1
@@ -191,7 +192,7 @@ class RayHost(ContextHost):
     def _elsewhere(self, suspects: set[str]) -> str | None:
         """A live node, not suspected, with the resources this context asks for (None:
         let Ray choose)."""
-        needs = {"GPU" if self.spec.name == "cuda" else "CPU": 1.0,
+        needs = {"GPU" if capabilities(self.spec.name).needs_gpu else "CPU": 1.0,
                  **self.ray_options.get("resources", {})}
         nodes = [str(n["NodeID"]) for n in ray_module().nodes()
                  if n.get("Alive") and n["NodeID"] not in suspects
@@ -206,7 +207,7 @@ class RayHost(ContextHost):
             await asyncio.to_thread(ensure_ray)
         ray = ray_module()
         spec = self.spec
-        if spec.name == "cuda":  # Ray shows the actor its one GPU as device 0
+        if capabilities(spec.name).needs_gpu:  # Ray shows the actor its one GPU as device 0
             spec = dataclasses.replace(spec, device_id=0)
         try:
             self._actor = _remote_context(ray).options(**self.actor_options()).remote(spec)

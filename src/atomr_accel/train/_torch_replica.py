@@ -85,7 +85,7 @@ class TorchReplica:
         self.optimizer_spec = optimizer
         self.buckets = buckets
         self.names = names
-        self.cuda = device.backend == "cuda"
+        self.cuda = device.config.capabilities.device_memory
         self.torch_device = next(module.parameters()).device
         self.steps = 0
         self.output: Any = None
@@ -102,7 +102,7 @@ class TorchReplica:
         """A replica of ``model`` on ``device`` (CUDA: thread host only, so that torch and
         the device share one address space)."""
         torch = import_torch()
-        cuda = device.backend == "cuda"
+        cuda = device.config.capabilities.device_memory
         if cuda and device.isolation != "thread":
             raise InvalidArgument("a TorchModule shares its gradients with the device through "
                                   "one address space: spawn CUDA devices with "

@@ -1,40 +1,190 @@
-"""Collective ops on the CPU backend: no communicator, only the world's membership.
+"""Collective ops on the CPU backend: the ranks exchange their data through shared memory.
 
-A CPU context cannot reach another context's arrays, so the CPU backend keeps
-no communicator: ``CommInit`` records which world, epoch and rank this context
-joined and ``CommAbort`` forgets it. The data of a collective among CPU
-devices is moved by the facade (each rank's ``Download``, the reduction in
-NumPy, each rank's ``Upload``); ``RunCollective`` is a CUDA op.
+A CPU context cannot reach another context's arrays, so each rank's
+``RunCollective`` meets its peers in files beside the world's abort word (in
+``/dev/shm``: every rank of a CPU world runs on one machine, in this process or
+in a worker):
+
+* ``CommInit`` records which world, epoch and rank this context joined and the
+  abort word's path; ``CommAbort`` forgets it and removes this rank's files.
+* ``RunCollective`` runs its calls in order. For each, a rank writes what it
+  sends (an empty file when it sends nothing) as ``<word>.<epoch>.<peers>.<n>.<rank>``
+  (``peers``: ``all``, or ``<src>-<dst>`` for a send and its receive; ``n``
+  counts the collectives of those peers), waits until every peer's file is
+  there, computes its own result in NumPy in the buffers' dtype (integers wrap
+  as NCCL's do; ``avg`` divides the sum, truncating integers toward zero) and
+  writes it into its recv buffer. Having seen every peer's file of collective
+  ``n``, it removes its own of ``n - 1``, which every peer has read by then.
+  Past the op's time-out, or once the world's abort word leaves the epoch, it
+  raises ``CollectiveAborted``. The world removes what is left when it
+  rebuilds or stops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import mmap
+import os
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from atomr_accel.backends._base import Backend, Handler
+from atomr_accel.backends._shm import SharedWord, remove_files
+from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import per_backend
-from atomr_accel.core._errors import InvalidArgument
+from atomr_accel.backends.cpu._collective_maths import result_of, sent_length
+from atomr_accel.core._errors import CollectiveAborted
 from atomr_accel.core._op import Op
-from atomr_accel.core.ops._collective import CommAbort, CommInit, RunCollective
+from atomr_accel.core.ops._collective import (
+    CallKind,
+    CollectiveCall,
+    CommAbort,
+    CommInit,
+    RunCollective,
+)
 
-__all__ = ["HANDLERS", "worlds"]
+__all__ = ["HANDLERS", "unique_id", "worlds"]
 
 
-worlds: Callable[[Backend], dict[int, tuple[int, int]]] = per_backend(dict)
-"""``worlds(backend)``: world id -> ``(epoch, rank)`` of the worlds a context has joined."""
+def unique_id() -> bytes:
+    """The id of a CPU world's epoch: none (its ranks meet beside the abort word)."""
+    return b""
+
+
+@dataclass
+class _Joined:
+    """This rank's membership of one world epoch: where it meets its peers and how many
+    collectives of each set of peers it has run."""
+
+    epoch: int
+    rank: int
+    nranks: int
+    word_path: str
+    runs: dict[str, int] = field(default_factory=dict)
+    word: SharedWord | None = None
+
+    def open(self) -> None:
+        """Map the world's abort word (a world without one never aborts early)."""
+        if self.word_path:
+            self.word = SharedWord(self.word_path)
+
+    def told_to_abort(self) -> bool:
+        """Whether the world has left this epoch."""
+        return self.word is not None and self.word.value != self.epoch
+
+    def path(self, peers: str, n: int, rank: int) -> str:
+        """The file rank ``rank`` writes for the ``n``-th collective of ``peers``."""
+        return f"{self.word_path}.{self.epoch}.{peers}.{n}.{rank}"
+
+    def leave(self) -> None:
+        """Unmap the word and remove this rank's files."""
+        if self.word is not None:
+            self.word.close()
+            self.word = None
+        if self.word_path:
+            remove_files(f"{glob.escape(self.word_path)}.*.{self.rank}")
+
+
+worlds: Callable[[Backend], dict[int, _Joined]] = per_backend(dict)
+"""``worlds(backend)``: world id -> this context's membership of the world."""
 
 
 def _init(backend: Backend, op: CommInit) -> None:
-    worlds(backend)[op.world] = (op.epoch, op.rank)
+    _abort(backend, CommAbort(op.world))
+    joined = _Joined(op.epoch, op.rank, op.nranks, op.abort_path)
+    joined.open()
+    worlds(backend)[op.world] = joined
 
 
 def _abort(backend: Backend, op: CommAbort) -> None:
-    worlds(backend).pop(op.world, None)
+    joined = worlds(backend).pop(op.world, None)
+    if joined is not None:
+        joined.leave()
+
+
+def _peers(call: CollectiveCall, rank: int, nranks: int) -> tuple[str, tuple[int, ...]]:
+    """The name and ranks of the peers taking part in ``call`` (``rank``'s part)."""
+    if call.kind is CallKind.SEND:
+        return f"{rank}-{call.root}", (rank, call.root)
+    if call.kind is CallKind.RECV:
+        return f"{call.root}-{rank}", (call.root, rank)
+    return "all", tuple(range(nranks))
+
+
+def _write(path: str, data: np.ndarray[Any, Any]) -> None:
+    """Write ``data`` (1-D, contiguous) to ``path`` so that a reader sees all of it or
+    nothing."""
+    with open(f"{path}.part", "wb") as out:
+        out.write(data.view(np.uint8).data)
+    os.replace(f"{path}.part", path)
+
+
+def _read(path: str, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """The elements in file ``path``, mapped without a copy (the map outlives the file)."""
+    with open(path, "rb") as source:
+        size = os.fstat(source.fileno()).st_size
+        if not size:
+            return np.empty(0, dtype=dtype)
+        mapped = mmap.mmap(source.fileno(), size, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=np.uint8).view(dtype)
 
 
 def _run(backend: Backend, op: RunCollective) -> None:
-    raise InvalidArgument("RunCollective runs on CUDA devices; the CPU backend's collectives "
-                          "are moved by Collective (System.nccl_world)")
+    joined = worlds(backend).get(op.world)
+    if joined is None or joined.epoch != op.epoch:
+        raise CollectiveAborted(f"device {backend.device_id} holds no communicator of world "
+                                f"{op.world}'s epoch {op.epoch} (it was aborted, or its "
+                                "context was rebuilt)")
+    deadline = time.perf_counter() + op.timeout
+    for call in op.calls:
+        _run_call(backend, joined, call, op, deadline)
+
+
+def _run_call(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCollective,
+              deadline: float) -> None:
+    peers, ranks = _peers(call, joined.rank, op.nranks)
+    n = joined.runs.get(peers, 0)
+    joined.runs[peers] = n + 1
+    length = sent_length(call, joined.rank, op.nranks)
+    own = backend.array(_ref_of(call))
+    mine = own[:length] if call.send is not None else own[:0]
+    _write(joined.path(peers, n, joined.rank), mine)
+    paths = {r: joined.path(peers, n, r) for r in ranks}
+
+    def arrived_or_aborted() -> bool:
+        return joined.told_to_abort() or all(os.path.exists(p) for p in paths.values())
+
+    try:
+        wait_until(arrived_or_aborted, deadline)
+    except TimeoutError:
+        raise _aborted(op, backend.device_id, f"it did not finish within its time-out of "
+                                              f"{op.timeout:g} s") from None
+    if joined.told_to_abort():
+        raise _aborted(op, backend.device_id, "the world aborted it (a peer's context went "
+                                              "down)")
+    data = {r: _read(p, mine.dtype) for r, p in paths.items()}
+    if n:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(joined.path(peers, n - 1, joined.rank))
+    result = result_of(call, joined.rank, data, op.nranks)
+    if result is not None and call.recv is not None:
+        backend.write(call.recv.buffer_id, result, 0)
+
+
+def _ref_of(call: CollectiveCall) -> int:
+    ref = call.send if call.send is not None else call.recv
+    assert ref is not None  # a validated call names a send or a recv buffer
+    return ref.buffer_id
+
+
+def _aborted(op: RunCollective, device_id: int, why: str) -> CollectiveAborted:
+    return CollectiveAborted(f"collective of world {op.world} epoch {op.epoch} on device "
+                             f"{device_id} aborted: {why}")
 
 
 HANDLERS: dict[type[Op], Handler] = {CommInit: _init, CommAbort: _abort, RunCollective: _run}

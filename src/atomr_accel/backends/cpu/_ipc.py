@@ -2,7 +2,7 @@
 
 A buffer's first export moves its contents into a shared segment (a memfd,
 or a file under ``/dev/shm`` with ``ATOMR_ACCEL_SHM=file``; see
-``hosts/_shm.py``) that this process keeps open while the buffer lives. The
+``backends/_shm.py``) that this process keeps open while the buffer lives. The
 64-byte handle says where: ``MAGIC``, then the process id, the descriptor, the
 size in bytes and the segment's device and inode numbers, each a
 little-endian 64-bit int, then zeros. An opener maps ``/proc/<pid>/fd/<fd>``
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from atomr_accel.backends._base import Handler
+from atomr_accel.backends._shm import create_segment
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._ipc import IPC_HANDLE_BYTES, BufferAddress, IpcGetHandle, IpcOpenHandle
-from atomr_accel.hosts._shm import create_segment
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend

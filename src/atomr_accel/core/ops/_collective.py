@@ -6,9 +6,8 @@ together: ``CommInit`` joins this device to a new communicator (NCCL's
 launches one or more ``CollectiveCall``s as one NCCL group on the op's stream
 (ordered with the buffers' other users like any op), and ``CommAbort`` drops
 the communicator with ``ncclCommAbort`` (never a blocking destroy). The CPU
-backend has no communicator: ``CommInit`` and ``CommAbort`` only record the
-world, and the facade moves the data of CPU collectives itself (see
-``facade/_collective.py``).
+backend has no NCCL: its ranks exchange their data through shared memory beside
+the world's abort word (see ``backends/cpu/_collective.py``).
 """
 
 from __future__ import annotations
