@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._api import Form, original
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
@@ -59,6 +60,10 @@ __all__ = [
     "SdpaSupport",
     "alibi_slopes",
 ]
+
+declare("flashattn", "FlashAttn",
+        "Scaled-dot-product attention: forward, backward, paged KV caches, ragged batches.",
+        rank=11, handle="FlashAttn")
 
 ATTENTION_DTYPES = (DType.F16, DType.BF16, DType.F32, DType.F64)
 """Data types attention takes: f16/bf16 run cuDNN's SDPA on CUDA, f32/f64 a composed path."""

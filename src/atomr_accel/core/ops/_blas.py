@@ -39,6 +39,7 @@ from atomr_accel.core._api import original as _original
 from atomr_accel.core._api import trans_param as _trans
 from atomr_accel.core._api import uplo_param as _uplo
 from atomr_accel.core._api import whole_vectors as _whole
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
@@ -76,6 +77,10 @@ __all__ = [
     "Trsm",
     "Vector",
 ]
+
+declare("blas", "Blas",
+        "cuBLAS-shaped ops: gemm, gemv, axpy, dot, ...",
+        rank=1, handle="Blas", capturable=True)
 
 FLOAT_DTYPES: tuple[DType, ...] = (DType.F32, DType.F64, DType.C64, DType.C128)
 """The dtypes every BLAS and solver op accepts."""

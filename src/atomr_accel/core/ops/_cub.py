@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atomr_accel.core._api import Form, Param
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._cexpr import parse
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._fields import pickle_by_name
@@ -68,6 +69,10 @@ __all__ = [
     "ScanKind",
     "identity_of",
 ]
+
+declare("cub", "Cub",
+        "Device-wide primitives (reduce, scan, radix sort, histogram, select, ...).",
+        rank=16, handle="Cub")
 
 INTEGERS = (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16, DType.U32,
             DType.U64)

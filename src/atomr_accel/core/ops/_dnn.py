@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from atomr_accel.core._api import Form, Param, choice
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
@@ -68,6 +69,10 @@ __all__ = [
     "image_dims",
     "pool_output_shape",
 ]
+
+declare("cudnn", "Cudnn",
+        "cuDNN-shaped deep-learning ops: convolutions, pooling, normalizations, RNNs, ...",
+        rank=10, handle="Cudnn")
 
 DNN_DTYPES = (DType.F16, DType.BF16, DType.F32, DType.F64)
 """The data dtypes these ops take."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op, checked, require
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
@@ -13,6 +14,10 @@ from atomr_accel.core.ops._kernels import LaunchKernel
 from atomr_accel.core.ops._memory import CopyBuffer
 
 __all__ = ["CaptureGraph", "DestroyGraph", "LaunchGraph", "check_capturable"]
+
+declare("graph", "Graph",
+        "Records op sequences into graphs (CUDA stream capture) and replays them.",
+        rank=9)
 
 _DEVICE_ONLY_LIBRARIES = frozenset({"blas", "fft", "rng", "sparse", "tensor"})
 _HOST_RESULTS = (Asum, Dot, Iamax, Iamin, Nrm2)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from atomr_accel.core._api import REALS, REQUIRED, Form, Param
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
@@ -32,6 +33,10 @@ from atomr_accel.core._op import Op, require_dtype, require_len, require_nonneg
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["Distribution", "Generator", "RngFill"]
+
+declare("rng", "Rng",
+        "cuRAND-shaped random fills.",
+        rank=3, handle="RngGenerator", capturable=True)
 
 _FLOATS = (DType.F32, DType.F64)
 _MAX_SEED = 1 << 64

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._api import Form, Param, original, uplo_param
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import require_dtype, require_len
@@ -51,6 +52,10 @@ __all__ = [
     "Syevd",
     "SyevdBatched",
 ]
+
+declare("solver", "Solver",
+        "cuSOLVER-shaped factorizations and solves.",
+        rank=4, handle="Solver")
 
 def _require_pivots(ipiv: GpuRef, needed: int) -> None:
     require_dtype(ipiv, (DType.I32,), "ipiv")
