@@ -53,6 +53,7 @@ def declare(name: str, title: str, summary: str, *, rank: int, handle: str | Non
         raise InvalidArgument(f"library {name!r} takes rank {rank}, which another one holds")
     _DECLARED[name] = info
     catalogue.cache_clear()
+    _by_name.cache_clear()
     return name
 
 
@@ -72,10 +73,15 @@ def catalogue() -> tuple[LibraryInfo, ...]:
     return tuple(sorted(_DECLARED.values(), key=lambda info: info.rank))
 
 
+@functools.cache
+def _by_name() -> dict[str, LibraryInfo]:
+    return {info.name: info for info in catalogue()}
+
+
 def library(name: str) -> LibraryInfo:
     """The declaration of library ``name``; ``InvalidArgument`` for an unknown name."""
-    for info in catalogue():
-        if info.name == name:
-            return info
-    known = ", ".join(info.name for info in catalogue())
-    raise InvalidArgument(f"unknown library {name!r}; choose from {known}")
+    info = _by_name().get(name)
+    if info is None:
+        known = ", ".join(info.name for info in catalogue())
+        raise InvalidArgument(f"unknown library {name!r}; choose from {known}")
+    return info

@@ -66,25 +66,11 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import (
-    Axpy,
-    Copy,
-    Geam,
-    Gemm,
-    GemmStridedBatched,
-    Gemv,
-    Ger,
     Nrm2,
-    Rot,
-    Scal,
-    Swap,
-    Syrk,
     Trsm,
 )
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
-from atomr_accel.core.ops._fft import Fft, FftMany
-from atomr_accel.core.ops._graph import LaunchGraph
-from atomr_accel.core.ops._kernels import LaunchKernel
-from atomr_accel.core.ops._memory import Advice, Attach, CopyBuffer, Location, Upload
+from atomr_accel.core.ops._memory import Advice, Attach, Location, Upload
 from atomr_accel.core.ops._rng import RngFill
 
 __all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend"]
@@ -115,13 +101,6 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
     Advice.UNSET_ACCESSED_BY_HOST: (6, True),
 }
 _ATTACH_FLAGS = {Attach.GLOBAL: 1, Attach.HOST: 2}  # cudaMemAttachGlobal, cudaMemAttachHost
-
-_QUEUES_ONLY: frozenset[type[Op]] = frozenset({
-    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, Rot, Swap, Copy, CopyBuffer,
-    Fft, FftMany, LaunchKernel, LaunchGraph,
-})
-"""Ops whose handlers only queue work on the stream: an event loop may launch them itself
-(and most RNG fills: see ``_rng.queues_only``)."""
 
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
 _HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
@@ -295,11 +274,12 @@ class CudaBackend(Backend):
         return started[1]
 
     def queues_only(self, op: Op) -> bool:
-        """True for ops whose handlers only queue device work (no host sync, no compile);
-        an upload qualifies when its source is page-locked host memory."""
-        kind = type(op)
-        if kind in _QUEUES_ONLY:
+        """True for ops whose handlers only queue device work (no host sync, no compile: the
+        op's ``queues_only`` trait); most RNG fills qualify (``_rng.queues_only``), and an
+        upload when its source is page-locked host memory."""
+        if op.queues_only:
             return True
+        kind = type(op)
         if kind is RngFill:
             return cuda_rng.queues_only(op)  # type: ignore[arg-type]
         if kind is Upload:

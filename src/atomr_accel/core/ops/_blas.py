@@ -291,6 +291,7 @@ class Gemm(LinalgOp):
     """
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     api = (
         Form("gemm", ("a", "b", "c", "m", "n", "k")),
@@ -346,6 +347,7 @@ class GemmStridedBatched(LinalgOp):
     """
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     api = (
         Form("gemm_strided_batched", ("a", "b", "c", "m", "n", "k", "batch")),
@@ -397,6 +399,7 @@ class Axpy(LinalgOp):
     """Compute ``y = alpha * x + y`` over strided vectors (BLAS axpy)."""
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = _level1("axpy", ("x", "y"), before=("alpha",))
     n: int
@@ -427,6 +430,7 @@ class Dot(LinalgOp):
     """
 
     library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
     api = _level1("dot", ("x", "y"), returns="float", ours_returns="Any")
     n: int
     x: GpuRef
@@ -470,6 +474,7 @@ class Nrm2(_OneVector):
     """Return the Euclidean norm of x as a Python float, without overflow (BLAS nrm2)."""
 
     library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
     api = _level1("nrm2", ("x",), returns="float")
     n: int
     x: GpuRef
@@ -481,6 +486,7 @@ class Scal(_OneVector):
     """Compute ``x = alpha * x`` in place (BLAS scal)."""
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x",)
     api = _level1("scal", ("x",), before=("alpha",))
     n: int
@@ -498,6 +504,7 @@ class Asum(_OneVector):
     """Return ``sum(|re(x)| + |im(x)|)`` as a Python float, as BLAS asum (complex: not |x|)."""
 
     library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
     api = _level1("asum", ("x",), returns="float")
     n: int
     x: GpuRef
@@ -512,6 +519,7 @@ class Iamax(_OneVector):
     """
 
     library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
     api = _level1("iamax", ("x",), returns="int")
     n: int
     x: GpuRef
@@ -526,6 +534,7 @@ class Iamin(_OneVector):
     """
 
     library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
     api = _level1("iamin", ("x",), returns="int")
     n: int
     x: GpuRef
@@ -561,6 +570,7 @@ class Rot(_TwoVectors):
     """
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x", "y")
     api = _level1("rot", ("x", "y"), after=("c", "s"))
     n: int
@@ -586,6 +596,7 @@ class Swap(_TwoVectors):
     """Exchange the elements of x and y in place (BLAS swap)."""
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x", "y")
     api = _level1("swap", ("x", "y"))
     n: int
@@ -600,6 +611,7 @@ class Copy(_TwoVectors):
     """Copy x into y element by element, each with its own increment (BLAS copy)."""
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = _level1("copy", ("x", "y"))
     n: int
@@ -618,6 +630,7 @@ class Gemv(LinalgOp):
     """
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = (
         Form("gemv", ("m", "n", "a", "x", "y")),
@@ -664,6 +677,7 @@ class Ger(LinalgOp):
     """Compute ``A = alpha * x @ y.T + A`` (``y.H`` with ``conjugate``: gerc), column-major A."""
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("a",)
     api = (
         Form("ger", ("m", "n", "x", "y", "a")),
@@ -702,6 +716,7 @@ class Geam(LinalgOp):
     """Compute ``C = alpha * op(A) + beta * op(B)``, all ``m x n`` after op, column-major (geam)."""
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     api = (
         Form("geam", ("m", "n", "a", "b", "c")),
@@ -756,6 +771,7 @@ class Syrk(LinalgOp):
     """
 
     library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     api = (
         Form("syrk", ("n", "k", "a", "c")),

@@ -143,6 +143,7 @@ class Fft(Op):
     """
 
     library: ClassVar[str] = "fft"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (
         Form("c2c", ("input", "output", _SHAPE), fixed={"kind": FftKind.C2C},
@@ -278,6 +279,7 @@ class FftMany(Op):
     """
 
     library: ClassVar[str] = "fft"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (Form("plan_many", ("input", "output", "rank", "n", "kind")),)
     input: GpuRef

@@ -159,6 +159,8 @@ class LaunchKernel(Op):
     counts as read and, unless ``written`` says otherwise, written.
     """
 
+    queues_only: ClassVar[bool] = True
+    capturable: ClassVar[bool] = True
     kernel: KernelRef
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
