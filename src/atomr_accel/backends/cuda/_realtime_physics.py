@@ -31,12 +31,11 @@ from typing import TYPE_CHECKING, Any
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.backends.cpu._realtime_physics import HASH
 from atomr_accel.backends.cuda import _fluid_pressure as pressure
 from atomr_accel.backends.cuda._realtime_nvrtc import Source, launch
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_physics import (
     ClothStep,
     FluidAddSource,
@@ -51,7 +50,7 @@ from atomr_accel.core.ops._realtime_physics import (
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "SOURCE", "kernels"]
+__all__ = ["SOURCE", "kernels"]
 
 F32 = np.float32
 BLOCK = 256
@@ -393,6 +392,7 @@ def _memcpy(dst: Any, src: Any) -> None:
 # --------------------------------------------------------------------- particles
 
 
+@cuda.handles(ParticleStep)
 def particle_step(backend: CudaBackend, op: ParticleStep) -> int:
     """One thread a particle; each block adds its survivors to ``live[0]``, which is
     downloaded (waiting for this stream) as the answer."""
@@ -412,6 +412,7 @@ def particle_step(backend: CudaBackend, op: ParticleStep) -> int:
     return int(live.get(stream=cp.cuda.get_current_stream())[0])
 
 
+@cuda.handles(ParticleCompact)
 def particle_compact(backend: CudaBackend, op: ParticleCompact) -> None:
     """A scan of the survivors gives each its place; they are scattered there from copies."""
     n = op.count
@@ -428,6 +429,7 @@ def particle_compact(backend: CudaBackend, op: ParticleCompact) -> None:
 # ------------------------------------------------------------------------ cloth
 
 
+@cuda.handles(ClothStep)
 def cloth_step(backend: CudaBackend, op: ClothStep) -> None:
     """One block runs the whole step: Verlet, then the 12 spring sets per iteration with a
     barrier between sets."""
@@ -542,6 +544,7 @@ def _stage(backend: CudaBackend, op: FluidStep, plan: _FluidPlan, name: str,
     plan.graphs[name].launch(stream=stream)
 
 
+@cuda.handles(FluidStep)
 def fluid_step(backend: CudaBackend, op: FluidStep) -> None:
     """Set ``dt`` and ``viscosity * dt`` on the device; run the stage before the solve,
     runs of ``CHECK_EVERY`` solve iterations until the solve stops (the host reads its
@@ -564,6 +567,7 @@ def fluid_step(backend: CudaBackend, op: FluidStep) -> None:
     _stage(backend, op, plan, "after", lambda: _after(op, fields(), plan))
 
 
+@cuda.handles(FluidAddSource)
 def fluid_add_source(backend: CudaBackend, op: FluidAddSource) -> None:
     """One thread adds the density and the face velocities."""
     kernels("add_source")((1,), (1,), (
@@ -572,6 +576,7 @@ def fluid_add_source(backend: CudaBackend, op: FluidAddSource) -> None:
         _i32(op.y), F32(op.amount), F32(op.vx), F32(op.vy)))
 
 
+@cuda.handles(FluidDivergence)
 def fluid_divergence(backend: CudaBackend, op: FluidDivergence) -> None:
     """The divergence kernel of the step, on its own."""
     _launch("divergence", op.width * op.height, backend.array(op.u.buffer_id),
@@ -582,6 +587,7 @@ def fluid_divergence(backend: CudaBackend, op: FluidDivergence) -> None:
 # ------------------------------------------------------------------ spatial grid
 
 
+@cuda.handles(GridBuild)
 def grid_build(backend: CudaBackend, op: GridBuild) -> None:
     """A counting sort by slot: count per slot, scan for the starts, scatter."""
     n, table = op.count, op.table_size
@@ -597,6 +603,7 @@ def grid_build(backend: CudaBackend, op: GridBuild) -> None:
     cp.add(end, start, out=end)
 
 
+@cuda.handles(GridQuery)
 def grid_query(backend: CudaBackend, op: GridQuery) -> list[np.ndarray[Any, Any]]:
     """Count each query's hits, scan, write them, download; each query's list is sorted on
     the host. Waits for its stream: the answer is host data."""
@@ -620,16 +627,3 @@ def grid_query(backend: CudaBackend, op: GridQuery) -> list[np.ndarray[Any, Any]
     hits = out[:total].get(stream=stream)
     starts = offsets.get(stream=stream)
     return [np.sort(part) for part in np.split(hits, starts[1:])]
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    ParticleStep: particle_step,
-    ParticleCompact: particle_compact,
-    ClothStep: cloth_step,
-    FluidStep: fluid_step,
-    FluidAddSource: fluid_add_source,
-    FluidDivergence: fluid_divergence,
-    GridBuild: grid_build,
-    GridQuery: grid_query,
-}
-"""Realtime physics handlers of the CUDA backend."""
