@@ -20,6 +20,7 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
+from atomr_accel.backends._base import Handler
 from atomr_accel.core._op import Op
 
 __all__ = ["Entry", "Registry", "cpu", "cuda", "shared", "table"]
@@ -32,11 +33,11 @@ class Entry(NamedTuple):
     floating-point warnings off (``quiet``: it computes through NaN and overflow as a GPU
     kernel does)."""
 
-    handler: Callable[[Any, Any], Any]
+    handler: Handler
     quiet: bool
 
 
-Wrap = Callable[[Callable[[Any, Any], Any]], Callable[[Any, Any], Any]]
+Wrap = Callable[[Handler], Handler]
 
 
 class Registry:
@@ -48,7 +49,7 @@ class Registry:
         self.tables: list[tuple[Registry, dict[type[Op], Any], Wrap | None]] = []
         """The tables built from these entries: (their backend's registry, table, quiet)."""
 
-    def register(self, op: type[Op], handler: Callable[[Any, Any], Any], *,
+    def register(self, op: type[Op], handler: Handler, *,
                  quiet: bool = False) -> None:
         """Register ``handler`` for ``op``; ``TypeError`` if another handler holds it."""
         held = self.entries.get(op)
@@ -60,7 +61,7 @@ class Registry:
             if own is self or op not in own.entries:  # a backend's own handler wins
                 built[op] = _wrapped(self.entries[op], wrap)
 
-    def register_all(self, handlers: Mapping[type[Op], Callable[[Any, Any], Any]], *,
+    def register_all(self, handlers: Mapping[type[Op], Handler], *,
                      quiet: bool = False) -> None:
         """Register each handler of ``handlers`` for its op."""
         for op, handler in handlers.items():
@@ -92,12 +93,12 @@ def _load(package: str) -> None:
         importlib.import_module(f"{package}.{info.name}")
 
 
-def _wrapped(entry: Entry, quiet: Wrap | None) -> Callable[[Any, Any], Any]:
+def _wrapped(entry: Entry, quiet: Wrap | None) -> Handler:
     return quiet(entry.handler) if quiet is not None and entry.quiet else entry.handler
 
 
-def table(own: Registry, package: str, base: Mapping[type[Op], Callable[[Any, Any], Any]],
-          quiet: Wrap | None = None) -> dict[type[Op], Callable[[Any, Any], Any]]:
+def table(own: Registry, package: str, base: Mapping[type[Op], Handler],
+          quiet: Wrap | None = None) -> dict[type[Op], Handler]:
     """The handler table of the backend whose handlers ``own`` holds, written in
     ``package``: ``base`` (the context's own ops), the shared handlers, then its own.
     ``quiet`` wraps the handlers registered ``quiet`` (None: they run as they are)."""
@@ -105,6 +106,6 @@ def table(own: Registry, package: str, base: Mapping[type[Op], Callable[[Any, An
     _load(package)
     entries = shared.entries | own.entries
     built = dict(base) | {op: _wrapped(entry, quiet) for op, entry in entries.items()}
-    for registry in {own, shared}:
+    for registry in (own, shared):
         registry.tables.append((own, built, quiet))
     return built
