@@ -11,6 +11,10 @@ blocking twin ``name`` and, for ``dtypes``, one variant per dtype
 of its name: another default, a parser from the original package's option
 strings (``trans="N"``), or a value filled in when omitted (``n=None``: the
 whole buffer).
+
+The original package's forms of an op are not written in its declaration:
+``atomr_accel.original`` attaches them to the op class (``attach``), and a
+method set made before that receives them then (``on_attach``).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ __all__ = [
     "REQUIRED",
     "Form",
     "Param",
+    "attach",
     "choice",
     "diag_flag",
+    "on_attach",
     "original",
     "side_flag",
     "trans_flag",
@@ -102,6 +108,22 @@ class Form:
     timeout_last: bool = False
     """True: ``timeout_secs`` follows ``params`` as the last positional parameter (the
     original package's methods); else it is keyword-only."""
+
+
+_LISTENERS: list[Callable[[type, tuple[Form, ...]], None]] = []
+
+
+def attach(op: type, *forms: Form) -> None:
+    """Add ``forms`` to the facade methods of the op class ``op`` (after those it declares),
+    and tell each ``on_attach`` listener."""
+    op.api = (*op.api, *forms)  # type: ignore[attr-defined]
+    for listener in _LISTENERS:
+        listener(op, forms)
+
+
+def on_attach(listener: Callable[[type, tuple[Form, ...]], None]) -> None:
+    """Call ``listener(op, forms)`` on every later ``attach``."""
+    _LISTENERS.append(listener)
 
 
 # ------------------------------------------------- the original package's option strings

@@ -21,7 +21,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from atomr_accel.core._api import REQUIRED, Form, Param
+from atomr_accel.core._api import REQUIRED, Form, Param, on_attach
 from atomr_accel.core._catalogue import load_op_modules
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -292,6 +292,23 @@ def methods_for(handle: str) -> Iterator[Method]:
                 yield _method(op, form, dtype)
 
 
+_SETS: dict[str, list[type[Generated]]] = collections.defaultdict(list)
+"""Handle -> the method sets made for it."""
+
+
+def _attached(op: type, forms: tuple[Form, ...]) -> None:
+    """Give the method sets made already the methods of forms attached to ``op`` later."""
+    declared_ops.cache_clear()
+    declared = typing.cast(type[Op], op)
+    for form in forms:
+        for cls in _SETS[form.handle or declared.library]:
+            for dtype in form.dtypes or (None,):
+                cls._add(_method(declared, form, dtype))
+
+
+on_attach(_attached)
+
+
 class Generated:
     """Base of the method sets: a subclass made with ``handle="blas"`` receives every
     method declared for that handle (``name_async`` and ``name``). The class that uses a
@@ -304,12 +321,19 @@ class Generated:
     def __init_subclass__(cls, handle: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.handle = handle
+        if handle:
+            _SETS[handle].append(cls)
         for method in methods_for(handle):
-            for attr in (f"{method.name}_async", method.name):
-                if attr in cls.__dict__:
-                    raise TypeError(f"{cls.__name__}.{attr} is declared twice")
-            setattr(cls, f"{method.name}_async", method.run_async)
-            setattr(cls, method.name, method.run)
+            cls._add(method)
+
+    @classmethod
+    def _add(cls, method: Method) -> None:
+        """Set ``method`` (``name_async`` and ``name``); ``TypeError`` if either is set."""
+        for attr in (f"{method.name}_async", method.name):
+            if attr in cls.__dict__:
+                raise TypeError(f"{cls.__name__}.{attr} is declared twice")
+        setattr(cls, f"{method.name}_async", method.run_async)
+        setattr(cls, method.name, method.run)
 
 
 # ------------------------------------------------------------------------- the stub

@@ -28,17 +28,7 @@ import numbers
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from atomr_accel.core._api import (
-    Form,
-    Param,
-    diag_flag,
-    side_flag,
-    trans_flag,
-)
-from atomr_accel.core._api import original as _original
-from atomr_accel.core._api import trans_param as _trans
-from atomr_accel.core._api import uplo_param as _uplo
-from atomr_accel.core._api import whole_vectors as _whole
+from atomr_accel.core._api import Form
 from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -87,13 +77,9 @@ FLOAT_DTYPES: tuple[DType, ...] = (DType.F32, DType.F64, DType.C64, DType.C128)
 
 
 def _level1(name: str, vectors: tuple[str, ...], *, before: tuple[str, ...] = (),
-            after: tuple[str, ...] = (), returns: str = "None",
-            ours_returns: str | None = None) -> tuple[Form, Form]:
-    """A level-1 op's forms: ours, ``name(n, *before, *vectors, *after)``, and the
-    original's ``name_f32/_f64(*before, *vectors, *after, n=None, incx=1, ...)``."""
-    incs = tuple(f"inc{v}" for v in vectors)
-    return (Form(name, ("n", *before, *vectors, *after), returns=ours_returns or returns),
-            _original(name, (*before, *vectors, *after, _whole(*vectors), *incs), 10.0, returns))
+            after: tuple[str, ...] = (), returns: str = "None") -> tuple[Form]:
+    """A level-1 op's form: ``name(n, *before, *vectors, *after)``."""
+    return (Form(name, ("n", *before, *vectors, *after), returns=returns),)
 
 
 def _single_extent(name: str, rows: int, cols: int, ld: int) -> int:
@@ -293,15 +279,7 @@ class Gemm(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
-    api = (
-        Form("gemm", ("a", "b", "c", "m", "n", "k")),
-        _original("gemm", ("a", "b", "c", "m", "n", "k", "alpha", "beta",
-                           _trans("trans_a", "conj_a"), _trans("trans_b", "conj_b"), "lda", "ldb",
-                           "ldc"), 60.0),
-        Form("sgemm", ("a", "b", "c", "m", "n", "k", "alpha", "beta"), handle="device",
-             dtypes=(DType.F32,), timeout=60.0, suffixed=False,
-             note="The original package's ``Device.sgemm``: float32, column-major."),
-    )
+    api = (Form("gemm", ("a", "b", "c", "m", "n", "k")),)
     a: GpuRef
     b: GpuRef
     c: GpuRef
@@ -349,13 +327,7 @@ class GemmStridedBatched(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
-    api = (
-        Form("gemm_strided_batched", ("a", "b", "c", "m", "n", "k", "batch")),
-        _original("gemm_strided_batched", (
-            "a", "b", "c", "m", "n", "k", Param("stride_a"), Param("stride_b"), Param("stride_c"),
-            Param("batch_count", to=("batch",)), "alpha", "beta", _trans("trans_a", "conj_a"),
-            _trans("trans_b", "conj_b"), "lda", "ldb", "ldc"), 60.0),
-    )
+    api = (Form("gemm_strided_batched", ("a", "b", "c", "m", "n", "k", "batch")),)
     a: GpuRef
     b: GpuRef
     c: GpuRef
@@ -431,7 +403,7 @@ class Dot(LinalgOp):
 
     library: ClassVar[str] = "blas"
     host_result: ClassVar[bool] = True
-    api = _level1("dot", ("x", "y"), returns="float", ours_returns="Any")
+    api = _level1("dot", ("x", "y"), returns="Any")
     n: int
     x: GpuRef
     y: GpuRef
@@ -632,11 +604,7 @@ class Gemv(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
-    api = (
-        Form("gemv", ("m", "n", "a", "x", "y")),
-        _original("gemv", ("a", "x", "y", "m", "n", "alpha", "beta", _trans("trans", "conj"), "lda",
-                           "incx", "incy"), 30.0),
-    )
+    api = (Form("gemv", ("m", "n", "a", "x", "y")),)
     m: int
     n: int
     a: GpuRef
@@ -679,10 +647,7 @@ class Ger(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("a",)
-    api = (
-        Form("ger", ("m", "n", "x", "y", "a")),
-        _original("ger", ("x", "y", "a", "m", "n", "alpha", "lda", "incx", "incy"), 30.0),
-    )
+    api = (Form("ger", ("m", "n", "x", "y", "a")),)
     m: int
     n: int
     x: GpuRef
@@ -718,12 +683,7 @@ class Geam(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
-    api = (
-        Form("geam", ("m", "n", "a", "b", "c")),
-        _original("geam", ("a", "b", "c", "m", "n", "alpha", Param("beta", 1.0),
-                           _trans("trans_a", "conj_a"), _trans("trans_b", "conj_b"), "lda", "ldb",
-                           "ldc"), 30.0),
-    )
+    api = (Form("geam", ("m", "n", "a", "b", "c")),)
     m: int
     n: int
     a: GpuRef
@@ -773,12 +733,7 @@ class Syrk(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
-    api = (
-        Form("syrk", ("n", "k", "a", "c")),
-        _original("syrk", ("a", "c", "n", "k", "alpha", "beta", _uplo("L"),
-                           Param("trans", "N", parse=trans_flag, annotation="str | bool"), "lda",
-                           "ldc"), 30.0),
-    )
+    api = (Form("syrk", ("n", "k", "a", "c")),)
     n: int
     k: int
     a: GpuRef
@@ -818,14 +773,7 @@ class Trsm(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
-    api = (
-        Form("trsm", ("m", "n", "a", "b")),
-        _original("trsm", ("a", "b", "m", "n", "alpha",
-                           Param("side", "L", to=("left",), parse=side_flag, annotation="str"),
-                           _uplo("L"), _trans("trans", "conj"),
-                           Param("diag", "N", to=("unit_diag",), parse=diag_flag,
-                                 annotation="str"), "lda", "ldb"), 30.0),
-    )
+    api = (Form("trsm", ("m", "n", "a", "b")),)
     m: int
     n: int
     a: GpuRef
