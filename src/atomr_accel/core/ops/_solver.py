@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from atomr_accel.core._api import Form, Param, original, uplo_param
+from atomr_accel.core._api import Form
 from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -97,10 +97,7 @@ class Getrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
-    api = (
-        Form("getrf", ("a", "ipiv", "m", "n")),
-        original("lu", ("a", "ipiv", "m", "n", "lda"), 60.0),
-    )
+    api = (Form("getrf", ("a", "ipiv", "m", "n")),)
     a: GpuRef
     ipiv: GpuRef
     m: int
@@ -130,11 +127,7 @@ class Getrs(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
-    api = (
-        Form("getrs", ("a", "ipiv", "b", "n", "nrhs")),
-        original("lu_solve", (Param("lu", to=("a",)), "ipiv", "b", "n", "nrhs", "ldb", "trans"),
-                 60.0),
-    )
+    api = (Form("getrs", ("a", "ipiv", "b", "n", "nrhs")),)
     a: GpuRef
     ipiv: GpuRef
     b: GpuRef
@@ -172,10 +165,7 @@ class Potrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
-    api = (
-        Form("potrf", ("a", "n")),
-        original("cholesky", ("a", "n", uplo_param("U"), "lda"), 60.0),
-    )
+    api = (Form("potrf", ("a", "n")),)
     a: GpuRef
     n: int
     lda: int | None = None
@@ -231,10 +221,7 @@ class Geqrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "tau")
-    api = (
-        Form("geqrf", ("a", "tau", "m", "n")),
-        original("qr", ("a", "tau", "m", "n", "lda"), 60.0),
-    )
+    api = (Form("geqrf", ("a", "tau", "m", "n")),)
     a: GpuRef
     tau: GpuRef
     m: int
@@ -302,10 +289,7 @@ class Gesvd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
-    api = (
-        Form("gesvd", ("a", "s", "u", "vt", "m", "n")),
-        original("svd", ("a", "s", "m", "n", Param("u", None), Param("vt", None)), 60.0),
-    )
+    api = (Form("gesvd", ("a", "s", "u", "vt", "m", "n")),)
     a: GpuRef
     s: GpuRef
     u: GpuRef | None
@@ -341,11 +325,7 @@ class Syevd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
-    api = (
-        Form("syevd", ("a", "w", "n")),
-        original("eigh", ("a", "w", "n", uplo_param("L"), "lda",
-                          Param("compute_vectors", True, to=("vectors",))), 60.0),
-    )
+    api = (Form("syevd", ("a", "w", "n")),)
     a: GpuRef
     w: GpuRef
     n: int
@@ -378,11 +358,7 @@ class GetrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv", "info")
-    api = (
-        Form("getrf_batched", ("a", "ipiv", "n", "batch")),
-        original("getrf_batched", ("a", "ipiv", Param("info"),
-                                   Param("batch_count", to=("batch",)), "n", "lda"), 60.0),
-    )
+    api = (Form("getrf_batched", ("a", "ipiv", "n", "batch")),)
     a: GpuRef
     ipiv: GpuRef
     n: int
@@ -460,11 +436,7 @@ class PotrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "info")
-    api = (
-        Form("potrf_batched", ("a", "n", "batch")),
-        original("potrf_batched", ("a", Param("info"), Param("batch_count", to=("batch",)), "n",
-                                   uplo_param("U"), "lda"), 60.0),
-    )
+    api = (Form("potrf_batched", ("a", "n", "batch")),)
     a: GpuRef
     n: int
     batch: int
@@ -617,11 +589,7 @@ class GesvdjBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("s", "u", "v", "info")
-    api = (
-        Form("gesvdj_batched", ("a", "s", "u", "v", "m", "n", "batch")),
-        original("gesvdj_batched", ("a", "s", Param("batch_count", to=("batch",)), "m", "n",
-                                    Param("u", None), Param("v", None)), 60.0),
-    )
+    api = (Form("gesvdj_batched", ("a", "s", "u", "v", "m", "n", "batch")),)
     a: GpuRef
     s: GpuRef
     u: GpuRef | None
