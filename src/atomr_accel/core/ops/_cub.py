@@ -175,9 +175,6 @@ class CubReduce(Op):
              fixed={"kind": ReduceKind.CUSTOM},
              doc="Reduce with the associative C expression ``expr`` over ``a`` and ``b`` "
                  "(identity ``init``) into ``output[0]``."),
-        Form("reduce_sum", ("input", "output"), dtypes=(DType.F32,), timeout=10.0,
-             fixed={"kind": ReduceKind.SUM, **_NO_CUSTOM}, timeout_last=True,
-             doc="Sum all of ``input`` into ``output[0]``.", note="The original package's form."),
     )
     input: GpuRef
     output: GpuRef
