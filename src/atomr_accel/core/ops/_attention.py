@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from atomr_accel.core._api import Form, original
+from atomr_accel.core._api import Form
 from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -404,9 +404,6 @@ class SdpaSupport(Op):
     """
 
     library: ClassVar[str] = "flashattn"
-    api = (Form("forward_f16", ("arch", "head_dim", "gqa_ratio", "mask", "window", "alibi",
-                                "sink_tokens", "softmax_scale"), timeout=10.0, returns="str",
-                timeout_last=True),)
     arch: str = "sm_80"
     head_dim: int = 64
     gqa_ratio: int = 1
@@ -436,9 +433,6 @@ class SdpaSupport(Op):
         self.attention_mask().validate()
 
 
-_MHA_SHAPE = ("q", "k", "v", "o", "batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim")
-
-
 @dataclass(frozen=True, slots=True)
 class MultiHeadAttnForward(Attention):
     """cuDNN multi-head attention forward (the original package's
@@ -456,8 +450,6 @@ class MultiHeadAttnForward(Attention):
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("o", "stats")
-    api = (original("multihead_attn_fwd", _MHA_SHAPE, 60.0, returns="str",
-                    dtypes=(DType.F32,)),)
     q: GpuRef
     k: GpuRef
     v: GpuRef

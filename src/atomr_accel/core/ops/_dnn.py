@@ -252,12 +252,10 @@ def _same_shape(name: str, given: tuple[int, ...], expected: tuple[int, ...]) ->
 _CONV_OPTIONS = ("pad", "stride", "dilation", "groups", "alpha", "beta")
 
 
-def _conv_forms(name: str, params: tuple[str, ...]) -> tuple[Form, Form]:
-    """The unsuffixed form (any float dtype) and the original's ``name_f32``."""
+def _conv_forms(name: str, params: tuple[str, ...]) -> tuple[Form]:
+    """The unsuffixed form (any float dtype)."""
     every = (*params, *_CONV_OPTIONS)
-    return (Form(name, every, timeout=_TIMEOUT, returns="str", timeout_last=True),
-            Form(name, every, dtypes=(DType.F32,), timeout=_TIMEOUT, returns="str",
-                 timeout_last=True, note="The original package's form."))
+    return (Form(name, every, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,11 +434,9 @@ _POOL_OPTIONS = ("kernel", "stride", "pad", Param("mode", "max", parse=_pool_mod
                                                    annotation="str"), "alpha", "beta")
 
 
-def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form, Form]:
-    """An op's unsuffixed form and its ``name_f32``, both with the original's 60 s timeout."""
-    return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),
-            Form(name, params, dtypes=(DType.F32,), timeout=_TIMEOUT, returns="str",
-                 timeout_last=True, note="The original package's form."))
+def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form]:
+    """An op's unsuffixed form, with the original's 60 s timeout."""
+    return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
 @dataclass(frozen=True, slots=True)
