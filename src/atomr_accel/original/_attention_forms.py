@@ -3,9 +3,10 @@ configuration runs here) and ``Cudnn.multihead_attn_fwd_f32``, attached to their
 
 from __future__ import annotations
 
-from atomr_accel.core._api import Form, attach, original
+from atomr_accel.core._api import Form, attach
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._attention import MultiHeadAttnForward, SdpaSupport
+from atomr_accel.original._options import original
 
 __all__: list[str] = []
 

@@ -4,11 +4,7 @@ option strings, ``n=None`` for whole vectors and its default timeouts."""
 
 from __future__ import annotations
 
-from atomr_accel.core._api import Form, Param, attach, diag_flag, side_flag, trans_flag
-from atomr_accel.core._api import original as _original
-from atomr_accel.core._api import trans_param as _trans
-from atomr_accel.core._api import uplo_param as _uplo
-from atomr_accel.core._api import whole_vectors as _whole
+from atomr_accel.core._api import Form, Param, attach
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import (
@@ -30,6 +26,11 @@ from atomr_accel.core.ops._blas import (
     Syrk,
     Trsm,
 )
+from atomr_accel.original._options import diag_flag, side_flag, trans_flag
+from atomr_accel.original._options import original as _original
+from atomr_accel.original._options import trans_param as _trans
+from atomr_accel.original._options import uplo_param as _uplo
+from atomr_accel.original._options import whole_vectors as _whole
 
 __all__: list[str] = []
 

@@ -3,10 +3,11 @@ lam)`` with a rate, ``uniform_u32(buf)``, ...), attached to ``RngFill``."""
 
 from __future__ import annotations
 
-from atomr_accel.core._api import REALS, Form, Param, attach
+from atomr_accel.core._api import Form, Param, attach
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._rng import RngFill, fill_param
+from atomr_accel.original._options import REALS
 
 __all__: list[str] = []
 

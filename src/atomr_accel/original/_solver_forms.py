@@ -3,7 +3,7 @@ attached to the solver ops."""
 
 from __future__ import annotations
 
-from atomr_accel.core._api import Param, attach, original, uplo_param
+from atomr_accel.core._api import Param, attach
 from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,
@@ -15,6 +15,7 @@ from atomr_accel.core.ops._solver import (
     PotrfBatched,
     Syevd,
 )
+from atomr_accel.original._options import original, uplo_param
 
 __all__: list[str] = []
 
