@@ -49,7 +49,7 @@ from atomr_accel.backends.cpu._blas import matrix_views, vector_view
 from atomr_accel.backends.cpu._solver import raise_first
 from atomr_accel.core._op import require
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._blas import Matrix
+from atomr_accel.core.ops._linalg import Matrix
 from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,

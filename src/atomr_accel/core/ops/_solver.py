@@ -33,7 +33,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import require_dtype, require_len
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._blas import LinalgOp, Matrix, Vector, require_trans
+from atomr_accel.core.ops._linalg import LinalgOp, Matrix, Vector, require_trans
 
 __all__ = [
     "Geqrf",
