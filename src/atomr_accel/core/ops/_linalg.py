@@ -47,6 +47,9 @@ __all__ = [
     "LinalgOp",
     "Matrix",
     "Vector",
+    "require_info",
+    "require_pivots",
+    "require_real",
     "require_scalar",
     "require_trans",
 ]
@@ -227,3 +230,22 @@ class LinalgOp(Op, abc.ABC):
             if type(value) is not float and type(value) is not int:  # those fit every dtype
                 require_scalar(name, value, dtype)
         self.check_extra(dtype)
+
+
+def require_pivots(ipiv: GpuRef, needed: int) -> None:
+    """Check a pivot buffer: i32 with at least ``needed`` entries."""
+    require_dtype(ipiv, (DType.I32,), "ipiv")
+    require_len(ipiv, needed, "ipiv")
+
+
+def require_info(info: GpuRef | None, batch: int) -> None:
+    """Check an optional per-matrix status buffer: i32 with ``batch`` entries."""
+    if info is not None:
+        require_dtype(info, (DType.I32,), "info")
+        require_len(info, batch, "info")
+
+
+def require_real(ref: GpuRef, dtype: DType, needed: int, name: str) -> None:
+    """Check a buffer of ``dtype``'s real values (singular values, eigenvalues)."""
+    require_dtype(ref, (dtype.real,), name)
+    require_len(ref, needed, name)
