@@ -16,7 +16,8 @@ import atomr_accel.original as _package
 __all__ = ["FORM_MODULES"]
 
 FORM_MODULES: tuple[str, ...] = tuple(
-    info.name for info in pkgutil.iter_modules(_package.__path__) if info.name.endswith("_forms")
+    info.name for info in pkgutil.iter_modules(_package.__path__)
+    if info.name.endswith("_forms") and info.name != __name__.rpartition(".")[2]
 )
 """The modules that attach the original's forms, one per library."""
 
