@@ -102,6 +102,7 @@ from atomr_accel.facade import (
     TrtEngine,
 )
 from atomr_accel.facade._peer import CopyPath, PeerTopology
+from atomr_accel.original import _op_forms  # noqa: F401 - attaches the original's op forms
 from atomr_accel.patterns import (
     DynamicBatchingServer,
     FairShareScheduler,

@@ -8,9 +8,13 @@ checks its arguments when called and returns the awaitable of the op), its
 blocking twin ``name`` and, for ``dtypes``, one variant per dtype
 (``name_f32``, ...) that refuses buffers of another dtype. Every method takes
 ``timeout_secs``. A ``Param`` declares a parameter that is not simply the field
-of its name: another default, a parser from the original package's option
-strings (``trans="N"``), or a value filled in when omitted (``n=None``: the
-whole buffer).
+of its name: another default, a parser of option strings (the original
+package's ``trans="N"``: ``atomr_accel.original``), or a value filled in when
+omitted (``n=None``: the whole buffer).
+
+The original package's forms of an op are not written in its declaration:
+``atomr_accel.original`` attaches them to the op class (``attach``), and a
+method set made before that receives them then (``on_attach``).
 """
 
 from __future__ import annotations
@@ -23,21 +27,12 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 
 __all__ = [
-    "REALS",
     "REQUIRED",
     "Form",
     "Param",
+    "attach",
     "choice",
-    "diag_flag",
-    "original",
-    "side_flag",
-    "trans_flag",
-    "trans_flags",
-    "trans_param",
-    "uplo_flag",
-    "uplo_param",
-    "vector_count",
-    "whole_vectors",
+    "on_attach",
 ]
 
 
@@ -104,7 +99,23 @@ class Form:
     original package's methods); else it is keyword-only."""
 
 
-# ------------------------------------------------- the original package's option strings
+_LISTENERS: list[Callable[[type, tuple[Form, ...]], None]] = []
+
+
+def attach(op: type, *forms: Form) -> None:
+    """Add ``forms`` to the facade methods of the op class ``op`` (after those it declares),
+    and tell each ``on_attach`` listener."""
+    op.api = (*op.api, *forms)  # type: ignore[attr-defined]
+    for listener in _LISTENERS:
+        listener(op, forms)
+
+
+def on_attach(listener: Callable[[type, tuple[Form, ...]], None]) -> None:
+    """Call ``listener(op, forms)`` on every later ``attach``."""
+    _LISTENERS.append(listener)
+
+
+# ------------------------------------------------------------------ option strings
 
 
 def choice(name: str, values: Mapping[str | bool, Any]) -> Callable[[Any], Any]:
@@ -121,58 +132,3 @@ def choice(name: str, values: Mapping[str | bool, Any]) -> Callable[[Any], Any]:
 
     parse.__name__ = f"parse_{name}"
     return parse
-
-
-trans_flags = choice("trans", {"n": (False, False), "t": (True, False), "c": (True, True),
-                               False: (False, False), True: (True, False)})
-"""``"N"``/``"T"``/``"C"`` (or a bool) as ``(trans, conj)``."""
-
-trans_flag = choice("trans", {"n": False, "t": True, False: False, True: True})
-"""``"N"``/``"T"`` (or a bool) as ``trans``, for ops with no conjugate."""
-
-uplo_flag = choice("uplo", {"u": True, "upper": True, "l": False, "lower": False})
-"""``"U"``/``"L"`` as ``upper``."""
-
-side_flag = choice("side", {"l": True, "left": True, "r": False, "right": False})
-"""``"L"``/``"R"`` as ``left``."""
-
-diag_flag = choice("diag", {"n": False, "u": True})
-"""``"N"``/``"U"`` as ``unit_diag``."""
-
-
-def vector_count(*vectors: Any) -> int:
-    """The ``n`` that covers every vector: pairs ``(ref, inc)`` flattened as
-    ``ref1, inc1, ref2, inc2``; a vector of ``L`` elements ``|inc|`` apart holds
-    ``(L - 1) // |inc| + 1`` of them."""
-    counts = []
-    for ref, inc in zip(vectors[::2], vectors[1::2], strict=True):
-        step = abs(inc) if isinstance(inc, int) and inc != 0 else 1
-        counts.append(0 if ref.length == 0 else (ref.length - 1) // step + 1)
-    return min(counts)
-
-
-REALS = (DType.F32, DType.F64)
-"""The dtypes of the original package's ``_f32`` / ``_f64`` methods."""
-
-
-def original(name: str, params: tuple[str | Param, ...], timeout: float,
-             returns: str = "None", dtypes: tuple[DType, ...] = REALS) -> Form:
-    """The original package's ``name_f32`` / ``name_f64`` form of an op."""
-    return Form(name, params, dtypes=dtypes, timeout=timeout, returns=returns,
-                note="The original package's form.", timeout_last=True)
-
-
-def whole_vectors(*vectors: str) -> Param:
-    """The original's ``n=None``: as many elements as every vector holds."""
-    uses = tuple(name for v in vectors for name in (v, f"inc{v}"))
-    return Param("n", None, fill=vector_count, uses=uses, annotation="int | None")
-
-
-def trans_param(name: str, conj: str) -> Param:
-    """The original's ``"N"``/``"T"``/``"C"`` option as an op's transpose and conjugate."""
-    return Param(name, "N", to=(name, conj), parse=trans_flags, annotation="str | bool")
-
-
-def uplo_param(default: str) -> Param:
-    """The original's ``uplo="U"``/``"L"`` as an op's ``upper``."""
-    return Param("uplo", default, to=("upper",), parse=uplo_flag, annotation="str")

@@ -62,16 +62,25 @@ def _buffer_reader(cls: type) -> Callable[[object], tuple[object, ...]]:
 class Op(PickleByFields):
     """Base class of ops; subclasses are ``@dataclass(frozen=True, slots=True)``.
 
-    ``library`` names the kernel actor that runs the op (``"blas"``, ``"fft"``,
-    ``"rng"``, ``"solver"``, ``"sparse"``, ``"tensor"``, or ``"memory"`` for the
-    context itself). ``outputs`` names the fields the op writes. An op pickles
-    as its class and field values (``PickleByFields``), so unpickling it does
-    not validate it again.
+    ``library`` names the kernel actor that runs the op (a catalogued library:
+    ``"blas"``, ``"fft"``, ..., or ``"memory"`` for the context itself).
+    ``outputs`` names the fields the op writes. An op pickles as its class and
+    field values (``PickleByFields``), so unpickling it does not validate it
+    again. The traits below say how the op runs; each op class sets its own.
     """
 
     __slots__ = ()
     library: ClassVar[str] = "memory"
     outputs: ClassVar[tuple[str, ...]] = ()
+    queues_only: ClassVar[bool] = False
+    """Its GPU handler only queues device work (no host sync, no compile), so an event loop
+    may launch it itself."""
+    host_result: ClassVar[bool] = False
+    """It answers a value computed on the host from device data (a dot product), so a graph
+    cannot record it."""
+    capturable: ClassVar[bool] = False
+    """A graph may record it though its library's ops may not be (a copy, a kernel launch);
+    a capturable library's ops may be recorded unless they answer a host value."""
     api: ClassVar[tuple[Form, ...]] = ()
     """The facade methods that run the op (``core._api.Form``), declared once here."""
 

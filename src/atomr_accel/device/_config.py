@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from atomr_accel.backends import BACKENDS, Capabilities, capabilities
+from atomr_accel.core._catalogue import catalogue, library
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.device._journal import JournalConfig
 from atomr_accel.device._streams import PerActorStreams, StreamAllocator
@@ -14,11 +15,8 @@ from atomr_accel.hosts._base import BackendSpec, ContextHost
 
 __all__ = ["ALL_LIBRARIES", "DeviceConfig"]
 
-ALL_LIBRARIES: tuple[str, ...] = (
-    "blas", "fft", "rng", "solver", "sparse", "tensor", "nvrtc", "module", "graph",
-    "cudnn", "flashattn", "blaslt", "realtime", "nccl", "onnx", "cub", "train", "cutlass",
-)
-"""Every library a device can enable."""
+ALL_LIBRARIES: tuple[str, ...] = tuple(info.name for info in catalogue())
+"""Every library a device can enable, in the catalogue's order (``core._catalogue``)."""
 
 Isolation = Literal["thread", "process", "ray"]
 
@@ -71,11 +69,8 @@ class DeviceConfig:
             raise InvalidArgument("node and ray_options apply to isolation='ray' only")
         if self.node is not None and (not isinstance(self.node, str) or not self.node):
             raise InvalidArgument(f"node must be a Ray node id (a str), got {self.node!r}")
-        unknown = [lib for lib in self.libraries if lib not in ALL_LIBRARIES]
-        if unknown:
-            raise InvalidArgument(
-                f"unknown library {unknown[0]!r}; choose from {', '.join(ALL_LIBRARIES)}"
-            )
+        for name in self.libraries:
+            library(name)  # raises for an unknown name, naming the choices
         if self.device_id < 0:
             raise InvalidArgument(f"device_id must be >= 0, got {self.device_id}")
         offers = BACKENDS.get(self.backend)

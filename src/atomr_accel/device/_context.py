@@ -15,7 +15,7 @@ from atomr_accel.core._errors import (
     WorkerLost,
 )
 from atomr_accel.device._config import DeviceConfig
-from atomr_accel.device._kernels import KERNEL_ACTORS, launch
+from atomr_accel.device._kernels import actor_class, launch
 from atomr_accel.device._lane import Gate
 from atomr_accel.device._messages import ContextDown, ContextReady, Fatal, Run
 from atomr_accel.device._state import DeviceState
@@ -87,7 +87,7 @@ class ContextActor(Actor):
         streams = {"memory": 0}
         for library in self.config.libraries:
             stream = streams[library] = self.config.streams.stream_for(library)
-            props = Props(KERNEL_ACTORS[library], host, generation, state, me, stream)
+            props = Props(actor_class(library), host, generation, state, me, stream)
             routes[library] = self.context.spawn(props, library)
         parent = self.context.parent
         assert parent is not None

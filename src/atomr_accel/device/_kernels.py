@@ -1,10 +1,16 @@
-"""Kernel actors: one per library, each submitting its ops to the context host."""
+"""Kernel actors: one per library, each submitting its ops to the context host.
+
+``KernelActor`` is the one kernel actor; each catalogued library
+(``core._catalogue``) gets a subclass named after it (``BlasActor``) that fixes
+its ``library``, made here, so a new library writes no actor."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 from atomr_accel.actor import Actor, ActorRef
+from atomr_accel.core._catalogue import catalogue, library
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.device._lane import check_refs, fatal_to, finish
@@ -15,24 +21,13 @@ from atomr_accel.hosts._base import ContextHost, refusal_of
 __all__ = [
     "KERNEL_ACTORS",
     "BlasActor",
-    "BlasLtActor",
-    "CollectiveActor",
-    "CubActor",
-    "CutlassActor",
-    "CudnnActor",
     "FftActor",
-    "FlashAttnActor",
-    "GraphActor",
     "KernelActor",
-    "ModuleActor",
-    "NvrtcActor",
-    "OnnxActor",
-    "RealtimeActor",
     "RngActor",
     "SolverActor",
     "SparseActor",
     "TensorActor",
-    "TrainActor",
+    "actor_class",
     "launch",
 ]
 
@@ -90,122 +85,24 @@ class KernelActor(Actor):
                self.context_ref, self.stream)
 
 
-class BlasActor(KernelActor):
-    """cuBLAS-shaped ops: gemm, gemv, axpy, dot, ..."""
-
-    library: ClassVar[str] = "blas"
-
-
-class FftActor(KernelActor):
-    """cuFFT-shaped ops: 1-D/2-D/3-D, R2C/C2R/C2C, batched."""
-
-    library: ClassVar[str] = "fft"
-
-
-class RngActor(KernelActor):
-    """cuRAND-shaped random fills."""
-
-    library: ClassVar[str] = "rng"
-
-
-class SolverActor(KernelActor):
-    """cuSOLVER-shaped factorizations and solves."""
-
-    library: ClassVar[str] = "solver"
-
-
-class SparseActor(KernelActor):
-    """cuSPARSE-shaped CSR SpMV/SpMM."""
-
-    library: ClassVar[str] = "sparse"
-
-
-class TensorActor(KernelActor):
-    """cuTENSOR-shaped contractions."""
-
-    library: ClassVar[str] = "tensor"
-
-
-class NvrtcActor(KernelActor):
-    """NVRTC: compiles CUDA C (through a disk cache) and launches the kernels it made."""
-
-    library: ClassVar[str] = "nvrtc"
-
-
-class ModuleActor(KernelActor):
-    """Loads PTX or cubin modules and launches their kernels."""
-
-    library: ClassVar[str] = "module"
-
-
-class GraphActor(KernelActor):
-    """Records op sequences into graphs (CUDA stream capture) and replays them."""
-
-    library: ClassVar[str] = "graph"
-
-
-class CudnnActor(KernelActor):
-    """cuDNN-shaped deep-learning ops: convolutions, pooling, normalizations, RNNs, ..."""
-
-    library: ClassVar[str] = "cudnn"
-
-
-class FlashAttnActor(KernelActor):
-    """Scaled-dot-product attention: forward, backward, paged KV caches, ragged batches."""
-
-    library: ClassVar[str] = "flashattn"
-
-
-class BlasLtActor(KernelActor):
-    """cuBLASLt-shaped matmuls with fused epilogues (bias, ReLU, GELU and their gradients)."""
-
-    library: ClassVar[str] = "blaslt"
-
-
-class RealtimeActor(KernelActor):
-    """Realtime simulation and frame kernels (particles, fluids, filters, ...): NVRTC on CUDA."""
-
-    library: ClassVar[str] = "realtime"
-
-
-class CollectiveActor(KernelActor):
-    """NCCL: this device's communicators (one per world) and the collectives run on them."""
-
-    library: ClassVar[str] = "nccl"
-
-
-class OnnxActor(KernelActor):
-    """ONNX models on ONNX Runtime: sessions of the context, run on this actor's stream."""
-
-    library: ClassVar[str] = "onnx"
-
-
-class CubActor(KernelActor):
-    """Device-wide primitives (reduce, scan, radix sort, histogram, select, ...): CuPy and CUB
-    on CUDA, NumPy on the CPU."""
-
-    library: ClassVar[str] = "cub"
-
-
-class TrainActor(KernelActor):
-    """Layer, loss and optimizer ops of model replicas (``atomr_accel.train``): CuPy kernels
-    on CUDA, NumPy on the CPU."""
-
-    library: ClassVar[str] = "train"
-
-
-class CutlassActor(KernelActor):
-    """CUTLASS kernels (fused-epilogue GEMM, grouped GEMM, implicit-GEMM conv2d) built with
-    nvcc on CUDA, NumPy on the CPU."""
-
-    library: ClassVar[str] = "cutlass"
+@functools.cache
+def actor_class(name: str) -> type[KernelActor]:
+    """The kernel actor class of the catalogued library ``name`` (``BlasActor`` for
+    ``"blas"``), made once; ``InvalidArgument`` for an unknown library."""
+    info = library(name)
+    return type(f"{info.title}Actor", (KernelActor,), {
+        "library": info.name, "__doc__": info.summary, "__module__": __name__,
+        "__qualname__": f"{info.title}Actor"})
 
 
 KERNEL_ACTORS: dict[str, type[KernelActor]] = {
-    cls.library: cls
-    for cls in (BlasActor, FftActor, RngActor, SolverActor, SparseActor, TensorActor,
-                NvrtcActor, ModuleActor, GraphActor, CudnnActor, FlashAttnActor, BlasLtActor,
-                RealtimeActor, CollectiveActor, OnnxActor, CubActor, TrainActor,
-                CutlassActor)
+    info.name: actor_class(info.name) for info in catalogue()
 }
-"""Library name -> kernel actor class."""
+"""Library name -> kernel actor class, one per catalogued library (``core._catalogue``)."""
+
+BlasActor = KERNEL_ACTORS["blas"]
+FftActor = KERNEL_ACTORS["fft"]
+RngActor = KERNEL_ACTORS["rng"]
+SolverActor = KERNEL_ACTORS["solver"]
+SparseActor = KERNEL_ACTORS["sparse"]
+TensorActor = KERNEL_ACTORS["tensor"]

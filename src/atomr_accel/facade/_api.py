@@ -1,62 +1,41 @@
 """The method sets of the handles, generated from the ops' declarations (``Op.api``).
 
-``_api.pyi`` holds their typed stub: run ``python -m atomr_accel.facade`` after
-changing a declaration (a test says when it is out of date).
+One set per catalogued library whose ops declare forms (``BlasApi`` for
+``"blas"``, named by the library's title), and ``DeviceApi`` for the methods of
+``Device``. ``_api.pyi`` holds their typed stub: run ``python -m
+atomr_accel.facade`` after changing a declaration (a test says when it is out
+of date).
 """
 
 from __future__ import annotations
 
-from atomr_accel.facade._generate import Generated
+import types
 
-__all__ = [
-    "BlasApi", "BlasLtApi", "CubApi", "CudnnApi", "CutlassApi", "DeviceApi", "FftApi",
-    "FlashAttnApi", "RngApi", "SolverApi", "SparseApi", "TensorApi",
-]
-
-
-class BlasApi(Generated, handle="blas"):
-    """The BLAS methods (``Blas``)."""
-
-
-class FftApi(Generated, handle="fft"):
-    """The FFT methods (``Fft``)."""
-
-
-class RngApi(Generated, handle="rng"):
-    """The random fills (``RngGenerator``)."""
-
-
-class SolverApi(Generated, handle="solver"):
-    """The dense solver methods (``Solver``)."""
-
-
-class SparseApi(Generated, handle="sparse"):
-    """The sparse methods (``Sparse``)."""
-
-
-class TensorApi(Generated, handle="tensor"):
-    """The tensor methods (``Tensor``)."""
-
-
-class CudnnApi(Generated, handle="cudnn"):
-    """The cuDNN methods (``Cudnn``)."""
-
-
-class FlashAttnApi(Generated, handle="flashattn"):
-    """The attention methods (``FlashAttn``)."""
-
-
-class BlasLtApi(Generated, handle="blaslt"):
-    """The fused-matmul methods (``BlasLt``)."""
-
-
-class CubApi(Generated, handle="cub"):
-    """The device-wide primitives (``Cub``)."""
-
-
-class CutlassApi(Generated, handle="cutlass"):
-    """The CUTLASS kernel methods (``Cutlass``)."""
+from atomr_accel.core._catalogue import LibraryInfo, catalogue
+from atomr_accel.facade._generate import Generated, declared_ops
 
 
 class DeviceApi(Generated, handle="device"):
     """The methods of ``Device`` declared by ops (``free``, ``copy``, ``sgemm``, ...)."""
+
+
+def _method_set(info: LibraryInfo) -> type[Generated]:
+    """The method set of one library's handle (``BlasApi``)."""
+    def body(namespace: dict[str, object]) -> None:
+        namespace["__module__"] = __name__
+        namespace["__doc__"] = f"The methods of the ``{info.name}`` handle: {info.summary}"
+
+    return types.new_class(f"{info.title}Api", (Generated,), {"handle": info.name}, body)
+
+
+_HANDLES = {form.handle or op.library for op in declared_ops() for form in op.api}
+
+API_SETS: dict[str, type[Generated]] = {
+    info.name: _method_set(info) for info in catalogue() if info.name in _HANDLES
+}
+"""Library name -> its method set; ``"device"`` -> ``DeviceApi``."""
+API_SETS["device"] = DeviceApi
+globals().update({cls.__name__: cls for cls in API_SETS.values()})
+
+__all__: list[str] = ["API_SETS"]
+__all__.extend(sorted(cls.__name__ for cls in API_SETS.values()))

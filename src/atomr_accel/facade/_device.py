@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from atomr_accel.actor import ActorError, ActorRef
+from atomr_accel.core._catalogue import LibraryInfo, catalogue
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     DTypeMismatch,
@@ -45,14 +46,10 @@ from atomr_accel.facade._buffers import (
     buffer_for,
     typed_ref,
 )
-from atomr_accel.facade._cub import Cub
-from atomr_accel.facade._cutlass import Cutlass
-from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._graphs import GraphRecorder
 from atomr_accel.facade._host_arrays import flat_elements, host_array
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel, compile_kernel_async
-from atomr_accel.facade._libraries import Blas, Fft, RngGenerator, Solver, Sparse, Tensor
-from atomr_accel.facade._onnx import Onnx
+from atomr_accel.facade._libraries import RngGenerator, handle_class
 from atomr_accel.facade._portal import (
     Portal,
     blocking,
@@ -66,7 +63,7 @@ if TYPE_CHECKING:
     from atomr_accel.facade._functions import DeviceFunction, Resident
     from atomr_accel.facade._memory import IpcMemHandle
 
-__all__ = ["Device"]
+__all__ = ["ACCESSORS", "Device"]
 
 BufferLike = GpuBuffer | GpuRef
 E = TypeVar("E", bound=enum.Enum)
@@ -439,67 +436,10 @@ class Device(DeviceApi):
             raise InvalidArgument(f"the {name} library is not enabled on this device "
                                   f"(spawn_device(libraries=...) has {enabled})")
 
-    def blas(self, timeout_secs: float | None = None) -> Blas:
-        """Return the BLAS handle (gemm, gemv, axpy, ...)."""
-        self._library("blas")
-        return Blas(self)
-
-    def fft(self, timeout_secs: float | None = None) -> Fft:
-        """Return the FFT handle (c2c, r2c, c2r)."""
-        self._library("fft")
-        return Fft(self)
-
     def rng(self, seed: int = 0, timeout_secs: float | None = None) -> RngGenerator:
         """Return a new random generator on the stream named by ``seed``, at offset 0."""
         self._library("rng")
         return RngGenerator(self, seed)
-
-    def cudnn(self, timeout_secs: float | None = None) -> Cudnn:
-        """Return the cuDNN handle (conv2d, pooling, softmax, normalizations, RNNs, attention)."""
-        self._library("cudnn")
-        return Cudnn(self)
-
-    def flashattn(self, timeout_secs: float | None = None) -> FlashAttn:
-        """Return the attention handle (scaled-dot-product attention forward and backward)."""
-        self._library("flashattn")
-        return FlashAttn(self)
-
-    def blaslt(self, timeout_secs: float | None = None) -> BlasLt:
-        """Return the fused-matmul handle (matmul with bias/ReLU/GELU epilogues)."""
-        self._library("blaslt")
-        return BlasLt(self)
-
-    def cub(self, timeout_secs: float | None = None) -> Cub:
-        """Return the device-primitives handle (reduce, scan, radix sort, histogram, select,
-        unique, run-length encode, segmented reduce and sort)."""
-        self._library("cub")
-        return Cub(self)
-
-    def cutlass(self, timeout_secs: float | None = None) -> Cutlass:
-        """Return the CUTLASS handle (fused-epilogue GEMM, grouped GEMM, implicit-GEMM
-        conv2d, kernel plans and counters)."""
-        self._library("cutlass")
-        return Cutlass(self)
-
-    def solver(self, timeout_secs: float | None = None) -> Solver:
-        """Return the dense solver handle (getrf, potrf, gesvd, syevd, ... and batched forms)."""
-        self._library("solver")
-        return Solver(self)
-
-    def sparse(self, timeout_secs: float | None = None) -> Sparse:
-        """Return the sparse handle (csr, spmv, spmm)."""
-        self._library("sparse")
-        return Sparse(self)
-
-    def tensor(self, timeout_secs: float | None = None) -> Tensor:
-        """Return the tensor handle (contract, einsum)."""
-        self._library("tensor")
-        return Tensor(self)
-
-    def onnx(self, timeout_secs: float | None = None) -> Onnx:
-        """Return the ONNX Runtime handle: ``load`` a model into an ``OnnxEngine``."""
-        self._library("onnx")
-        return Onnx(self)
 
     def compile_kernel_async(self, name: str, src: str, timeout_secs: float | None = 60.0,
                              ) -> Coroutine[Any, Any, NvrtcKernel]:
@@ -606,4 +546,27 @@ class Device(DeviceApi):
     def __repr__(self) -> str:
         return (f"Device(id={self.device_id}, backend={self.backend!r}, "
                 f"isolation={self.isolation!r}, generation={self.generation})")
+
+
+def _accessor(info: LibraryInfo) -> Callable[..., Any]:
+    """``Device.<library>()``: the handle of a catalogued library, refused when the device
+    was spawned without it."""
+    name, handle = info.name, info.handle
+    assert handle is not None
+
+    def accessor(self: Device, timeout_secs: float | None = None) -> Any:
+        self._library(name)
+        return handle_class(handle)(self)
+
+    accessor.__name__ = name
+    accessor.__qualname__ = f"Device.{name}"
+    accessor.__doc__ = f"Return the ``{handle}`` handle: {info.summary}"
+    return accessor
+
+
+ACCESSORS: tuple[LibraryInfo, ...] = tuple(
+    info for info in catalogue() if info.handle is not None and info.name not in vars(Device))
+"""The catalogued libraries whose ``Device`` accessor is made here (not written in ``Device``)."""
+for _info in ACCESSORS:
+    setattr(Device, _info.name, _accessor(_info))
 

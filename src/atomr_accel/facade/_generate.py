@@ -14,17 +14,15 @@ import collections
 import dataclasses
 import enum
 import functools
-import importlib
 import inspect
-import pkgutil
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from atomr_accel.core import ops as _ops_package
-from atomr_accel.core._api import REQUIRED, Form, Param
+from atomr_accel.core._api import REQUIRED, Form, Param, on_attach
+from atomr_accel.core._catalogue import load_op_modules
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
@@ -37,8 +35,7 @@ __all__ = ["Generated", "Method", "declared_ops", "methods_for", "render_stub"]
 @functools.cache
 def declared_ops() -> tuple[type[Op], ...]:
     """Every op class (of every module of ``atomr_accel.core.ops``) that declares forms."""
-    for info in pkgutil.iter_modules(_ops_package.__path__):
-        importlib.import_module(f"{_ops_package.__name__}.{info.name}")
+    load_op_modules()
     found: list[type[Op]] = []
     pending: list[type[Op]] = [Op]
     while pending:
@@ -295,6 +292,23 @@ def methods_for(handle: str) -> Iterator[Method]:
                 yield _method(op, form, dtype)
 
 
+_SETS: dict[str, list[type[Generated]]] = collections.defaultdict(list)
+"""Handle -> the method sets made for it."""
+
+
+def _attached(op: type, forms: tuple[Form, ...]) -> None:
+    """Give the method sets made already the methods of forms attached to ``op`` later."""
+    declared_ops.cache_clear()
+    declared = typing.cast(type[Op], op)
+    for form in forms:
+        for cls in _SETS[form.handle or declared.library]:
+            for dtype in form.dtypes or (None,):
+                cls._add(_method(declared, form, dtype))
+
+
+on_attach(_attached)
+
+
 class Generated:
     """Base of the method sets: a subclass made with ``handle="blas"`` receives every
     method declared for that handle (``name_async`` and ``name``). The class that uses a
@@ -307,12 +321,19 @@ class Generated:
     def __init_subclass__(cls, handle: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.handle = handle
+        if handle:
+            _SETS[handle].append(cls)
         for method in methods_for(handle):
-            for attr in (f"{method.name}_async", method.name):
-                if attr in cls.__dict__:
-                    raise TypeError(f"{cls.__name__}.{attr} is declared twice")
-            setattr(cls, f"{method.name}_async", method.run_async)
-            setattr(cls, method.name, method.run)
+            cls._add(method)
+
+    @classmethod
+    def _add(cls, method: Method) -> None:
+        """Set ``method`` (``name_async`` and ``name``); ``TypeError`` if either is set."""
+        for attr in (f"{method.name}_async", method.name):
+            if attr in cls.__dict__:
+                raise TypeError(f"{cls.__name__}.{attr} is declared twice")
+        setattr(cls, f"{method.name}_async", method.run_async)
+        setattr(cls, method.name, method.run)
 
 
 # ------------------------------------------------------------------------- the stub
@@ -331,12 +352,15 @@ def _stub_params(signature: inspect.Signature) -> str:
     return ", ".join(out)
 
 
-def render_stub(classes: list[type[Generated]], header: str) -> str:
-    """The typed stub of ``classes`` (each a ``Generated`` subclass), after ``header``."""
+def render_stub(classes: list[type[Generated]], header: str,
+                extra: Mapping[str, list[str]] | None = None) -> str:
+    """The typed stub of ``classes`` (each a ``Generated`` subclass), after ``header``;
+    ``extra`` adds lines to the class of that name."""
     lines = [header.rstrip(), ""]
     for cls in classes:
         lines += ["", f"class {cls.__name__}(Generated):"]
         lines.append(f'    """The methods declared for the ``{cls.handle}`` handle."""')
+        lines += (extra or {}).get(cls.__name__, [])
         for method in methods_for(cls.handle):
             params = _stub_params(method.signature)
             lines.append(f"    def {method.name}_async({params}) -> "

@@ -39,7 +39,7 @@ from atomr_accel.facade._portal import blocking
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
 
-__all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor"]
+__all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor", "handle_class"]
 
 BufferLike = GpuBuffer | GpuRef
 T = TypeVar("T")
@@ -50,8 +50,27 @@ async def ready(value: T) -> T:
     return value
 
 
+_HANDLES: dict[str, type[Library]] = {}
+
+
+def handle_class(name: str) -> type[Library]:
+    """The handle class named ``name`` (a catalogued library's ``handle``, ``"Blas"``);
+    ``InvalidArgument`` when no module defining it has been imported."""
+    try:
+        return _HANDLES[name]
+    except KeyError:
+        raise InvalidArgument(f"no handle class {name!r} is defined") from None
+
+
 class Library:
-    """Base of the handles: turns buffers into refs and runs ops on one device."""
+    """Base of the handles: turns buffers into refs and runs ops on one device.
+
+    Every subclass is found by its class name (``handle_class``), so a catalogued
+    library's ``Device`` accessor builds it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _HANDLES[cls.__name__] = cls
 
     def __init__(self, device: Device) -> None:
         self.device = device

@@ -5,21 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from atomr_accel.facade._api import (
-    BlasApi,
-    BlasLtApi,
-    CubApi,
-    CudnnApi,
-    CutlassApi,
-    DeviceApi,
-    FftApi,
-    FlashAttnApi,
-    RngApi,
-    SolverApi,
-    SparseApi,
-    TensorApi,
-)
+from atomr_accel.facade._api import API_SETS
+from atomr_accel.facade._device import ACCESSORS
 from atomr_accel.facade._generate import render_stub
+from atomr_accel.facade._libraries import handle_class
 
 __all__ = ["STUB", "stub"]
 
@@ -31,24 +20,39 @@ _HEADER = '''"""Typed stub of the generated methods: ``python -m atomr_accel.fac
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from atomr_accel.core._op import Op
-from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._attention import AttnLayout, AttnMask
-from atomr_accel.core.ops._cub import ReduceKind, ScanKind
-from atomr_accel.core.ops._cutlass import Epilogue
-from atomr_accel.core.ops._dnn import Layout
-from atomr_accel.core.ops._faults import FaultKind
-from atomr_accel.core.ops._fft import FftKind
-from atomr_accel.core.ops._sparse import CsrMatrix
-from atomr_accel.facade._buffers import GpuBuffer
-from atomr_accel.facade._generate import Generated
+'''
 
+_IMPORTS = {  # the names the signatures use
+    "atomr_accel.core._op": {"Op"},
+    "atomr_accel.core._ref": {"GpuRef"},
+    "atomr_accel.core.ops._attention": {"AttnLayout", "AttnMask"},
+    "atomr_accel.core.ops._cub": {"ReduceKind", "ScanKind"},
+    "atomr_accel.core.ops._cutlass": {"Epilogue"},
+    "atomr_accel.core.ops._dnn": {"Layout"},
+    "atomr_accel.core.ops._faults": {"FaultKind"},
+    "atomr_accel.core.ops._fft": {"FftKind"},
+    "atomr_accel.core.ops._sparse": {"CsrMatrix"},
+    "atomr_accel.facade._buffers": {"GpuBuffer"},
+    "atomr_accel.facade._generate": {"Generated"},
+}
+
+_BODY = '''
 BufferLike = GpuBuffer | GpuRef
+
+API_SETS: dict[str, type[Generated]]
 '''
 
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
-    sets = [BlasApi, BlasLtApi, CubApi, CudnnApi, CutlassApi, DeviceApi, FftApi, FlashAttnApi,
-            RngApi, SolverApi, SparseApi, TensorApi]
-    return render_stub(sets, _HEADER)
+    sets = sorted(API_SETS.values(), key=lambda cls: cls.__name__)
+    modules = {module: set(names) for module, names in _IMPORTS.items()}
+    accessors = []
+    for info in ACCESSORS:  # each answers its library's handle
+        assert info.handle is not None
+        modules.setdefault(handle_class(info.handle).__module__, set()).add(info.handle)
+        accessors.append(f"    def {info.name}(self, timeout_secs: float | None = ...) -> "
+                         f"{info.handle}: ...")
+    imports = "".join(f"from {module} import {', '.join(sorted(names))}\n"
+                      for module, names in sorted(modules.items()))
+    return render_stub(sets, _HEADER + imports + _BODY, {"DeviceApi": accessors})

@@ -11,6 +11,10 @@ vocabulary; what exists only for the original is declared here:
   modules from it. ``DEVICE_NAMES``: the original's ``atomr_accel.device``
   names (``Device``, ``DeviceLoad``, ``GpuBuffer*``), which
   ``atomr_accel.device`` looks up here on first use.
+- ``_op_forms``: loads every ``_<library>_forms`` module, which attaches the
+  original's forms of that library's ops (its argument orders and aliases,
+  generated into handle methods); ``_options`` holds the original's option
+  strings and their parsers.
 - ``_forms``: ``own_form``, ``is_models`` and ``attach_spawn``, which give a
   blueprint class's ``spawn`` the original's signature beside its own.
 - ``_patterns`` and ``_pattern_models``: the serving patterns' original

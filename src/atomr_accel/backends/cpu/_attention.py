@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import (
     Attention,
@@ -38,7 +38,6 @@ from atomr_accel.core.ops._attention import (
 )
 
 __all__ = [
-    "HANDLERS",
     "Problem",
     "backward",
     "dropout_keep",
@@ -360,6 +359,7 @@ def _name(backend: ArrayBackend) -> str:
     return "numpy" if backend.xp is np else "cupy-composed"
 
 
+@cpu.handles(SdpaForward, MultiHeadAttnForward)
 def sdpa_forward(backend: ArrayBackend, op: SdpaForward | MultiHeadAttnForward) -> str:
     """Run the forward on dense arrays; answer ``"numpy"`` (or ``"cupy-composed"``)."""
     p = problem_of(backend, op, _compute_dtype(backend, op), backend.xp is np)
@@ -368,21 +368,14 @@ def sdpa_forward(backend: ArrayBackend, op: SdpaForward | MultiHeadAttnForward) 
     return _name(backend)
 
 
+@cpu.handles(SdpaBackward, MultiHeadAttnBackward)
 def sdpa_backward(backend: ArrayBackend, op: SdpaBackward | MultiHeadAttnBackward) -> str:
     """Run the backward on dense arrays; answer ``"numpy"`` (or ``"cupy-composed"``)."""
     _grads(backend, op, op.stats)
     return _name(backend)
 
 
+@cpu.handles(SdpaSupport)
 def support(backend: ArrayBackend, op: SdpaSupport) -> str:
     """Every valid configuration runs on the CPU backend."""
     return "numpy"
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    SdpaForward: sdpa_forward,
-    SdpaBackward: sdpa_backward,
-    SdpaSupport: support,
-    MultiHeadAttnForward: sdpa_forward,
-    MultiHeadAttnBackward: sdpa_backward,
-}

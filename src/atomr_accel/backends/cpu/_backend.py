@@ -9,40 +9,14 @@ import numpy as np
 import scipy.fft
 import scipy.sparse
 
-from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Handler
-from atomr_accel.backends.cpu import (
-    _attention,
-    _blas,
-    _blaslt,
-    _collective,
-    _cub,
-    _cutlass,
-    _cutlass_fp8,
-    _dlpack,
-    _dnn,
-    _fft,
-    _graph,
-    _ipc,
-    _kernels,
-    _norm,
-    _onnx,
-    _peer,
-    _realtime_data,
-    _realtime_frames,
-    _realtime_physics,
-    _rng,
-    _rnn,
-    _solver,
-    _sparse,
-    _tensor,
-    _train,
-)
+from atomr_accel.backends._base import MEMORY_HANDLERS, Backend
+from atomr_accel.backends._handlers import cpu, table
 from atomr_accel.backends.cpu._ipc import SharedStorage
 from atomr_accel.backends.cpu._memory import host_memory
-from atomr_accel.backends.cpu._quiet import quieted
+from atomr_accel.backends.cpu._quiet import quiet
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
-from atomr_accel.core._op import Op, is_int
+from atomr_accel.core._op import is_int
 from atomr_accel.core.ops._memory import Attach
 
 __all__ = ["CpuBackend"]
@@ -65,35 +39,6 @@ class CpuBackend(Backend):
     recoverable_in_process: ClassVar[bool] = True
     scipy_fft: Any = scipy.fft
     scipy_sparse: Any = scipy.sparse
-    handlers: ClassVar[dict[type[Op], Handler]] = (
-        dict(MEMORY_HANDLERS)
-        | _fft.HANDLERS
-        | _rng.HANDLERS
-        | _sparse.HANDLERS
-        | _tensor.HANDLERS
-        | _blas.HANDLERS
-        | _solver.HANDLERS
-        | _graph.HANDLERS
-        | _kernels.HANDLERS
-        | _peer.HANDLERS
-        | _collective.HANDLERS
-        | _ipc.HANDLERS
-        | _dlpack.HANDLERS
-        | _blaslt.HANDLERS
-        | _dnn.HANDLERS
-        | quieted(_dnn.SHARED)  # the element-wise layers of training
-        | _norm.HANDLERS
-        | _rnn.HANDLERS
-        | _attention.HANDLERS
-        | _realtime_physics.HANDLERS
-        | _realtime_data.HANDLERS
-        | _realtime_frames.HANDLERS
-        | _onnx.HANDLERS
-        | _cub.HANDLERS
-        | quieted(_train.HANDLERS)
-        | quieted(_cutlass.HANDLERS)  # silu's exp(-x) overflows to inf: -0, as on a GPU
-        | quieted(_cutlass_fp8.HANDLERS)
-    )
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:
         super().__init__(device_id)
@@ -209,3 +154,7 @@ class CpuBackend(Backend):
             storage.close()
         self._shared.clear()
         self._used = 0
+
+
+CpuBackend.handlers = table(cpu, "atomr_accel.backends.cpu", MEMORY_HANDLERS, quiet)
+"""Every handler registered for the CPU backend (``backends._handlers``)."""

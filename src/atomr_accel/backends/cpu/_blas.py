@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from scipy.linalg import blas as scipy_blas
 
-from atomr_accel.backends._base import ArrayBackend, Handler
-from atomr_accel.core._op import Op, require
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import shared
+from atomr_accel.core._op import require
 from atomr_accel.core.ops._blas import (
     Asum,
     Axpy,
@@ -43,7 +44,6 @@ from atomr_accel.core.ops._blas import (
 )
 
 __all__ = [
-    "HANDLERS",
     "asum",
     "axpy",
     "copy",
@@ -130,6 +130,7 @@ def _blend(
     out[...] = value
 
 
+@shared.handles(Gemm, GemmStridedBatched)
 def gemm(backend: ArrayBackend, op: Gemm | GemmStridedBatched) -> None:
     """Compute ``C = alpha * op(A) @ op(B) + beta * C`` per matrix of the (strided) batch."""
     a, b, c = (matrix_views(backend, spec) for spec in op.operands())
@@ -142,6 +143,7 @@ def gemm(backend: ArrayBackend, op: Gemm | GemmStridedBatched) -> None:
     )
 
 
+@shared.handles(Axpy)
 def axpy(backend: ArrayBackend, op: Axpy) -> None:
     """Compute ``y = alpha * x + y`` over strided vectors."""
     x, y = (vector_view(backend, spec) for spec in op.operands())
@@ -149,6 +151,7 @@ def axpy(backend: ArrayBackend, op: Axpy) -> None:
         y += y.dtype.type(op.alpha) * x
 
 
+@shared.handles(Dot)
 def dot(backend: ArrayBackend, op: Dot) -> float | complex:
     """Return ``x . y`` (``conj(x) . y`` with ``conjugate``) as a Python number."""
     x, y = (vector_view(backend, spec) for spec in op.operands())
@@ -157,6 +160,7 @@ def dot(backend: ArrayBackend, op: Dot) -> float | complex:
     return complex(result) if _is_complex(x) else float(result)
 
 
+@shared.handles(Nrm2)
 def nrm2(backend: ArrayBackend, op: Nrm2) -> float:
     """Return the Euclidean norm of x, scaled against overflow as BLAS nrm2."""
     x = vector_view(backend, op.operands()[0])
@@ -166,6 +170,7 @@ def nrm2(backend: ArrayBackend, op: Nrm2) -> float:
     return float(scipy_blas.get_blas_funcs("nrm2", (x,))(x))
 
 
+@shared.handles(Scal)
 def scal(backend: ArrayBackend, op: Scal) -> None:
     """Compute ``x = alpha * x`` in place."""
     x = vector_view(backend, op.operands()[0])
@@ -177,24 +182,28 @@ def _abs1(xp: Any, x: Array) -> Array:
     return xp.abs(x.real) + xp.abs(x.imag) if _is_complex(x) else xp.abs(x)
 
 
+@shared.handles(Asum)
 def asum(backend: ArrayBackend, op: Asum) -> float:
     """Return ``sum(|re(x)| + |im(x)|)``."""
     xp = backend.xp
     return float(xp.sum(_abs1(xp, vector_view(backend, op.operands()[0]))))
 
 
+@shared.handles(Iamax)
 def iamax(backend: ArrayBackend, op: Iamax) -> int:
     """Return the 1-based index of the first largest ``|re| + |im|``, or 0 when ``n == 0``."""
     x = vector_view(backend, op.operands()[0])
     return int(backend.xp.argmax(_abs1(backend.xp, x))) + 1 if x.size else 0
 
 
+@shared.handles(Iamin)
 def iamin(backend: ArrayBackend, op: Iamin) -> int:
     """Return the 1-based index of the first smallest ``|re| + |im|``, or 0 when ``n == 0``."""
     x = vector_view(backend, op.operands()[0])
     return int(backend.xp.argmin(_abs1(backend.xp, x))) + 1 if x.size else 0
 
 
+@shared.handles(Rot)
 def rot(backend: ArrayBackend, op: Rot) -> None:
     """Rotate in place: ``x = c x + s y`` and ``y = c y - conj(s) x``, from the old x and y."""
     x, y = (vector_view(backend, spec) for spec in op.operands())
@@ -203,18 +212,21 @@ def rot(backend: ArrayBackend, op: Rot) -> None:
     x[...], y[...] = c * x + s * y, c * y - s.conjugate() * x
 
 
+@shared.handles(Swap)
 def swap(backend: ArrayBackend, op: Swap) -> None:
     """Exchange x and y in place."""
     x, y = (vector_view(backend, spec) for spec in op.operands())
     x[...], y[...] = y.copy(), x.copy()
 
 
+@shared.handles(Copy)
 def copy(backend: ArrayBackend, op: Copy) -> None:
     """Copy x into y."""
     x, y = (vector_view(backend, spec) for spec in op.operands())
     y[...] = x
 
 
+@shared.handles(Gemv)
 def gemv(backend: ArrayBackend, op: Gemv) -> None:
     """Compute ``y = alpha * op(A) @ x + beta * y``."""
     a_spec, x_spec, y_spec = op.operands()
@@ -224,6 +236,7 @@ def gemv(backend: ArrayBackend, op: Gemv) -> None:
     _blend(backend.xp, y, op.alpha, lambda: _op(a, op.trans, op.conj) @ x, op.beta)
 
 
+@shared.handles(Ger)
 def ger(backend: ArrayBackend, op: Ger) -> None:
     """Compute ``A = alpha * x @ y.T + A`` (``y.H`` with ``conjugate``)."""
     x_spec, y_spec, a_spec = op.operands()
@@ -234,6 +247,7 @@ def ger(backend: ArrayBackend, op: Ger) -> None:
         a += a.dtype.type(op.alpha) * backend.xp.outer(x, y.conj() if op.conjugate else y)
 
 
+@shared.handles(Geam)
 def geam(backend: ArrayBackend, op: Geam) -> None:
     """Compute ``C = alpha * op(A) + beta * op(B)``; a zero scalar's matrix is not read."""
     a, b, c = (matrix_view(backend, spec) for spec in op.operands())
@@ -246,6 +260,7 @@ def geam(backend: ArrayBackend, op: Geam) -> None:
     c[...] = value
 
 
+@shared.handles(Syrk)
 def syrk(backend: ArrayBackend, op: Syrk) -> None:
     """Compute ``C = alpha * op(A) @ op(A).T + beta * C`` on C's chosen triangle only."""
     a_spec, c_spec = op.operands()
@@ -259,6 +274,7 @@ def syrk(backend: ArrayBackend, op: Syrk) -> None:
     c[mask] = full[mask]
 
 
+@shared.handles(Trsm)
 def trsm(backend: ArrayBackend, op: Trsm) -> None:
     """Solve ``op(A) @ X = alpha * B`` (or ``X @ op(A)``) in place into B with BLAS trsm."""
     a_spec, b_spec = op.operands()
@@ -276,25 +292,3 @@ def trsm(backend: ArrayBackend, op: Trsm) -> None:
         trans_a=(2 if op.conj else 1) if op.trans else 0,
         diag=1 if op.unit_diag else 0,
     )
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    Gemm: gemm,
-    GemmStridedBatched: gemm,
-    Axpy: axpy,
-    Dot: dot,
-    Nrm2: nrm2,
-    Scal: scal,
-    Asum: asum,
-    Iamax: iamax,
-    Iamin: iamin,
-    Rot: rot,
-    Swap: swap,
-    Copy: copy,
-    Gemv: gemv,
-    Ger: ger,
-    Geam: geam,
-    Syrk: syrk,
-    Trsm: trsm,
-}
-"""The BLAS op handlers of the CPU backend."""

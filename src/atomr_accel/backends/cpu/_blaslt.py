@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blaslt import (
     Epilogue,
@@ -28,7 +27,7 @@ from atomr_accel.core.ops._blaslt import (
     relu_aux_ld,
 )
 
-__all__ = ["HANDLERS", "fused_matmul", "fused_matmul_grad", "gelu", "gelu_grad"]
+__all__ = ["fused_matmul", "fused_matmul_grad", "gelu", "gelu_grad"]
 
 Array = np.ndarray[Any, Any]
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
@@ -108,6 +107,7 @@ def _read_aux(backend: Any, op: FusedMatmulGrad, wide: type) -> Array:
     return z
 
 
+@cpu.handles(FusedMatmul)
 def fused_matmul(backend: Any, op: FusedMatmul) -> str:
     """Write ``epilogue(alpha * op(A) @ op(B) + beta * C [+ bias])`` into ``d`` (and ``aux``)."""
     p, _, _ = _product(backend, op)
@@ -125,6 +125,7 @@ def fused_matmul(backend: Any, op: FusedMatmul) -> str:
     return "numpy"
 
 
+@cpu.handles(FusedMatmulGrad)
 def fused_matmul_grad(backend: Any, op: FusedMatmulGrad) -> str:
     """Write ``alpha * op(A) @ op(B) + beta * C`` times the activation's gradient into ``d``,
     and the bias gradient into ``bias_grad``, as the backward epilogue says."""
@@ -145,6 +146,3 @@ def fused_matmul_grad(backend: Any, op: FusedMatmulGrad) -> str:
             grad = p.sum(axis=0)
         _store(backend, op.bias_grad, grad)
     return "numpy"
-
-
-HANDLERS: dict[type[Op], Handler] = {FusedMatmul: fused_matmul, FusedMatmulGrad: fused_matmul_grad}

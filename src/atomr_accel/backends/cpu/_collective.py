@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import Backend, Handler
+from atomr_accel.backends._base import Backend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends._shm import SharedWord, remove_files
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu._collective_maths import result_of, sent_length
 from atomr_accel.core._errors import CollectiveAborted
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._collective import (
     CallKind,
     CollectiveCall,
@@ -48,7 +48,7 @@ from atomr_accel.core.ops._collective import (
     RunCollective,
 )
 
-__all__ = ["HANDLERS", "unique_id", "worlds"]
+__all__ = ["unique_id", "worlds"]
 
 
 def unique_id() -> bytes:
@@ -94,6 +94,7 @@ worlds: Callable[[Backend], dict[int, _Joined]] = per_backend(dict)
 """``worlds(backend)``: world id -> this context's membership of the world."""
 
 
+@cpu.handles(CommInit)
 def _init(backend: Backend, op: CommInit) -> None:
     _abort(backend, CommAbort(op.world))
     joined = _Joined(op.epoch, op.rank, op.nranks, op.abort_path)
@@ -101,6 +102,7 @@ def _init(backend: Backend, op: CommInit) -> None:
     worlds(backend)[op.world] = joined
 
 
+@cpu.handles(CommAbort)
 def _abort(backend: Backend, op: CommAbort) -> None:
     joined = worlds(backend).pop(op.world, None)
     if joined is not None:
@@ -134,6 +136,7 @@ def _read(path: str, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     return np.frombuffer(mapped, dtype=np.uint8).view(dtype)
 
 
+@cpu.handles(RunCollective)
 def _run(backend: Backend, op: RunCollective) -> None:
     joined = worlds(backend).get(op.world)
     if joined is None or joined.epoch != op.epoch:
@@ -185,7 +188,3 @@ def _ref_of(call: CollectiveCall) -> int:
 def _aborted(op: RunCollective, device_id: int, why: str) -> CollectiveAborted:
     return CollectiveAborted(f"collective of world {op.world} epoch {op.epoch} on device "
                              f"{device_id} aborted: {why}")
-
-
-HANDLERS: dict[type[Op], Handler] = {CommInit: _init, CommAbort: _abort, RunCollective: _run}
-"""The collective op handlers of the CPU backend."""

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._cexpr import Expr, evaluate, holds, parse
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._cub import (
     CubHistogramEven,
     CubHistogramRange,
@@ -37,7 +37,7 @@ from atomr_accel.core.ops._cub import (
 )
 
 __all__ = [
-    "HANDLERS", "UNSIGNED", "even_scale", "radix_form", "segment_bounds", "segment_ids",
+    "UNSIGNED", "even_scale", "radix_form", "segment_bounds", "segment_ids",
     "tree_reduce",
 ]
 
@@ -117,6 +117,7 @@ def _reduced(op: CubReduce, x: np.ndarray[Any, Any], out: np.dtype[Any]) -> Any:
     return extreme[kind](x)
 
 
+@cpu.handles(CubReduce)
 def reduce(backend: ArrayBackend, op: CubReduce) -> None:
     """Write the reduction of the first ``n`` inputs to ``output[0]``."""
     x = backend.array(op.input.buffer_id)[: op.count]
@@ -124,6 +125,7 @@ def reduce(backend: ArrayBackend, op: CubReduce) -> None:
     out[0] = _reduced(op, x, out.dtype)
 
 
+@cpu.handles(CubScan)
 def scan(backend: ArrayBackend, op: CubScan) -> None:
     """Write the inclusive or exclusive prefix scan of the first ``n`` inputs."""
     n = op.count
@@ -139,6 +141,7 @@ def scan(backend: ArrayBackend, op: CubScan) -> None:
     out[:n] = result
 
 
+@cpu.handles(CubSort)
 def sort(backend: ArrayBackend, op: CubSort) -> None:
     """Stable radix-order sort of the first ``n`` keys (and values)."""
     n = op.count
@@ -158,6 +161,7 @@ def _gather(backend: ArrayBackend, op: CubSort | CubSegmentedSort, order: Array,
         backend.array(op.values_out.buffer_id)[:n] = values[order]
 
 
+@cpu.handles(CubHistogramEven)
 def histogram_even(backend: ArrayBackend, op: CubHistogramEven) -> None:
     """Count samples into equal bins (the bin formula of ``CubHistogramEven``)."""
     x = backend.array(op.samples.buffer_id)[: op.count].astype(np.float64)
@@ -167,6 +171,7 @@ def histogram_even(backend: ArrayBackend, op: CubHistogramEven) -> None:
     backend.array(op.histogram.buffer_id)[: op.num_bins] = counts
 
 
+@cpu.handles(CubHistogramRange)
 def histogram_range(backend: ArrayBackend, op: CubHistogramRange) -> None:
     """Count samples into the bins between consecutive edges."""
     x = backend.array(op.samples.buffer_id)[: op.count]
@@ -185,6 +190,7 @@ def _write_selected(out: Array, count: Array, x: Array, chosen: Array, partition
     count[0] = kept.size
 
 
+@cpu.handles(CubSelect)
 def select(backend: ArrayBackend, op: CubSelect) -> None:
     """Select or partition by flags or a predicate; the number selected to ``count[0]``."""
     n = op.items
@@ -205,6 +211,7 @@ def run_heads(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return heads
 
 
+@cpu.handles(CubUnique)
 def unique(backend: ArrayBackend, op: CubUnique) -> None:
     """Keep the first item of each run; their number to ``count[0]``."""
     x = backend.array(op.input.buffer_id)[: op.items]
@@ -212,6 +219,7 @@ def unique(backend: ArrayBackend, op: CubUnique) -> None:
                     x, run_heads(x), False)
 
 
+@cpu.handles(CubRunLengthEncode)
 def run_length_encode(backend: ArrayBackend, op: CubRunLengthEncode) -> None:
     """Each run's value and length; the number of runs to ``num_runs[0]``."""
     n = op.items
@@ -227,6 +235,7 @@ def _running_max(bounds: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return np.maximum.accumulate(bounds)
 
 
+@cpu.handles(CubSegmentedReduce)
 def segmented_reduce(backend: ArrayBackend, op: CubSegmentedReduce) -> None:
     """Reduce each segment; an empty one gives the identity."""
     x = backend.array(op.input.buffer_id)
@@ -248,6 +257,7 @@ def segmented_reduce(backend: ArrayBackend, op: CubSegmentedReduce) -> None:
     out[: op.num_segments] = np.where(filled, sums, identity)
 
 
+@cpu.handles(CubSegmentedSort)
 def segmented_sort(backend: ArrayBackend, op: CubSegmentedSort) -> None:
     """Sort each segment stably; items outside every segment stay where they are."""
     n = op.count
@@ -259,17 +269,3 @@ def segmented_sort(backend: ArrayBackend, op: CubSegmentedSort) -> None:
     form[(segments < 0) | (segments >= op.num_segments)] = 0  # outside: keep their order
     order = np.lexsort((form, segments))
     _gather(backend, op, order, n)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CubReduce: reduce,
-    CubScan: scan,
-    CubSort: sort,
-    CubHistogramEven: histogram_even,
-    CubHistogramRange: histogram_range,
-    CubSelect: select,
-    CubUnique: unique,
-    CubRunLengthEncode: run_length_encode,
-    CubSegmentedReduce: segmented_reduce,
-    CubSegmentedSort: segmented_sort,
-}

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._cutlass import (
     Activate,
@@ -38,7 +38,7 @@ from atomr_accel.core.ops._cutlass import (
 )
 from atomr_accel.core.ops._cutlass_plan import KernelPlan, conv2d_plan, gemm_plan, grouped_plan
 
-__all__ = ["HANDLERS", "Ledger", "activate", "apply_epilogue", "ledger", "plan_of"]
+__all__ = ["Ledger", "activate", "apply_epilogue", "ledger", "plan_of"]
 
 Array = Any  # a NumPy or CuPy array
 
@@ -130,6 +130,7 @@ def _matrix(backend: ArrayBackend, ref: GpuRef, rows: int, cols: int, start: int
     return flat[start: start + rows * cols].reshape(rows, cols)
 
 
+@cpu.handles(CutlassGemm, quiet=True)
 def gemm(backend: ArrayBackend, op: CutlassGemm) -> None:
     """``D = epilogue(A @ B)`` in f32 (f64 for f64)."""
     acc = np.float64 if op.a.dtype is DType.F64 else np.float32
@@ -140,6 +141,7 @@ def gemm(backend: ArrayBackend, op: CutlassGemm) -> None:
     ledger(backend).launched(plan_of(op))
 
 
+@cpu.handles(CutlassGroupedGemm, quiet=True)
 def grouped_gemm(backend: ArrayBackend, op: CutlassGroupedGemm) -> None:
     """``D_i = alpha * A_i @ B_i`` for every problem, in f32."""
     for (m, n, k), (oa, ob, od) in zip(op.problems, op.offsets(), strict=True):
@@ -152,6 +154,7 @@ def grouped_gemm(backend: ArrayBackend, op: CutlassGroupedGemm) -> None:
         ledger(backend).launched(plan_of(op))
 
 
+@cpu.handles(CutlassConv2d, quiet=True)
 def conv2d(backend: ArrayBackend, op: CutlassConv2d) -> None:
     """The forward convolution, one filter tap at a time, in f32."""
     p, q = op.out_hw
@@ -175,15 +178,8 @@ def conv2d(backend: ArrayBackend, op: CutlassConv2d) -> None:
     ledger(backend).launched(plan_of(op))
 
 
+@cpu.handles(CutlassStats, quiet=True)
 def stats(backend: ArrayBackend, op: CutlassStats) -> tuple[int, int]:
     """``(kernels launched, distinct plans used)`` on this device."""
     book = ledger(backend)
     return book.dispatched, len(book.plans)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CutlassGemm: gemm,
-    CutlassGroupedGemm: grouped_gemm,
-    CutlassConv2d: conv2d,
-    CutlassStats: stats,
-}

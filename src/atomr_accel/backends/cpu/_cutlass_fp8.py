@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends.cpu._cutlass import _erf, apply_epilogue, ledger
 from atomr_accel.core._fp8 import fp8_dtype
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._cutlass import Axis, Epilogue, Scale
 from atomr_accel.core.ops._cutlass_fp8 import CutlassGemmFp8
 from atomr_accel.core.ops._cutlass_plan import KernelPlan, gemm_fp8_plan
 
-__all__ = ["HANDLERS", "fp8_plan_of", "kernel_epilogue"]
+__all__ = ["fp8_plan_of", "kernel_epilogue"]
 
 
 def fp8_plan_of(op: CutlassGemmFp8, arch: str = "sm_90a") -> KernelPlan:
@@ -43,6 +43,7 @@ def _operand(backend: ArrayBackend, op: CutlassGemmFp8, which: str) -> np.ndarra
     return np.ascontiguousarray(bits).view(fp8_dtype(fmt)).astype(np.float32).reshape(rows, op.k)
 
 
+@cpu.handles(CutlassGemmFp8, quiet=True)
 def gemm_fp8(backend: ArrayBackend, op: CutlassGemmFp8) -> None:
     """``D = epilogue(scale_a * scale_b * A @ B)`` in f32 (``b`` holds ``B`` transposed)."""
     a = _operand(backend, op, "a")
@@ -51,6 +52,3 @@ def gemm_fp8(backend: ArrayBackend, op: CutlassGemmFp8) -> None:
     apply_epilogue(np, a @ bt.T, kernel_epilogue(op), lambda r: backend.array(r.buffer_id),
                    out, _erf)  # run quieted (cpu/_backend.py): silu's exp(-x) may overflow
     ledger(backend).launched(fp8_plan_of(op))
-
-
-HANDLERS: dict[type[Op], Handler] = {CutlassGemmFp8: gemm_fp8}

@@ -6,18 +6,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._dlpack import AdoptArray, adoptable
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
 
-__all__ = ["HANDLERS"]
+__all__: list[str] = []
 
 
+@cpu.handles(AdoptArray)
 def _adopt(backend: CpuBackend, op: AdoptArray) -> tuple[int, DType, int]:
     try:
         array = np.from_dlpack(op.producer)
@@ -25,7 +25,3 @@ def _adopt(backend: CpuBackend, op: AdoptArray) -> tuple[int, DType, int]:
         raise InvalidArgument(f"the cpu backend adopts host memory only: {exc}") from exc
     flat, dtype = adoptable(array)
     return backend.map_in(flat, None), dtype, flat.size
-
-
-HANDLERS: dict[type[Op], Handler] = {AdoptArray: _adopt}
-"""The DLPack op handler of the CPU backend (``ViewBuffer`` is a shared memory handler)."""

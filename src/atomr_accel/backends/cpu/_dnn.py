@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
@@ -48,7 +49,7 @@ from atomr_accel.core.ops._dnn import (
     image_dims,
 )
 
-__all__ = ["HANDLERS", "SHARED", "dropout_keep", "image", "splitmix64"]
+__all__ = ["SHARED", "dropout_keep", "image", "splitmix64"]
 
 Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
 
@@ -148,6 +149,7 @@ def conv_backward_filter(xp: Any, x: Array, dy: Array, geo: ConvGeometry) -> Arr
     return dw.reshape(geo.w_shape)
 
 
+@cpu.handles(Conv2dForward)
 def conv2d_forward(backend: ArrayBackend, op: Conv2dForward) -> str:
     """Write ``alpha * conv2d(x, w) + beta * y`` into ``y``."""
     geo, ct = op.geometry, _compute(op.x.dtype)
@@ -158,6 +160,7 @@ def conv2d_forward(backend: ArrayBackend, op: Conv2dForward) -> str:
     return _name(backend)
 
 
+@cpu.handles(Conv2dBackwardData)
 def conv2d_backward_data(backend: ArrayBackend, op: Conv2dBackwardData) -> str:
     """Write ``alpha * dL/dx + beta * dx`` into ``dx``."""
     geo, ct = op.geometry, _compute(op.dy.dtype)
@@ -168,6 +171,7 @@ def conv2d_backward_data(backend: ArrayBackend, op: Conv2dBackwardData) -> str:
     return _name(backend)
 
 
+@cpu.handles(Conv2dBackwardFilter)
 def conv2d_backward_filter(backend: ArrayBackend, op: Conv2dBackwardFilter) -> str:
     """Write ``alpha * dL/dw + beta * dw`` into ``dw``."""
     geo, ct = op.geometry, _compute(op.x.dtype)
@@ -454,11 +458,5 @@ SHARED: dict[type[Op], Handler] = {
     DropoutBackward: dropout_backward,
     LrnForward: lrn_forward,
 }
-"""The handlers CUDA shares (on CuPy); convolutions are its own."""
-
-HANDLERS: dict[type[Op], Handler] = {
-    Conv2dForward: conv2d_forward,
-    Conv2dBackwardData: conv2d_backward_data,
-    Conv2dBackwardFilter: conv2d_backward_filter,
-    **SHARED,
-}
+"""The handlers CUDA shares (on CuPy, each behind its cuDNN check); convolutions are its own."""
+cpu.register_all(SHARED, quiet=True)  # the element-wise layers of training

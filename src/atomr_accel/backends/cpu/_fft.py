@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from atomr_accel.backends._base import ArrayBackend, Handler
-from atomr_accel.core._op import Op
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import shared
 from atomr_accel.core.ops._fft import Fft, FftKind, FftLayout, FftMany
 
-__all__ = ["HANDLERS", "fft", "fft_many"]
+__all__ = ["fft", "fft_many"]
 
 
 def _transform(transforms: Any, x: Any, kind: FftKind, inverse: bool,
@@ -38,6 +38,7 @@ def _transform(transforms: Any, x: Any, kind: FftKind, inverse: bool,
     return transforms.fftn(x, axes=axes)
 
 
+@shared.handles(Fft)
 def fft(backend: ArrayBackend, op: Fft) -> None:
     """Transform each item of a ``(batch, *shape)`` view into ``output``; inverse unnormalized."""
     src = backend.array(op.input.buffer_id)
@@ -59,6 +60,7 @@ def _indices(xp: Any, layout: FftLayout, shape: tuple[int, ...], batch: int) -> 
     return index
 
 
+@shared.handles(FftMany)
 def fft_many(backend: ArrayBackend, op: FftMany) -> None:
     """Gather the items by the input layout, transform, scatter by the output layout."""
     src = backend.array(op.input.buffer_id)
@@ -67,6 +69,3 @@ def fft_many(backend: ArrayBackend, op: FftMany) -> None:
     x = src[_indices(xp, op.input_layout, op.input_shape, op.batch)]
     y = _transform(backend.scipy_fft, x, op.kind, op.is_inverse, op.n)
     dst[_indices(xp, op.output_layout, op.output_shape, op.batch)] = y
-
-
-HANDLERS: dict[type[Op], Handler] = {Fft: fft, FftMany: fft_many}

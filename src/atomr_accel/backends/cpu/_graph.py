@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
 
-__all__ = ["HANDLERS", "RecordedGraph"]
+__all__ = ["RecordedGraph"]
 
 
 class RecordedGraph:
@@ -21,6 +21,7 @@ class RecordedGraph:
         self.ops = ops
 
 
+@cpu.handles(CaptureGraph)
 def capture(backend: CpuBackend, op: CaptureGraph) -> int:
     """Record ``op.ops`` after checking that each of their buffers is live."""
     for ref in op.refs():
@@ -28,6 +29,7 @@ def capture(backend: CpuBackend, op: CaptureGraph) -> int:
     return backend.keep(RecordedGraph(op.ops))
 
 
+@cpu.handles(LaunchGraph)
 def launch(backend: CpuBackend, op: LaunchGraph) -> None:
     """Run the recorded ops in order on the graph's stream."""
     graph = backend.kept(op.graph.graph_id, RecordedGraph)
@@ -38,14 +40,7 @@ def launch(backend: CpuBackend, op: LaunchGraph) -> None:
         backend.execute(inner, stream)
 
 
+@cpu.handles(DestroyGraph)
 def destroy(backend: CpuBackend, op: DestroyGraph) -> None:
     """Forget a recorded graph."""
     backend.release(op.graph.graph_id, RecordedGraph)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CaptureGraph: capture,
-    LaunchGraph: launch,
-    DestroyGraph: destroy,
-}
-"""Recorded-graph handlers of the CPU backend."""

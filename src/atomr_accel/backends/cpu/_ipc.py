@@ -21,16 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends._shm import create_segment
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._ipc import IPC_HANDLE_BYTES, BufferAddress, IpcGetHandle, IpcOpenHandle
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
 
-__all__ = ["HANDLERS", "MAGIC", "SharedStorage"]
+__all__ = ["MAGIC", "SharedStorage"]
 
 MAGIC = b"atomrcpu"
 """The first bytes of a CPU backend's IPC handle (a CUDA device refuses such a handle)."""
@@ -55,6 +54,7 @@ class SharedStorage:
             self.mm.close()
 
 
+@cpu.handles(BufferAddress)
 def _address(backend: CpuBackend, op: BufferAddress) -> int:
     address: int = backend.array(op.ref.buffer_id).ctypes.data
     return address
@@ -82,6 +82,7 @@ def _export_fd(backend: CpuBackend, buffer_id: int) -> int:
     return fd
 
 
+@cpu.handles(IpcGetHandle)
 def _export(backend: CpuBackend, op: IpcGetHandle) -> bytes:
     fd = _export_fd(backend, op.ref.buffer_id)
     stat = os.fstat(fd)
@@ -111,15 +112,8 @@ def _segment_of(handle: bytes, nbytes: int) -> mmap.mmap:
         os.close(descriptor)
 
 
+@cpu.handles(IpcOpenHandle)
 def _open(backend: CpuBackend, op: IpcOpenHandle) -> int:
     mm = _segment_of(op.handle, op.nbytes)
     array: np.ndarray[Any, Any] = np.frombuffer(mm, dtype=op.dtype.numpy, count=op.length)
     return backend.map_in(array, SharedStorage(mm))
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    BufferAddress: _address,
-    IpcGetHandle: _export,
-    IpcOpenHandle: _open,
-}
-"""The IPC op handlers of the CPU backend."""

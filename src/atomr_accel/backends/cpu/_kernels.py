@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel
 
-__all__ = ["HANDLERS"]
+__all__: list[str] = []
 
 
+@cpu.handles(CompileKernel, LoadKernel, LaunchKernel)
 def refuse(backend: Any, op: Op) -> None:
     """Say that CUDA C kernels and modules need the CUDA backend."""
     if isinstance(op, LaunchKernel) and op.uses_hopper():
@@ -22,9 +23,3 @@ def refuse(backend: Any, op: Op) -> None:
         f"{type(op).__name__} needs the CUDA backend: the cpu backend cannot compile, load or "
         "run CUDA kernels (spawn the device with backend='cuda')"
     )
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CompileKernel: refuse, LoadKernel: refuse, LaunchKernel: refuse,
-}
-"""Kernel-op handlers of the CPU backend."""

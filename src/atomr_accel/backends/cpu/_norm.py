@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._norm import (
     BatchNorm,
@@ -31,7 +31,6 @@ from atomr_accel.core.ops._norm import (
 )
 
 __all__ = [
-    "HANDLERS",
     "affine_norm",
     "batch_norm",
     "compute_type",
@@ -106,6 +105,7 @@ def normalize(backend: ArrayBackend, layout: NormLayout, x_ref: GpuRef, y_ref: G
     return mean, inv
 
 
+@cpu.handles(BatchNorm)
 def batch_norm(backend: ArrayBackend, op: BatchNorm) -> str:
     """Batch norm forward: training (batch statistics; running ones updated) or inference."""
     layout = op.layout
@@ -134,6 +134,7 @@ def batch_norm(backend: ArrayBackend, op: BatchNorm) -> str:
     return str(xp.__name__)
 
 
+@cpu.handles(LayerNorm, InstanceNorm, GroupNorm)
 def affine_norm(backend: ArrayBackend, op: AnyNorm) -> str:
     """Layer, instance or group norm forward: statistics from ``x``, saved where asked."""
     normalize(backend, op.layout, op.x, op.y, op.scale, op.bias, op.epsilon,
@@ -141,6 +142,7 @@ def affine_norm(backend: ArrayBackend, op: AnyNorm) -> str:
     return str(backend.xp.__name__)
 
 
+@cpu.handles(RmsNorm)
 def rms_norm(backend: ArrayBackend, op: RmsNorm) -> str:
     """RMS norm forward; ``saved_var`` receives ``1 / rms``."""
     normalize(backend, op.layout, op.x, op.y, op.scale, op.bias, op.epsilon, rms=True,
@@ -148,6 +150,7 @@ def rms_norm(backend: ArrayBackend, op: RmsNorm) -> str:
     return str(backend.xp.__name__)
 
 
+@cpu.handles(NormBwd)
 def norm_bwd(backend: ArrayBackend, op: NormBwd) -> str:
     """``dx``, ``dscale`` and ``dbias`` of any normalization.
 
@@ -180,13 +183,3 @@ def norm_bwd(backend: ArrayBackend, op: NormBwd) -> str:
     if op.dbias is not None:
         _write(backend, op.dbias, shape, xp.sum(dy, axis=layout.param_reduce, keepdims=True))
     return str(xp.__name__)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    BatchNorm: batch_norm,
-    LayerNorm: affine_norm,
-    InstanceNorm: affine_norm,
-    GroupNorm: affine_norm,
-    RmsNorm: rms_norm,
-    NormBwd: norm_bwd,
-}

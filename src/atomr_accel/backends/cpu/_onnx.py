@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu, shared
 from atomr_accel.backends._optional import require
 from atomr_accel.backends._state import per_backend
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, LibraryError
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._onnx import (
     DeviceTensor,
     LoadOnnxModel,
@@ -33,7 +32,7 @@ from atomr_accel.core.ops._onnx import (
     UnloadOnnxModel,
 )
 
-__all__ = ["CPU_PROVIDER", "HANDLERS", "Model", "Models", "info_of", "load", "model_of", "models",
+__all__ = ["CPU_PROVIDER", "Model", "Models", "info_of", "load", "model_of", "models",
            "run", "session_of", "translate", "unload"]
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -136,6 +135,7 @@ def model_of(backend: Any, digest: str) -> Model:
     return model
 
 
+@cpu.handles(RunOnnxModel)
 def run(backend: Any, op: RunOnnxModel) -> dict[str, np.ndarray[Any, Any]]:
     """Run on the CPU provider: device tensors are views of the buffers' arrays; the outputs
     of ``into`` are copied into their buffers, those of ``fetch`` answered."""
@@ -161,15 +161,12 @@ def run(backend: Any, op: RunOnnxModel) -> dict[str, np.ndarray[Any, Any]]:
     return answer
 
 
+@shared.handles(UnloadOnnxModel)
 def unload(backend: Any, op: UnloadOnnxModel) -> None:
     """Drop the model's sessions from this context."""
     models(backend).pop(op.digest, None)
 
 
+@cpu.handles(LoadOnnxModel)
 def _load_cpu(backend: Any, op: LoadOnnxModel) -> OnnxModelInfo:
     return load(backend, op, list(op.providers or (CPU_PROVIDER,)), 0)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    LoadOnnxModel: _load_cpu, RunOnnxModel: run, UnloadOnnxModel: unload,
-}

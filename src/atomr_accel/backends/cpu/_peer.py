@@ -9,16 +9,13 @@ implementation.
 
 from __future__ import annotations
 
-from atomr_accel.backends._base import Backend, Handler
-from atomr_accel.core._op import Op
+from atomr_accel.backends._base import Backend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core.ops._peer import CanAccessPeer, EnablePeerAccess
 
-__all__ = ["HANDLERS"]
+__all__: list[str] = []
 
 
+@cpu.handles(CanAccessPeer, EnablePeerAccess)
 def _no_access(backend: Backend, op: CanAccessPeer | EnablePeerAccess) -> tuple[bool, ...]:
     return tuple(False for _ in op.peers)
-
-
-HANDLERS: dict[type[Op], Handler] = {CanAccessPeer: _no_access, EnablePeerAccess: _no_access}
-"""The peer op handlers of the CPU backend."""

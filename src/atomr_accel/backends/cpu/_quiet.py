@@ -10,18 +10,17 @@ giving -0). Elsewhere NumPy's warnings stay as they are.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from atomr_accel.backends._base import Handler
-from atomr_accel.core._op import Op
 
-__all__ = ["quieted"]
+__all__ = ["quiet"]
 
 
-def _quiet(handler: Handler) -> Handler:
+def quiet(handler: Handler) -> Handler:
+    """``handler``, running with NumPy's floating-point warnings off."""
     @functools.wraps(handler)
     def run(backend: Any, op: Any) -> Any:
         with np.errstate(all="ignore"):
@@ -29,7 +28,3 @@ def _quiet(handler: Handler) -> Handler:
 
     return run
 
-
-def quieted(handlers: Mapping[type[Op], Handler]) -> dict[type[Op], Handler]:
-    """``handlers``, each running with NumPy's floating-point warnings off."""
-    return {op: _quiet(handler) for op, handler in handlers.items()}

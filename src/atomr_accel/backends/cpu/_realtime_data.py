@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu, shared
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_data import (
     EMPTY,
     ERASED,
@@ -27,7 +27,7 @@ from atomr_accel.core.ops._realtime_data import (
     HashTable,
 )
 
-__all__ = ["HANDLERS", "build_csr", "fnv1a", "hash_erase", "hash_insert", "hash_lookup"]
+__all__ = ["build_csr", "fnv1a", "hash_erase", "hash_insert", "hash_lookup"]
 
 _FNV_OFFSET, _FNV_PRIME = 2166136261, 16777619
 
@@ -77,6 +77,7 @@ def _rows(backend: ArrayBackend, ref: Any, count: int, width: int) -> np.ndarray
     return np.asarray(backend.array(ref.buffer_id)[: count * width]).reshape(count, width)
 
 
+@cpu.handles(HashInsert)
 def hash_insert(backend: ArrayBackend, op: HashInsert) -> int:
     """Insert (or overwrite) each key; answer how many were new (``HashMapFull`` if no room)."""
     table = _Table(backend, op.table)
@@ -96,6 +97,7 @@ def hash_insert(backend: ArrayBackend, op: HashInsert) -> int:
     return new
 
 
+@cpu.handles(HashLookup)
 def hash_lookup(backend: ArrayBackend, op: HashLookup) -> None:
     """Write each key's value and whether it is held."""
     table = _Table(backend, op.table)
@@ -108,6 +110,7 @@ def hash_lookup(backend: ArrayBackend, op: HashLookup) -> None:
         values[i] = table.values[slot] if slot >= 0 else 0
 
 
+@cpu.handles(HashErase)
 def hash_erase(backend: ArrayBackend, op: HashErase) -> int:
     """Mark each held key's slot erased; answer how many were held."""
     table = _Table(backend, op.table)
@@ -120,6 +123,7 @@ def hash_erase(backend: ArrayBackend, op: HashErase) -> int:
     return erased
 
 
+@shared.handles(BuildCsr)
 def build_csr(backend: ArrayBackend, op: BuildCsr) -> int:
     """Sum ``base`` and the triplets into the output CSR buffers; answer its ``nnz``."""
     xp, sparse = backend.xp, backend.scipy_sparse
@@ -147,9 +151,3 @@ def build_csr(backend: ArrayBackend, op: BuildCsr) -> int:
     backend.array(op.indices.buffer_id)[:nnz] = csr.indices
     backend.array(op.values.buffer_id)[:nnz] = csr.data
     return nnz
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    HashInsert: hash_insert, HashLookup: hash_lookup, HashErase: hash_erase,
-    BuildCsr: build_csr,
-}

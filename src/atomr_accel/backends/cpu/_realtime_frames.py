@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu, shared
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_frames import (
     BlendFrames,
     BoxBlur,
@@ -24,7 +24,7 @@ from atomr_accel.core.ops._realtime_frames import (
     Threshold,
 )
 
-__all__ = ["HANDLERS", "SOBEL_X", "blend_frames", "filter_frames", "frame_stats", "stored"]
+__all__ = ["SOBEL_X", "blend_frames", "filter_frames", "frame_stats", "stored"]
 
 Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
 SOBEL_X = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], dtype=np.float32)
@@ -58,6 +58,7 @@ def _stage(frame: np.ndarray[Any, Any], stage: Stage) -> Any:
                     np.float32(stage.low))
 
 
+@cpu.handles(FilterFrames)
 def filter_frames(backend: ArrayBackend, op: FilterFrames) -> None:
     """Run the stages in float32 over each frame of ``src``; store the results in ``dst``."""
     n = op.height * op.width * op.channels
@@ -70,6 +71,7 @@ def filter_frames(backend: ArrayBackend, op: FilterFrames) -> None:
         dst[first:first + n] = stored(np, frame.reshape(-1), op.dst.dtype)
 
 
+@shared.handles(FrameStats)
 def frame_stats(backend: ArrayBackend, op: FrameStats) -> dict[str, np.ndarray[Any, Any]]:
     """Each channel's histogram, min, max, mean and population variance, as host arrays."""
     xp = backend.xp
@@ -83,6 +85,7 @@ def frame_stats(backend: ArrayBackend, op: FrameStats) -> dict[str, np.ndarray[A
     return {name: (value if xp is np else value.get()) for name, value in answer.items()}
 
 
+@shared.handles(BlendFrames)
 def blend_frames(backend: ArrayBackend, op: BlendFrames) -> None:
     """Write the weighted sum of ``a`` and ``b`` (float32) to ``dst``."""
     xp = backend.xp
@@ -90,8 +93,3 @@ def blend_frames(backend: ArrayBackend, op: BlendFrames) -> None:
     b = backend.array(op.b.buffer_id)[: op.count].astype(xp.float32)
     mixed = xp.float32(op.weight_a) * a + xp.float32(op.weight_b) * b
     backend.array(op.dst.buffer_id)[: op.count] = stored(xp, mixed, op.dst.dtype)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    FilterFrames: filter_frames, FrameStats: frame_stats, BlendFrames: blend_frames,
-}

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends.cpu._fluid_pressure import solve_pressure
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_physics import (
     ClothStep,
     FluidAddSource,
@@ -29,7 +28,6 @@ from atomr_accel.core.ops._realtime_physics import (
 )
 
 __all__ = [
-    "HANDLERS",
     "cell_slots",
     "cloth_sets",
     "divergence_of",
@@ -44,6 +42,7 @@ HASH = (73856093, 19349663, 83492791)
 # --------------------------------------------------------------------- particles
 
 
+@cpu.handles(ParticleStep)
 def particle_step(backend: Any, op: ParticleStep) -> int:
     """Advance the particles in place (exact constant-gravity and linear-drag update);
     answer the live count."""
@@ -79,6 +78,7 @@ def particle_step(backend: Any, op: ParticleStep) -> int:
     return int(live[0])
 
 
+@cpu.handles(ParticleCompact)
 def particle_compact(backend: Any, op: ParticleCompact) -> None:
     """Move the survivors to the front, in order."""
     n = op.count
@@ -119,6 +119,7 @@ def cloth_sets(width: int, height: int) -> tuple[tuple[Array, Array, int], ...]:
     return tuple(sets)
 
 
+@cpu.handles(ClothStep)
 def cloth_step(backend: Any, op: ClothStep) -> None:
     """Verlet, then ``iterations`` Gauss-Seidel passes over the 12 spring sets."""
     n = op.width * op.height
@@ -245,6 +246,7 @@ def divergence_of(u: Array, v: Array) -> Array:
     return out
 
 
+@cpu.handles(FluidStep)
 def fluid_step(backend: Any, op: FluidStep) -> None:
     """Advect, diffuse, project, advect the density (see ``FluidStep``)."""
     w, h = op.width, op.height
@@ -271,6 +273,7 @@ def fluid_step(backend: Any, op: FluidStep) -> None:
     d[:] = _advect_density(d, u, v, dt)
 
 
+@cpu.handles(FluidAddSource)
 def fluid_add_source(backend: Any, op: FluidAddSource) -> None:
     """Add density and velocity at one cell (its non-wall faces)."""
     w, h, x, y = op.width, op.height, op.x, op.y
@@ -285,6 +288,7 @@ def fluid_add_source(backend: Any, op: FluidAddSource) -> None:
             v[face * w + x] += F32(op.vy)
 
 
+@cpu.handles(FluidDivergence)
 def fluid_divergence(backend: Any, op: FluidDivergence) -> None:
     """Write the divergence of the face velocities."""
     w, h = op.width, op.height
@@ -310,6 +314,7 @@ def _cells(points: Array, cell_size: Any) -> Array:
     return out
 
 
+@cpu.handles(GridBuild)
 def grid_build(backend: Any, op: GridBuild) -> None:
     """Sort the points by slot and mark each slot's range."""
     n = op.count
@@ -325,6 +330,7 @@ def grid_build(backend: Any, op: GridBuild) -> None:
         sorted_slots, table, "right")
 
 
+@cpu.handles(GridQuery)
 def grid_query(backend: Any, op: GridQuery) -> list[Array]:
     """For each query, the sorted indices of the points within the radius."""
     n, q = op.count, op.query_count
@@ -351,16 +357,3 @@ def grid_query(backend: Any, op: GridQuery) -> list[Array]:
         results.append(np.sort(np.concatenate(found)).astype(np.int64) if found
                        else np.zeros(0, np.int64))
     return results
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    ParticleStep: particle_step,
-    ParticleCompact: particle_compact,
-    ClothStep: cloth_step,
-    FluidStep: fluid_step,
-    FluidAddSource: fluid_add_source,
-    FluidDivergence: fluid_divergence,
-    GridBuild: grid_build,
-    GridQuery: grid_query,
-}
-"""Realtime physics handlers of the CPU backend."""

@@ -24,16 +24,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import special
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends.cpu._bitgen import words
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._rng import Distribution, RngFill
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
 
-__all__ = ["HANDLERS", "Poisson", "cumulative", "draws", "rng_fill", "unit"]
+__all__ = ["Poisson", "cumulative", "draws", "rng_fill", "unit"]
 
 Array = Any  # a NumPy or CuPy array
 Poisson = Callable[[Array, float], Array]
@@ -115,6 +114,7 @@ def _inverse_cdf(xp: Any, scipy_special: Any, u: Array, dist: Distribution,
     return loc + scale * xp.tan(math.pi * (u - 0.5))
 
 
+@cpu.handles(RngFill)
 def rng_fill(backend: CpuBackend, op: RngFill) -> None:
     """Write ``op.count`` draws of the stream at ``(seed, offset)`` into ``out``.
 
@@ -126,6 +126,3 @@ def rng_fill(backend: CpuBackend, op: RngFill) -> None:
     cdf = None if op.weights is None else cumulative(np, backend.array(op.weights.buffer_id))
     raw = words(op.generator, op.seed, op.offset, op.count)
     out[:] = draws(np, special, raw, op, out.dtype, cdf, _poisson)
-
-
-HANDLERS: dict[type[Op], Handler] = {RngFill: rng_fill}

@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends.cpu._norm import compute_type, view
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._rnn import RnnBwd, RnnFwd, RnnMode, RnnShape, WeightSlices
 
 __all__ = [
-    "HANDLERS",
     "Cell",
     "Step",
     "backward",
@@ -249,16 +248,15 @@ def backward(backend: ArrayBackend, op: RnnBwd, cell: Cell) -> None:
         _store(backend, op.dc_in, dc_in.shape, dc_in)
 
 
+@cpu.handles(RnnFwd)
 def rnn_fwd(backend: ArrayBackend, op: RnnFwd) -> str:
     """Run the network forward on ``backend.xp``; answer its name."""
     run_forward(backend, op, numpy_cell(backend.xp))
     return str(backend.xp.__name__)
 
 
+@cpu.handles(RnnBwd)
 def rnn_bwd(backend: ArrayBackend, op: RnnBwd) -> str:
     """Run the network's backward on ``backend.xp``; answer its name."""
     backward(backend, op, numpy_cell(backend.xp))
     return str(backend.xp.__name__)
-
-
-HANDLERS: dict[type[Op], Handler] = {RnnFwd: rnn_fwd, RnnBwd: rnn_bwd}

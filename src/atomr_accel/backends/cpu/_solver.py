@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.linalg import lapack
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends.cpu._blas import matrix_views, vector_view
 from atomr_accel.core._errors import LibraryError
-from atomr_accel.core._op import Op, require
+from atomr_accel.core._op import require
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._solver import (
     Geqrf,
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
 
 __all__ = [
-    "HANDLERS",
     "geqrf",
     "gesvd",
     "gesvdj",
@@ -109,6 +108,7 @@ def _getrf_one(a: Array, ipiv: Array) -> int:
     return int(info)
 
 
+@cpu.handles(Getrf, GetrfBatched)
 def getrf(backend: CpuBackend, op: Getrf | GetrfBatched) -> None:
     """Factor ``A = P @ L @ U`` per matrix, writing 1-based pivots."""
     (spec,) = op.operands()
@@ -133,6 +133,7 @@ def _getrs_one(lu: Array, ipiv: Array, b: Array, trans: int) -> int:
     return int(info)
 
 
+@cpu.handles(Getrs, GetrsBatched)
 def getrs(backend: CpuBackend, op: Getrs | GetrsBatched) -> None:
     """Solve ``op(A) @ X = B`` per matrix from getrf's factors, in place into B."""
     a_spec, b_spec = op.operands()
@@ -155,6 +156,7 @@ def _potrf_one(a: Array, upper: bool) -> int:
     return int(info)
 
 
+@cpu.handles(Potrf, PotrfBatched)
 def potrf(backend: CpuBackend, op: Potrf | PotrfBatched) -> None:
     """Factor each Hermitian positive definite matrix in its chosen triangle (Cholesky)."""
     (spec,) = op.operands()
@@ -172,6 +174,7 @@ def _potrs_one(c: Array, b: Array, upper: bool) -> int:
     return int(info)
 
 
+@cpu.handles(Potrs, PotrsBatched)
 def potrs(backend: CpuBackend, op: Potrs | PotrsBatched) -> None:
     """Solve ``A @ X = B`` per matrix from potrf's factor, in place into B."""
     a_spec, b_spec = op.operands()
@@ -181,6 +184,7 @@ def potrs(backend: CpuBackend, op: Potrs | PotrsBatched) -> None:
     raise_first("potrs", infos, isinstance(op, PotrsBatched))
 
 
+@cpu.handles(Geqrf)
 def geqrf(backend: CpuBackend, op: Geqrf) -> None:
     """Factor ``A = Q @ R`` in place in Householder form, scalars into tau."""
     a_spec, tau_spec = op.operands()
@@ -193,6 +197,7 @@ def geqrf(backend: CpuBackend, op: Geqrf) -> None:
     raise_first("geqrf", [int(info)], False)
 
 
+@cpu.handles(Orgqr)
 def orgqr(backend: CpuBackend, op: Orgqr) -> None:
     """Overwrite A with the first ``n`` columns of Q built from ``k`` reflectors."""
     a_spec, tau_spec = op.operands()
@@ -238,6 +243,7 @@ def _each_svd(backend: CpuBackend, op: Gesvd | GesvdBatched | GesvdjBatched,
     ]
 
 
+@cpu.handles(Gesvd, GesvdBatched)
 def gesvd(backend: CpuBackend, op: Gesvd | GesvdBatched) -> None:
     """Decompose each matrix as ``U @ diag(s) @ VT``, full U and VT where asked for."""
     infos = _each_svd(backend, op, op.vt, _gesvd_one)
@@ -263,6 +269,7 @@ def _gesvdj_one(a: Array, s: Array, u: Array | None, v: Array | None) -> int:
     return 0
 
 
+@cpu.handles(GesvdjBatched)
 def gesvdj(backend: CpuBackend, op: GesvdjBatched) -> None:
     """Decompose each matrix as ``U @ diag(s) @ V.H`` (economy U and V) with NumPy's SVD."""
     report(backend, "gesvdj", _each_svd(backend, op, op.v, _gesvdj_one), op.info, True)
@@ -279,6 +286,7 @@ def _syevd_one(a: Array, w: Array, upper: bool, vectors: bool) -> int:
     return int(info)
 
 
+@cpu.handles(Syevd, SyevdBatched)
 def syevd(backend: CpuBackend, op: Syevd | SyevdBatched) -> None:
     """Find ascending eigenvalues into w and, with ``vectors``, eigenvectors over A."""
     (spec,) = op.operands()
@@ -290,23 +298,3 @@ def syevd(backend: CpuBackend, op: Syevd | SyevdBatched) -> None:
         for i in range(spec.batch)
     ]
     raise_first("syevd", infos, isinstance(op, SyevdBatched))
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    Getrf: getrf,
-    GetrfBatched: getrf,
-    Getrs: getrs,
-    GetrsBatched: getrs,
-    Potrf: potrf,
-    PotrfBatched: potrf,
-    Potrs: potrs,
-    PotrsBatched: potrs,
-    Geqrf: geqrf,
-    Orgqr: orgqr,
-    Gesvd: gesvd,
-    GesvdBatched: gesvd,
-    GesvdjBatched: gesvdj,
-    Syevd: syevd,
-    SyevdBatched: syevd,
-}
-"""The solver op handlers of the CPU backend."""

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import shared
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._sparse import CsrMatrix, CsrSpMM, CsrSpMV
 
-__all__ = ["HANDLERS", "csr_spmm", "csr_spmv"]
+__all__ = ["csr_spmm", "csr_spmv"]
 
 Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
 
@@ -51,6 +51,7 @@ def _column_major(xp: Any, arr: Array, rows: int, cols: int, ld: int) -> Array:
     return xp.lib.stride_tricks.as_strided(arr, shape=(rows, cols), strides=(item, ld * item))
 
 
+@shared.handles(CsrSpMV)
 def csr_spmv(backend: ArrayBackend, op: CsrSpMV) -> None:
     """Write ``alpha * op(A) @ x + beta * y`` into ``y`` (``y`` unread when ``beta == 0``)."""
     a = _csr(backend, op.a)
@@ -63,6 +64,7 @@ def csr_spmv(backend: ArrayBackend, op: CsrSpMV) -> None:
     y[:] = alpha * product if beta == 0 else alpha * product + beta * y
 
 
+@shared.handles(CsrSpMM)
 def csr_spmm(backend: ArrayBackend, op: CsrSpMM) -> None:
     """Write ``alpha * A @ B + beta * C`` into column-major ``C`` (unread when ``beta == 0``)."""
     xp = backend.xp
@@ -73,6 +75,3 @@ def csr_spmm(backend: ArrayBackend, op: CsrSpMM) -> None:
     alpha = _scalar(op.alpha, op.c.dtype.is_complex)
     beta = _scalar(op.beta, op.c.dtype.is_complex)
     c[...] = alpha * product if beta == 0 else alpha * product + beta * c
-
-
-HANDLERS: dict[type[Op], Handler] = {CsrSpMV: csr_spmv, CsrSpMM: csr_spmm}

@@ -12,13 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from atomr_accel.backends._base import ArrayBackend, Handler
-from atomr_accel.backends.cpu import _topk
-from atomr_accel.core._op import Op
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._tensor import Contract
 
-__all__ = ["HANDLERS", "contract", "operands", "scalars"]
+__all__ = ["contract", "operands", "scalars"]
 
 Array = Any  # a NumPy or CuPy array, whichever ``backend.xp`` makes
 
@@ -39,6 +38,7 @@ def scalars(op: Contract) -> tuple[complex, complex]:
     return complex(op.alpha).real, complex(op.beta).real
 
 
+@cpu.handles(Contract)
 def contract(backend: ArrayBackend, op: Contract) -> str:
     """Write ``alpha * einsum(A, B) + beta * C`` into ``C``; answer ``"<xp>.einsum"``."""
     a, b, c = operands(backend, op)
@@ -47,6 +47,3 @@ def contract(backend: ArrayBackend, op: Contract) -> str:
     alpha, beta = scalars(op)
     c[...] = alpha * product if beta == 0 else alpha * product + beta * c
     return f"{xp.__name__}.einsum"
-
-
-HANDLERS: dict[type[Op], Handler] = {Contract: contract, **_topk.HANDLERS}

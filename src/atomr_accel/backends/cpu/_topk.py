@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cpu
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 __all__ = [
-    "GROUP", "HANDLERS", "PARTITION", "SPARE", "Answer", "Largest", "argpartition_largest",
+    "GROUP", "PARTITION", "SPARE", "Answer", "Largest", "argpartition_largest",
     "best", "grouped", "is_wide", "order", "score_top_k", "scores", "select", "top_k",
 ]
 
@@ -137,6 +137,7 @@ PARTITION: Largest = grouped(argpartition_largest)
 """The selection of the NumPy (and the torch-less CuPy) backend."""
 
 
+@cpu.handles(TopK)
 def top_k(backend: ArrayBackend, op: TopK, largest: Largest = PARTITION) -> Answer:
     """Answer ``(columns, values)``: each row's ``min(k, n)`` largest, best first, ties by key."""
     xp = backend.xp
@@ -163,10 +164,8 @@ def scores(backend: ArrayBackend, op: ScoreTopK) -> Array:
     return result
 
 
+@cpu.handles(ScoreTopK)
 def score_top_k(backend: ArrayBackend, op: ScoreTopK, largest: Largest = PARTITION) -> Answer:
     """Answer ``TopK``'s ``(columns, values)`` of ``op``'s scores (``scores``)."""
     keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
     return select(backend.xp, scores(backend, op), keys, op.k, largest)
-
-
-HANDLERS: dict[type[Op], Handler] = {TopK: top_k, ScoreTopK: score_top_k}

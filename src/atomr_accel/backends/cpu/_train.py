@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from atomr_accel.backends._base import ArrayBackend, Handler
-from atomr_accel.core._op import Op
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import shared
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._train import (
     AdamUpdate,
@@ -26,7 +26,6 @@ from atomr_accel.core.ops._train import (
 )
 
 __all__ = [
-    "HANDLERS",
     "adam_update",
     "fill_zeros",
     "layer_norm_backward",
@@ -55,6 +54,7 @@ def _weight(backend: ArrayBackend, op: LinearForward | LinearBackward, ref: GpuR
                 (op.out_features, op.in_features))
 
 
+@shared.handles(LinearForward, quiet=True)
 def linear_forward(backend: ArrayBackend, op: LinearForward) -> None:
     """``y = x @ W.T (+ b)``."""
     xp = backend.xp
@@ -65,6 +65,7 @@ def linear_forward(backend: ArrayBackend, op: LinearForward) -> None:
         y += span(backend, op.params, op.bias_offset, op.out_features)
 
 
+@shared.handles(LinearBackward, quiet=True)
 def linear_backward(backend: ArrayBackend, op: LinearBackward) -> None:
     """``dW += dy.T @ x``, ``db += sum_rows dy``, ``dx = dy @ W``."""
     xp = backend.xp
@@ -90,6 +91,7 @@ def _norm_views(backend: ArrayBackend, op: LayerNormForward | LayerNormBackward
     return x, w, mean, rstd
 
 
+@shared.handles(LayerNormForward, quiet=True)
 def layer_norm_forward(backend: ArrayBackend, op: LayerNormForward) -> None:
     """``y = (x - mean) * rstd * w + b`` per row; the row statistics saved."""
     xp = backend.xp
@@ -101,6 +103,7 @@ def layer_norm_forward(backend: ArrayBackend, op: LayerNormForward) -> None:
     y[...] = centred * rstd * w + span(backend, op.params, op.bias_offset, op.features)
 
 
+@shared.handles(LayerNormBackward, quiet=True)
 def layer_norm_backward(backend: ArrayBackend, op: LayerNormBackward) -> None:
     """``dw += sum dy xhat``, ``db += sum dy``; ``dx = rstd (g - mean g - xhat mean(g
     xhat))`` with ``g = dy w``."""
@@ -117,6 +120,7 @@ def layer_norm_backward(backend: ArrayBackend, op: LayerNormBackward) -> None:
                           - xhat * (g * xhat).mean(axis=1, keepdims=True))
 
 
+@shared.handles(SoftmaxCrossEntropy, quiet=True)
 def softmax_cross_entropy(backend: ArrayBackend, op: SoftmaxCrossEntropy) -> None:
     """Mean softmax cross-entropy with label smoothing into ``loss[0]``; its gradient."""
     xp = backend.xp
@@ -138,6 +142,7 @@ def softmax_cross_entropy(backend: ArrayBackend, op: SoftmaxCrossEntropy) -> Non
         grad *= op.grad_scale / rows
 
 
+@shared.handles(MseLoss, quiet=True)
 def mse_loss(backend: ArrayBackend, op: MseLoss) -> None:
     """``loss[0] = mean((p - t)^2)``; ``grad = 2 (p - t) grad_scale / count``."""
     diff = span(backend, op.pred, 0, op.count) - span(backend, op.target, 0, op.count)
@@ -146,6 +151,7 @@ def mse_loss(backend: ArrayBackend, op: MseLoss) -> None:
         span(backend, op.grad, 0, op.count)[...] = diff * (2.0 * op.grad_scale / op.count)
 
 
+@shared.handles(SgdUpdate, quiet=True)
 def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
     """torch's SGD over the span (see ``SgdUpdate``)."""
     p = span(backend, op.params, op.offset, op.length)
@@ -163,6 +169,7 @@ def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
     p -= op.lr * g
 
 
+@shared.handles(AdamUpdate, quiet=True)
 def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
     """torch's Adam / AdamW over the span (see ``AdamUpdate``)."""
     xp = backend.xp
@@ -183,21 +190,9 @@ def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
     p -= (op.lr / correction1) * m / (xp.sqrt(v) / correction2 ** 0.5 + op.eps)
 
 
+@shared.handles(FillZeros, quiet=True)
 def fill_zeros(backend: ArrayBackend, op: FillZeros) -> None:
     """Zero the span."""
     flat = backend.array(op.ref.buffer_id)
     end = len(flat) if op.length is None else op.offset + op.length
     flat[op.offset: end] = 0
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    LinearForward: linear_forward,
-    LinearBackward: linear_backward,
-    LayerNormForward: layer_norm_forward,
-    LayerNormBackward: layer_norm_backward,
-    SoftmaxCrossEntropy: softmax_cross_entropy,
-    MseLoss: mse_loss,
-    SgdUpdate: sgd_update,
-    AdamUpdate: adam_update,
-    FillZeros: fill_zeros,
-}

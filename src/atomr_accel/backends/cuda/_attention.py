@@ -31,12 +31,11 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu import _attention as shared
 from atomr_accel.backends.cuda import _cudnn_graphs as graphs
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import (
     ARCHS,
@@ -49,7 +48,7 @@ from atomr_accel.core.ops._attention import (
     SdpaSupport,
 )
 
-__all__ = ["HANDLERS", "Config", "config_of", "sdpa_backward", "sdpa_forward", "support"]
+__all__ = ["Config", "config_of", "sdpa_backward", "sdpa_forward", "support"]
 
 _HALF = (DType.F16, DType.BF16)
 _COMPOSED = "cupy-composed"
@@ -262,6 +261,7 @@ def _lengths(backend: Any, op: Attention, cfg: Config) -> list[Any]:
     return arrays
 
 
+@cuda.handles(SdpaForward, MultiHeadAttnForward)
 def sdpa_forward(backend: Any, op: SdpaForward | MultiHeadAttnForward) -> str:
     """Run cuDNN's SDPA graph where it applies, else the composed path; answer which ran."""
     graphs.frontend()
@@ -277,6 +277,7 @@ def sdpa_forward(backend: Any, op: SdpaForward | MultiHeadAttnForward) -> str:
     return _GRAPH
 
 
+@cuda.handles(SdpaBackward, MultiHeadAttnBackward)
 def sdpa_backward(backend: Any, op: SdpaBackward | MultiHeadAttnBackward) -> str:
     """Run cuDNN's SDPA backward graph where it applies, else the composed path."""
     graphs.frontend()
@@ -295,6 +296,7 @@ _support_of: Callable[[Any], dict[SdpaSupport, str]] = per_backend(dict)
 """The answers of ``support`` on a backend, by query."""
 
 
+@cuda.handles(SdpaSupport)
 def support(backend: Any, op: SdpaSupport) -> str:
     """Answer the path an f16 forward of the configuration takes on this device."""
     graphs.frontend()
@@ -313,12 +315,3 @@ def support(backend: Any, op: SdpaSupport) -> str:
         cudnn_ok = not mask.sink_tokens and alibi_ok and _builds(backend, cfg)
         answer = known[op] = _GRAPH if cudnn_ok else _COMPOSED
     return answer
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    SdpaForward: sdpa_forward,
-    SdpaBackward: sdpa_backward,
-    SdpaSupport: support,
-    MultiHeadAttnForward: sdpa_forward,
-    MultiHeadAttnBackward: sdpa_backward,
-}

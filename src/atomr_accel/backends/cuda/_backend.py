@@ -21,37 +21,15 @@ import cupy as cp
 import numpy as np
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
+from atomr_accel.backends._handlers import cuda, table
 from atomr_accel.backends._optional import unavailable
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import Lru
 from atomr_accel.backends.cpu import _blas as shared_blas
-from atomr_accel.backends.cpu import _fft as shared_fft
-from atomr_accel.backends.cpu import _sparse as shared_sparse
-from atomr_accel.backends.cuda import _attention as cuda_attention
-from atomr_accel.backends.cuda import _blas as cuda_blas
-from atomr_accel.backends.cuda import _blaslt as cuda_blaslt
-from atomr_accel.backends.cuda import _collective as cuda_collective
-from atomr_accel.backends.cuda import _cub as cuda_cub
-from atomr_accel.backends.cuda import _cutlass as cuda_cutlass
-from atomr_accel.backends.cuda import _cutlass_fp8 as cuda_cutlass_fp8
 from atomr_accel.backends.cuda import _direct as direct
-from atomr_accel.backends.cuda import _dlpack as cuda_dlpack
-from atomr_accel.backends.cuda import _dnn as cuda_dnn
-from atomr_accel.backends.cuda import _fft as cuda_fft
-from atomr_accel.backends.cuda import _graph as cuda_graph
 from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
-from atomr_accel.backends.cuda import _norm as cuda_norm
-from atomr_accel.backends.cuda import _onnx as cuda_onnx
-from atomr_accel.backends.cuda import _peer as cuda_peer
-from atomr_accel.backends.cuda import _realtime_data as cuda_realtime_data
-from atomr_accel.backends.cuda import _realtime_frames as cuda_realtime_frames
-from atomr_accel.backends.cuda import _realtime_physics as cuda_realtime_physics
 from atomr_accel.backends.cuda import _rng as cuda_rng
-from atomr_accel.backends.cuda import _rnn as cuda_rnn
-from atomr_accel.backends.cuda import _solver as cuda_solver
-from atomr_accel.backends.cuda import _tensor as cuda_tensor
-from atomr_accel.backends.cuda import _train as cuda_train
 from atomr_accel.backends.cuda._completion import Event, event_done, make_completion
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
@@ -66,25 +44,11 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import (
-    Axpy,
-    Copy,
-    Geam,
-    Gemm,
-    GemmStridedBatched,
-    Gemv,
-    Ger,
     Nrm2,
-    Rot,
-    Scal,
-    Swap,
-    Syrk,
     Trsm,
 )
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
-from atomr_accel.core.ops._fft import Fft, FftMany
-from atomr_accel.core.ops._graph import LaunchGraph
-from atomr_accel.core.ops._kernels import LaunchKernel
-from atomr_accel.core.ops._memory import Advice, Attach, CopyBuffer, Location, Upload
+from atomr_accel.core.ops._memory import Advice, Attach, Location, Upload
 from atomr_accel.core.ops._rng import RngFill
 
 __all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend"]
@@ -115,13 +79,6 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
     Advice.UNSET_ACCESSED_BY_HOST: (6, True),
 }
 _ATTACH_FLAGS = {Attach.GLOBAL: 1, Attach.HOST: 2}  # cudaMemAttachGlobal, cudaMemAttachHost
-
-_QUEUES_ONLY: frozenset[type[Op]] = frozenset({
-    Gemm, GemmStridedBatched, Axpy, Scal, Gemv, Ger, Geam, Syrk, Rot, Swap, Copy, CopyBuffer,
-    Fft, FftMany, LaunchKernel, LaunchGraph,
-})
-"""Ops whose handlers only queue work on the stream: an event loop may launch them itself
-(and most RNG fills: see ``_rng.queues_only``)."""
 
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
 _HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
@@ -295,11 +252,12 @@ class CudaBackend(Backend):
         return started[1]
 
     def queues_only(self, op: Op) -> bool:
-        """True for ops whose handlers only queue device work (no host sync, no compile);
-        an upload qualifies when its source is page-locked host memory."""
-        kind = type(op)
-        if kind in _QUEUES_ONLY:
+        """True for ops whose handlers only queue device work (no host sync, no compile: the
+        op's ``queues_only`` trait); most RNG fills qualify (``_rng.queues_only``), and an
+        upload when its source is page-locked host memory."""
+        if op.queues_only:
             return True
+        kind = type(op)
         if kind is RngFill:
             return cuda_rng.queues_only(op)  # type: ignore[arg-type]
         if kind is Upload:
@@ -525,11 +483,13 @@ def translate_cuda_error(exc: BaseException, op: Op) -> GpuRuntimeError:
                         str(exc))
 
 
+@cuda.handles(Nrm2)
 def _nrm2(backend: CudaBackend, op: Nrm2) -> float:
     x = shared_blas.vector_view(backend, op.operands()[0])
     return float(cp.linalg.norm(x)) if x.size else 0.0
 
 
+@cuda.handles(Trsm)
 def _trsm(backend: CudaBackend, op: Trsm) -> None:
     from cupyx.scipy.linalg import solve_triangular
 
@@ -550,6 +510,7 @@ def _trsm(backend: CudaBackend, op: Trsm) -> None:
     b[...] = x
 
 
+@cuda.handles(InjectFault)
 def _inject_fault(backend: CudaBackend, op: InjectFault) -> None:
     if op.kind is FaultKind.POISON:  # a real sticky fault: write to an illegal address
         kernel = cp.RawKernel(_POISON_SOURCE, "atomr_poison")
@@ -564,34 +525,5 @@ def _inject_fault(backend: CudaBackend, op: InjectFault) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-CudaBackend.handlers = (
-    dict(MEMORY_HANDLERS)
-    | shared_blas.HANDLERS
-    | cuda_blas.HANDLERS
-    | shared_fft.HANDLERS
-    | cuda_fft.HANDLERS
-    | shared_sparse.HANDLERS
-    | cuda_tensor.HANDLERS
-    | cuda_rng.HANDLERS
-    | cuda_solver.HANDLERS
-    | cuda_kernels.HANDLERS
-    | cuda_graph.HANDLERS
-    | cuda_peer.HANDLERS
-    | cuda_collective.HANDLERS
-    | cuda_ipc.HANDLERS
-    | cuda_dlpack.HANDLERS
-    | cuda_blaslt.HANDLERS
-    | cuda_dnn.HANDLERS
-    | cuda_norm.HANDLERS
-    | cuda_rnn.HANDLERS
-    | cuda_attention.HANDLERS
-    | cuda_realtime_physics.HANDLERS
-    | cuda_realtime_data.HANDLERS
-    | cuda_realtime_frames.HANDLERS
-    | cuda_onnx.HANDLERS
-    | cuda_cub.HANDLERS
-    | cuda_train.HANDLERS
-    | cuda_cutlass.HANDLERS
-    | cuda_cutlass_fp8.HANDLERS
-    | {Nrm2: _nrm2, Trsm: _trsm, InjectFault: _inject_fault}
-)
+CudaBackend.handlers = table(cuda, "atomr_accel.backends.cuda", MEMORY_HANDLERS)
+"""Every handler registered for the CUDA backend (``backends._handlers``)."""

@@ -19,16 +19,15 @@ import cupy as cp
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cuda._direct import call_cublas
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._blas import Copy, Gemm, GemmStridedBatched, Iamin, Rot, Swap
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "copy", "gemm", "iamin", "rot", "swap"]
+__all__ = ["copy", "gemm", "iamin", "rot", "swap"]
 
 _ROUTINES = {  # dtype -> (gemm, strided batched gemm, host scalar type)
     DType.F32: ("sgemm", "sgemmStridedBatched", np.float32),
@@ -76,6 +75,7 @@ def _handle(backend: CudaBackend) -> int:
     return handle
 
 
+@cuda.handles(Gemm, GemmStridedBatched)
 def gemm(backend: CudaBackend, op: Gemm | GemmStridedBatched) -> None:
     """``C = alpha * op(A) @ op(B) + beta * C`` by one cuBLAS call on the current stream."""
     single, batched, scalar = _ROUTINES[op.c.dtype]
@@ -110,6 +110,7 @@ def _vectors(backend: CudaBackend, op: Rot | Swap | Copy) -> tuple[int, int, int
             op.incy)
 
 
+@cuda.handles(Rot)
 def rot(backend: CudaBackend, op: Rot) -> None:
     """Rotate x and y in place by cuBLAS rot (crot/zrot for complex data, ``s`` made
     complex: a real ``s`` rotates as csrot/zdrot would)."""
@@ -121,6 +122,7 @@ def rot(backend: CudaBackend, op: Rot) -> None:
     call_cublas(f"cublas{letter}rot_v2", _handle(backend), *_vectors(backend, op), c, s)
 
 
+@cuda.handles(Swap)
 def swap(backend: CudaBackend, op: Swap) -> None:
     """Exchange x and y in place by cuBLAS swap."""
     if op.n:
@@ -128,6 +130,7 @@ def swap(backend: CudaBackend, op: Swap) -> None:
                     *_vectors(backend, op))
 
 
+@cuda.handles(Copy)
 def copy(backend: CudaBackend, op: Copy) -> None:
     """Copy x into y by cuBLAS copy."""
     if op.n:
@@ -135,6 +138,7 @@ def copy(backend: CudaBackend, op: Copy) -> None:
                     *_vectors(backend, op))
 
 
+@cuda.handles(Iamin)
 def iamin(backend: CudaBackend, op: Iamin) -> int:
     """The 1-based index of the first smallest ``|re| + |im|`` by cuBLAS amin (0 when empty)."""
     if op.n == 0:
@@ -143,9 +147,3 @@ def iamin(backend: CudaBackend, op: Iamin) -> int:
     routine = getattr(cublas, _LEVEL1[op.x.dtype][3])
     routine(_handle(backend), op.n, backend.pointer(op.x.buffer_id), op.incx, index.ctypes.data)
     return int(index[0])
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    Gemm: gemm, GemmStridedBatched: gemm, Rot: rot, Swap: swap, Copy: copy, Iamin: iamin,
-}
-"""The cuBLAS-direct handlers that replace the shared ones on CUDA."""

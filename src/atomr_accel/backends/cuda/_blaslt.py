@@ -38,11 +38,10 @@ from typing import Any
 
 import cupy as cp
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
 from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blaslt import (
     Epilogue,
@@ -52,7 +51,7 @@ from atomr_accel.core.ops._blaslt import (
     relu_aux_ld,
 )
 
-__all__ = ["HANDLERS", "PlanCache", "fused_matmul", "fused_matmul_grad", "plans_of"]
+__all__ = ["PlanCache", "fused_matmul", "fused_matmul_grad", "plans_of"]
 
 Array = Any  # a CuPy array
 
@@ -197,6 +196,7 @@ def _run(backend: Any, op: FusedMatmul | FusedMatmulGrad, epilog_inputs: dict[st
     return mm.execute(stream=stream)
 
 
+@cuda.handles(FusedMatmul)
 def fused_matmul(backend: Any, op: FusedMatmul) -> str:
     """Write ``epilogue(alpha * op(A) @ op(B) + beta * C [+ bias])`` into ``d`` (and ``aux``)."""
     inputs = {}
@@ -211,6 +211,7 @@ def fused_matmul(backend: Any, op: FusedMatmul) -> str:
     return "nvmath"
 
 
+@cuda.handles(FusedMatmulGrad)
 def fused_matmul_grad(backend: Any, op: FusedMatmulGrad) -> str:
     """Write ``alpha * op(A) @ op(B) + beta * C`` with the backward epilogue into ``d``, and
     the bias gradient into ``bias_grad``."""
@@ -224,6 +225,3 @@ def fused_matmul_grad(backend: Any, op: FusedMatmulGrad) -> str:
         (grad,) = outputs.values()
         backend.array(op.bias_grad.buffer_id)[: grad.size] = grad.reshape(-1)
     return "nvmath"
-
-
-HANDLERS: dict[type[Op], Handler] = {FusedMatmul: fused_matmul, FusedMatmulGrad: fused_matmul_grad}

@@ -32,13 +32,12 @@ from typing import TYPE_CHECKING, Any
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cuda._completion import Event
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import CollectiveAborted, DeviceUnavailable, LibraryUnavailable
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._collective import (
     CallKind,
     CollectiveCall,
@@ -51,7 +50,7 @@ from atomr_accel.core.ops._collective import (
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "id_bytes", "unique_id"]
+__all__ = ["id_bytes", "unique_id"]
 
 _log = logging.getLogger(__name__)
 
@@ -183,6 +182,7 @@ _comms: Any = per_backend(dict)
 """``_comms(backend)``: world id -> ``_Comm`` of that context."""
 
 
+@cuda.handles(CommInit)
 def _init(backend: CudaBackend, op: CommInit) -> None:
     comms: dict[int, _Comm] = _comms(backend)
     old = comms.pop(op.world, None)
@@ -195,6 +195,7 @@ def _init(backend: CudaBackend, op: CommInit) -> None:
     comms[op.world] = _Comm(comm, op.epoch, op.rank, op.abort_path)
 
 
+@cuda.handles(CommAbort)
 def _abort(backend: CudaBackend, op: CommAbort) -> None:
     held = _comms(backend).pop(op.world, None)
     if held is not None:
@@ -247,6 +248,7 @@ def _async_error(comm: Any) -> str:
     return ""
 
 
+@cuda.handles(RunCollective)
 def _run(backend: CudaBackend, op: RunCollective) -> None:
     held: _Comm | None = _comms(backend).get(op.world)
     if held is None or held.epoch != op.epoch or held.aborted:
@@ -313,7 +315,3 @@ def _wait(held: _Comm, event: Any, op: RunCollective, device_id: int) -> None:
     if why:
         held.abort()
         raise _aborted(op, device_id, why)
-
-
-HANDLERS: dict[type[Op], Handler] = {CommInit: _init, CommAbort: _abort, RunCollective: _run}
-"""The collective op handlers of the CUDA backend."""

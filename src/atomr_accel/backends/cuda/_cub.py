@@ -33,9 +33,9 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _cub as shared
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._cub import (
     CubHistogramEven,
     CubHistogramRange,
@@ -52,7 +52,7 @@ from atomr_accel.core.ops._cub import (
     identity_of,
 )
 
-__all__ = ["HANDLERS", "cub_module"]
+__all__ = ["cub_module"]
 
 Array = Any
 _THREADS = 256
@@ -261,6 +261,7 @@ def _store(out: Array, value: Array) -> None:
         out[...] = value
 
 
+@cuda.handles(CubReduce)
 def reduce(backend: ArrayBackend, op: CubReduce) -> None:
     """Write the reduction of the first ``n`` inputs to ``output[0]`` (see the module doc)."""
     x = backend.array(op.input.buffer_id)[: op.count]
@@ -294,6 +295,7 @@ def _inclusive_scan(x: Array, target: Array, kind: ScanKind) -> None:
         _scan_in_place(target, kind.value)
 
 
+@cuda.handles(CubScan)
 def scan(backend: ArrayBackend, op: CubScan) -> None:
     """Inclusive or exclusive prefix scan of the first ``n`` inputs."""
     n = op.count
@@ -353,6 +355,7 @@ def _radix_form(keys: Array, dtype: Any, descending: bool, begin_bit: int,
                        mask)
 
 
+@cuda.handles(CubSort)
 def sort(backend: ArrayBackend, op: CubSort) -> None:
     """Stable radix-order sort: ``ndarray.sort`` for plain ascending integer keys, else a
     stable ``argsort`` of the radix form and a gather."""
@@ -399,6 +402,7 @@ def _counters(backend: ArrayBackend, ref: Any, bins: int) -> Array:
     return view
 
 
+@cuda.handles(CubHistogramEven)
 def histogram_even(backend: ArrayBackend, op: CubHistogramEven) -> None:
     """Equal bins, the bin formula of ``CubHistogramEven`` in f64, counted with atomics."""
     hist = _counters(backend, op.histogram, op.num_bins)
@@ -407,6 +411,7 @@ def histogram_even(backend: ArrayBackend, op: CubHistogramEven) -> None:
         _HIST_EVEN(x, float(op.lower), shared.even_scale(op), op.num_bins, hist)
 
 
+@cuda.handles(CubHistogramRange)
 def histogram_range(backend: ArrayBackend, op: CubHistogramRange) -> None:
     """Bins between consecutive edges: a binary search per sample, counted with atomics."""
     hist = _counters(backend, op.histogram, op.num_bins)
@@ -452,6 +457,7 @@ def _write_count(count: Array, positions: Array) -> None:
         count[:1] = 0
 
 
+@cuda.handles(CubSelect)
 def select(backend: ArrayBackend, op: CubSelect) -> None:
     """Select or partition by flags or a predicate: positions by a scan, then a scatter."""
     n = op.items
@@ -479,6 +485,7 @@ def _heads(x: Array) -> Array:
     return heads
 
 
+@cuda.handles(CubUnique)
 def unique(backend: ArrayBackend, op: CubUnique) -> None:
     """Keep the first item of each run: heads, positions, a scatter."""
     x = backend.array(op.input.buffer_id)[: op.items]
@@ -489,6 +496,7 @@ def unique(backend: ArrayBackend, op: CubUnique) -> None:
     _write_count(backend.array(op.count.buffer_id), positions)
 
 
+@cuda.handles(CubRunLengthEncode)
 def run_length_encode(backend: ArrayBackend, op: CubRunLengthEncode) -> None:
     """Each run's value and length: heads, positions, the runs' starts, then their ends."""
     n = op.items
@@ -502,6 +510,7 @@ def run_length_encode(backend: ArrayBackend, op: CubRunLengthEncode) -> None:
     _write_count(backend.array(op.num_runs.buffer_id), positions)
 
 
+@cuda.handles(CubSegmentedReduce)
 def segmented_reduce(backend: ArrayBackend, op: CubSegmentedReduce) -> None:
     """One block per segment (f16 data are reduced in f32)."""
     segments = op.num_segments
@@ -520,6 +529,7 @@ def segmented_reduce(backend: ArrayBackend, op: CubSegmentedReduce) -> None:
         out[...] = target.astype(out.dtype)
 
 
+@cuda.handles(CubSegmentedSort)
 def segmented_sort(backend: ArrayBackend, op: CubSegmentedSort) -> None:
     """Stable sort by (segment, radix form): two stable argsorts; outside items stay put."""
     n = op.count
@@ -535,17 +545,3 @@ def segmented_sort(backend: ArrayBackend, op: CubSegmentedSort) -> None:
     by_key = cp.argsort(form)
     order = by_key[cp.argsort(segments[by_key])]
     _gather(backend, op, order, n)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CubReduce: reduce,
-    CubScan: scan,
-    CubSort: sort,
-    CubHistogramEven: histogram_even,
-    CubHistogramRange: histogram_range,
-    CubSelect: select,
-    CubUnique: unique,
-    CubRunLengthEncode: run_length_encode,
-    CubSegmentedReduce: segmented_reduce,
-    CubSegmentedSort: segmented_sort,
-}

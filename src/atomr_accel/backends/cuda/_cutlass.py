@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import Handler
 from atomr_accel.backends._cutlass_build import library
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu._cutlass import ledger, plan_of
 from atomr_accel.core._errors import LibraryError, LibraryUnavailable
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._cutlass import (
     Axis,
@@ -38,7 +37,7 @@ from atomr_accel.core.ops._cutlass_plan import KernelPlan
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS"]
+__all__: list[str] = []
 
 _STEPS = {1: "the kernel cannot run this problem (can_implement)",
           2: "initializing the kernel failed", 3: "launching the kernel failed",
@@ -91,6 +90,7 @@ def _workspace(nbytes: int) -> tuple[Any, int]:
     return buf, int(buf.data.ptr)
 
 
+@cuda.handles(CutlassGemm)
 def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
     """The fused GEMM; for the ``sm90`` family an f32 ``B`` is transposed first (its TF32
     operands are K-major)."""
@@ -130,6 +130,7 @@ def _padded(x: Any, rows: int, cols: int) -> Any:
     return out
 
 
+@cuda.handles(CutlassGroupedGemm)
 def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
     """One ptr-array grouped launch over every non-empty problem. A problem whose ``k`` or
     ``n`` is not a multiple of the vector width, or whose operands do not start on 16
@@ -181,6 +182,7 @@ def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
     del ws, keep
 
 
+@cuda.handles(CutlassConv2d)
 def conv2d(backend: CudaBackend, op: CutlassConv2d) -> None:
     """The implicit-GEMM forward convolution; the bias (zeros without one) is a stride-0 C."""
     plan = plan_of(op, device_arch(backend))
@@ -202,15 +204,8 @@ def conv2d(backend: CudaBackend, op: CutlassConv2d) -> None:
     del ws, zeros
 
 
+@cuda.handles(CutlassStats)
 def stats(backend: CudaBackend, op: CutlassStats) -> tuple[int, int]:
     """``(kernels launched, distinct plans used)`` on this device."""
     book = ledger(backend)
     return book.dispatched, len(book.plans)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CutlassGemm: gemm,
-    CutlassGroupedGemm: grouped_gemm,
-    CutlassConv2d: conv2d,
-    CutlassStats: stats,
-}

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import cupy as cp
 
-from atomr_accel.backends._base import Handler
 from atomr_accel.backends._cutlass_build import library
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu._cutlass import ledger
 from atomr_accel.backends.cpu._cutlass_fp8 import fp8_plan_of
 from atomr_accel.backends.cuda._cutlass import (
@@ -25,16 +25,16 @@ from atomr_accel.backends.cuda._cutlass import (
     _workspace,
     device_arch,
 )
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._cutlass import Axis
 from atomr_accel.core.ops._cutlass_fp8 import CutlassGemmFp8
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS"]
+__all__: list[str] = []
 
 
+@cuda.handles(CutlassGemmFp8)
 def gemm_fp8(backend: CudaBackend, op: CutlassGemmFp8) -> None:
     """The fused fp8 GEMM (``b`` is ``B`` transposed: both operands K-major)."""
     plan = fp8_plan_of(op, device_arch(backend))
@@ -59,6 +59,3 @@ def gemm_fp8(backend: CudaBackend, op: CutlassGemmFp8) -> None:
         axis = 1 if reduction.axis is Axis.ROW else 0
         out = backend.array(reduction.out.buffer_id)[: m if axis == 1 else n]
         cp.sum(d, axis=axis, dtype=cp.float32, out=out)
-
-
-HANDLERS: dict[type[Op], Handler] = {CutlassGemmFp8: gemm_fp8}

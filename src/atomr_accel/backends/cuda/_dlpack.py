@@ -6,18 +6,18 @@ from typing import TYPE_CHECKING
 
 import cupy as cp
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._dlpack import AdoptArray, adoptable
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS"]
+__all__: list[str] = []
 
 
+@cuda.handles(AdoptArray)
 def _adopt(backend: CudaBackend, op: AdoptArray) -> tuple[int, DType, int]:
     try:
         array = cp.from_dlpack(op.producer)
@@ -28,7 +28,3 @@ def _adopt(backend: CudaBackend, op: AdoptArray) -> tuple[int, DType, int]:
                               f"device's GPU {backend.device_id}")
     flat, dtype = adoptable(array)
     return backend.map_in(flat, None), dtype, int(flat.size)
-
-
-HANDLERS: dict[type[Op], Handler] = {AdoptArray: _adopt}
-"""The DLPack op handler of the CUDA backend (``ViewBuffer`` is a shared memory handler)."""

@@ -34,6 +34,7 @@ from typing import Any
 import cupy as cp
 
 from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu import _dnn as shared
 from atomr_accel.backends.cuda._completion import Event
@@ -50,7 +51,7 @@ from atomr_accel.core.ops._dnn import (
     Layout,
 )
 
-__all__ = ["HANDLERS", "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
+__all__ = ["conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
            "strides"]
 
 _GRAPH_DTYPES = (DType.F16, DType.BF16, DType.F32)
@@ -183,6 +184,7 @@ def _options(geo: ConvGeometry) -> dict[str, Any]:
             "dilation": list(geo.dilation)}
 
 
+@cuda.handles(Conv2dForward)
 def conv2d_forward(backend: Any, op: Conv2dForward) -> str:
     """``y = alpha * conv2d(x, w) + beta * y`` with cuDNN's ``conv_fprop``."""
     geo, dtype, layout = op.geometry, op.x.dtype, op.layout
@@ -197,6 +199,7 @@ def conv2d_forward(backend: Any, op: Conv2dForward) -> str:
     return _conv(backend, "fprop", op, describe, (op.x, op.w), op.y, geo.y_shape)
 
 
+@cuda.handles(Conv2dBackwardData)
 def conv2d_backward_data(backend: Any, op: Conv2dBackwardData) -> str:
     """``dx = alpha * dL/dx + beta * dx`` with cuDNN's ``conv_dgrad``."""
     geo, dtype, layout = op.geometry, op.dy.dtype, op.layout
@@ -211,6 +214,7 @@ def conv2d_backward_data(backend: Any, op: Conv2dBackwardData) -> str:
     return _conv(backend, "dgrad", op, describe, (op.dy, op.w), op.dx, geo.x_shape)
 
 
+@cuda.handles(Conv2dBackwardFilter)
 def conv2d_backward_filter(backend: Any, op: Conv2dBackwardFilter) -> str:
     """``dw = alpha * dL/dw + beta * dw`` with cuDNN's ``conv_wgrad``."""
     geo, dtype, layout = op.geometry, op.x.dtype, op.layout
@@ -238,9 +242,4 @@ def _on_cupy(handler: Handler) -> Handler:
     return composed
 
 
-HANDLERS: dict[type[Op], Handler] = {
-    Conv2dForward: conv2d_forward,
-    Conv2dBackwardData: conv2d_backward_data,
-    Conv2dBackwardFilter: conv2d_backward_filter,
-    **{kind: _on_cupy(handler) for kind, handler in shared.SHARED.items()},
-}
+cuda.register_all({kind: _on_cupy(handler) for kind, handler in shared.SHARED.items()})

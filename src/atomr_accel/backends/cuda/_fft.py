@@ -21,16 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from cupy.cuda import cufft
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._fft import FftKind, FftMany
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "fft_many"]
+__all__ = ["fft_many"]
 
 _TYPES = {  # (kind, double precision) -> cufftType
     (FftKind.C2C, False): cufft.CUFFT_C2C,
@@ -52,6 +51,7 @@ def _plan(op: FftMany) -> Any:
                         _TYPES[op.kind, double], op.batch, "C", -1, None)
 
 
+@cuda.handles(FftMany)
 def fft_many(backend: CudaBackend, op: FftMany) -> None:
     """Run the op's cuFFT plan-many transform on the buffers, on the current stream."""
     if backend.capturing:
@@ -66,7 +66,3 @@ def fft_many(backend: CudaBackend, op: FftMany) -> None:
            op.output_layout)
     plan = backend.fft_plans.get(key, lambda: _plan(op))
     plan.fft(src, dst, cufft.CUFFT_INVERSE if op.is_inverse else cufft.CUFFT_FORWARD)
-
-
-HANDLERS: dict[type[Op], Handler] = {FftMany: fft_many}
-"""The cuFFT plan-many handler; it replaces the CPU's gather-transform-scatter one."""

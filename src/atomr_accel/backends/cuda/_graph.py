@@ -13,16 +13,15 @@ from typing import TYPE_CHECKING, Any
 import cupy as cp
 from cupy_backends.cuda.libs import cublas
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
 from atomr_accel.core.ops._rng import RngFill
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "CapturedGraph"]
+__all__ = ["CapturedGraph"]
 
 
 class CapturedGraph:
@@ -34,6 +33,7 @@ class CapturedGraph:
         self.arrays = arrays
 
 
+@cuda.handles(CaptureGraph)
 def capture(backend: CudaBackend, op: CaptureGraph) -> int:
     """Record ``op.ops`` on the current stream by stream capture; answer the graph's id."""
     for index, inner in enumerate(op.ops):
@@ -69,6 +69,7 @@ def capture(backend: CudaBackend, op: CaptureGraph) -> int:
     return backend.keep(CapturedGraph(graph, pool, arrays))
 
 
+@cuda.handles(LaunchGraph)
 def launch(backend: CudaBackend, op: LaunchGraph) -> None:
     """Replay a graph on the current stream."""
     captured = backend.kept(op.graph.graph_id, CapturedGraph)
@@ -77,17 +78,10 @@ def launch(backend: CudaBackend, op: LaunchGraph) -> None:
     captured.graph.launch(stream=cp.cuda.get_current_stream())
 
 
+@cuda.handles(DestroyGraph)
 def destroy(backend: CudaBackend, op: DestroyGraph) -> None:
     """Release a graph and its memory once its replays queued so far have finished."""
     captured = backend.kept(op.graph.graph_id, CapturedGraph)
     cp.cuda.get_current_stream().synchronize()  # the host thread waits, not an event loop
     backend.release(op.graph.graph_id, CapturedGraph)
     captured.pool.free_all_blocks()
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CaptureGraph: capture,
-    LaunchGraph: launch,
-    DestroyGraph: destroy,
-}
-"""Graph handlers of the CUDA backend."""

@@ -24,18 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import cupy as cp
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu._ipc import MAGIC as CPU_MAGIC
 from atomr_accel.backends.cuda._graph import CapturedGraph
 from atomr_accel.backends.cuda._peer import MAPPINGS, allocation_range, enable_peer_access
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._ipc import BufferAddress, IpcGetHandle, IpcOpenHandle
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "forget", "forget_all"]
+__all__ = ["forget", "forget_all"]
 
 _PAGE = 2 << 20  # exported allocations span whole 2 MiB pages
 
@@ -67,6 +66,7 @@ class _Exports:
 _EXPORTS = _Exports()
 
 
+@cuda.handles(BufferAddress)
 def _address(backend: CudaBackend, op: BufferAddress) -> int:
     return backend.pointer(op.ref.buffer_id)
 
@@ -89,6 +89,7 @@ def _own_allocation(backend: CudaBackend, buffer_id: int) -> Any:
     return memory
 
 
+@cuda.handles(IpcGetHandle)
 def _export(backend: CudaBackend, op: IpcGetHandle) -> bytes:
     buffer_id = op.ref.buffer_id
     backend.array(buffer_id)
@@ -124,6 +125,7 @@ def _alias(backend: CudaBackend, op: IpcOpenHandle, memory: Any) -> int:
     return backend.map_in(_wrap(backend, op, memory.ptr, memory), None)
 
 
+@cuda.handles(IpcOpenHandle)
 def _open(backend: CudaBackend, op: IpcOpenHandle) -> int:
     handle = op.handle
     if handle.startswith(CPU_MAGIC):
@@ -159,11 +161,3 @@ def forget_all(backend: CudaBackend) -> None:
     """Drop what IPC keeps for every buffer (the context closes; its work has finished)."""
     for buffer_id in [*backend.exported, *backend.opened]:
         forget(backend, buffer_id)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    BufferAddress: _address,
-    IpcGetHandle: _export,
-    IpcOpenHandle: _open,
-}
-"""The IPC op handlers of the CUDA backend."""

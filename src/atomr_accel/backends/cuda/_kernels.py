@@ -18,17 +18,16 @@ from typing import TYPE_CHECKING, Any
 import cupy as cp
 from cupy_backends.cuda.libs import nvrtc
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cuda._hopper import launch_ex
 from atomr_accel.core._errors import KernelCompileError
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "Kernel", "KernelCache", "compile_source", "default_cache_dir"]
+__all__ = ["Kernel", "KernelCache", "compile_source", "default_cache_dir"]
 
 
 def default_cache_dir() -> Path:
@@ -123,6 +122,7 @@ def _module(backend: CudaBackend, image: bytes) -> Any:
     return module
 
 
+@cuda.handles(CompileKernel)
 def compile_kernel(backend: CudaBackend, op: CompileKernel) -> tuple[int, bool]:
     """Compile (or take from the disk cache) and load; answer ``(kernel id, cache hit)``."""
     options = op.compiler_options(f"sm_{backend.compute_capability}")
@@ -136,11 +136,13 @@ def compile_kernel(backend: CudaBackend, op: CompileKernel) -> tuple[int, bool]:
     return backend.keep(Kernel(_module(backend, image), lowered)), cache_hit
 
 
+@cuda.handles(LoadKernel)
 def load_kernel(backend: CudaBackend, op: LoadKernel) -> int:
     """Load a PTX or cubin image (once per image) and answer the kernel's id."""
     return backend.keep(Kernel(_module(backend, op.image), op.name))
 
 
+@cuda.handles(LaunchKernel)
 def launch_kernel(backend: CudaBackend, op: LaunchKernel) -> None:
     """Launch on the current stream; buffers go as pointers, scalars by value. Clusters and
     tensor maps go through the driver's extended launch (``_hopper.py``)."""
@@ -151,11 +153,3 @@ def launch_kernel(backend: CudaBackend, op: LaunchKernel) -> None:
     args = tuple(backend.array(a.buffer_id) if isinstance(a, GpuRef) else a for a in op.args)
     kernel.function(op.grid, op.block, args, shared_mem=op.shared_mem,
                     stream=cp.cuda.get_current_stream())
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CompileKernel: compile_kernel,
-    LoadKernel: load_kernel,
-    LaunchKernel: launch_kernel,
-}
-"""NVRTC and module handlers of the CUDA backend."""

@@ -25,12 +25,12 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _norm as shared
 from atomr_accel.backends.cuda import _cudnn_graphs as graphs
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import LibraryUnavailable
-from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._norm import (
     BatchNorm,
@@ -43,7 +43,7 @@ from atomr_accel.core.ops._norm import (
     RmsNorm,
 )
 
-__all__ = ["HANDLERS", "REFUSED", "batch_norm", "instance_norm", "layer_norm", "norm_bwd",
+__all__ = ["REFUSED", "batch_norm", "instance_norm", "layer_norm", "norm_bwd",
            "rms_norm"]
 
 GRAPH_DTYPES = (DType.F16, DType.BF16, DType.F32)
@@ -131,6 +131,7 @@ def _or_temp(backend: ArrayBackend, ref: GpuRef | None, count: int) -> Any:
 _F32 = DType.F32
 
 
+@cuda.handles(BatchNorm)
 def batch_norm(backend: ArrayBackend, op: BatchNorm) -> str:
     """Batch norm forward: cuDNN's ``batchnorm`` (training) or ``batchnorm_inference``."""
     graphs.frontend()
@@ -204,6 +205,7 @@ def _stats_graph(backend: ArrayBackend, kind: str, op: LayerNorm | InstanceNorm,
     return _attempt(backend, (kind, io, xd), io, specs, node, arrays, {"epsilon": eps})
 
 
+@cuda.handles(LayerNorm)
 def layer_norm(backend: ArrayBackend, op: LayerNorm) -> str:
     """Layer norm forward: cuDNN's ``layernorm``, else composed."""
     graphs.frontend()
@@ -213,6 +215,7 @@ def layer_norm(backend: ArrayBackend, op: LayerNorm) -> str:
     return shared.affine_norm(backend, op)
 
 
+@cuda.handles(InstanceNorm)
 def instance_norm(backend: ArrayBackend, op: InstanceNorm) -> str:
     """Instance norm forward: cuDNN's ``instancenorm``, else composed."""
     graphs.frontend()
@@ -222,12 +225,14 @@ def instance_norm(backend: ArrayBackend, op: InstanceNorm) -> str:
     return shared.affine_norm(backend, op)
 
 
+@cuda.handles(GroupNorm)
 def group_norm(backend: ArrayBackend, op: GroupNorm) -> str:
     """Group norm forward: composed (the frontend has no group norm graph)."""
     graphs.frontend()
     return shared.affine_norm(backend, op)
 
 
+@cuda.handles(RmsNorm)
 def rms_norm(backend: ArrayBackend, op: RmsNorm) -> str:
     """RMS norm forward: cuDNN's ``rmsnorm``, else composed."""
     graphs.frontend()
@@ -257,6 +262,7 @@ _BACKWARD = {NormMode.BATCH: "batchnorm_backward", NormMode.LAYER: "layernorm_ba
              NormMode.INSTANCE: "instancenorm_backward", NormMode.RMS: "rmsnorm_backward"}
 
 
+@cuda.handles(NormBwd)
 def norm_bwd(backend: ArrayBackend, op: NormBwd) -> str:
     """Normalization backward: cuDNN's ``*_backward`` graph on the saved statistics, else
     composed (group norm, or statistics to recompute)."""
@@ -305,13 +311,3 @@ def norm_bwd(backend: ArrayBackend, op: NormBwd) -> str:
         dy = _whole(backend, op.dy, count).reshape(layout.view).astype(cp.float32)
         dbias[...] = dy.sum(axis=layout.param_reduce, keepdims=True)
     return "cudnn-graph"
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    BatchNorm: batch_norm,
-    LayerNorm: layer_norm,
-    InstanceNorm: instance_norm,
-    GroupNorm: group_norm,
-    RmsNorm: rms_norm,
-    NormBwd: norm_bwd,
-}

@@ -21,20 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu import _onnx as shared
 from atomr_accel.core._errors import InvalidArgument, LibraryUnavailable
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._onnx import (
     DeviceTensor,
     LoadOnnxModel,
     OnnxModelInfo,
     RunOnnxModel,
-    UnloadOnnxModel,
 )
 
-__all__ = ["CUDA_PROVIDER", "HANDLERS", "load", "providers_for", "run"]
+__all__ = ["CUDA_PROVIDER", "load", "providers_for", "run"]
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
@@ -65,6 +63,7 @@ def _names(op: LoadOnnxModel) -> list[str]:
     return [CUDA_PROVIDER, shared.CPU_PROVIDER]
 
 
+@cuda.handles(LoadOnnxModel)
 def load(backend: Any, op: LoadOnnxModel) -> OnnxModelInfo:
     """Keep the model with a session on the op's stream and answer its info."""
     stream = _stream_pointer()
@@ -92,6 +91,7 @@ def _on_host(backend: Any, session: Any, op: RunOnnxModel) -> dict[str, np.ndarr
     return dict(zip(op.fetch, results[: len(op.fetch)], strict=True))
 
 
+@cuda.handles(RunOnnxModel)
 def run(backend: Any, op: RunOnnxModel) -> dict[str, np.ndarray[Any, Any]]:
     """Run with IO binding on the op's stream (see the module docstring)."""
     model = shared.model_of(backend, op.digest)
@@ -126,8 +126,3 @@ def run(backend: Any, op: RunOnnxModel) -> dict[str, np.ndarray[Any, Any]]:
         raise shared.translate(exc, "running the model") from exc
     outputs = binding.get_outputs()[len(op.into):]
     return {name: value.numpy() for name, value in zip(op.fetch, outputs, strict=True)}
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    LoadOnnxModel: load, RunOnnxModel: run, UnloadOnnxModel: shared.unload,
-}

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import cupy as cp
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._peer import (
     CanAccessPeer,
     EnablePeerAccess,
@@ -44,7 +43,7 @@ from atomr_accel.core.ops._peer import (
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "MAPPINGS", "allocation_range", "can_access_peer", "enable_peer_access"]
+__all__ = ["MAPPINGS", "allocation_range", "can_access_peer", "enable_peer_access"]
 
 
 _PEER_ACCESS_ALREADY_ENABLED = 704  # cudaErrorPeerAccessAlreadyEnabled (CuPy names no constant)
@@ -136,16 +135,19 @@ def _check_visible(peers: tuple[int, ...]) -> None:
             raise InvalidArgument(f"no CUDA device {peer} (this machine has {count})")
 
 
+@cuda.handles(CanAccessPeer)
 def _can_access(backend: CudaBackend, op: CanAccessPeer) -> tuple[bool, ...]:
     _check_visible(op.peers)
     return tuple(can_access_peer(backend.device_id, peer) for peer in op.peers)
 
 
+@cuda.handles(EnablePeerAccess)
 def _enable(backend: CudaBackend, op: EnablePeerAccess) -> tuple[bool, ...]:
     _check_visible(op.peers)
     return tuple(enable_peer_access(backend.device_id, peer) for peer in op.peers)
 
 
+@cuda.handles(ExportBuffer)
 def _export(backend: CudaBackend, op: ExportBuffer) -> PeerSource:
     pointer = int(backend.array(op.ref.buffer_id).data.ptr)
     handle, offset = None, 0
@@ -156,6 +158,7 @@ def _export(backend: CudaBackend, op: ExportBuffer) -> PeerSource:
                       handle, offset)
 
 
+@cuda.handles(ImportCopy)
 def _import_copy(backend: CudaBackend, op: ImportCopy) -> None:
     source = op.source
     itemsize = source.dtype.itemsize
@@ -182,12 +185,3 @@ def _import_copy(backend: CudaBackend, op: ImportCopy) -> None:
         stream.synchronize()  # the mapping may close only once nothing reads through it
     finally:
         MAPPINGS.close(source.ipc_handle, backend.device_id)
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    CanAccessPeer: _can_access,
-    EnablePeerAccess: _enable,
-    ExportBuffer: _export,
-    ImportCopy: _import_copy,
-}
-"""The peer op handlers of the CUDA backend."""

@@ -17,13 +17,11 @@ from typing import Any
 
 import cupy as cp
 
-from atomr_accel.backends._base import ArrayBackend, Handler
-from atomr_accel.backends.cpu._realtime_data import build_csr
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cuda._realtime_nvrtc import Source, launch
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_data import (
-    BuildCsr,
     HashErase,
     HashInsert,
     HashLookup,
@@ -31,7 +29,7 @@ from atomr_accel.core.ops._realtime_data import (
     HashTable,
 )
 
-__all__ = ["HANDLERS", "hash_erase", "hash_insert", "hash_lookup"]
+__all__ = ["hash_erase", "hash_insert", "hash_lookup"]
 
 _SOURCE = r"""
 __device__ __forceinline__ unsigned int fnv1a(const unsigned char* key, int size) {
@@ -128,6 +126,7 @@ def _find(backend: ArrayBackend, table: HashTable, keys: Any, count: int) -> Any
     return slots
 
 
+@cuda.handles(HashInsert)
 def hash_insert(backend: ArrayBackend, op: HashInsert) -> int:
     """Insert or overwrite each key; answer how many were new (``HashMapFull`` if no room)."""
     table = op.table
@@ -146,6 +145,7 @@ def hash_insert(backend: ArrayBackend, op: HashInsert) -> int:
     return new
 
 
+@cuda.handles(HashLookup)
 def hash_lookup(backend: ArrayBackend, op: HashLookup) -> None:
     """Write each key's value and whether it is held."""
     if op.count == 0:
@@ -157,6 +157,7 @@ def hash_lookup(backend: ArrayBackend, op: HashLookup) -> None:
             backend.array(op.found.buffer_id))
 
 
+@cuda.handles(HashErase)
 def hash_erase(backend: ArrayBackend, op: HashErase) -> int:
     """Mark each held key's slot erased; answer how many were held."""
     if op.count == 0:
@@ -165,9 +166,3 @@ def hash_erase(backend: ArrayBackend, op: HashErase) -> int:
     _launch("hash_mark_erased", op.count, backend.array(op.table.states.buffer_id), slots,
             cp.int32(op.count))
     return int((slots >= 0).sum())
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    HashInsert: hash_insert, HashLookup: hash_lookup, HashErase: hash_erase,
-    BuildCsr: build_csr,
-}

@@ -18,25 +18,22 @@ from typing import Any
 
 import cupy as cp
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import Lru, per_backend
-from atomr_accel.backends.cpu._realtime_frames import blend_frames, frame_stats
 from atomr_accel.backends.cuda._realtime_nvrtc import Source
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._realtime_frames import (
-    BlendFrames,
     BoxBlur,
     Correlate,
     FilterFrames,
-    FrameStats,
     GaussianBlur,
     SobelMagnitude,
     Stage,
     Threshold,
 )
 
-__all__ = ["HANDLERS", "Pass", "filter_frames", "passes_of"]
+__all__ = ["Pass", "filter_frames", "passes_of"]
 
 _SOURCE = r"""
 template <typename T> __device__ __forceinline__ float load(const T* p, long long i) {
@@ -216,6 +213,7 @@ def _weights(held: _Held, weights: tuple[float, ...]) -> Any:
     return held.weights.get(weights, lambda: cp.asarray(weights, dtype=cp.float32))
 
 
+@cuda.handles(FilterFrames)
 def filter_frames(backend: ArrayBackend, op: FilterFrames) -> None:
     """Launch the chain's passes on the current stream; nothing waits for them."""
     n = op.frames * op.height * op.width * op.channels
@@ -243,8 +241,3 @@ def filter_frames(backend: ArrayBackend, op: FilterFrames) -> None:
         _KERNELS.kernel(_expression(step.kind, src_type, dst_type))(
             grid, _BLOCK, (src, dst, *weights, *shape, *sizes, *epilogue), stream=stream)
         src, src_type = dst, dst_type
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    FilterFrames: filter_frames, FrameStats: frame_stats, BlendFrames: blend_frames,
-}

@@ -77,17 +77,16 @@ import cupy as cp
 import cupyx.scipy.special as cupyx_special
 from cupy.cuda import curand
 
-from atomr_accel.backends._base import Handler
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu._bitgen import MT_BLOCK, block_key, sobol_shift
 from atomr_accel.backends.cpu._rng import cumulative, draws
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._rng import Distribution, Generator, RngFill
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["HANDLERS", "queues_only", "rng_fill"]
+__all__ = ["queues_only", "rng_fill"]
 
 _OFFSETS = 1 << 64  # cuRAND offsets are unsigned 64-bit
 _LARGEST = {4: 1 << 24, 8: 1 << 17}
@@ -346,6 +345,7 @@ def _poisson(u: Any, lam: float) -> Any:
     return high
 
 
+@cuda.handles(RngFill)
 def rng_fill(backend: CudaBackend, op: RngFill) -> None:
     """Write ``op.count`` draws of the stream at ``(seed, offset)`` into ``out``.
 
@@ -373,7 +373,3 @@ def queues_only(op: RngFill) -> bool:
     nor an MTGP32 one (it waits for its stream before destroying a generator)."""
     return op.distribution is not Distribution.DISCRETE and \
         op.generator is not Generator.MTGP32
-
-
-HANDLERS: dict[type[Op], Handler] = {RngFill: rng_fill}
-"""The random-number op handlers of the CUDA backend."""

@@ -17,13 +17,13 @@ from typing import Any
 
 import cupy as cp
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu._rnn import Cell, Step, backward, run_forward
 from atomr_accel.backends.cuda import _cudnn_graphs as graphs
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._rnn import RnnBwd, RnnFwd, RnnMode
 
-__all__ = ["HANDLERS", "fused_cell", "rnn_bwd", "rnn_fwd"]
+__all__ = ["fused_cell", "rnn_bwd", "rnn_fwd"]
 
 _SIGMOID = "T sig(T v) { return T(1) / (T(1) + exp(-v)); }"
 
@@ -87,6 +87,7 @@ def fused_cell() -> Cell:
     return cell
 
 
+@cuda.handles(RnnFwd)
 def rnn_fwd(backend: ArrayBackend, op: RnnFwd) -> str:
     """Run the network forward with the fused cells; answer ``"composed"``."""
     graphs.frontend()  # the cudnn library needs its package, as is_available() says
@@ -94,12 +95,10 @@ def rnn_fwd(backend: ArrayBackend, op: RnnFwd) -> str:
     return "composed"
 
 
+@cuda.handles(RnnBwd)
 def rnn_bwd(backend: ArrayBackend, op: RnnBwd) -> str:
     """Run the network's backward (the forward recomputed with the fused cells); answer
     ``"composed"``."""
     graphs.frontend()
     backward(backend, op, fused_cell())
     return "composed"
-
-
-HANDLERS: dict[type[Op], Handler] = {RnnFwd: rnn_fwd, RnnBwd: rnn_bwd}

@@ -43,12 +43,13 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import cublas, cusolver
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu._blas import matrix_views, vector_view
 from atomr_accel.backends.cpu._solver import raise_first
-from atomr_accel.core._op import Op, require
+from atomr_accel.core._op import require
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._blas import Matrix
+from atomr_accel.core.ops._linalg import Matrix
 from atomr_accel.core.ops._solver import (
     Geqrf,
     Gesvd,
@@ -68,7 +69,7 @@ from atomr_accel.core.ops._solver import (
 )
 
 __all__ = [
-    "HANDLERS", "geqrf", "gesvd", "gesvdj", "getrf", "getrs", "orgqr", "potrf", "potrs", "syevd",
+    "geqrf", "gesvd", "gesvdj", "getrf", "getrs", "orgqr", "potrf", "potrs", "syevd",
 ]
 
 _PREFIX = {"float32": "s", "float64": "d", "complex64": "c", "complex128": "z"}
@@ -180,6 +181,7 @@ def _require_pivots(pivots: Any, n: int) -> None:
     require(not bad, f"ipiv holds pivots outside 1..{n}; pass the pivots getrf wrote")
 
 
+@cuda.handles(Getrf, GetrfBatched)
 def getrf(backend: ArrayBackend, op: Getrf | GetrfBatched) -> None:
     """Factor ``A = P @ L @ U`` per matrix in place, writing 1-based pivots."""
     (spec,) = op.operands()
@@ -203,6 +205,7 @@ def getrf(backend: ArrayBackend, op: Getrf | GetrfBatched) -> None:
     _finish("getrf", infos, info, isinstance(op, GetrfBatched))
 
 
+@cuda.handles(Getrs, GetrsBatched)
 def getrs(backend: ArrayBackend, op: Getrs | GetrsBatched) -> None:
     """Solve ``op(A) @ X = B`` per matrix from getrf's factors, in place into B."""
     a_spec, b_spec = op.operands()
@@ -228,6 +231,7 @@ def getrs(backend: ArrayBackend, op: Getrs | GetrsBatched) -> None:
         _check("getrs", infos, False)
 
 
+@cuda.handles(Potrf, PotrfBatched)
 def potrf(backend: ArrayBackend, op: Potrf | PotrfBatched) -> None:
     """Factor each Hermitian positive definite matrix in its chosen triangle (Cholesky)."""
     (spec,) = op.operands()
@@ -256,6 +260,7 @@ def potrf(backend: ArrayBackend, op: Potrf | PotrfBatched) -> None:
     _finish("potrf", infos, info, isinstance(op, PotrfBatched))
 
 
+@cuda.handles(Potrs, PotrsBatched)
 def potrs(backend: ArrayBackend, op: Potrs | PotrsBatched) -> None:
     """Solve ``A @ X = B`` per matrix from potrf's factor, in place into B."""
     a_spec, b_spec = op.operands()
@@ -281,6 +286,7 @@ def potrs(backend: ArrayBackend, op: Potrs | PotrsBatched) -> None:
     _check("potrs", infos, False)
 
 
+@cuda.handles(Geqrf)
 def geqrf(backend: ArrayBackend, op: Geqrf) -> None:
     """Factor ``A = Q @ R`` in place in Householder form, scalars into tau."""
     a_spec, tau_spec = op.operands()
@@ -298,6 +304,7 @@ def geqrf(backend: ArrayBackend, op: Geqrf) -> None:
     _check("geqrf", infos, False)
 
 
+@cuda.handles(Orgqr)
 def orgqr(backend: ArrayBackend, op: Orgqr) -> None:
     """Overwrite A with the first ``n`` columns of Q built from ``k`` reflectors."""
     a_spec, tau_spec = op.operands()
@@ -341,6 +348,7 @@ class _Svd:
             self.lwork, self.rwork.data.ptr, info)
 
 
+@cuda.handles(Gesvd, GesvdBatched)
 def gesvd(backend: ArrayBackend, op: Gesvd | GesvdBatched) -> None:
     """Decompose each matrix as ``U @ diag(s) @ VT``, full U and VT where asked for."""
     specs = iter(op.operands())
@@ -409,6 +417,7 @@ def _gesvdj_each(handle: int, params: int, jobz: int, a: Any, s: Any, infos: Any
     return u, v
 
 
+@cuda.handles(GesvdjBatched)
 def gesvdj(backend: ArrayBackend, op: GesvdjBatched) -> None:
     """Decompose each matrix as ``U @ diag(s) @ V.H`` by Jacobi, economy U and V where asked."""
     specs = iter(op.operands())
@@ -440,6 +449,7 @@ def gesvdj(backend: ArrayBackend, op: GesvdjBatched) -> None:
         cusolver.destroyGesvdjInfo(params)
 
 
+@cuda.handles(Syevd, SyevdBatched)
 def syevd(backend: ArrayBackend, op: Syevd | SyevdBatched) -> None:
     """Find ascending eigenvalues into w and, with ``vectors``, eigenvectors over A."""
     (spec,) = op.operands()
@@ -462,23 +472,3 @@ def syevd(backend: ArrayBackend, op: Syevd | SyevdBatched) -> None:
         solve(handle, jobz, uplo, n, a.ptr(i), a.ld, _slots(w, i, n), work.data.ptr, lwork,
               _slots(infos, i, 1))
     _check("syevd", infos, isinstance(op, SyevdBatched))
-
-
-HANDLERS: dict[type[Op], Handler] = {
-    Getrf: getrf,
-    GetrfBatched: getrf,
-    Getrs: getrs,
-    GetrsBatched: getrs,
-    Potrf: potrf,
-    PotrfBatched: potrf,
-    Potrs: potrs,
-    PotrsBatched: potrs,
-    Geqrf: geqrf,
-    Orgqr: orgqr,
-    Gesvd: gesvd,
-    GesvdBatched: gesvd,
-    GesvdjBatched: gesvdj,
-    Syevd: syevd,
-    SyevdBatched: syevd,
-}
-"""The solver op handlers of the CUDA backend."""

@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _tensor as shared_tensor
-from atomr_accel.backends.cuda import _topk
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._tensor import Contract
 
-__all__ = ["HANDLERS", "contract", "cutensor_module", "is_plain_contraction"]
+__all__ = ["contract", "cutensor_module", "is_plain_contraction"]
 
 
 @functools.cache
@@ -47,6 +46,7 @@ def is_plain_contraction(op: Contract) -> bool:
     return bool(c) and a <= b | c and b <= a | c
 
 
+@cuda.handles(Contract)
 def contract(backend: ArrayBackend, op: Contract) -> str:
     """Write ``alpha * contract(A, B) + beta * C`` into ``C``; answer the implementation's name."""
     cutensor = cutensor_module()
@@ -60,6 +60,3 @@ def contract(backend: ArrayBackend, op: Contract) -> str:
         alpha, a, tuple(op.a_modes), b, tuple(op.b_modes), beta, c, tuple(op.c_modes)
     )
     return "cutensor"
-
-
-HANDLERS: dict[type[Op], Handler] = {Contract: contract, **_topk.HANDLERS}

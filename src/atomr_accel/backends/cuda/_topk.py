@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _topk as shared
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
-__all__ = ["GROUPED_ROWS", "HANDLERS", "score_top_k", "top_k", "torch_module"]
+__all__ = ["GROUPED_ROWS", "score_top_k", "top_k", "torch_module"]
 
 GROUPED_ROWS = 32
 """Rows a batch from which wide rows take the two-stage selection on torch."""
@@ -97,6 +97,7 @@ def _select(xp: Any, x: Any, keys: Any | None, k: int) -> shared.Answer:
                             packed[:, 2 * count:], k, n, exact_row)
 
 
+@cuda.handles(TopK)
 def top_k(backend: ArrayBackend, op: TopK) -> shared.Answer:
     """Answer ``(columns, values)`` as the shared handler does, selecting with torch if present."""
     if torch_module() is None:
@@ -106,12 +107,10 @@ def top_k(backend: ArrayBackend, op: TopK) -> shared.Answer:
     return _select(backend.xp, x, keys, op.k)
 
 
+@cuda.handles(ScoreTopK)
 def score_top_k(backend: ArrayBackend, op: ScoreTopK) -> shared.Answer:
     """Score (``backends.cpu._topk.scores``: a cuBLAS matmul) and select with torch if present."""
     if torch_module() is None:
         return shared.score_top_k(backend, op)
     keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
     return _select(backend.xp, shared.scores(backend, op), keys, op.k)
-
-
-HANDLERS: dict[type[Op], Handler] = {TopK: top_k, ScoreTopK: score_top_k}

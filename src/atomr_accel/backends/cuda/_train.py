@@ -18,12 +18,12 @@ import math
 
 import cupy as cp
 
-from atomr_accel.backends._base import ArrayBackend, Handler
+from atomr_accel.backends._base import ArrayBackend
+from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _train as shared
-from atomr_accel.core._op import Op
 from atomr_accel.core.ops._train import AdamUpdate, SgdUpdate
 
-__all__ = ["HANDLERS", "adam_update", "sgd_update"]
+__all__ = ["adam_update", "sgd_update"]
 
 _SGD = cp.ElementwiseKernel(
     "T g, float64 lr, float64 wd, float64 scale",
@@ -61,6 +61,7 @@ _ADAM = cp.ElementwiseKernel(
 )
 
 
+@cuda.handles(SgdUpdate)
 def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
     """torch's SGD over the span, one fused kernel."""
     p = shared.span(backend, op.params, op.offset, op.length)
@@ -73,6 +74,7 @@ def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
                   op.nesterov, p, buf)
 
 
+@cuda.handles(AdamUpdate)
 def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
     """torch's Adam / AdamW over the span, one fused kernel."""
     p = shared.span(backend, op.params, op.offset, op.length)
@@ -82,9 +84,3 @@ def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
     _ADAM(g, op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.grad_scale,
           1.0 - op.beta1 ** op.step, math.sqrt(1.0 - op.beta2 ** op.step), op.decoupled,
           p, m, v)
-
-
-HANDLERS: dict[type[Op], Handler] = shared.HANDLERS | {
-    SgdUpdate: sgd_update,
-    AdamUpdate: adam_update,
-}

@@ -31,7 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from atomr_accel.core._api import Form, original
+from atomr_accel.core._api import Form
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
@@ -59,6 +60,10 @@ __all__ = [
     "SdpaSupport",
     "alibi_slopes",
 ]
+
+declare("flashattn", "FlashAttn",
+        "Scaled-dot-product attention: forward, backward, paged KV caches, ragged batches.",
+        rank=11, handle="FlashAttn")
 
 ATTENTION_DTYPES = (DType.F16, DType.BF16, DType.F32, DType.F64)
 """Data types attention takes: f16/bf16 run cuDNN's SDPA on CUDA, f32/f64 a composed path."""
@@ -399,9 +404,6 @@ class SdpaSupport(Op):
     """
 
     library: ClassVar[str] = "flashattn"
-    api = (Form("forward_f16", ("arch", "head_dim", "gqa_ratio", "mask", "window", "alibi",
-                                "sink_tokens", "softmax_scale"), timeout=10.0, returns="str",
-                timeout_last=True),)
     arch: str = "sm_80"
     head_dim: int = 64
     gqa_ratio: int = 1
@@ -431,9 +433,6 @@ class SdpaSupport(Op):
         self.attention_mask().validate()
 
 
-_MHA_SHAPE = ("q", "k", "v", "o", "batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim")
-
-
 @dataclass(frozen=True, slots=True)
 class MultiHeadAttnForward(Attention):
     """cuDNN multi-head attention forward (the original package's
@@ -451,8 +450,6 @@ class MultiHeadAttnForward(Attention):
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("o", "stats")
-    api = (original("multihead_attn_fwd", _MHA_SHAPE, 60.0, returns="str",
-                    dtypes=(DType.F32,)),)
     q: GpuRef
     k: GpuRef
     v: GpuRef

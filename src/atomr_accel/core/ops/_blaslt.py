@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._api import Form, Param, choice
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
@@ -73,6 +74,10 @@ __all__ = [
     "gelu_aux_ld",
     "relu_aux_ld",
 ]
+
+declare("blaslt", "BlasLt",
+        "cuBLASLt-shaped matmuls with fused epilogues (bias, ReLU, GELU and their gradients).",
+        rank=12, handle="BlasLt")
 
 DTYPES = (DType.F32, DType.F16, DType.BF16, DType.F64)
 """The dtypes of fused matmuls (f64 for float64 references; CUDA is tested on the others)."""

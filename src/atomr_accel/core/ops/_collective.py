@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
@@ -31,6 +32,10 @@ __all__ = [
     "ReduceOp",
     "RunCollective",
 ]
+
+declare("nccl", "Collective",
+        "NCCL: this device's communicators (one per world) and the collectives run on them.",
+        rank=14)
 
 COLLECTIVE_DTYPES: tuple[DType, ...] = (
     DType.F16, DType.BF16, DType.F32, DType.F64, DType.I8, DType.U8, DType.I32, DType.U32,

@@ -24,31 +24,51 @@ flipped when the sign is set, else the sign bit), ``-0.0`` equals ``+0.0``, and
 NaNs sort by their bits: the usual (positive) NaN after ``+inf``, a negative
 NaN before ``-inf``; descending order reverses that, and equal keys keep their
 input order in both directions.
+
+The library is declared here; the selection ops live in ``_cub_select`` and
+what the ops share (dtypes, kinds, checks) in ``_cub_common``. This module
+names them all.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from atomr_accel.core._api import Form, Param
+from atomr_accel.core._api import Form
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._cexpr import parse
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
     Op,
     require,
     require_dtype,
     require_len,
-    require_nonneg,
     require_numbers,
     require_positive,
     require_same_dtype,
 )
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._cub_common import (
+    _EXPR,
+    _N,
+    _NO_CUSTOM,
+    _VALUES_IN,
+    _VALUES_OUT,
+    ARITHMETIC,
+    COUNTS,
+    SORTABLE,
+    ReduceKind,
+    ScanKind,
+    _count,
+    _require_bits,
+    _require_offsets,
+    _require_values,
+    identity_of,
+)
+from atomr_accel.core.ops._cub_select import CubRunLengthEncode, CubSelect, CubUnique
 
 __all__ = [
     "ARITHMETIC",
@@ -69,73 +89,9 @@ __all__ = [
     "identity_of",
 ]
 
-INTEGERS = (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16, DType.U32,
-            DType.U64)
-ARITHMETIC = (*INTEGERS, DType.F16, DType.F32, DType.F64)
-"""The dtypes reductions, scans, histograms and selections take."""
-SORTABLE = (*ARITHMETIC, DType.BF16)
-"""The key dtypes of the sorts: every integer and float dtype."""
-COUNTS = (DType.I32, DType.I64, DType.U32, DType.U64)
-"""The dtypes of count and histogram buffers."""
-OFFSETS = (DType.I32, DType.I64)
-
-
-class ReduceKind(enum.Enum):
-    """The operator of a reduction: ``sum``, ``min``, ``max``, ``argmin``, ``argmax`` or
-    ``custom`` (a C expression)."""
-
-    SUM = "sum"
-    MIN = "min"
-    MAX = "max"
-    ARGMIN = "argmin"
-    ARGMAX = "argmax"
-    CUSTOM = "custom"
-
-    __reduce_ex__ = pickle_by_name
-
-
-class ScanKind(enum.Enum):
-    """The operator of a scan: ``sum``, ``min`` or ``max``."""
-
-    SUM = "sum"
-    MIN = "min"
-    MAX = "max"
-
-    __reduce_ex__ = pickle_by_name
-
-
-def identity_of(kind: ReduceKind | ScanKind, dtype: np.dtype[Any]) -> Any:
-    """The value an empty reduction (or an exclusive scan's first element) holds: 0 for a
-    sum, the dtype's largest value (``inf`` for floats) for a min, its lowest for a max."""
-    if kind.value == "sum":
-        return dtype.type(0)
-    high = kind.value == "min"
-    if dtype.kind == "f":
-        return dtype.type(np.inf if high else -np.inf)
-    info = np.iinfo(dtype)
-    return dtype.type(info.max if high else info.min)
-
-
-def _count(n: int | None, ref: GpuRef, name: str) -> int:
-    """``n`` checked against ``ref`` (None: the whole buffer)."""
-    if n is None:
-        return ref.length
-    require_nonneg(n=n)
-    require_len(ref, n, name)
-    return n
-
-
-def _distinct(a: GpuRef, b: GpuRef, names: str) -> None:
-    require((a.device_id, a.buffer_id) != (b.device_id, b.buffer_id),
-            f"{names} must be different buffers")
-
-
-_N = Param("n", None, annotation="int | None")
-_VALUES_IN = Param("values_in", annotation="BufferLike")
-_VALUES_OUT = Param("values_out", annotation="BufferLike")
-_EXPR = Param("expr", annotation="str")
-_PREDICATE = Param("predicate", annotation="str")
-_NO_CUSTOM = {"expr": "", "init": 0.0}
+declare("cub", "Cub",
+        "Device-wide primitives (reduce, scan, radix sort, histogram, select, ...).",
+        rank=16, handle="Cub")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +126,6 @@ class CubReduce(Op):
              fixed={"kind": ReduceKind.CUSTOM},
              doc="Reduce with the associative C expression ``expr`` over ``a`` and ``b`` "
                  "(identity ``init``) into ``output[0]``."),
-        Form("reduce_sum", ("input", "output"), dtypes=(DType.F32,), timeout=10.0,
-             fixed={"kind": ReduceKind.SUM, **_NO_CUSTOM}, timeout_last=True,
-             doc="Sum all of ``input`` into ``output[0]``.", note="The original package's form."),
     )
     input: GpuRef
     output: GpuRef
@@ -249,24 +202,6 @@ class CubScan(Op):
             require_dtype(self.output, ARITHMETIC, "output")
         else:
             require_same_dtype(input=self.input, output=self.output)
-
-
-def _require_bits(begin_bit: int, end_bit: int | None, keys: GpuRef) -> None:
-    width = keys.dtype.itemsize * 8
-    end = width if end_bit is None else end_bit
-    require_nonneg(begin_bit=begin_bit, end_bit=end)
-    require(begin_bit < end <= width,
-            f"the bit range [{begin_bit}, {end}) must be non-empty and within the "
-            f"{width} bits of a {keys.dtype.value} key")
-
-
-def _require_values(values_in: GpuRef | None, values_out: GpuRef | None, n: int) -> None:
-    require((values_in is None) == (values_out is None),
-            "values_in and values_out go together: pass both or neither")
-    if values_in is not None and values_out is not None:
-        require_same_dtype(values_in=values_in, values_out=values_out)
-        require_len(values_in, n, "values_in")
-        require_len(values_out, n, "values_out")
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,136 +322,6 @@ class CubHistogramRange(Op):
         require_positive(num_bins=self.num_bins)
         require_len(self.edges, self.num_bins + 1, "edges")
         require_len(self.histogram, self.num_bins, "histogram")
-
-
-@dataclass(frozen=True, slots=True)
-class CubSelect(Op):
-    """Select (or partition) the first ``n`` items of ``input`` by ``flags`` or ``predicate``.
-
-    An item is selected where ``flags`` (an integer buffer) is non-zero, or where
-    ``predicate``, a small C expression over ``x`` (``core._cexpr``), holds: give
-    exactly one. Select writes the selected items in order to the front of
-    ``output``; partition (``partition=True``) also writes the others after them
-    in reverse order, as CUB does. ``count[0]`` gets the number selected.
-    ``output`` holds at least ``n`` items and is not ``input``.
-    """
-
-    library: ClassVar[str] = "cub"
-    outputs: ClassVar[tuple[str, ...]] = ("output", "count")
-    api = (
-        Form("select_flagged", ("input", Param("flags", annotation="BufferLike"), "output",
-                                "count", _N), fixed={"predicate": "", "partition": False},
-             doc="Copy the items whose flag is non-zero, in order, to ``output``; their "
-                 "number to ``count[0]``."),
-        Form("select_if", ("input", "output", "count", _PREDICATE, _N),
-             fixed={"flags": None, "partition": False},
-             doc="Copy the items for which the C expression ``predicate`` over ``x`` holds, "
-                 "in order, to ``output``; their number to ``count[0]``."),
-        Form("partition_flagged", ("input", Param("flags", annotation="BufferLike"), "output",
-                                   "count", _N), fixed={"predicate": "", "partition": True},
-             doc="Flagged items first (in order), the rest after them (reversed); the number "
-                 "flagged to ``count[0]``."),
-        Form("partition_if", ("input", "output", "count", _PREDICATE, _N),
-             fixed={"flags": None, "partition": True},
-             doc="Items for which ``predicate`` holds first (in order), the rest after them "
-                 "(reversed); their number to ``count[0]``."),
-    )
-    input: GpuRef
-    output: GpuRef
-    count: GpuRef
-    n: int | None = None
-    flags: GpuRef | None = None
-    predicate: str = ""
-    partition: bool = False
-
-    @property
-    def items(self) -> int:
-        """Items considered."""
-        return self.input.length if self.n is None else self.n
-
-    def validate(self) -> None:
-        require_dtype(self.input, ARITHMETIC, "input")
-        require_same_dtype(input=self.input, output=self.output)
-        n = _count(self.n, self.input, "input")
-        require_len(self.output, n, "output")
-        _distinct(self.input, self.output, "input and output")
-        require_dtype(self.count, COUNTS, "count")
-        require_len(self.count, 1, "count")
-        require((self.flags is None) != (self.predicate == ""),
-                "give either flags or a predicate, not both or neither")
-        if self.flags is not None:
-            require_dtype(self.flags, (*INTEGERS,), "flags")
-            require_len(self.flags, n, "flags")
-        else:
-            parse(self.predicate, ("x",))
-
-
-@dataclass(frozen=True, slots=True)
-class CubUnique(Op):
-    """Keep the first item of each run of equal consecutive items of ``input`` (CUB's
-    ``DeviceSelect::Unique``: sorted input gives the distinct values), in order, in
-    ``output``; their number in ``count[0]``. NaNs never equal each other, so each is kept.
-    """
-
-    library: ClassVar[str] = "cub"
-    outputs: ClassVar[tuple[str, ...]] = ("output", "count")
-    api = (Form("unique", ("input", "output", "count", _N)),)
-    input: GpuRef
-    output: GpuRef
-    count: GpuRef
-    n: int | None = None
-
-    @property
-    def items(self) -> int:
-        """Items considered."""
-        return self.input.length if self.n is None else self.n
-
-    def validate(self) -> None:
-        require_dtype(self.input, ARITHMETIC, "input")
-        require_same_dtype(input=self.input, output=self.output)
-        n = _count(self.n, self.input, "input")
-        require_len(self.output, n, "output")
-        _distinct(self.input, self.output, "input and output")
-        require_dtype(self.count, COUNTS, "count")
-        require_len(self.count, 1, "count")
-
-
-@dataclass(frozen=True, slots=True)
-class CubRunLengthEncode(Op):
-    """Run-length encode the first ``n`` items of ``input``: each run of equal consecutive
-    items gives its value in ``unique_out`` and its length in ``counts_out``, in order;
-    ``num_runs[0]`` gets the number of runs. NaNs never equal each other (runs of 1)."""
-
-    library: ClassVar[str] = "cub"
-    outputs: ClassVar[tuple[str, ...]] = ("unique_out", "counts_out", "num_runs")
-    api = (Form("run_length_encode", ("input", "unique_out", "counts_out", "num_runs", _N)),)
-    input: GpuRef
-    unique_out: GpuRef
-    counts_out: GpuRef
-    num_runs: GpuRef
-    n: int | None = None
-
-    @property
-    def items(self) -> int:
-        """Items considered."""
-        return self.input.length if self.n is None else self.n
-
-    def validate(self) -> None:
-        require_dtype(self.input, ARITHMETIC, "input")
-        require_same_dtype(input=self.input, unique_out=self.unique_out)
-        n = _count(self.n, self.input, "input")
-        require_len(self.unique_out, n, "unique_out")
-        _distinct(self.input, self.unique_out, "input and unique_out")
-        require_dtype(self.counts_out, COUNTS, "counts_out")
-        require_len(self.counts_out, n, "counts_out")
-        require_dtype(self.num_runs, COUNTS, "num_runs")
-        require_len(self.num_runs, 1, "num_runs")
-
-
-def _require_offsets(offsets: GpuRef, num_segments: int) -> None:
-    require_nonneg(num_segments=num_segments)
-    require_dtype(offsets, OFFSETS, "offsets")
-    require_len(offsets, num_segments + 1, "offsets")
 
 
 @dataclass(frozen=True, slots=True)

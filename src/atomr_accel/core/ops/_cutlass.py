@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from atomr_accel.core._api import Form, Param
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields, pickle_by_name
@@ -71,6 +72,10 @@ __all__ = [
     "Activate",
     "alignment",
 ]
+
+declare("cutlass", "Cutlass",
+        "CUTLASS kernels: fused-epilogue GEMM, grouped GEMM, implicit-GEMM conv2d.",
+        rank=18, handle="Cutlass")
 
 
 def alignment(dtype: DType) -> int:

@@ -20,30 +20,55 @@ The ``_f32`` forms keep the original package's names, argument order, option
 strings and defaults (``conv2d_fwd_f32(x, w, y, x_shape, w_shape, y_shape,
 pad=(0, 0), stride=(1, 1), dilation=(1, 1), groups=1, alpha=1.0, beta=0.0,
 timeout_secs=60.0)``); the unsuffixed forms take any of the four dtypes.
+
+The library is declared here, with pooling, softmax, activations, dropout and
+LRN; the convolutions live in ``_dnn_conv`` and what the ops share (dtypes,
+layouts, modes, shape checks) in ``_dnn_common``. This module names them all.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
-from atomr_accel.core._api import Form, Param, choice
+from atomr_accel.core._api import Form, Param
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
     Op,
     is_int,
-    positive_ints,
     require,
     require_dtype,
     require_len,
     require_numbers,
-    require_same_dtype,
 )
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._dnn_common import (
+    _TIMEOUT,
+    DNN_DTYPES,
+    Activation,
+    Layout,
+    PoolMode,
+    SoftmaxMode,
+    _activation,
+    _data,
+    _dims,
+    _distinct,
+    _nchw,
+    _pair,
+    _pool_mode,
+    _softmax_mode,
+    image_dims,
+)
+from atomr_accel.core.ops._dnn_conv import (
+    Conv2dBackwardData,
+    Conv2dBackwardFilter,
+    Conv2dForward,
+    ConvGeometry,
+    conv_output_shape,
+)
 
 __all__ = [
     "DNN_DTYPES",
@@ -69,334 +94,9 @@ __all__ = [
     "pool_output_shape",
 ]
 
-DNN_DTYPES = (DType.F16, DType.BF16, DType.F32, DType.F64)
-"""The data dtypes these ops take."""
-
-_TIMEOUT = 60.0
-"""The original package's ``ts=60.0``."""
-
-
-class Layout(enum.Enum):
-    """How an image buffer stores its logical ``(N, C, H, W)``: NCHW or NHWC (channels last)."""
-
-    NCHW = "NCHW"
-    NHWC = "NHWC"
-
-    __reduce_ex__ = pickle_by_name
-
-
-class PoolMode(enum.Enum):
-    """Max pooling, or the mean over the window counting padding or not (cuDNN's three)."""
-
-    MAX = "max"
-    AVG_INCLUDE_PADDING = "avg_include_padding"
-    AVG_EXCLUDE_PADDING = "avg_exclude_padding"
-
-    __reduce_ex__ = pickle_by_name
-
-
-class SoftmaxMode(enum.Enum):
-    """Softmax over C for each (n, h, w) (``channel``) or over C*H*W for each n (``instance``)."""
-
-    CHANNEL = "channel"
-    INSTANCE = "instance"
-
-    __reduce_ex__ = pickle_by_name
-
-
-class Activation(enum.Enum):
-    """An element-wise activation; ``coef`` sets three of them (see ``ActivationForward``)."""
-
-    RELU = "relu"
-    CLIPPED_RELU = "clipped_relu"
-    SIGMOID = "sigmoid"
-    TANH = "tanh"
-    GELU = "gelu"
-    GELU_APPROX = "gelu_approx"
-    SWISH = "swish"
-    ELU = "elu"
-    SOFTPLUS = "softplus"
-    IDENTITY = "identity"
-
-    __reduce_ex__ = pickle_by_name
-
-
-_pool_mode = choice("mode", {
-    "max": PoolMode.MAX,
-    "avg": PoolMode.AVG_INCLUDE_PADDING,
-    "average": PoolMode.AVG_INCLUDE_PADDING,
-    "averageinclude": PoolMode.AVG_INCLUDE_PADDING,
-    "avg_include_padding": PoolMode.AVG_INCLUDE_PADDING,
-    "avg_exclude_padding": PoolMode.AVG_EXCLUDE_PADDING,
-})
-"""The original's pool modes: ``max``; ``avg``, ``average`` and ``AverageInclude`` average
-counting the padding (cuDNN's AVERAGE_COUNT_INCLUDE_PADDING); ``avg_exclude_padding``
-averages the in-bounds elements only."""
-_softmax_mode = choice("mode", {"channel": SoftmaxMode.CHANNEL, "instance": SoftmaxMode.INSTANCE})
-_ACTIVATION_NAMES: dict[str | bool, Activation] = {a.value: a for a in Activation}
-_activation = choice("kind", _ACTIVATION_NAMES | {"silu": Activation.SWISH})
-"""Every activation by name; ``silu`` is ``swish`` (with ``coef`` 1, its default)."""
-
-
-def _nchw(name: str, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """``shape`` as four positive ints ``(N, C, H, W)`` (``InvalidArgument`` otherwise)."""
-    if not (isinstance(shape, tuple) and len(shape) == 4):
-        raise InvalidArgument(f"{name} must be 4 sizes (N, C, H, W), got {shape!r}")
-    if not positive_ints(*shape) and not all(is_int(e) and e >= 1 for e in shape):
-        raise InvalidArgument(f"{name} must be positive ints, got {shape!r}")
-    n, c, h, w = shape
-    return n, c, h, w
-
-
-def _pair(name: str, value: tuple[int, ...], least: int) -> tuple[int, int]:
-    """``value`` as two ints >= ``least`` (``InvalidArgument`` otherwise)."""
-    if not (isinstance(value, tuple) and len(value) == 2
-            and all(is_int(v) and v >= least for v in value)):
-        raise InvalidArgument(f"{name} must be two ints >= {least}, got {value!r}")
-    return value[0], value[1]
-
-
-def _dims(name: str, dims: tuple[int, ...]) -> int:
-    """Check an element-wise op's ``dims`` (1 to 8 positive sizes); answer their product."""
-    if not (isinstance(dims, tuple) and 1 <= len(dims) <= 8):
-        raise InvalidArgument(f"{name} must be 1 to 8 sizes, got {dims!r}")
-    if not positive_ints(*dims) and not all(is_int(e) and e >= 1 for e in dims):
-        raise InvalidArgument(f"{name} must be positive ints, got {dims!r}")
-    return math.prod(dims)
-
-
-def image_dims(dims: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """Softmax's and LRN's ``dims``: ``(N, C)``, ``(N, C, H)`` or ``(N, C, H, W)``, padded
-    with 1s to four."""
-    if not (isinstance(dims, tuple) and 2 <= len(dims) <= 4):
-        raise InvalidArgument(f"dims must be (N, C), (N, C, H) or (N, C, H, W), got {dims!r}")
-    return _nchw("dims", (*dims, *(1,) * (4 - len(dims))))
-
-
-def _distinct(out: tuple[str, GpuRef], *inputs: tuple[str, GpuRef]) -> None:
-    """The output must not share a buffer with any input."""
-    name, ref = out
-    key = (ref.device_id, ref.buffer_id)
-    for other, r in inputs:
-        if (r.device_id, r.buffer_id) == key:
-            raise InvalidArgument(f"{name} must not share a buffer with {other}")
-
-
-def _data(alpha: float, beta: float, **refs: GpuRef) -> DType:
-    """Every buffer holds one float dtype of ``DNN_DTYPES``; alpha and beta are real numbers."""
-    first = next(iter(refs))
-    require_dtype(refs[first], DNN_DTYPES, first)
-    dtype = require_same_dtype(**refs)
-    require_numbers(dtype, alpha=alpha, beta=beta)
-    return dtype
-
-
-# ----------------------------------------------------------------- convolutions
-
-
-class ConvGeometry(NamedTuple):
-    """A checked 2-D convolution: image, filter and output shapes (logical) and its options."""
-
-    x_shape: tuple[int, int, int, int]
-    w_shape: tuple[int, int, int, int]
-    y_shape: tuple[int, int, int, int]
-    pad: tuple[int, int]
-    stride: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int
-
-    @classmethod
-    def of(cls, x_shape: tuple[int, ...], w_shape: tuple[int, ...], pad: tuple[int, ...],
-           stride: tuple[int, ...], dilation: tuple[int, ...], groups: int,
-           x_name: str = "x_shape", w_name: str = "w_shape") -> ConvGeometry:
-        """Check the options and shapes (``InvalidArgument``) and derive the output shape."""
-        n, c, h, w = _nchw(x_name, x_shape)
-        k, cg, r, s = _nchw(w_name, w_shape)
-        p = _pair("pad", pad, 0)
-        st = _pair("stride", stride, 1)
-        d = _pair("dilation", dilation, 1)
-        require(is_int(groups) and groups >= 1, f"groups must be a positive int, got {groups!r}")
-        if c != cg * groups:
-            raise InvalidArgument(f"the image has {c} channels but the filter takes {cg} per "
-                                  f"group x {groups} groups = {cg * groups}")
-        require(k % groups == 0, f"the filter's {k} outputs do not split into {groups} groups")
-        y = conv_output_shape((n, c, h, w), (k, cg, r, s), p, st, d)
-        if y[2] < 1 or y[3] < 1:
-            raise InvalidArgument(f"the (dilated) {r}x{s} filter does not fit the padded "
-                                  f"{h}x{w} image")
-        return cls((n, c, h, w), (k, cg, r, s), y, p, st, d, groups)
-
-
-def conv_output_shape(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
-                      pad: tuple[int, ...] = (0, 0), stride: tuple[int, ...] = (1, 1),
-                      dilation: tuple[int, ...] = (1, 1)) -> tuple[int, int, int, int]:
-    """The logical output shape of a 2-D convolution: ``(N, K, P, Q)`` with
-    ``P = (H + 2 * pad_h - dilation_h * (R - 1) - 1) // stride_h + 1`` (and Q alike)."""
-    n, _, h, w = x_shape
-    k, _, r, s = w_shape
-    p = (h + 2 * pad[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
-    q = (w + 2 * pad[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
-    return n, k, p, q
-
-
-def _same_shape(name: str, given: tuple[int, ...], expected: tuple[int, ...]) -> None:
-    if tuple(given) != tuple(expected):
-        raise InvalidArgument(f"{name} is {given!r} but this convolution's is {expected!r}")
-
-
-_CONV_OPTIONS = ("pad", "stride", "dilation", "groups", "alpha", "beta")
-
-
-def _conv_forms(name: str, params: tuple[str, ...]) -> tuple[Form, Form]:
-    """The unsuffixed form (any float dtype) and the original's ``name_f32``."""
-    every = (*params, *_CONV_OPTIONS)
-    return (Form(name, every, timeout=_TIMEOUT, returns="str", timeout_last=True),
-            Form(name, every, dtypes=(DType.F32,), timeout=_TIMEOUT, returns="str",
-                 timeout_last=True, note="The original package's form."))
-
-
-@dataclass(frozen=True, slots=True)
-class Conv2dForward(Op):
-    """Convolve: ``y = alpha * conv2d(x, w) + beta * y`` (cross-correlation, as cuDNN and
-    PyTorch compute it).
-
-    ``x`` holds the image ``x_shape = (N, C, H, W)``, ``w`` the filter
-    ``w_shape = (K, C / groups, R, S)``, ``y`` the output ``y_shape``, which
-    must be ``conv_output_shape(x_shape, w_shape, pad, stride, dilation)``.
-    ``pad``, ``stride`` and ``dilation`` are (height, width) pairs; ``groups``
-    splits the channels into that many independent convolutions. ``layout``
-    (``"NCHW"`` or ``"NHWC"``) says how all three buffers are stored. Answers
-    ``"cudnn-graph"`` (cuDNN's ``conv_fprop``) on CUDA, ``"numpy"`` on the CPU.
-
-    ``autotune=True`` (CUDA): the first call of a shape times cuDNN's leading
-    candidate plans on the op's own buffers and keeps the fastest, as
-    ``torch.backends.cudnn.benchmark`` does; that first call waits for its
-    stream once. Without it the heuristics' first plan that builds runs. The
-    CPU ignores the option.
-    """
-
-    library: ClassVar[str] = "cudnn"
-    outputs: ClassVar[tuple[str, ...]] = ("y",)
-    api = _conv_forms("conv2d_fwd", ("x", "w", "y", "x_shape", "w_shape", "y_shape"))
-    x: GpuRef
-    w: GpuRef
-    y: GpuRef
-    x_shape: tuple[int, ...]
-    w_shape: tuple[int, ...]
-    y_shape: tuple[int, ...]
-    pad: tuple[int, ...] = (0, 0)
-    stride: tuple[int, ...] = (1, 1)
-    dilation: tuple[int, ...] = (1, 1)
-    groups: int = 1
-    alpha: float = 1.0
-    beta: float = 0.0
-    layout: Layout = Layout.NCHW
-    autotune: bool = False
-
-    @property
-    def geometry(self) -> ConvGeometry:
-        """The checked geometry (raises ``InvalidArgument``)."""
-        return ConvGeometry.of(self.x_shape, self.w_shape, self.pad, self.stride, self.dilation,
-                               self.groups)
-
-    def validate(self) -> None:
-        geo = self.geometry
-        _same_shape("y_shape", self.y_shape, geo.y_shape)
-        _data(self.alpha, self.beta, x=self.x, w=self.w, y=self.y)
-        require_len(self.x, math.prod(geo.x_shape), "x")
-        require_len(self.w, math.prod(geo.w_shape), "w")
-        require_len(self.y, math.prod(geo.y_shape), "y")
-        _distinct(("y", self.y), ("x", self.x), ("w", self.w))
-
-
-@dataclass(frozen=True, slots=True)
-class Conv2dBackwardData(Op):
-    """The gradient of a convolution with respect to its image: ``dx = alpha * conv2d^T(dy,
-    w) + beta * dx``.
-
-    ``dx_shape`` is the image's ``(N, C, H, W)``; ``dy_shape`` must be the
-    forward convolution's output shape for it (``conv_output_shape(dx_shape,
-    w_shape, pad, stride, dilation)``). Options and layouts as for
-    ``Conv2dForward``. Answers ``"cudnn-graph"`` (``conv_dgrad``) or ``"numpy"``.
-    """
-
-    library: ClassVar[str] = "cudnn"
-    outputs: ClassVar[tuple[str, ...]] = ("dx",)
-    api = _conv_forms("conv2d_bwd_data", ("dy", "w", "dx", "dy_shape", "w_shape", "dx_shape"))
-    dy: GpuRef
-    w: GpuRef
-    dx: GpuRef
-    dy_shape: tuple[int, ...]
-    w_shape: tuple[int, ...]
-    dx_shape: tuple[int, ...]
-    pad: tuple[int, ...] = (0, 0)
-    stride: tuple[int, ...] = (1, 1)
-    dilation: tuple[int, ...] = (1, 1)
-    groups: int = 1
-    alpha: float = 1.0
-    beta: float = 0.0
-    layout: Layout = Layout.NCHW
-    autotune: bool = False
-
-    @property
-    def geometry(self) -> ConvGeometry:
-        """The checked geometry of the forward convolution (raises ``InvalidArgument``)."""
-        return ConvGeometry.of(self.dx_shape, self.w_shape, self.pad, self.stride,
-                               self.dilation, self.groups, x_name="dx_shape")
-
-    def validate(self) -> None:
-        geo = self.geometry
-        _same_shape("dy_shape", self.dy_shape, geo.y_shape)
-        _data(self.alpha, self.beta, dy=self.dy, w=self.w, dx=self.dx)
-        require_len(self.dy, math.prod(geo.y_shape), "dy")
-        require_len(self.w, math.prod(geo.w_shape), "w")
-        require_len(self.dx, math.prod(geo.x_shape), "dx")
-        _distinct(("dx", self.dx), ("dy", self.dy), ("w", self.w))
-
-
-@dataclass(frozen=True, slots=True)
-class Conv2dBackwardFilter(Op):
-    """The gradient of a convolution with respect to its filter: ``dw = alpha * sum_n
-    x (*) dy + beta * dw``.
-
-    ``dw_shape`` is the filter's ``(K, C / groups, R, S)``; ``dy_shape`` must be
-    the forward output shape for ``x_shape`` and ``dw_shape``. Options and
-    layouts as for ``Conv2dForward``. Answers ``"cudnn-graph"`` (``conv_wgrad``)
-    or ``"numpy"``.
-    """
-
-    library: ClassVar[str] = "cudnn"
-    outputs: ClassVar[tuple[str, ...]] = ("dw",)
-    api = _conv_forms("conv2d_bwd_filter", ("x", "dy", "dw", "x_shape", "dy_shape", "dw_shape"))
-    x: GpuRef
-    dy: GpuRef
-    dw: GpuRef
-    x_shape: tuple[int, ...]
-    dy_shape: tuple[int, ...]
-    dw_shape: tuple[int, ...]
-    pad: tuple[int, ...] = (0, 0)
-    stride: tuple[int, ...] = (1, 1)
-    dilation: tuple[int, ...] = (1, 1)
-    groups: int = 1
-    alpha: float = 1.0
-    beta: float = 0.0
-    layout: Layout = Layout.NCHW
-    autotune: bool = False
-
-    @property
-    def geometry(self) -> ConvGeometry:
-        """The checked geometry of the forward convolution (raises ``InvalidArgument``)."""
-        return ConvGeometry.of(self.x_shape, self.dw_shape, self.pad, self.stride,
-                               self.dilation, self.groups, w_name="dw_shape")
-
-    def validate(self) -> None:
-        geo = self.geometry
-        _same_shape("dy_shape", self.dy_shape, geo.y_shape)
-        _data(self.alpha, self.beta, x=self.x, dy=self.dy, dw=self.dw)
-        require_len(self.x, math.prod(geo.x_shape), "x")
-        require_len(self.dy, math.prod(geo.y_shape), "dy")
-        require_len(self.dw, math.prod(geo.w_shape), "dw")
-        _distinct(("dw", self.dw), ("x", self.x), ("dy", self.dy))
+declare("cudnn", "Cudnn",
+        "cuDNN-shaped deep-learning ops: convolutions, pooling, normalizations, RNNs, ...",
+        rank=10, handle="Cudnn")
 
 
 # ---------------------------------------------------------------------- pooling
@@ -431,11 +131,9 @@ _POOL_OPTIONS = ("kernel", "stride", "pad", Param("mode", "max", parse=_pool_mod
                                                    annotation="str"), "alpha", "beta")
 
 
-def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form, Form]:
-    """An op's unsuffixed form and its ``name_f32``, both with the original's 60 s timeout."""
-    return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),
-            Form(name, params, dtypes=(DType.F32,), timeout=_TIMEOUT, returns="str",
-                 timeout_last=True, note="The original package's form."))
+def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form]:
+    """An op's unsuffixed form, with the original's 60 s timeout."""
+    return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
 @dataclass(frozen=True, slots=True)

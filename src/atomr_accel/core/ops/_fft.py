@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from atomr_accel.core._api import Form, Param
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
@@ -43,6 +44,10 @@ __all__ = [
     "r2c_output_len_many",
     "shape_of",
 ]
+
+declare("fft", "Fft",
+        "cuFFT-shaped ops: 1-D/2-D/3-D, R2C/C2R/C2C, batched.",
+        rank=2, handle="Fft", capturable=True)
 
 _COMPLEX = (DType.C64, DType.C128)
 _REAL = (DType.F32, DType.F64)
@@ -138,6 +143,7 @@ class Fft(Op):
     """
 
     library: ClassVar[str] = "fft"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (
         Form("c2c", ("input", "output", _SHAPE), fixed={"kind": FftKind.C2C},
@@ -273,6 +279,7 @@ class FftMany(Op):
     """
 
     library: ClassVar[str] = "fft"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (Form("plan_many", ("input", "output", "rank", "n", "kind")),)
     input: GpuRef

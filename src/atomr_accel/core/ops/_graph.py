@@ -5,17 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._catalogue import declare, library
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op, checked, require
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
-from atomr_accel.core.ops._blas import Asum, Dot, Iamax, Iamin, Nrm2
-from atomr_accel.core.ops._kernels import LaunchKernel
-from atomr_accel.core.ops._memory import CopyBuffer
 
-__all__ = ["CaptureGraph", "DestroyGraph", "LaunchGraph", "check_capturable"]
+__all__ = ["CaptureGraph", "DestroyGraph", "LaunchGraph", "check_capturable", "library_capturable"]
 
-_DEVICE_ONLY_LIBRARIES = frozenset({"blas", "fft", "rng", "sparse", "tensor"})
-_HOST_RESULTS = (Asum, Dot, Iamax, Iamin, Nrm2)
+declare("graph", "Graph",
+        "Records op sequences into graphs (CUDA stream capture) and replays them.",
+        rank=9)
+
+
+
+def library_capturable(name: str) -> bool:
+    """Whether the catalogued library ``name`` runs pure device work (``capturable``)."""
+    return name != "memory" and library(name).capturable
 
 
 def check_capturable(op: Op, index: int) -> Op:
@@ -29,8 +34,7 @@ def check_capturable(op: Op, index: int) -> Op:
     """
     if not isinstance(op, Op):
         raise InvalidArgument(f"graph op {index} is not an op: {op!r}")
-    device_only = op.library in _DEVICE_ONLY_LIBRARIES and not isinstance(op, _HOST_RESULTS)
-    if not (device_only or isinstance(op, CopyBuffer | LaunchKernel)):
+    if not (op.capturable or (library_capturable(op.library) and not op.host_result)):
         raise InvalidArgument(
             f"graph op {index} ({type(op).__name__}) cannot be recorded in a graph: only "
             "device work without a host result can (BLAS but dot/nrm2/asum/iamax/iamin, FFT, "
@@ -78,6 +82,7 @@ class LaunchGraph(Op):
     of its buffers and before later readers."""
 
     library: ClassVar[str] = "graph"
+    queues_only: ClassVar[bool] = True
     graph: GraphRef
 
     def validate(self) -> None:

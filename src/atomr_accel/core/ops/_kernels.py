@@ -9,12 +9,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op, is_int, positive_ints, require, require_nonneg
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._tensor_map import TensorMap
 
 __all__ = ["CompileKernel", "LaunchKernel", "LoadKernel", "dim3"]
+
+declare("nvrtc", "Nvrtc",
+        "NVRTC: compiles CUDA C (through a disk cache) and launches the kernels it made.",
+        rank=7)
+
+declare("module", "Module",
+        "Loads PTX or cubin modules and launches their kernels.",
+        rank=8)
 
 _MAX_THREADS_PER_BLOCK = 1024
 PORTABLE_CLUSTER = 8
@@ -150,6 +159,8 @@ class LaunchKernel(Op):
     counts as read and, unless ``written`` says otherwise, written.
     """
 
+    queues_only: ClassVar[bool] = True
+    capturable: ClassVar[bool] = True
     kernel: KernelRef
     grid: tuple[int, int, int]
     block: tuple[int, int, int]

@@ -203,6 +203,8 @@ class CopyBuffer(Op):
                 "as fit after the offsets by default)."),)
 
     outputs: ClassVar[tuple[str, ...]] = ("dst",)
+    queues_only: ClassVar[bool] = True
+    capturable: ClassVar[bool] = True
     src: GpuRef
     dst: GpuRef
     length: int

@@ -215,13 +215,10 @@ def _require_params(dtype: DType, count: int, **refs: GpuRef | None) -> None:
         require_len(ref, count, name)
 
 
-def _forms(name: str, params: tuple[str | Param, ...], doc: str) -> tuple[Form, Form]:
-    """``name`` for any float dtype, and the original's ``name_f32``; both answer the path."""
+def _forms(name: str, params: tuple[str | Param, ...], doc: str) -> tuple[Form]:
+    """``name`` for any float dtype; it answers the path that ran."""
     return (Form(name, params, timeout=60.0, returns="str", doc=doc,
-                 note="Any of f16, bf16, f32 (f64 too); answers the path that ran."),
-            Form(name, params, dtypes=(DType.F32,), timeout=60.0, returns="str", doc=doc,
-                 timeout_last=True, note="The original package's form; answers the path "
-                 "that ran."))
+                 note="Any of f16, bf16, f32 (f64 too); answers the path that ran."),)
 
 
 _PHASE = Param("phase", "train", parse=parse_phase, annotation="str")

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
 from atomr_accel.core._op import Op, is_int, require, require_nonneg
@@ -31,6 +32,10 @@ __all__ = [
     "UnloadOnnxModel",
     "model_digest",
 ]
+
+declare("onnx", "Onnx",
+        "ONNX models on ONNX Runtime: sessions of the context, run on the library's stream.",
+        rank=15, handle="Onnx")
 
 
 class ModelNotLoaded(InvalidArgument):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op, require_nonneg, require_positive
@@ -34,6 +35,10 @@ __all__ = [
     "fluid_scratch",
     "pressure_levels",
 ]
+
+declare("realtime", "Realtime",
+        "Realtime simulation and frame kernels (particles, fluids, filters, ...): NVRTC on CUDA.",
+        rank=13)
 
 _F32 = (DType.F32,)
 _I32 = (DType.I32,)

@@ -24,14 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from atomr_accel.core._api import REALS, REQUIRED, Form, Param
+from atomr_accel.core._api import REQUIRED, Form, Param
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import Op, require_dtype, require_len, require_nonneg
 from atomr_accel.core._ref import GpuRef
 
-__all__ = ["Distribution", "Generator", "RngFill"]
+__all__ = ["Distribution", "Generator", "RngFill", "fill_param"]
+
+declare("rng", "Rng",
+        "cuRAND-shaped random fills.",
+        rank=3, handle="RngGenerator", capturable=True)
 
 _FLOATS = (DType.F32, DType.F64)
 _MAX_SEED = 1 << 64
@@ -232,34 +237,21 @@ _HANDLE_SETS: dict[str, object] = {"seed": 0, "offset": 0, "generator": Generato
 and its generator kind."""
 
 
-def _p(name: str, default: object = REQUIRED,
-       parse: Callable[[Any], Any] | None = None) -> Param:
+def fill_param(name: str, default: object = REQUIRED,
+               parse: Callable[[Any], Any] | None = None) -> Param:
     """A distribution parameter: one entry of ``RngFill.params``."""
     return Param(name, default, to=("params",), parse=parse, annotation="float")
 
 
-def _rate(lam: object) -> float:
-    """The original's exponential rate as our scale (its mean)."""
-    if isinstance(lam, bool) or not isinstance(lam, int | float) or not lam > 0:
-        raise InvalidArgument(f"lam must be a rate > 0, got {lam!r}")
-    return 1.0 / lam
 
-
-def _fills(name: str, distribution: Distribution, ours: tuple[Param, ...],
-           original: tuple[Param, ...] | None, what: str) -> tuple[Form, ...]:
-    """Our ``name(out, ...)`` and the original's ``name_f32/_f64(buf, ...)`` for one
-    distribution of ``RngFill``."""
+def _fill(name: str, distribution: Distribution, ours: tuple[Param, ...], what: str) -> Form:
+    """Our ``name(out, ...)`` for one distribution of ``RngFill``."""
     fixed: dict[str, object] = {"distribution": distribution, **_HANDLE_SETS}
     if distribution is not Distribution.DISCRETE:
         fixed["weights"] = None
     if not ours:
         fixed["params"] = ()
-    forms = [Form(name, ("out", *ours), fixed=fixed, doc=f"Fill ``out`` {what}.")]
-    if original is not None:
-        forms.append(Form(name, (Param("buf", to=("out",)), *original), fixed=fixed,
-                          dtypes=REALS, timeout=10.0, timeout_last=True,
-                          doc=f"Fill ``buf`` {what}.", note="The original package's form."))
-    return tuple(forms)
+    return Form(name, ("out", *ours), fixed=fixed, doc=f"Fill ``out`` {what}.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,32 +275,26 @@ class RngFill(Op):
     library: ClassVar[str] = "rng"
     outputs: ClassVar[tuple[str, ...]] = ("out",)
     api = (
-        *_fills("uniform", Distribution.UNIFORM, (_p("low", 0.0), _p("high", 1.0)),
-                (_p("lo", 0.0), _p("hi", 1.0)), "uniformly in ``[low, high)`` "
-                "(``(low, high]`` on cuRAND's default path)"),
-        *_fills("normal", Distribution.NORMAL, (_p("mean", 0.0), _p("stddev", 1.0)),
-                (_p("mean", 0.0), _p("std", 1.0)), "from a normal distribution"),
-        *_fills("log_normal", Distribution.LOG_NORMAL, (_p("mean", 0.0), _p("stddev", 1.0)),
-                (_p("mean", 0.0), _p("std", 1.0)), "with ``exp`` of normal draws"),
-        *_fills("poisson", Distribution.POISSON, (_p("lam"),), (_p("lam"),),
-                "with Poisson counts of mean ``lam`` (i32/u32, or counts as floats)"),
-        *_fills("exponential", Distribution.EXPONENTIAL, (_p("scale", 1.0),),
-                (_p("lam", parse=_rate),), "from an exponential distribution of mean "
-                "``scale`` (the original's form takes the rate ``lam``)"),
-        *_fills("beta", Distribution.BETA, (_p("alpha"), _p("beta")), (_p("alpha"), _p("beta")),
-                "from a beta distribution"),
-        *_fills("cauchy", Distribution.CAUCHY, (_p("loc", 0.0), _p("scale", 1.0)),
-                (_p("loc"), _p("scale")), "from a Cauchy distribution"),
-        *_fills("gamma", Distribution.GAMMA, (_p("shape"), _p("scale", 1.0)),
-                (_p("shape"), _p("scale")), "from a gamma distribution"),
-        *_fills("discrete", Distribution.DISCRETE, (Param("weights"),), (Param("weights"),),
-                "with indices drawn by ``weights`` (f32/f64; indices as i32/u32 or floats)"),
-        *_fills("bits", Distribution.BITS, (), None, "with raw 32-bit words (u32)"),
-        Form("uniform", (Param("buf", to=("out",)),), dtypes=(DType.U32,), timeout=10.0,
-             timeout_last=True, fixed={"distribution": Distribution.BITS, **_HANDLE_SETS,
-                                       "params": (), "weights": None},
-             doc="Fill ``buf`` (u32) with raw 32-bit words, like ``curandGenerate``.",
-             note="The original package's form."),
+        _fill("uniform", Distribution.UNIFORM, (fill_param("low", 0.0), fill_param("high", 1.0)),
+              "uniformly in ``[low, high)`` (``(low, high]`` on cuRAND's default path)"),
+        _fill("normal", Distribution.NORMAL, (fill_param("mean", 0.0), fill_param("stddev", 1.0)),
+              "from a normal distribution"),
+        _fill("log_normal", Distribution.LOG_NORMAL,
+              (fill_param("mean", 0.0), fill_param("stddev", 1.0)), "with ``exp`` of normal draws"),
+        _fill("poisson", Distribution.POISSON, (fill_param("lam"),),
+              "with Poisson counts of mean ``lam`` (i32/u32, or counts as floats)"),
+        _fill("exponential", Distribution.EXPONENTIAL, (fill_param("scale", 1.0),),
+              "from an exponential distribution of mean ``scale`` (the original's form takes "
+              "the rate ``lam``)"),
+        _fill("beta", Distribution.BETA, (fill_param("alpha"), fill_param("beta")),
+              "from a beta distribution"),
+        _fill("cauchy", Distribution.CAUCHY, (fill_param("loc", 0.0), fill_param("scale", 1.0)),
+              "from a Cauchy distribution"),
+        _fill("gamma", Distribution.GAMMA, (fill_param("shape"), fill_param("scale", 1.0)),
+              "from a gamma distribution"),
+        _fill("discrete", Distribution.DISCRETE, (Param("weights"),),
+              "with indices drawn by ``weights`` (f32/f64; indices as i32/u32 or floats)"),
+        _fill("bits", Distribution.BITS, (), "with raw 32-bit words (u32)"),
     )
     out: GpuRef
     distribution: Distribution

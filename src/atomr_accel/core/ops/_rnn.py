@@ -215,9 +215,6 @@ class RnnFwd(Op):
     api = (
         Form("rnn_fwd", ("x", "h_in", "weights", "y", "h_out", "c_in", "c_out", *_RNN_PARAMS),
              timeout=60.0, returns="str", note="f32 or f64; answers the path that ran."),
-        Form("rnn_fwd", ("x", "h_in", "weights", "y", "h_out", "c_in", "c_out", *_RNN_PARAMS),
-             dtypes=(DType.F32,), timeout=60.0, returns="str", timeout_last=True,
-             note="The original package's form; answers the path that ran."),
     )
     x: GpuRef
     h_in: GpuRef | None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._api import Form
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
@@ -26,6 +27,10 @@ from atomr_accel.core._op import (
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["CsrMatrix", "CsrSpMM", "CsrSpMV"]
+
+declare("sparse", "Sparse",
+        "cuSPARSE-shaped CSR SpMV/SpMM.",
+        rank=5, handle="Sparse", capturable=True)
 
 _VALUE_DTYPES = (DType.F32, DType.F64, DType.C64, DType.C128)
 

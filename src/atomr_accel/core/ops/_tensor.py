@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from atomr_accel.core._api import Form
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
@@ -26,6 +27,10 @@ from atomr_accel.core._op import (
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["Contract"]
+
+declare("tensor", "Tensor",
+        "cuTENSOR-shaped contractions.",
+        rank=6, handle="Tensor", capturable=True)
 
 _DTYPES = (DType.F32, DType.F64, DType.C64, DType.C128)
 _LETTERS = frozenset(string.ascii_letters)

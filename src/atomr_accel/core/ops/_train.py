@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
@@ -64,6 +65,10 @@ __all__ = [
     "SgdUpdate",
     "SoftmaxCrossEntropy",
 ]
+
+declare("train", "Train",
+        "Layer, loss and optimizer ops of model replicas (``atomr_accel.train``).",
+        rank=17)
 
 TRAIN_OP_DTYPES = (DType.F32, DType.F64)
 """The float dtypes of the train ops."""

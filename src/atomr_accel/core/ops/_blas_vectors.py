@@ -1,0 +1,265 @@
+"""BLAS level-1 ops: strided vectors (axpy, dot, nrm2, scal, asum, iamax, iamin, rot,
+swap, copy); the storage conventions are ``_linalg``'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from atomr_accel.core._api import Form
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._op import (
+    require_positive,
+)
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._linalg import (
+    LinalgOp,
+    Vector,
+    require_scalar,
+)
+
+__all__ = [
+    "Asum",
+    "Axpy",
+    "Copy",
+    "Dot",
+    "Iamax",
+    "Iamin",
+    "Nrm2",
+    "Rot",
+    "Scal",
+    "Swap",
+]
+
+
+def _level1(name: str, vectors: tuple[str, ...], *, before: tuple[str, ...] = (),
+            after: tuple[str, ...] = (), returns: str = "None") -> tuple[Form]:
+    """A level-1 op's form: ``name(n, *before, *vectors, *after)``."""
+    return (Form(name, ("n", *before, *vectors, *after), returns=returns),)
+
+
+@dataclass(frozen=True, slots=True)
+class Axpy(LinalgOp):
+    """Compute ``y = alpha * x + y`` over strided vectors (BLAS axpy)."""
+
+    library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = _level1("axpy", ("x", "y"), before=("alpha",))
+    n: int
+    alpha: complex
+    x: GpuRef
+    y: GpuRef
+    incx: int = 1
+    incy: int = 1
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``."""
+        return {"n": self.n}
+
+    def operands(self) -> tuple[Vector, Vector]:
+        """Return x and y."""
+        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
+
+    def scalars(self) -> dict[str, complex]:
+        """Return ``alpha``."""
+        return {"alpha": self.alpha}
+
+
+@dataclass(frozen=True, slots=True)
+class Dot(LinalgOp):
+    """Return the dot product ``sum(x * y)``, or ``sum(conj(x) * y)`` with ``conjugate`` (dotc).
+
+    The result is a Python float for real dtypes and a complex for complex ones.
+    """
+
+    library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
+    api = _level1("dot", ("x", "y"), returns="Any")
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int = 1
+    incy: int = 1
+    conjugate: bool = False
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``."""
+        return {"n": self.n}
+
+    def operands(self) -> tuple[Vector, Vector]:
+        """Return x and y."""
+        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
+
+
+class _OneVector(LinalgOp):
+    """Share the checks of the one-vector ops: ``n``, ``x`` and ``incx >= 1``."""
+
+    __slots__ = ()
+    n: int
+    x: GpuRef
+    incx: int
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``."""
+        return {"n": self.n}
+
+    def operands(self) -> tuple[Vector]:
+        """Return x."""
+        return (Vector("x", self.x, self.n, self.incx),)
+
+    def check_extra(self, dtype: DType) -> None:
+        """Require a positive increment (reference BLAS does nothing for ``incx <= 0``)."""
+        require_positive(incx=self.incx)
+
+
+@dataclass(frozen=True, slots=True)
+class Nrm2(_OneVector):
+    """Return the Euclidean norm of x as a Python float, without overflow (BLAS nrm2)."""
+
+    library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
+    api = _level1("nrm2", ("x",), returns="float")
+    n: int
+    x: GpuRef
+    incx: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Scal(_OneVector):
+    """Compute ``x = alpha * x`` in place (BLAS scal)."""
+
+    library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
+    outputs: ClassVar[tuple[str, ...]] = ("x",)
+    api = _level1("scal", ("x",), before=("alpha",))
+    n: int
+    alpha: complex
+    x: GpuRef
+    incx: int = 1
+
+    def scalars(self) -> dict[str, complex]:
+        """Return ``alpha``."""
+        return {"alpha": self.alpha}
+
+
+@dataclass(frozen=True, slots=True)
+class Asum(_OneVector):
+    """Return ``sum(|re(x)| + |im(x)|)`` as a Python float, as BLAS asum (complex: not |x|)."""
+
+    library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
+    api = _level1("asum", ("x",), returns="float")
+    n: int
+    x: GpuRef
+    incx: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Iamax(_OneVector):
+    """Return the 1-based index of the first element of largest ``|re| + |im|`` (cuBLAS amax).
+
+    Answers 0 when ``n == 0``, as BLAS does.
+    """
+
+    library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
+    api = _level1("iamax", ("x",), returns="int")
+    n: int
+    x: GpuRef
+    incx: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Iamin(_OneVector):
+    """Return the 1-based index of the first element of smallest ``|re| + |im|`` (cuBLAS amin).
+
+    Answers 0 when ``n == 0``, as BLAS does.
+    """
+
+    library: ClassVar[str] = "blas"
+    host_result: ClassVar[bool] = True
+    api = _level1("iamin", ("x",), returns="int")
+    n: int
+    x: GpuRef
+    incx: int = 1
+
+
+class _TwoVectors(LinalgOp):
+    """Share the checks of the ops on two strided vectors of ``n`` elements: x and y."""
+
+    __slots__ = ()
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int
+    incy: int
+
+    def sizes(self) -> dict[str, int]:
+        """Return ``n``."""
+        return {"n": self.n}
+
+    def operands(self) -> tuple[Vector, Vector]:
+        """Return x and y."""
+        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
+
+
+@dataclass(frozen=True, slots=True)
+class Rot(_TwoVectors):
+    """Apply a plane rotation in place: ``x = c x + s y`` and ``y = c y - conj(s) x`` (rot).
+
+    Both right-hand sides use the old x and y. ``c`` is real; ``s`` is real for
+    real dtypes and may be complex for complex ones (cuBLAS crot/zrot; a real
+    ``s`` on complex data rotates as csrot/zdrot).
+    """
+
+    library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
+    outputs: ClassVar[tuple[str, ...]] = ("x", "y")
+    api = _level1("rot", ("x", "y"), after=("c", "s"))
+    n: int
+    x: GpuRef
+    y: GpuRef
+    c: float
+    s: complex
+    incx: int = 1
+    incy: int = 1
+
+    def scalars(self) -> dict[str, complex]:
+        """Return ``s``."""
+        return {"s": self.s}
+
+    def check_extra(self, dtype: DType) -> None:
+        """Require a real ``c``, whatever the dtype."""
+        if type(self.c) is not float and type(self.c) is not int:
+            require_scalar("c", self.c, dtype.real)
+
+
+@dataclass(frozen=True, slots=True)
+class Swap(_TwoVectors):
+    """Exchange the elements of x and y in place (BLAS swap)."""
+
+    library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
+    outputs: ClassVar[tuple[str, ...]] = ("x", "y")
+    api = _level1("swap", ("x", "y"))
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int = 1
+    incy: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Copy(_TwoVectors):
+    """Copy x into y element by element, each with its own increment (BLAS copy)."""
+
+    library: ClassVar[str] = "blas"
+    queues_only: ClassVar[bool] = True
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    api = _level1("copy", ("x", "y"))
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int = 1
+    incy: int = 1

@@ -1,0 +1,157 @@
+"""CUB-shaped selection: select and partition by flags or a predicate, unique and run-length
+encoding; the conventions are ``_cub``'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from atomr_accel.core._api import Form, Param
+from atomr_accel.core._cexpr import parse
+from atomr_accel.core._op import (
+    Op,
+    require,
+    require_dtype,
+    require_len,
+    require_same_dtype,
+)
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._cub_common import (
+    _N,
+    _PREDICATE,
+    ARITHMETIC,
+    COUNTS,
+    INTEGERS,
+    _count,
+    _distinct,
+)
+
+__all__ = [
+    "CubRunLengthEncode",
+    "CubSelect",
+    "CubUnique",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CubSelect(Op):
+    """Select (or partition) the first ``n`` items of ``input`` by ``flags`` or ``predicate``.
+
+    An item is selected where ``flags`` (an integer buffer) is non-zero, or where
+    ``predicate``, a small C expression over ``x`` (``core._cexpr``), holds: give
+    exactly one. Select writes the selected items in order to the front of
+    ``output``; partition (``partition=True``) also writes the others after them
+    in reverse order, as CUB does. ``count[0]`` gets the number selected.
+    ``output`` holds at least ``n`` items and is not ``input``.
+    """
+
+    library: ClassVar[str] = "cub"
+    outputs: ClassVar[tuple[str, ...]] = ("output", "count")
+    api = (
+        Form("select_flagged", ("input", Param("flags", annotation="BufferLike"), "output",
+                                "count", _N), fixed={"predicate": "", "partition": False},
+             doc="Copy the items whose flag is non-zero, in order, to ``output``; their "
+                 "number to ``count[0]``."),
+        Form("select_if", ("input", "output", "count", _PREDICATE, _N),
+             fixed={"flags": None, "partition": False},
+             doc="Copy the items for which the C expression ``predicate`` over ``x`` holds, "
+                 "in order, to ``output``; their number to ``count[0]``."),
+        Form("partition_flagged", ("input", Param("flags", annotation="BufferLike"), "output",
+                                   "count", _N), fixed={"predicate": "", "partition": True},
+             doc="Flagged items first (in order), the rest after them (reversed); the number "
+                 "flagged to ``count[0]``."),
+        Form("partition_if", ("input", "output", "count", _PREDICATE, _N),
+             fixed={"flags": None, "partition": True},
+             doc="Items for which ``predicate`` holds first (in order), the rest after them "
+                 "(reversed); their number to ``count[0]``."),
+    )
+    input: GpuRef
+    output: GpuRef
+    count: GpuRef
+    n: int | None = None
+    flags: GpuRef | None = None
+    predicate: str = ""
+    partition: bool = False
+
+    @property
+    def items(self) -> int:
+        """Items considered."""
+        return self.input.length if self.n is None else self.n
+
+    def validate(self) -> None:
+        require_dtype(self.input, ARITHMETIC, "input")
+        require_same_dtype(input=self.input, output=self.output)
+        n = _count(self.n, self.input, "input")
+        require_len(self.output, n, "output")
+        _distinct(self.input, self.output, "input and output")
+        require_dtype(self.count, COUNTS, "count")
+        require_len(self.count, 1, "count")
+        require((self.flags is None) != (self.predicate == ""),
+                "give either flags or a predicate, not both or neither")
+        if self.flags is not None:
+            require_dtype(self.flags, (*INTEGERS,), "flags")
+            require_len(self.flags, n, "flags")
+        else:
+            parse(self.predicate, ("x",))
+
+
+@dataclass(frozen=True, slots=True)
+class CubUnique(Op):
+    """Keep the first item of each run of equal consecutive items of ``input`` (CUB's
+    ``DeviceSelect::Unique``: sorted input gives the distinct values), in order, in
+    ``output``; their number in ``count[0]``. NaNs never equal each other, so each is kept.
+    """
+
+    library: ClassVar[str] = "cub"
+    outputs: ClassVar[tuple[str, ...]] = ("output", "count")
+    api = (Form("unique", ("input", "output", "count", _N)),)
+    input: GpuRef
+    output: GpuRef
+    count: GpuRef
+    n: int | None = None
+
+    @property
+    def items(self) -> int:
+        """Items considered."""
+        return self.input.length if self.n is None else self.n
+
+    def validate(self) -> None:
+        require_dtype(self.input, ARITHMETIC, "input")
+        require_same_dtype(input=self.input, output=self.output)
+        n = _count(self.n, self.input, "input")
+        require_len(self.output, n, "output")
+        _distinct(self.input, self.output, "input and output")
+        require_dtype(self.count, COUNTS, "count")
+        require_len(self.count, 1, "count")
+
+
+@dataclass(frozen=True, slots=True)
+class CubRunLengthEncode(Op):
+    """Run-length encode the first ``n`` items of ``input``: each run of equal consecutive
+    items gives its value in ``unique_out`` and its length in ``counts_out``, in order;
+    ``num_runs[0]`` gets the number of runs. NaNs never equal each other (runs of 1)."""
+
+    library: ClassVar[str] = "cub"
+    outputs: ClassVar[tuple[str, ...]] = ("unique_out", "counts_out", "num_runs")
+    api = (Form("run_length_encode", ("input", "unique_out", "counts_out", "num_runs", _N)),)
+    input: GpuRef
+    unique_out: GpuRef
+    counts_out: GpuRef
+    num_runs: GpuRef
+    n: int | None = None
+
+    @property
+    def items(self) -> int:
+        """Items considered."""
+        return self.input.length if self.n is None else self.n
+
+    def validate(self) -> None:
+        require_dtype(self.input, ARITHMETIC, "input")
+        require_same_dtype(input=self.input, unique_out=self.unique_out)
+        n = _count(self.n, self.input, "input")
+        require_len(self.unique_out, n, "unique_out")
+        _distinct(self.input, self.unique_out, "input and unique_out")
+        require_dtype(self.counts_out, COUNTS, "counts_out")
+        require_len(self.counts_out, n, "counts_out")
+        require_dtype(self.num_runs, COUNTS, "num_runs")
+        require_len(self.num_runs, 1, "num_runs")
