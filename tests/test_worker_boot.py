@@ -4,6 +4,7 @@ code in the worker asks the package for a name, the package's ``__init__`` runs.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -38,3 +39,14 @@ def test_a_worker_imports_no_upper_layer_until_asked(device: Device) -> None:
     np.testing.assert_array_equal(out, np.arange(3.0) * 8)
     after = device.function(upper_layers_loaded, name="layers")(np.zeros(1))
     assert after[UPPER.index("facade")] == 1  # the package's __init__ ran on demand
+
+
+def test_a_backend_is_built_without_importing_scipy() -> None:
+    """The handler modules register without importing SciPy (``backends._lazy``): it loads
+    when a handler first uses it."""
+    code = ("import sys; from atomr_accel.hosts._base import BackendSpec; "
+            "BackendSpec('cpu').create(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"

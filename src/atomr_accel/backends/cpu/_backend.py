@@ -6,11 +6,10 @@ import itertools
 from typing import Any, ClassVar
 
 import numpy as np
-import scipy.fft
-import scipy.sparse
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend
 from atomr_accel.backends._handlers import cpu, table
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends.cpu._ipc import SharedStorage
 from atomr_accel.backends.cpu._memory import host_memory
 from atomr_accel.backends.cpu._quiet import quiet
@@ -37,8 +36,8 @@ class CpuBackend(Backend):
 
     name: ClassVar[str] = "cpu"
     recoverable_in_process: ClassVar[bool] = True
-    scipy_fft: Any = scipy.fft
-    scipy_sparse: Any = scipy.sparse
+    scipy_fft: Any = lazy_module("scipy.fft")
+    scipy_sparse: Any = lazy_module("scipy.sparse")
 
     def __init__(self, device_id: int = 0, capacity: int | None = None) -> None:
         super().__init__(device_id)

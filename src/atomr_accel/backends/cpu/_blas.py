@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy.linalg import blas as scipy_blas
 
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import shared
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.core._op import require
 from atomr_accel.core.ops._blas import (
     Asum,
@@ -42,6 +42,8 @@ from atomr_accel.core.ops._blas import (
     Trsm,
     Vector,
 )
+
+scipy_blas = lazy_module("scipy.linalg.blas")
 
 __all__ = [
     "asum",
@@ -292,3 +294,4 @@ def trsm(backend: ArrayBackend, op: Trsm) -> None:
         trans_a=(2 if op.conj else 1) if op.trans else 0,
         diag=1 if op.unit_diag else 0,
     )
+

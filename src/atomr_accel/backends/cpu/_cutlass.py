@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import cpu
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._cutlass import (
@@ -37,6 +37,8 @@ from atomr_accel.core.ops._cutlass import (
     Scale,
 )
 from atomr_accel.core.ops._cutlass_plan import KernelPlan, conv2d_plan, gemm_plan, grouped_plan
+
+special = lazy_module("scipy.special")
 
 __all__ = ["Ledger", "activate", "apply_epilogue", "ledger", "plan_of"]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
 
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import cpu, shared
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._realtime_frames import (
     BlendFrames,
@@ -23,6 +23,8 @@ from atomr_accel.core.ops._realtime_frames import (
     Stage,
     Threshold,
 )
+
+ndimage = lazy_module("scipy.ndimage")
 
 __all__ = ["SOBEL_X", "blend_frames", "filter_frames", "frame_stats", "stored"]
 

@@ -22,15 +22,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import special
 
 from atomr_accel.backends._handlers import cpu
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends.cpu._bitgen import words
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._rng import Distribution, RngFill
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
+
+special = lazy_module("scipy.special")
 
 __all__ = ["Poisson", "cumulative", "draws", "rng_fill", "unit"]
 

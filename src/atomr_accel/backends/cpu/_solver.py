@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.linalg import lapack
 
 from atomr_accel.backends._handlers import cpu
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends.cpu._blas import matrix_views, vector_view
 from atomr_accel.core._errors import LibraryError
 from atomr_accel.core._op import require
@@ -39,6 +39,8 @@ from atomr_accel.core.ops._solver import (
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cpu._backend import CpuBackend
+
+lapack = lazy_module("scipy.linalg.lapack")
 
 __all__ = [
     "geqrf",

@@ -22,6 +22,7 @@ import numpy as np
 
 from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
 from atomr_accel.backends._handlers import cuda, table
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends._optional import unavailable
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import Lru
@@ -131,11 +132,8 @@ class CudaBackend(Backend):
             raise DeviceUnavailable(f"no CUDA device {device_id} (this machine has {count})")
         self._device = cp.cuda.Device(device_id)
         self._device.use()
-        import cupyx.scipy.fft as cupyx_fft
-        import cupyx.scipy.sparse as cupyx_sparse
-
-        self.scipy_fft = cupyx_fft
-        self.scipy_sparse = cupyx_sparse
+        self.scipy_fft: Any = lazy_module("cupyx.scipy.fft")
+        self.scipy_sparse: Any = lazy_module("cupyx.scipy.sparse")
         self._buffers: dict[int, Any] = {}
         self._pointers: dict[int, int] = {}
         self._last_write: dict[int, tuple[int, Any]] = {}  # buffer id -> (stream id, event)
@@ -229,7 +227,7 @@ class CudaBackend(Backend):
         except BaseException as exc:
             if interrupt_in(exc) is not None:  # this (calling) thread was interrupted: the caller's
                 raise
-            raise _classified(exc, op) from exc
+            raise _classified(exc, op, probe=True) from exc
         return op, result, event
 
     def finished(self, started: Any) -> bool:
@@ -463,12 +461,14 @@ class CudaBackend(Backend):
         self._registered.clear()
 
 
-def _classified(exc: BaseException, op: Op) -> BaseException:
-    return exc if isinstance(exc, GpuRuntimeError) else translate_cuda_error(exc, op)
+def _classified(exc: BaseException, op: Op, probe: bool = False) -> BaseException:
+    return exc if isinstance(exc, GpuRuntimeError) else translate_cuda_error(exc, op, probe)
 
 
-def translate_cuda_error(exc: BaseException, op: Op) -> GpuRuntimeError:
-    """Classify a CuPy/CUDA exception: sticky faults poison the context."""
+def translate_cuda_error(exc: BaseException, op: Op, probe: bool = False) -> GpuRuntimeError:
+    """Classify a CuPy/CUDA exception: sticky faults poison the context. With ``probe`` (on
+    the thread that queued ``op``, never in a CUDA callback), a library's own error is
+    checked against the context's state (``_unless_sticky``)."""
     if isinstance(exc, cp.cuda.memory.OutOfMemoryError):
         return OutOfMemory(str(exc))
     status = getattr(exc, "status", None)
@@ -478,9 +478,27 @@ def translate_cuda_error(exc: BaseException, op: Op) -> GpuRuntimeError:
             return ContextPoisoned(f"CUDA error {status} during {type(op).__name__}: {exc}")
         if status == 2:  # cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY
             return OutOfMemory(str(exc))
-        return LibraryError("cuda", status, str(exc))
-    return LibraryError(op.library, status if status is not None else type(exc).__name__,
-                        str(exc))
+        error = LibraryError("cuda", status, str(exc))
+    else:
+        error = LibraryError(op.library, status if status is not None else type(exc).__name__,
+                             str(exc))
+    return _unless_sticky(error, op) if probe else error
+
+
+def _unless_sticky(error: LibraryError, op: Op) -> GpuRuntimeError:
+    """``error``, unless the context holds a sticky fault: a library call caught by one (a
+    kernel of another stream stored through a bad address) may report it in its own words,
+    such as cuBLAS's ``CUBLAS_STATUS_INTERNAL_ERROR``; then it is ``ContextPoisoned``.
+    Querying the null stream tells without waiting: it reports the sticky error, if any."""
+    try:
+        cp.cuda.runtime.streamQuery(0)
+    except Exception as exc:
+        if getattr(exc, "status", None) in STICKY_ERRORS:
+            poisoned = ContextPoisoned(f"{error} during {type(op).__name__}; the context holds "
+                                       f"a sticky CUDA error: {exc}")
+            poisoned.__cause__ = error
+            return poisoned
+    return error
 
 
 @cuda.handles(Nrm2)

@@ -74,10 +74,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
-import cupyx.scipy.special as cupyx_special
 from cupy.cuda import curand
 
 from atomr_accel.backends._handlers import cuda
+from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu._bitgen import MT_BLOCK, block_key, sobol_shift
 from atomr_accel.backends.cpu._rng import cumulative, draws
@@ -85,6 +85,8 @@ from atomr_accel.core.ops._rng import Distribution, Generator, RngFill
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
+
+cupyx_special = lazy_module("cupyx.scipy.special")
 
 __all__ = ["queues_only", "rng_fill"]
 
