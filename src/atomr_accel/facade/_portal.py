@@ -61,14 +61,19 @@ class Portal:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._closed: concurrent.futures.Future[None] = concurrent.futures.Future()
+        """Done once closed: what a call waiting for the loop waits on beside its own future."""
+        self._shut = False
+        """True once closed. Every blocking call reads it: a plain attribute, as
+        ``Future.done()`` takes the future's lock and calling threads would queue on it."""
         self._lock = threading.Lock()
         self._wakers: set[Callable[[], None]] = set()  # of callers awaiting on other loops
 
     def close(self) -> None:
         """Fail every call waiting for the loop, and every later one, with ``SystemClosed``."""
         with self._lock:
-            if self._closed.done():
+            if self._shut:
                 return
+            self._shut = True
             self._closed.set_result(None)
             wakers = list(self._wakers)
         for wake in wakers:
@@ -86,7 +91,7 @@ class Portal:
                 "a blocking atomr-accel call was made on the system's own event loop; "
                 "await its *_async twin instead"
             )
-        if self._closed.done() or self.loop.is_closed():
+        if self._shut or self.loop.is_closed():
             coro.close()
             raise self._closed_error()
 
@@ -140,7 +145,7 @@ class Portal:
                 loop.call_soon_threadsafe(_settle, stop)
 
         with self._lock:
-            closed = self._closed.done()
+            closed = self._shut
             if not closed:
                 self._wakers.add(wake)
         if closed:
