@@ -3,7 +3,19 @@
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from atomr_accel import Blas, BlasLt, Cub, Cudnn, Cutlass, Fft, FlashAttn, Onnx, Solver, Sparse, Tensor
+from atomr_accel import (
+    Blas,
+    BlasLt,
+    Cub,
+    Cudnn,
+    Cutlass,
+    Fft,
+    FlashAttn,
+    Onnx,
+    Solver,
+    Sparse,
+    Tensor,
+)
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import AttnLayout, AttnMask

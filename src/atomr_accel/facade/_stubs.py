@@ -43,6 +43,15 @@ API_SETS: dict[str, type[Generated]]
 '''
 
 
+def _import_line(module: str, names: set[str]) -> str:
+    """``from module import names``, wrapped in parentheses, one name a line, past 100
+    characters (as ruff formats it)."""
+    line = f"from {module} import {', '.join(sorted(names))}\n"
+    if len(line) <= 101:
+        return line
+    return f"from {module} import (\n" + "".join(f"    {n},\n" for n in sorted(names)) + ")\n"
+
+
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
     sets = sorted(API_SETS.values(), key=lambda cls: cls.__name__)
@@ -53,6 +62,5 @@ def stub() -> str:
         modules.setdefault(handle_class(info.handle).__module__, set()).add(info.handle)
         accessors.append(f"    def {info.name}(self, timeout_secs: float | None = ...) -> "
                          f"{info.handle}: ...")
-    imports = "".join(f"from {module} import {', '.join(sorted(names))}\n"
-                      for module, names in sorted(modules.items()))
+    imports = "".join(_import_line(module, names) for module, names in sorted(modules.items()))
     return render_stub(sets, _HEADER + imports + _BODY, {"DeviceApi": accessors})

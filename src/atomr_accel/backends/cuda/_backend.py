@@ -489,16 +489,18 @@ def _unless_sticky(error: LibraryError, op: Op) -> GpuRuntimeError:
     """``error``, unless the context holds a sticky fault: a library call caught by one (a
     kernel of another stream stored through a bad address) may report it in its own words,
     such as cuBLAS's ``CUBLAS_STATUS_INTERNAL_ERROR``; then it is ``ContextPoisoned``.
-    Querying the null stream tells without waiting: it reports the sticky error, if any."""
+    Querying the null stream tells without waiting: it answers the sticky error, if any
+    (CuPy returns the status, or raises it)."""
     try:
-        cp.cuda.runtime.streamQuery(0)
+        status = cp.cuda.runtime.streamQuery(0)
     except Exception as exc:
-        if getattr(exc, "status", None) in STICKY_ERRORS:
-            poisoned = ContextPoisoned(f"{error} during {type(op).__name__}; the context holds "
-                                       f"a sticky CUDA error: {exc}")
-            poisoned.__cause__ = error
-            return poisoned
-    return error
+        status = getattr(exc, "status", None)
+    if status not in STICKY_ERRORS:
+        return error
+    poisoned = ContextPoisoned(f"{error} during {type(op).__name__}; the context holds the "
+                               f"sticky CUDA error {status}")
+    poisoned.__cause__ = error
+    return poisoned
 
 
 @cuda.handles(Nrm2)
