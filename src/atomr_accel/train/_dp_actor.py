@@ -124,6 +124,9 @@ class DataParallelActor(BlueprintActor):
         self.slots: list[Slot] = []
         self.features: int | None = None
         self._done_step = (0.0, 0.0)
+        self._unsettled = False
+        """A step failed of a lost context: the next call heals first, even where the
+        device has not yet counted the rebuild (its generation goes up when it starts)."""
 
     # ------------------------------------------------------------------ messages
 
@@ -224,6 +227,7 @@ class DataParallelActor(BlueprintActor):
                     loss, norm = self._done_step  # (a lost context heals next call)
                     break
                 if not retry and not stepped:
+                    self._unsettled = isinstance(exc, RECOVERABLE)
                     raise  # nothing was applied: the replicas agree
                 rebuilt, done = await self._recover(exc, stepped)
                 recovered += rebuilt
@@ -327,7 +331,8 @@ class DataParallelActor(BlueprintActor):
 
     async def _heal_between_steps(self) -> int:
         """Rebuild replicas whose context went down since the last step."""
-        if all(s.device.generation == s.generation for s in self.slots):
+        unsettled, self._unsettled = self._unsettled, False
+        if not unsettled and all(s.device.generation == s.generation for s in self.slots):
             return 0
         rebuilt, _ = await self._recover(ContextPoisoned("a replica's context was rebuilt "
                                                          "between two steps"), set())
