@@ -203,7 +203,7 @@ class CudaBackend(Backend):
         try:
             result, s, event = self._enqueue(op, stream)
         except BaseException as exc:
-            done(None, _classified(exc, op))
+            done(None, _classified(exc, op, probe=True))  # on the launching thread
             return
 
         def report(value: Any, error: BaseException | None) -> None:
