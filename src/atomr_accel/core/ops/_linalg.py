@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import numbers
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -187,16 +187,22 @@ def require_trans(trans: bool, conj: bool, name: str) -> None:
 class LinalgOp(Op, abc.ABC):
     """Validate a BLAS or solver op from its sizes, operands and scalars (a base class).
 
-    Subclasses list their non-negative sizes in ``sizes()``, their operands of
-    the op's dtype in ``operands()`` (the first one names the dtype), their
-    scalars in ``scalars()`` and anything else in ``check_extra()``.
+    Subclasses list their non-negative sizes in ``sizes()`` (by default the
+    fields ``size_names`` names), their operands of the op's dtype in
+    ``operands()`` (the first one names the dtype), their scalars in
+    ``scalars()`` (by default the fields ``scalar_names`` names) and anything
+    else in ``check_extra()``.
     """
 
     __slots__ = ()
+    size_names: ClassVar[tuple[str, ...]] = ()
+    """The size fields that ``sizes()`` answers, in order."""
+    scalar_names: ClassVar[tuple[str, ...]] = ()
+    """The scalar fields that ``scalars()`` answers, in order."""
 
     def sizes(self) -> dict[str, int]:
         """Return the size fields, each of which must be an int >= 0."""
-        return {}
+        return {name: getattr(self, name) for name in self.size_names}
 
     @abc.abstractmethod
     def operands(self) -> tuple[Matrix | Vector, ...]:
@@ -204,7 +210,7 @@ class LinalgOp(Op, abc.ABC):
 
     def scalars(self) -> dict[str, complex]:
         """Return the scalar fields, checked against the dtype."""
-        return {}
+        return {name: getattr(self, name) for name in self.scalar_names}
 
     def check_extra(self, dtype: DType) -> None:
         """Check what sizes, operands and scalars do not cover."""

@@ -88,16 +88,13 @@ class Getrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
+    size_names = ("m", "n")
     api = (Form("getrf", ("a", "ipiv", "m", "n")),)
     a: GpuRef
     ipiv: GpuRef
     m: int
     n: int
     lda: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
 
     def operands(self) -> tuple[Matrix]:
         """Return A."""
@@ -118,6 +115,7 @@ class Getrs(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    size_names = ("n", "nrhs")
     api = (Form("getrs", ("a", "ipiv", "b", "n", "nrhs")),)
     a: GpuRef
     ipiv: GpuRef
@@ -128,10 +126,6 @@ class Getrs(LinalgOp):
     ldb: int | None = None
     trans: bool = False
     conj: bool = False
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``nrhs``."""
-        return {"n": self.n, "nrhs": self.nrhs}
 
     def operands(self) -> tuple[Matrix, Matrix]:
         """Return the factors and B."""
@@ -156,15 +150,12 @@ class Potrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    size_names = ("n",)
     api = (Form("potrf", ("a", "n")),)
     a: GpuRef
     n: int
     lda: int | None = None
     upper: bool = False
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
 
     def operands(self) -> tuple[Matrix]:
         """Return A."""
@@ -180,6 +171,7 @@ class Potrs(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    size_names = ("n", "nrhs")
     api = (Form("potrs", ("a", "b", "n", "nrhs")),)
     a: GpuRef
     b: GpuRef
@@ -188,10 +180,6 @@ class Potrs(LinalgOp):
     lda: int | None = None
     ldb: int | None = None
     upper: bool = False
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``nrhs``."""
-        return {"n": self.n, "nrhs": self.nrhs}
 
     def operands(self) -> tuple[Matrix, Matrix]:
         """Return the factor and B."""
@@ -212,16 +200,13 @@ class Geqrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "tau")
+    size_names = ("m", "n")
     api = (Form("geqrf", ("a", "tau", "m", "n")),)
     a: GpuRef
     tau: GpuRef
     m: int
     n: int
     lda: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
 
     def operands(self) -> tuple[Matrix, Vector]:
         """Return A and tau."""
@@ -241,6 +226,7 @@ class Orgqr(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    size_names = ("m", "n", "k")
     api = (Form("orgqr", ("a", "tau", "m", "n", "k")),)
     a: GpuRef
     tau: GpuRef
@@ -248,10 +234,6 @@ class Orgqr(LinalgOp):
     n: int
     k: int
     lda: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n`` and ``k``."""
-        return {"m": self.m, "n": self.n, "k": self.k}
 
     def operands(self) -> tuple[Matrix, Vector]:
         """Return A and tau."""
@@ -280,6 +262,7 @@ class Gesvd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    size_names = ("m", "n")
     api = (Form("gesvd", ("a", "s", "u", "vt", "m", "n")),)
     a: GpuRef
     s: GpuRef
@@ -290,10 +273,6 @@ class Gesvd(LinalgOp):
     lda: int | None = None
     ldu: int | None = None
     ldvt: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
 
     def operands(self) -> tuple[Matrix, ...]:
         """Return A, then U and VT where asked for."""
@@ -316,6 +295,7 @@ class Syevd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
+    size_names = ("n",)
     api = (Form("syevd", ("a", "w", "n")),)
     a: GpuRef
     w: GpuRef
@@ -323,10 +303,6 @@ class Syevd(LinalgOp):
     lda: int | None = None
     upper: bool = False
     vectors: bool = True
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
 
     def operands(self) -> tuple[Matrix]:
         """Return A."""

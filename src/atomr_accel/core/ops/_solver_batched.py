@@ -60,6 +60,7 @@ class GetrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv", "info")
+    size_names = ("n", "batch")
     api = (Form("getrf_batched", ("a", "ipiv", "n", "batch")),)
     a: GpuRef
     ipiv: GpuRef
@@ -68,10 +69,6 @@ class GetrfBatched(LinalgOp):
     lda: int | None = None
     stride: int | None = None
     info: GpuRef | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``batch``."""
-        return {"n": self.n, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix]:
         """Return the batch of A."""
@@ -94,6 +91,7 @@ class GetrsBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    size_names = ("n", "nrhs", "batch")
     api = (Form("getrs_batched", ("a", "ipiv", "b", "n", "nrhs", "batch")),)
     a: GpuRef
     ipiv: GpuRef
@@ -107,10 +105,6 @@ class GetrsBatched(LinalgOp):
     stride_b: int | None = None
     trans: bool = False
     conj: bool = False
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``, ``nrhs`` and ``batch``."""
-        return {"n": self.n, "nrhs": self.nrhs, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix, Matrix]:
         """Return the batches of factors and of B."""
@@ -138,6 +132,7 @@ class PotrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "info")
+    size_names = ("n", "batch")
     api = (Form("potrf_batched", ("a", "n", "batch")),)
     a: GpuRef
     n: int
@@ -146,10 +141,6 @@ class PotrfBatched(LinalgOp):
     stride: int | None = None
     upper: bool = False
     info: GpuRef | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``batch``."""
-        return {"n": self.n, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix]:
         """Return the batch of A."""
@@ -171,6 +162,7 @@ class PotrsBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    size_names = ("n", "nrhs", "batch")
     api = (Form("potrs_batched", ("a", "b", "n", "nrhs", "batch")),)
     a: GpuRef
     b: GpuRef
@@ -182,10 +174,6 @@ class PotrsBatched(LinalgOp):
     stride_a: int | None = None
     stride_b: int | None = None
     upper: bool = False
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``, ``nrhs`` and ``batch``."""
-        return {"n": self.n, "nrhs": self.nrhs, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix, Matrix]:
         """Return the batches of factors and of B."""
@@ -206,6 +194,7 @@ class SyevdBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
+    size_names = ("n", "batch")
     api = (Form("syevd_batched", ("a", "w", "n", "batch")),)
     a: GpuRef
     w: GpuRef
@@ -215,10 +204,6 @@ class SyevdBatched(LinalgOp):
     stride: int | None = None
     upper: bool = False
     vectors: bool = True
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``batch``."""
-        return {"n": self.n, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix]:
         """Return the batch of A."""
@@ -242,6 +227,7 @@ class GesvdBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    size_names = ("m", "n", "batch")
     api = (Form("gesvd_batched", ("a", "s", "u", "vt", "m", "n", "batch")),)
     a: GpuRef
     s: GpuRef
@@ -256,10 +242,6 @@ class GesvdBatched(LinalgOp):
     stride_a: int | None = None
     stride_u: int | None = None
     stride_vt: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n`` and ``batch``."""
-        return {"m": self.m, "n": self.n, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix, ...]:
         """Return the batch of A, then those of U and VT where asked for."""
@@ -290,6 +272,7 @@ class GesvdjBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("s", "u", "v", "info")
+    size_names = ("m", "n", "batch")
     api = (Form("gesvdj_batched", ("a", "s", "u", "v", "m", "n", "batch")),)
     a: GpuRef
     s: GpuRef
@@ -305,10 +288,6 @@ class GesvdjBatched(LinalgOp):
     stride_u: int | None = None
     stride_v: int | None = None
     info: GpuRef | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n`` and ``batch``."""
-        return {"m": self.m, "n": self.n, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix, ...]:
         """Return the batch of A, then those of U and V where asked for."""
