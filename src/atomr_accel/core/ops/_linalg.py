@@ -238,6 +238,84 @@ class LinalgOp(Op, abc.ABC):
         self.check_extra(dtype)
 
 
+class _Square(LinalgOp):
+    """A solver op on one square ``n x n`` A (``lda``): its size and operand."""
+
+    __slots__ = ()
+    size_names = ("n",)
+    a: GpuRef
+    n: int
+    lda: int | None
+
+    def operands(self) -> tuple[Matrix]:
+        """Return A."""
+        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
+
+
+class _SquareBatch(LinalgOp):
+    """A solver op on ``batch`` square ``n x n`` matrices ``stride`` apart in ``a``."""
+
+    __slots__ = ()
+    size_names = ("n", "batch")
+    a: GpuRef
+    n: int
+    batch: int
+    lda: int | None
+    stride: int | None
+
+    def operands(self) -> tuple[Matrix]:
+        """Return the batch of A."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
+        )
+
+
+class _Solve(LinalgOp):
+    """A solve in place into the ``n x nrhs`` B (``ldb``) from the factors of the
+    ``n x n`` A (``lda``)."""
+
+    __slots__ = ()
+    size_names = ("n", "nrhs")
+    a: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    lda: int | None
+    ldb: int | None
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the factors and B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
+        )
+
+
+class _SolveBatch(LinalgOp):
+    """``_Solve`` over a batch: factors ``stride_a`` apart, right-hand sides ``stride_b``."""
+
+    __slots__ = ()
+    size_names = ("n", "nrhs", "batch")
+    a: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    batch: int
+    lda: int | None
+    ldb: int | None
+    stride_a: int | None
+    stride_b: int | None
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the batches of factors and of B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
+                      stride=self.stride_a),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
+                      stride=self.stride_b),
+        )
+
+
 def require_pivots(ipiv: GpuRef, needed: int) -> None:
     """Check a pivot buffer: i32 with at least ``needed`` entries."""
     require_dtype(ipiv, (DType.I32,), "ipiv")

@@ -40,6 +40,8 @@ from atomr_accel.core.ops._linalg import (
     LinalgOp,
     Matrix,
     Vector,
+    _Solve,
+    _Square,
     require_pivots,
     require_real,
     require_trans,
@@ -106,7 +108,7 @@ class Getrf(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Getrs(LinalgOp):
+class Getrs(_Solve):
     """Solve ``op(A) @ X = B`` in place into B from ``Getrf``'s factors and pivots (LAPACK getrs).
 
     A is ``n x n``, B is ``n x nrhs``; ``trans`` solves with A.T, and with
@@ -115,7 +117,6 @@ class Getrs(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
-    size_names = ("n", "nrhs")
     api = (Form("getrs", ("a", "ipiv", "b", "n", "nrhs")),)
     a: GpuRef
     ipiv: GpuRef
@@ -127,13 +128,6 @@ class Getrs(LinalgOp):
     trans: bool = False
     conj: bool = False
 
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the factors and B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``ipiv`` and refuse a conjugate without a transpose."""
         require_pivots(self.ipiv, self.n)
@@ -141,7 +135,7 @@ class Getrs(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Potrf(LinalgOp):
+class Potrf(_Square):
     """Factor a Hermitian positive definite A in place: ``L @ L.H`` or ``U.H @ U`` (LAPACK potrf).
 
     Only the ``upper`` (or lower) triangle of the ``n x n`` A is read and
@@ -150,20 +144,15 @@ class Potrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
-    size_names = ("n",)
     api = (Form("potrf", ("a", "n")),)
     a: GpuRef
     n: int
     lda: int | None = None
     upper: bool = False
 
-    def operands(self) -> tuple[Matrix]:
-        """Return A."""
-        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
-
 
 @dataclass(frozen=True, slots=True)
-class Potrs(LinalgOp):
+class Potrs(_Solve):
     """Solve ``A @ X = B`` in place into B from ``Potrf``'s factor (LAPACK potrs).
 
     ``a`` holds the factor in its ``upper`` (or lower) triangle; B is ``n x nrhs``.
@@ -171,7 +160,6 @@ class Potrs(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
-    size_names = ("n", "nrhs")
     api = (Form("potrs", ("a", "b", "n", "nrhs")),)
     a: GpuRef
     b: GpuRef
@@ -180,13 +168,6 @@ class Potrs(LinalgOp):
     lda: int | None = None
     ldb: int | None = None
     upper: bool = False
-
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the factor and B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +265,7 @@ class Gesvd(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Syevd(LinalgOp):
+class Syevd(_Square):
     """Find the eigenvalues (ascending, into ``w``) and eigenvectors of a Hermitian A (syevd/heevd).
 
     Only the ``upper`` (or lower) triangle of the ``n x n`` A is read. With
@@ -295,7 +276,6 @@ class Syevd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
-    size_names = ("n",)
     api = (Form("syevd", ("a", "w", "n")),)
     a: GpuRef
     w: GpuRef
@@ -304,12 +284,6 @@ class Syevd(LinalgOp):
     upper: bool = False
     vectors: bool = True
 
-    def operands(self) -> tuple[Matrix]:
-        """Return A."""
-        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``w``: real, ``n`` entries."""
         require_real(self.w, dtype, self.n, "w")
-
-

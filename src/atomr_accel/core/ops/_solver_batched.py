@@ -13,6 +13,8 @@ from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._linalg import (
     LinalgOp,
     Matrix,
+    _SolveBatch,
+    _SquareBatch,
     require_info,
     require_pivots,
     require_real,
@@ -49,7 +51,7 @@ def svd_operands(
 
 
 @dataclass(frozen=True, slots=True)
-class GetrfBatched(LinalgOp):
+class GetrfBatched(_SquareBatch):
     """Factor ``batch`` square ``n x n`` matrices in place as ``Getrf`` does (cuBLAS getrfBatched).
 
     Matrix ``i`` starts ``i * stride`` elements into ``a``; its pivots are
@@ -60,7 +62,6 @@ class GetrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv", "info")
-    size_names = ("n", "batch")
     api = (Form("getrf_batched", ("a", "ipiv", "n", "batch")),)
     a: GpuRef
     ipiv: GpuRef
@@ -70,12 +71,6 @@ class GetrfBatched(LinalgOp):
     stride: int | None = None
     info: GpuRef | None = None
 
-    def operands(self) -> tuple[Matrix]:
-        """Return the batch of A."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``ipiv`` (i32, ``batch * n`` entries) and ``info`` where given."""
         require_pivots(self.ipiv, self.batch * self.n)
@@ -83,7 +78,7 @@ class GetrfBatched(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class GetrsBatched(LinalgOp):
+class GetrsBatched(_SolveBatch):
     """Solve ``op(A[i]) @ X[i] = B[i]`` in place for a batch, as ``Getrs`` (cuBLAS getrsBatched).
 
     ``ipiv`` holds ``n`` pivots per matrix, packed as ``GetrfBatched`` leaves them.
@@ -91,7 +86,6 @@ class GetrsBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
-    size_names = ("n", "nrhs", "batch")
     api = (Form("getrs_batched", ("a", "ipiv", "b", "n", "nrhs", "batch")),)
     a: GpuRef
     ipiv: GpuRef
@@ -106,15 +100,6 @@ class GetrsBatched(LinalgOp):
     trans: bool = False
     conj: bool = False
 
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the batches of factors and of B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
-                      stride=self.stride_a),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
-                      stride=self.stride_b),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``ipiv`` and refuse a conjugate without a transpose."""
         require_pivots(self.ipiv, self.batch * self.n)
@@ -122,7 +107,7 @@ class GetrsBatched(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class PotrfBatched(LinalgOp):
+class PotrfBatched(_SquareBatch):
     """Factor ``batch`` Hermitian positive definite matrices in place (cuSOLVER potrfBatched).
 
     With ``info`` (i32, ``batch`` entries) matrix ``i``'s status goes to
@@ -132,7 +117,6 @@ class PotrfBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "info")
-    size_names = ("n", "batch")
     api = (Form("potrf_batched", ("a", "n", "batch")),)
     a: GpuRef
     n: int
@@ -142,19 +126,13 @@ class PotrfBatched(LinalgOp):
     upper: bool = False
     info: GpuRef | None = None
 
-    def operands(self) -> tuple[Matrix]:
-        """Return the batch of A."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``info`` where given: i32 with ``batch`` entries."""
         require_info(self.info, self.batch)
 
 
 @dataclass(frozen=True, slots=True)
-class PotrsBatched(LinalgOp):
+class PotrsBatched(_SolveBatch):
     """Solve ``A[i] @ X[i] = B[i]`` in place from Cholesky factors, as ``Potrs`` (potrsBatched).
 
     Any ``nrhs`` is accepted (cuSOLVER's potrsBatched itself takes ``nrhs == 1``).
@@ -162,7 +140,6 @@ class PotrsBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
-    size_names = ("n", "nrhs", "batch")
     api = (Form("potrs_batched", ("a", "b", "n", "nrhs", "batch")),)
     a: GpuRef
     b: GpuRef
@@ -175,18 +152,9 @@ class PotrsBatched(LinalgOp):
     stride_b: int | None = None
     upper: bool = False
 
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the batches of factors and of B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
-                      stride=self.stride_a),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
-                      stride=self.stride_b),
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class SyevdBatched(LinalgOp):
+class SyevdBatched(_SquareBatch):
     """Find eigenpairs of ``batch`` Hermitian matrices, as ``Syevd`` does (cuSOLVER syevjBatched).
 
     Matrix ``i``'s eigenvalues go to ``w[i * n:(i + 1) * n]``, ascending.
@@ -194,7 +162,6 @@ class SyevdBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
-    size_names = ("n", "batch")
     api = (Form("syevd_batched", ("a", "w", "n", "batch")),)
     a: GpuRef
     w: GpuRef
@@ -204,12 +171,6 @@ class SyevdBatched(LinalgOp):
     stride: int | None = None
     upper: bool = False
     vectors: bool = True
-
-    def operands(self) -> tuple[Matrix]:
-        """Return the batch of A."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
-        )
 
     def check_extra(self, dtype: DType) -> None:
         """Check ``w``: real, ``batch * n`` entries."""
