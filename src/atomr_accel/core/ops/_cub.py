@@ -255,8 +255,34 @@ class CubSort(Op):
         _require_bits(self.begin_bit, self.end_bit, self.keys_in)
 
 
+class _Histogram(Op):
+    """The histogram ops: the samples they count and the checks of the samples, the
+    histogram and ``num_bins``."""
+
+    __slots__ = ()
+    samples: GpuRef
+    histogram: GpuRef
+    num_bins: int
+    n: int | None
+
+    @property
+    def count(self) -> int:
+        """Samples counted."""
+        return self.samples.length if self.n is None else self.n
+
+    def _check_bins(self, **same: GpuRef) -> None:
+        """Check the samples (and ``same``, buffers of their dtype), the histogram's dtype
+        and ``num_bins``."""
+        require_dtype(self.samples, ARITHMETIC, "samples")
+        if same:
+            require_same_dtype(samples=self.samples, **same)
+        require_dtype(self.histogram, COUNTS, "histogram")
+        _count(self.n, self.samples, "samples")
+        require_positive(num_bins=self.num_bins)
+
+
 @dataclass(frozen=True, slots=True)
-class CubHistogramEven(Op):
+class CubHistogramEven(_Histogram):
     """Count the first ``n`` samples into ``num_bins`` equal bins over ``[lower, upper)``.
 
     Sample ``x`` falls in bin ``floor((x - lower) * (num_bins / (upper - lower)))``,
@@ -274,16 +300,8 @@ class CubHistogramEven(Op):
     upper: float
     n: int | None = None
 
-    @property
-    def count(self) -> int:
-        """Samples counted."""
-        return self.samples.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.samples, ARITHMETIC, "samples")
-        require_dtype(self.histogram, COUNTS, "histogram")
-        _count(self.n, self.samples, "samples")
-        require_positive(num_bins=self.num_bins)
+        self._check_bins()
         require_len(self.histogram, self.num_bins, "histogram")
         require_numbers(DType.F64, lower=self.lower, upper=self.upper)
         require(bool(np.isfinite(self.lower) and np.isfinite(self.upper)
@@ -292,7 +310,7 @@ class CubHistogramEven(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class CubHistogramRange(Op):
+class CubHistogramRange(_Histogram):
     """Count the first ``n`` samples into ``num_bins`` bins with explicit ``edges``.
 
     Bin ``i`` counts ``edges[i] <= x < edges[i + 1]``; ``edges`` holds ``num_bins +
@@ -309,17 +327,8 @@ class CubHistogramRange(Op):
     num_bins: int
     n: int | None = None
 
-    @property
-    def count(self) -> int:
-        """Samples counted."""
-        return self.samples.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.samples, ARITHMETIC, "samples")
-        require_same_dtype(samples=self.samples, edges=self.edges)
-        require_dtype(self.histogram, COUNTS, "histogram")
-        _count(self.n, self.samples, "samples")
-        require_positive(num_bins=self.num_bins)
+        self._check_bins(edges=self.edges)
         require_len(self.edges, self.num_bins + 1, "edges")
         require_len(self.histogram, self.num_bins, "histogram")
 
