@@ -204,8 +204,32 @@ class CubScan(Op):
             require_same_dtype(input=self.input, output=self.output)
 
 
+class _Sort(Op):
+    """The sorts: the keys they consider and the checks of the keys and the values."""
+
+    __slots__ = ()
+    keys_in: GpuRef
+    keys_out: GpuRef
+    n: int | None
+    values_in: GpuRef | None
+    values_out: GpuRef | None
+
+    @property
+    def count(self) -> int:
+        """Keys considered."""
+        return self.keys_in.length if self.n is None else self.n
+
+    def _check_keys(self) -> None:
+        """Check the keys in and out and the values, if any, that go with them."""
+        require_dtype(self.keys_in, SORTABLE, "keys_in")
+        require_same_dtype(keys_in=self.keys_in, keys_out=self.keys_out)
+        n = _count(self.n, self.keys_in, "keys_in")
+        require_len(self.keys_out, n, "keys_out")
+        _require_values(self.values_in, self.values_out, n)
+
+
 @dataclass(frozen=True, slots=True)
-class CubSort(Op):
+class CubSort(_Sort):
     """Radix-sort the first ``n`` keys of ``keys_in`` into ``keys_out`` (and, with values,
     carry ``values_in`` along into ``values_out``).
 
@@ -241,17 +265,8 @@ class CubSort(Op):
     begin_bit: int = 0
     end_bit: int | None = None
 
-    @property
-    def count(self) -> int:
-        """Keys sorted."""
-        return self.keys_in.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.keys_in, SORTABLE, "keys_in")
-        require_same_dtype(keys_in=self.keys_in, keys_out=self.keys_out)
-        n = _count(self.n, self.keys_in, "keys_in")
-        require_len(self.keys_out, n, "keys_out")
-        _require_values(self.values_in, self.values_out, n)
+        self._check_keys()
         _require_bits(self.begin_bit, self.end_bit, self.keys_in)
 
 
@@ -368,7 +383,7 @@ class CubSegmentedReduce(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class CubSegmentedSort(Op):
+class CubSegmentedSort(_Sort):
     """Sort each of ``num_segments`` segments of the first ``n`` keys independently (stable,
     CUB's order as ``CubSort``), carrying values along when given.
 
@@ -397,16 +412,7 @@ class CubSegmentedSort(Op):
     values_out: GpuRef | None = None
     descending: bool = False
 
-    @property
-    def count(self) -> int:
-        """Keys considered."""
-        return self.keys_in.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.keys_in, SORTABLE, "keys_in")
-        require_same_dtype(keys_in=self.keys_in, keys_out=self.keys_out)
-        n = _count(self.n, self.keys_in, "keys_in")
-        require_len(self.keys_out, n, "keys_out")
-        _require_values(self.values_in, self.values_out, n)
+        self._check_keys()
         _require_offsets(self.offsets, self.num_segments)
 
