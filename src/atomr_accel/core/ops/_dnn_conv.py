@@ -13,14 +13,12 @@ from atomr_accel.core._op import (
     Op,
     is_int,
     require,
-    require_len,
 )
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._dnn_common import (
     _TIMEOUT,
     Layout,
-    _data,
-    _distinct,
+    _check_buffers,
     _nchw,
     _pair,
 )
@@ -113,15 +111,11 @@ class _Conv2d(Op):
 
     def validate(self) -> None:
         geo = self.geometry
-        extents = {"x": geo.x_shape, "w": geo.w_shape, "y": geo.y_shape}
-        refs = {name: getattr(self, name) for name, _ in self._roles}
         given = next(f"{name}_shape" for name, role in self._roles if role == "y")
         _same_shape(given, getattr(self, given), geo.y_shape)
-        _data(self.alpha, self.beta, **refs)
-        for name, role in self._roles:
-            require_len(refs[name], math.prod(extents[role]), name)
-        out = self.outputs[0]
-        _distinct((out, refs[out]), *[(n, r) for n, r in refs.items() if n != out])
+        counts = {"x": math.prod(geo.x_shape), "w": math.prod(geo.w_shape),
+                  "y": math.prod(geo.y_shape)}
+        _check_buffers(self, self._roles, counts, self.alpha, self.beta)
 
     @property
     def geometry(self) -> ConvGeometry:
