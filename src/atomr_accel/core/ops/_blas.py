@@ -79,8 +79,25 @@ def _gemm_operands(
     )
 
 
+class _TransposableAB(LinalgOp):
+    """The ops on ``alpha``-scaled ``op(A)`` and ``beta``-scaled ``op(B)`` or C (gemm,
+    geam): their scalars and the rule that a conjugate needs a transpose."""
+
+    __slots__ = ()
+    scalar_names = ("alpha", "beta")
+    trans_a: bool
+    trans_b: bool
+    conj_a: bool
+    conj_b: bool
+
+    def check_extra(self, dtype: DType) -> None:
+        """Refuse a conjugate without a transpose."""
+        require_trans(self.trans_a, self.conj_a, "a")
+        require_trans(self.trans_b, self.conj_b, "b")
+
+
 @dataclass(frozen=True, slots=True)
-class Gemm(LinalgOp):
+class Gemm(_TransposableAB):
     """Compute ``C = alpha * op(A) @ op(B) + beta * C``, column-major (cuBLAS gemm).
 
     ``op(A)`` is ``m x k``, ``op(B)`` is ``k x n``, ``C`` is ``m x n``; A is
@@ -91,7 +108,6 @@ class Gemm(LinalgOp):
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n", "k")
-    scalar_names = ("alpha", "beta")
     api = (Form("gemm", ("a", "b", "c", "m", "n", "k")),)
     a: GpuRef
     b: GpuRef
@@ -113,14 +129,9 @@ class Gemm(LinalgOp):
         """Return A, B and C as stored, with resolved leading dimensions."""
         return _gemm_operands(self, 1, (None, None, None))
 
-    def check_extra(self, dtype: DType) -> None:
-        """Refuse a conjugate without a transpose."""
-        require_trans(self.trans_a, self.conj_a, "a")
-        require_trans(self.trans_b, self.conj_b, "b")
-
 
 @dataclass(frozen=True, slots=True)
-class GemmStridedBatched(LinalgOp):
+class GemmStridedBatched(_TransposableAB):
     """Compute ``C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i]`` over a column-major batch.
 
     Matrix ``i`` of an operand starts ``i * stride`` elements into its buffer
@@ -133,7 +144,6 @@ class GemmStridedBatched(LinalgOp):
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n", "k", "batch")
-    scalar_names = ("alpha", "beta")
     api = (Form("gemm_strided_batched", ("a", "b", "c", "m", "n", "k", "batch")),)
     a: GpuRef
     b: GpuRef
@@ -158,11 +168,6 @@ class GemmStridedBatched(LinalgOp):
     def operands(self) -> tuple[Matrix, Matrix, Matrix]:
         """Return the batches of A, B and C with resolved leading dimensions and strides."""
         return _gemm_operands(self, self.batch, (self.stride_a, self.stride_b, self.stride_c))
-
-    def check_extra(self, dtype: DType) -> None:
-        """Refuse a conjugate without a transpose."""
-        require_trans(self.trans_a, self.conj_a, "a")
-        require_trans(self.trans_b, self.conj_b, "b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,14 +242,13 @@ class Ger(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Geam(LinalgOp):
+class Geam(_TransposableAB):
     """Compute ``C = alpha * op(A) + beta * op(B)``, all ``m x n`` after op, column-major (geam)."""
 
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n")
-    scalar_names = ("alpha", "beta")
     api = (Form("geam", ("m", "n", "a", "b", "c")),)
     m: int
     n: int
@@ -268,11 +272,6 @@ class Geam(LinalgOp):
             Matrix.of("b", self.b, self.m, self.n, self.ldb, trans=self.trans_b),
             Matrix.of("c", self.c, self.m, self.n, self.ldc),
         )
-
-    def check_extra(self, dtype: DType) -> None:
-        """Refuse a conjugate without a transpose."""
-        require_trans(self.trans_a, self.conj_a, "a")
-        require_trans(self.trans_b, self.conj_b, "b")
 
 
 @dataclass(frozen=True, slots=True)
