@@ -433,8 +433,24 @@ class SdpaSupport(Op):
         self.attention_mask().validate()
 
 
+class _MultiHeadAttn(Attention):
+    """The original package's multi-head attention: dense ``"bhsd"`` tensors and a mask
+    of cuDNN's vocabulary (``mask``, ``window``)."""
+
+    __slots__ = ()
+    mask: AttnMask
+    window: int
+
+    layout: ClassVar[AttnLayout] = AttnLayout.BHSD  # type: ignore[misc]
+    cu_seqlens_q: ClassVar[None] = None  # type: ignore[misc]
+    cu_seqlens_kv: ClassVar[None] = None  # type: ignore[misc]
+
+    def attention_mask(self) -> AttentionMask:
+        return _mha_mask(self.mask, self.window)
+
+
 @dataclass(frozen=True, slots=True)
-class MultiHeadAttnForward(Attention):
+class MultiHeadAttnForward(_MultiHeadAttn):
     """cuDNN multi-head attention forward (the original package's
     ``multihead_attn_fwd_f32``): ``o = dropout(softmax(scale * q k^T + bias, mask)) v``.
 
@@ -468,13 +484,6 @@ class MultiHeadAttnForward(Attention):
     dropout: float = 0.0
     dropout_seed: int = 0
 
-    layout: ClassVar[AttnLayout] = AttnLayout.BHSD  # type: ignore[misc]
-    cu_seqlens_q: ClassVar[None] = None  # type: ignore[misc]
-    cu_seqlens_kv: ClassVar[None] = None  # type: ignore[misc]
-
-    def attention_mask(self) -> AttentionMask:
-        return _mha_mask(self.mask, self.window)
-
     def validate(self) -> None:
         dtype = self.check_shapes()
         require(self.o.dtype is dtype, f"o has dtype {self.o.dtype.value} but q has "
@@ -491,7 +500,7 @@ class MultiHeadAttnForward(Attention):
 
 
 @dataclass(frozen=True, slots=True)
-class MultiHeadAttnBackward(Attention):
+class MultiHeadAttnBackward(_MultiHeadAttn):
     """cuDNN multi-head attention backward (the original package's ``multihead_attn_bwd_f32``,
     built with ``MultiHeadAttnBwdInputs``): ``dq``, ``dk``, ``dv`` of the forward with the
     same mask, scale and dropout (same seed, same mask). ``stats`` (the forward's
@@ -519,13 +528,6 @@ class MultiHeadAttnBackward(Attention):
     scale: float | None = None
     dropout: float = 0.0
     dropout_seed: int = 0
-
-    layout: ClassVar[AttnLayout] = AttnLayout.BHSD  # type: ignore[misc]
-    cu_seqlens_q: ClassVar[None] = None  # type: ignore[misc]
-    cu_seqlens_kv: ClassVar[None] = None  # type: ignore[misc]
-
-    def attention_mask(self) -> AttentionMask:
-        return _mha_mask(self.mask, self.window)
 
     def validate(self) -> None:
         self.check_shapes()

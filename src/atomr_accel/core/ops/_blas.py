@@ -79,8 +79,25 @@ def _gemm_operands(
     )
 
 
+class _TransposableAB(LinalgOp):
+    """The ops on ``alpha``-scaled ``op(A)`` and ``beta``-scaled ``op(B)`` or C (gemm,
+    geam): their scalars and the rule that a conjugate needs a transpose."""
+
+    __slots__ = ()
+    scalar_names = ("alpha", "beta")
+    trans_a: bool
+    trans_b: bool
+    conj_a: bool
+    conj_b: bool
+
+    def check_extra(self, dtype: DType) -> None:
+        """Refuse a conjugate without a transpose."""
+        require_trans(self.trans_a, self.conj_a, "a")
+        require_trans(self.trans_b, self.conj_b, "b")
+
+
 @dataclass(frozen=True, slots=True)
-class Gemm(LinalgOp):
+class Gemm(_TransposableAB):
     """Compute ``C = alpha * op(A) @ op(B) + beta * C``, column-major (cuBLAS gemm).
 
     ``op(A)`` is ``m x k``, ``op(B)`` is ``k x n``, ``C`` is ``m x n``; A is
@@ -90,6 +107,7 @@ class Gemm(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    size_names = ("m", "n", "k")
     api = (Form("gemm", ("a", "b", "c", "m", "n", "k")),)
     a: GpuRef
     b: GpuRef
@@ -107,26 +125,13 @@ class Gemm(LinalgOp):
     conj_a: bool = False
     conj_b: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n`` and ``k``."""
-        return {"m": self.m, "n": self.n, "k": self.k}
-
     def operands(self) -> tuple[Matrix, Matrix, Matrix]:
         """Return A, B and C as stored, with resolved leading dimensions."""
         return _gemm_operands(self, 1, (None, None, None))
 
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha`` and ``beta``."""
-        return {"alpha": self.alpha, "beta": self.beta}
-
-    def check_extra(self, dtype: DType) -> None:
-        """Refuse a conjugate without a transpose."""
-        require_trans(self.trans_a, self.conj_a, "a")
-        require_trans(self.trans_b, self.conj_b, "b")
-
 
 @dataclass(frozen=True, slots=True)
-class GemmStridedBatched(LinalgOp):
+class GemmStridedBatched(_TransposableAB):
     """Compute ``C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i]`` over a column-major batch.
 
     Matrix ``i`` of an operand starts ``i * stride`` elements into its buffer
@@ -138,6 +143,7 @@ class GemmStridedBatched(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    size_names = ("m", "n", "k", "batch")
     api = (Form("gemm_strided_batched", ("a", "b", "c", "m", "n", "k", "batch")),)
     a: GpuRef
     b: GpuRef
@@ -159,22 +165,9 @@ class GemmStridedBatched(LinalgOp):
     conj_a: bool = False
     conj_b: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n``, ``k`` and ``batch``."""
-        return {"m": self.m, "n": self.n, "k": self.k, "batch": self.batch}
-
     def operands(self) -> tuple[Matrix, Matrix, Matrix]:
         """Return the batches of A, B and C with resolved leading dimensions and strides."""
         return _gemm_operands(self, self.batch, (self.stride_a, self.stride_b, self.stride_c))
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha`` and ``beta``."""
-        return {"alpha": self.alpha, "beta": self.beta}
-
-    def check_extra(self, dtype: DType) -> None:
-        """Refuse a conjugate without a transpose."""
-        require_trans(self.trans_a, self.conj_a, "a")
-        require_trans(self.trans_b, self.conj_b, "b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +181,8 @@ class Gemv(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
+    size_names = ("m", "n")
+    scalar_names = ("alpha", "beta")
     api = (Form("gemv", ("m", "n", "a", "x", "y")),)
     m: int
     n: int
@@ -202,10 +197,6 @@ class Gemv(LinalgOp):
     incy: int = 1
     conj: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
-
     def operands(self) -> tuple[Matrix, Vector, Vector]:
         """Return A, x and y."""
         x_len, y_len = (self.m, self.n) if self.trans else (self.n, self.m)
@@ -214,10 +205,6 @@ class Gemv(LinalgOp):
             Vector("x", self.x, x_len, self.incx),
             Vector("y", self.y, y_len, self.incy),
         )
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha`` and ``beta``."""
-        return {"alpha": self.alpha, "beta": self.beta}
 
     def check_extra(self, dtype: DType) -> None:
         """Refuse a conjugate without a transpose."""
@@ -231,6 +218,8 @@ class Ger(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    size_names = ("m", "n")
+    scalar_names = ("alpha",)
     api = (Form("ger", ("m", "n", "x", "y", "a")),)
     m: int
     n: int
@@ -243,10 +232,6 @@ class Ger(LinalgOp):
     lda: int | None = None
     conjugate: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
-
     def operands(self) -> tuple[Vector, Vector, Matrix]:
         """Return x, y and A."""
         return (
@@ -255,18 +240,15 @@ class Ger(LinalgOp):
             Matrix.of("a", self.a, self.m, self.n, self.lda),
         )
 
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha``."""
-        return {"alpha": self.alpha}
-
 
 @dataclass(frozen=True, slots=True)
-class Geam(LinalgOp):
+class Geam(_TransposableAB):
     """Compute ``C = alpha * op(A) + beta * op(B)``, all ``m x n`` after op, column-major (geam)."""
 
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    size_names = ("m", "n")
     api = (Form("geam", ("m", "n", "a", "b", "c")),)
     m: int
     n: int
@@ -283,10 +265,6 @@ class Geam(LinalgOp):
     conj_a: bool = False
     conj_b: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
-
     def operands(self) -> tuple[Matrix, Matrix, Matrix]:
         """Return A, B and C as stored."""
         return (
@@ -294,15 +272,6 @@ class Geam(LinalgOp):
             Matrix.of("b", self.b, self.m, self.n, self.ldb, trans=self.trans_b),
             Matrix.of("c", self.c, self.m, self.n, self.ldc),
         )
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha`` and ``beta``."""
-        return {"alpha": self.alpha, "beta": self.beta}
-
-    def check_extra(self, dtype: DType) -> None:
-        """Refuse a conjugate without a transpose."""
-        require_trans(self.trans_a, self.conj_a, "a")
-        require_trans(self.trans_b, self.conj_b, "b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +286,8 @@ class Syrk(LinalgOp):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
+    size_names = ("n", "k")
+    scalar_names = ("alpha", "beta")
     api = (Form("syrk", ("n", "k", "a", "c")),)
     n: int
     k: int
@@ -329,20 +300,12 @@ class Syrk(LinalgOp):
     lda: int | None = None
     ldc: int | None = None
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``k``."""
-        return {"n": self.n, "k": self.k}
-
     def operands(self) -> tuple[Matrix, Matrix]:
         """Return A as stored and C."""
         return (
             Matrix.of("a", self.a, self.n, self.k, self.lda, trans=self.trans),
             Matrix.of("c", self.c, self.n, self.n, self.ldc),
         )
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha`` and ``beta``."""
-        return {"alpha": self.alpha, "beta": self.beta}
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +320,8 @@ class Trsm(LinalgOp):
 
     library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
+    size_names = ("m", "n")
+    scalar_names = ("alpha",)
     api = (Form("trsm", ("m", "n", "a", "b")),)
     m: int
     n: int
@@ -371,10 +336,6 @@ class Trsm(LinalgOp):
     ldb: int | None = None
     conj: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
-
     def operands(self) -> tuple[Matrix, Matrix]:
         """Return A and B."""
         side = self.m if self.left else self.n
@@ -382,10 +343,6 @@ class Trsm(LinalgOp):
             Matrix.of("a", self.a, side, side, self.lda),
             Matrix.of("b", self.b, self.m, self.n, self.ldb),
         )
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha``."""
-        return {"alpha": self.alpha}
 
     def check_extra(self, dtype: DType) -> None:
         """Refuse a conjugate without a transpose."""

@@ -38,13 +38,30 @@ def _level1(name: str, vectors: tuple[str, ...], *, before: tuple[str, ...] = ()
     return (Form(name, ("n", *before, *vectors, *after), returns=returns),)
 
 
+class _TwoVectors(LinalgOp):
+    """Share the checks of the ops on two strided vectors of ``n`` elements: x and y."""
+
+    __slots__ = ()
+    size_names = ("n",)
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int
+    incy: int
+
+    def operands(self) -> tuple[Vector, Vector]:
+        """Return x and y."""
+        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
+
+
 @dataclass(frozen=True, slots=True)
-class Axpy(LinalgOp):
+class Axpy(_TwoVectors):
     """Compute ``y = alpha * x + y`` over strided vectors (BLAS axpy)."""
 
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
+    scalar_names = ("alpha",)
     api = _level1("axpy", ("x", "y"), before=("alpha",))
     n: int
     alpha: complex
@@ -53,21 +70,9 @@ class Axpy(LinalgOp):
     incx: int = 1
     incy: int = 1
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
-
-    def operands(self) -> tuple[Vector, Vector]:
-        """Return x and y."""
-        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha``."""
-        return {"alpha": self.alpha}
-
 
 @dataclass(frozen=True, slots=True)
-class Dot(LinalgOp):
+class Dot(_TwoVectors):
     """Return the dot product ``sum(x * y)``, or ``sum(conj(x) * y)`` with ``conjugate`` (dotc).
 
     The result is a Python float for real dtypes and a complex for complex ones.
@@ -83,26 +88,15 @@ class Dot(LinalgOp):
     incy: int = 1
     conjugate: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
-
-    def operands(self) -> tuple[Vector, Vector]:
-        """Return x and y."""
-        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
-
 
 class _OneVector(LinalgOp):
     """Share the checks of the one-vector ops: ``n``, ``x`` and ``incx >= 1``."""
 
     __slots__ = ()
+    size_names = ("n",)
     n: int
     x: GpuRef
     incx: int
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
 
     def operands(self) -> tuple[Vector]:
         """Return x."""
@@ -132,15 +126,12 @@ class Scal(_OneVector):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x",)
+    scalar_names = ("alpha",)
     api = _level1("scal", ("x",), before=("alpha",))
     n: int
     alpha: complex
     x: GpuRef
     incx: int = 1
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``alpha``."""
-        return {"alpha": self.alpha}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,25 +176,6 @@ class Iamin(_OneVector):
     incx: int = 1
 
 
-class _TwoVectors(LinalgOp):
-    """Share the checks of the ops on two strided vectors of ``n`` elements: x and y."""
-
-    __slots__ = ()
-    n: int
-    x: GpuRef
-    y: GpuRef
-    incx: int
-    incy: int
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
-
-    def operands(self) -> tuple[Vector, Vector]:
-        """Return x and y."""
-        return Vector("x", self.x, self.n, self.incx), Vector("y", self.y, self.n, self.incy)
-
-
 @dataclass(frozen=True, slots=True)
 class Rot(_TwoVectors):
     """Apply a plane rotation in place: ``x = c x + s y`` and ``y = c y - conj(s) x`` (rot).
@@ -216,6 +188,7 @@ class Rot(_TwoVectors):
     library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x", "y")
+    scalar_names = ("s",)
     api = _level1("rot", ("x", "y"), after=("c", "s"))
     n: int
     x: GpuRef
@@ -224,10 +197,6 @@ class Rot(_TwoVectors):
     s: complex
     incx: int = 1
     incy: int = 1
-
-    def scalars(self) -> dict[str, complex]:
-        """Return ``s``."""
-        return {"s": self.s}
 
     def check_extra(self, dtype: DType) -> None:
         """Require a real ``c``, whatever the dtype."""

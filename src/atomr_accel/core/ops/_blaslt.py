@@ -173,6 +173,13 @@ def _same(a: GpuRef, b: GpuRef) -> bool:
     return a.device_id == b.device_id and a.buffer_id == b.buffer_id
 
 
+def _require_vector(ref: GpuRef, dtype: DType, length: int, name: str) -> None:
+    """Check a bias-like buffer: ``d``'s dtype and ``length`` elements."""
+    if ref.dtype is not dtype:
+        raise InvalidArgument(f"{name} has dtype {ref.dtype.value} but d has {dtype.value}")
+    require_len(ref, length, name)
+
+
 class _Common:
     """The checks both fused matmuls share (a mixin of field-typed dataclass ops)."""
 
@@ -233,6 +240,13 @@ _FORM_PARAMS = ("a", "b", "d", "m", "n", "k")
 _DTYPE_VARIANTS = (DType.F32, DType.F16, DType.BF16)
 
 
+def _forms(name: str, epilogue: Param) -> tuple[Form, Form]:
+    """An op's form for any float dtype and its dtype-suffixed twins."""
+    params = (*_FORM_PARAMS, epilogue)
+    return (Form(name, params, returns="str"),
+            Form(name, params, returns="str", dtypes=_DTYPE_VARIANTS))
+
+
 @dataclass(frozen=True, slots=True)
 class FusedMatmul(_Common, Op):
     """Compute ``D = epilogue(alpha * op(A) @ op(B) + beta * C [+ bias])``, row-major.
@@ -250,13 +264,8 @@ class FusedMatmul(_Common, Op):
 
     library: ClassVar[str] = "blaslt"
     outputs: ClassVar[tuple[str, ...]] = ("d", "aux")
-    api = (
-        Form("matmul", (*_FORM_PARAMS, Param("epilogue", "none", parse=_forward_epilogue,
-                                             annotation="str")), returns="str"),
-        Form("matmul", (*_FORM_PARAMS, Param("epilogue", "none", parse=_forward_epilogue,
-                                             annotation="str")), returns="str",
-             dtypes=_DTYPE_VARIANTS),
-    )
+    api = _forms("matmul", Param("epilogue", "none", parse=_forward_epilogue,
+                                 annotation="str"))
     a: GpuRef
     b: GpuRef
     d: GpuRef
@@ -278,10 +287,7 @@ class FusedMatmul(_Common, Op):
         if self.epilogue.has_bias:
             require(bias is not None, f"epilogue {self.epilogue.value!r} needs a bias buffer")
             assert bias is not None
-            if bias.dtype is not dtype:
-                raise InvalidArgument(f"bias has dtype {bias.dtype.value} but d has "
-                                      f"{dtype.value}")
-            require_len(bias, self.n, "bias")
+            _require_vector(bias, dtype, self.n, "bias")
             require(not _same(bias, self.d), "d must not share a buffer with bias")
         elif bias is not None:
             raise InvalidArgument(f"epilogue {self.epilogue.value!r} takes no bias; "
@@ -305,13 +311,8 @@ class FusedMatmulGrad(_Common, Op):
 
     library: ClassVar[str] = "blaslt"
     outputs: ClassVar[tuple[str, ...]] = ("d", "bias_grad")
-    api = (
-        Form("matmul_backward", (*_FORM_PARAMS, Param("epilogue", parse=_backward_epilogue,
-                                                      annotation="str")), returns="str"),
-        Form("matmul_backward", (*_FORM_PARAMS, Param("epilogue", parse=_backward_epilogue,
-                                                      annotation="str")), returns="str",
-             dtypes=_DTYPE_VARIANTS),
-    )
+    api = _forms("matmul_backward", Param("epilogue", parse=_backward_epilogue,
+                                          annotation="str"))
     a: GpuRef
     b: GpuRef
     d: GpuRef
@@ -341,10 +342,7 @@ class FusedMatmulGrad(_Common, Op):
             return
         require(grad is not None, f"epilogue {epilogue.value!r} writes bias_grad; pass it")
         assert grad is not None
-        if grad.dtype is not dtype:
-            raise InvalidArgument(f"bias_grad has dtype {grad.dtype.value} but d has "
-                                  f"{dtype.value}")
-        require_len(grad, self.m if size == "m" else self.n, "bias_grad")
+        _require_vector(grad, dtype, self.m if size == "m" else self.n, "bias_grad")
         others = [("a", self.a), ("b", self.b), ("d", self.d)]
         if self.aux is not None:
             others.append(("aux", self.aux))

@@ -204,8 +204,32 @@ class CubScan(Op):
             require_same_dtype(input=self.input, output=self.output)
 
 
+class _Sort(Op):
+    """The sorts: the keys they consider and the checks of the keys and the values."""
+
+    __slots__ = ()
+    keys_in: GpuRef
+    keys_out: GpuRef
+    n: int | None
+    values_in: GpuRef | None
+    values_out: GpuRef | None
+
+    @property
+    def count(self) -> int:
+        """Keys considered."""
+        return self.keys_in.length if self.n is None else self.n
+
+    def _check_keys(self) -> None:
+        """Check the keys in and out and the values, if any, that go with them."""
+        require_dtype(self.keys_in, SORTABLE, "keys_in")
+        require_same_dtype(keys_in=self.keys_in, keys_out=self.keys_out)
+        n = _count(self.n, self.keys_in, "keys_in")
+        require_len(self.keys_out, n, "keys_out")
+        _require_values(self.values_in, self.values_out, n)
+
+
 @dataclass(frozen=True, slots=True)
-class CubSort(Op):
+class CubSort(_Sort):
     """Radix-sort the first ``n`` keys of ``keys_in`` into ``keys_out`` (and, with values,
     carry ``values_in`` along into ``values_out``).
 
@@ -241,22 +265,39 @@ class CubSort(Op):
     begin_bit: int = 0
     end_bit: int | None = None
 
-    @property
-    def count(self) -> int:
-        """Keys sorted."""
-        return self.keys_in.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.keys_in, SORTABLE, "keys_in")
-        require_same_dtype(keys_in=self.keys_in, keys_out=self.keys_out)
-        n = _count(self.n, self.keys_in, "keys_in")
-        require_len(self.keys_out, n, "keys_out")
-        _require_values(self.values_in, self.values_out, n)
+        self._check_keys()
         _require_bits(self.begin_bit, self.end_bit, self.keys_in)
 
 
+class _Histogram(Op):
+    """The histogram ops: the samples they count and the checks of the samples, the
+    histogram and ``num_bins``."""
+
+    __slots__ = ()
+    samples: GpuRef
+    histogram: GpuRef
+    num_bins: int
+    n: int | None
+
+    @property
+    def count(self) -> int:
+        """Samples counted."""
+        return self.samples.length if self.n is None else self.n
+
+    def _check_bins(self, **same: GpuRef) -> None:
+        """Check the samples (and ``same``, buffers of their dtype), the histogram's dtype
+        and ``num_bins``."""
+        require_dtype(self.samples, ARITHMETIC, "samples")
+        if same:
+            require_same_dtype(samples=self.samples, **same)
+        require_dtype(self.histogram, COUNTS, "histogram")
+        _count(self.n, self.samples, "samples")
+        require_positive(num_bins=self.num_bins)
+
+
 @dataclass(frozen=True, slots=True)
-class CubHistogramEven(Op):
+class CubHistogramEven(_Histogram):
     """Count the first ``n`` samples into ``num_bins`` equal bins over ``[lower, upper)``.
 
     Sample ``x`` falls in bin ``floor((x - lower) * (num_bins / (upper - lower)))``,
@@ -274,16 +315,8 @@ class CubHistogramEven(Op):
     upper: float
     n: int | None = None
 
-    @property
-    def count(self) -> int:
-        """Samples counted."""
-        return self.samples.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.samples, ARITHMETIC, "samples")
-        require_dtype(self.histogram, COUNTS, "histogram")
-        _count(self.n, self.samples, "samples")
-        require_positive(num_bins=self.num_bins)
+        self._check_bins()
         require_len(self.histogram, self.num_bins, "histogram")
         require_numbers(DType.F64, lower=self.lower, upper=self.upper)
         require(bool(np.isfinite(self.lower) and np.isfinite(self.upper)
@@ -292,7 +325,7 @@ class CubHistogramEven(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class CubHistogramRange(Op):
+class CubHistogramRange(_Histogram):
     """Count the first ``n`` samples into ``num_bins`` bins with explicit ``edges``.
 
     Bin ``i`` counts ``edges[i] <= x < edges[i + 1]``; ``edges`` holds ``num_bins +
@@ -309,17 +342,8 @@ class CubHistogramRange(Op):
     num_bins: int
     n: int | None = None
 
-    @property
-    def count(self) -> int:
-        """Samples counted."""
-        return self.samples.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.samples, ARITHMETIC, "samples")
-        require_same_dtype(samples=self.samples, edges=self.edges)
-        require_dtype(self.histogram, COUNTS, "histogram")
-        _count(self.n, self.samples, "samples")
-        require_positive(num_bins=self.num_bins)
+        self._check_bins(edges=self.edges)
         require_len(self.edges, self.num_bins + 1, "edges")
         require_len(self.histogram, self.num_bins, "histogram")
 
@@ -359,7 +383,7 @@ class CubSegmentedReduce(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class CubSegmentedSort(Op):
+class CubSegmentedSort(_Sort):
     """Sort each of ``num_segments`` segments of the first ``n`` keys independently (stable,
     CUB's order as ``CubSort``), carrying values along when given.
 
@@ -388,16 +412,7 @@ class CubSegmentedSort(Op):
     values_out: GpuRef | None = None
     descending: bool = False
 
-    @property
-    def count(self) -> int:
-        """Keys considered."""
-        return self.keys_in.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.keys_in, SORTABLE, "keys_in")
-        require_same_dtype(keys_in=self.keys_in, keys_out=self.keys_out)
-        n = _count(self.n, self.keys_in, "keys_in")
-        require_len(self.keys_out, n, "keys_out")
-        _require_values(self.values_in, self.values_out, n)
+        self._check_keys()
         _require_offsets(self.offsets, self.num_segments)
 

@@ -33,8 +33,38 @@ __all__ = [
 ]
 
 
+class _Selection(Op):
+    """The ops that pick items of ``input``: the items they consider and the checks of
+    ``input`` and of the output its items go to."""
+
+    __slots__ = ()
+    input: GpuRef
+    n: int | None
+
+    @property
+    def items(self) -> int:
+        """Items considered."""
+        return self.input.length if self.n is None else self.n
+
+    def _check_output(self, name: str) -> int:
+        """Check ``input`` and the field ``name`` its items go to; answer the items."""
+        out = getattr(self, name)
+        require_dtype(self.input, ARITHMETIC, "input")
+        require_same_dtype(**{"input": self.input, name: out})
+        n = _count(self.n, self.input, "input")
+        require_len(out, n, name)
+        _distinct(self.input, out, f"input and {name}")
+        return n
+
+
+def _require_count(ref: GpuRef, name: str) -> None:
+    """Check a one-item count of ``COUNTS``' dtypes."""
+    require_dtype(ref, COUNTS, name)
+    require_len(ref, 1, name)
+
+
 @dataclass(frozen=True, slots=True)
-class CubSelect(Op):
+class CubSelect(_Selection):
     """Select (or partition) the first ``n`` items of ``input`` by ``flags`` or ``predicate``.
 
     An item is selected where ``flags`` (an integer buffer) is non-zero, or where
@@ -73,19 +103,9 @@ class CubSelect(Op):
     predicate: str = ""
     partition: bool = False
 
-    @property
-    def items(self) -> int:
-        """Items considered."""
-        return self.input.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.input, ARITHMETIC, "input")
-        require_same_dtype(input=self.input, output=self.output)
-        n = _count(self.n, self.input, "input")
-        require_len(self.output, n, "output")
-        _distinct(self.input, self.output, "input and output")
-        require_dtype(self.count, COUNTS, "count")
-        require_len(self.count, 1, "count")
+        n = self._check_output("output")
+        _require_count(self.count, "count")
         require((self.flags is None) != (self.predicate == ""),
                 "give either flags or a predicate, not both or neither")
         if self.flags is not None:
@@ -96,7 +116,7 @@ class CubSelect(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class CubUnique(Op):
+class CubUnique(_Selection):
     """Keep the first item of each run of equal consecutive items of ``input`` (CUB's
     ``DeviceSelect::Unique``: sorted input gives the distinct values), in order, in
     ``output``; their number in ``count[0]``. NaNs never equal each other, so each is kept.
@@ -110,23 +130,13 @@ class CubUnique(Op):
     count: GpuRef
     n: int | None = None
 
-    @property
-    def items(self) -> int:
-        """Items considered."""
-        return self.input.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.input, ARITHMETIC, "input")
-        require_same_dtype(input=self.input, output=self.output)
-        n = _count(self.n, self.input, "input")
-        require_len(self.output, n, "output")
-        _distinct(self.input, self.output, "input and output")
-        require_dtype(self.count, COUNTS, "count")
-        require_len(self.count, 1, "count")
+        self._check_output("output")
+        _require_count(self.count, "count")
 
 
 @dataclass(frozen=True, slots=True)
-class CubRunLengthEncode(Op):
+class CubRunLengthEncode(_Selection):
     """Run-length encode the first ``n`` items of ``input``: each run of equal consecutive
     items gives its value in ``unique_out`` and its length in ``counts_out``, in order;
     ``num_runs[0]`` gets the number of runs. NaNs never equal each other (runs of 1)."""
@@ -140,18 +150,8 @@ class CubRunLengthEncode(Op):
     num_runs: GpuRef
     n: int | None = None
 
-    @property
-    def items(self) -> int:
-        """Items considered."""
-        return self.input.length if self.n is None else self.n
-
     def validate(self) -> None:
-        require_dtype(self.input, ARITHMETIC, "input")
-        require_same_dtype(input=self.input, unique_out=self.unique_out)
-        n = _count(self.n, self.input, "input")
-        require_len(self.unique_out, n, "unique_out")
-        _distinct(self.input, self.unique_out, "input and unique_out")
+        n = self._check_output("unique_out")
         require_dtype(self.counts_out, COUNTS, "counts_out")
         require_len(self.counts_out, n, "counts_out")
-        require_dtype(self.num_runs, COUNTS, "num_runs")
-        require_len(self.num_runs, 1, "num_runs")
+        _require_count(self.num_runs, "num_runs")

@@ -53,6 +53,7 @@ from atomr_accel.core.ops._dnn_common import (
     PoolMode,
     SoftmaxMode,
     _activation,
+    _check_buffers,
     _data,
     _dims,
     _distinct,
@@ -136,8 +137,27 @@ def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form]:
     return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
+class _Pool2d(Op):
+    """The checks of the two poolings: ``_roles`` names each buffer field, in field order,
+    with the image (``"x"``) or output (``"y"``) whose size it has."""
+
+    __slots__ = ()
+    _roles: ClassVar[tuple[tuple[str, str], ...]]
+    x_shape: tuple[int, ...]
+    y_shape: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    pad: tuple[int, ...]
+    alpha: float
+    beta: float
+
+    def validate(self) -> None:
+        nx, ny = _pool_geometry(self.x_shape, self.y_shape, self.kernel, self.stride, self.pad)
+        _check_buffers(self, self._roles, {"x": nx, "y": ny}, self.alpha, self.beta)
+
+
 @dataclass(frozen=True, slots=True)
-class Pool2dForward(Op):
+class Pool2dForward(_Pool2d):
     """Pool each channel's image over ``kernel`` windows ``stride`` apart, after ``pad``:
     ``y = alpha * pool(x) + beta * y``.
 
@@ -151,6 +171,7 @@ class Pool2dForward(Op):
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
+    _roles = (("x", "x"), ("y", "y"))
     api = _forms("pool2d_fwd", ("x", "y", "x_shape", "y_shape", *_POOL_OPTIONS))
     x: GpuRef
     y: GpuRef
@@ -164,16 +185,9 @@ class Pool2dForward(Op):
     beta: float = 0.0
     layout: Layout = Layout.NCHW
 
-    def validate(self) -> None:
-        nx, ny = _pool_geometry(self.x_shape, self.y_shape, self.kernel, self.stride, self.pad)
-        _data(self.alpha, self.beta, x=self.x, y=self.y)
-        require_len(self.x, nx, "x")
-        require_len(self.y, ny, "y")
-        _distinct(("y", self.y), ("x", self.x))
-
 
 @dataclass(frozen=True, slots=True)
-class Pool2dBackward(Op):
+class Pool2dBackward(_Pool2d):
     """The gradient of ``Pool2dForward``: ``dx = alpha * pool^T(dy) + beta * dx``.
 
     Max pooling sends each window's gradient to the first maximum of the
@@ -186,6 +200,7 @@ class Pool2dBackward(Op):
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
+    _roles = (("x", "x"), ("y", "y"), ("dy", "y"), ("dx", "x"))
     api = _forms("pool2d_bwd", ("x", "y", "dy", "dx", "x_shape", "y_shape", *_POOL_OPTIONS))
     x: GpuRef
     y: GpuRef
@@ -200,15 +215,6 @@ class Pool2dBackward(Op):
     alpha: float = 1.0
     beta: float = 0.0
     layout: Layout = Layout.NCHW
-
-    def validate(self) -> None:
-        nx, ny = _pool_geometry(self.x_shape, self.y_shape, self.kernel, self.stride, self.pad)
-        _data(self.alpha, self.beta, x=self.x, y=self.y, dy=self.dy, dx=self.dx)
-        require_len(self.x, nx, "x")
-        require_len(self.y, ny, "y")
-        require_len(self.dy, ny, "dy")
-        require_len(self.dx, nx, "dx")
-        _distinct(("dx", self.dx), ("x", self.x), ("y", self.y), ("dy", self.dy))
 
 
 # ---------------------------------------------------------------------- softmax

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 
 from atomr_accel.core._api import choice
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
+    Op,
     is_int,
     positive_ints,
     require_dtype,
+    require_len,
     require_numbers,
     require_same_dtype,
 )
@@ -156,3 +159,16 @@ def _data(alpha: float, beta: float, **refs: GpuRef) -> DType:
     dtype = require_same_dtype(**refs)
     require_numbers(dtype, alpha=alpha, beta=beta)
     return dtype
+
+
+def _check_buffers(op: Op, roles: tuple[tuple[str, str], ...], counts: Mapping[str, int],
+                   alpha: float, beta: float) -> None:
+    """Check the buffer fields ``roles`` names, each with the element count of its role in
+    ``counts``: ``_data``'s dtypes, their lengths, and that the op's output
+    (``outputs[0]``) shares no buffer with the others."""
+    refs = {name: getattr(op, name) for name, _ in roles}
+    _data(alpha, beta, **refs)
+    for name, role in roles:
+        require_len(refs[name], counts[role], name)
+    out = op.outputs[0]
+    _distinct((out, refs[out]), *[(n, r) for n, r in refs.items() if n != out])

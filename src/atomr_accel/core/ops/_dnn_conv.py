@@ -13,14 +13,12 @@ from atomr_accel.core._op import (
     Op,
     is_int,
     require,
-    require_len,
 )
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._dnn_common import (
     _TIMEOUT,
     Layout,
-    _data,
-    _distinct,
+    _check_buffers,
     _nchw,
     _pair,
 )
@@ -93,8 +91,43 @@ def _conv_forms(name: str, params: tuple[str, ...]) -> tuple[Form]:
     return (Form(name, every, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
+class _Conv2d(Op):
+    """The geometry and checks shared by the three convolutions.
+
+    ``_roles`` names each buffer field, in field order, with its role in the
+    forward convolution (``"x"`` image, ``"w"`` filter, ``"y"`` output); each
+    buffer's shape is the field named after it with ``_shape``. The output
+    (``outputs[0]``) must not share a buffer with the others.
+    """
+
+    __slots__ = ()
+    _roles: ClassVar[tuple[tuple[str, str], ...]]
+    pad: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    alpha: float
+    beta: float
+
+    def validate(self) -> None:
+        geo = self.geometry
+        given = next(f"{name}_shape" for name, role in self._roles if role == "y")
+        _same_shape(given, getattr(self, given), geo.y_shape)
+        counts = {"x": math.prod(geo.x_shape), "w": math.prod(geo.w_shape),
+                  "y": math.prod(geo.y_shape)}
+        _check_buffers(self, self._roles, counts, self.alpha, self.beta)
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        """The checked geometry of the forward convolution (raises ``InvalidArgument``)."""
+        shape = {role: f"{name}_shape" for name, role in self._roles}
+        return ConvGeometry.of(getattr(self, shape["x"]), getattr(self, shape["w"]), self.pad,
+                               self.stride, self.dilation, self.groups, x_name=shape["x"],
+                               w_name=shape["w"])
+
+
 @dataclass(frozen=True, slots=True)
-class Conv2dForward(Op):
+class Conv2dForward(_Conv2d):
     """Convolve: ``y = alpha * conv2d(x, w) + beta * y`` (cross-correlation, as cuDNN and
     PyTorch compute it).
 
@@ -115,6 +148,7 @@ class Conv2dForward(Op):
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
+    _roles = (("x", "x"), ("w", "w"), ("y", "y"))
     api = _conv_forms("conv2d_fwd", ("x", "w", "y", "x_shape", "w_shape", "y_shape"))
     x: GpuRef
     w: GpuRef
@@ -131,24 +165,10 @@ class Conv2dForward(Op):
     layout: Layout = Layout.NCHW
     autotune: bool = False
 
-    @property
-    def geometry(self) -> ConvGeometry:
-        """The checked geometry (raises ``InvalidArgument``)."""
-        return ConvGeometry.of(self.x_shape, self.w_shape, self.pad, self.stride, self.dilation,
-                               self.groups)
-
-    def validate(self) -> None:
-        geo = self.geometry
-        _same_shape("y_shape", self.y_shape, geo.y_shape)
-        _data(self.alpha, self.beta, x=self.x, w=self.w, y=self.y)
-        require_len(self.x, math.prod(geo.x_shape), "x")
-        require_len(self.w, math.prod(geo.w_shape), "w")
-        require_len(self.y, math.prod(geo.y_shape), "y")
-        _distinct(("y", self.y), ("x", self.x), ("w", self.w))
 
 
 @dataclass(frozen=True, slots=True)
-class Conv2dBackwardData(Op):
+class Conv2dBackwardData(_Conv2d):
     """The gradient of a convolution with respect to its image: ``dx = alpha * conv2d^T(dy,
     w) + beta * dx``.
 
@@ -160,6 +180,7 @@ class Conv2dBackwardData(Op):
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
+    _roles = (("dy", "y"), ("w", "w"), ("dx", "x"))
     api = _conv_forms("conv2d_bwd_data", ("dy", "w", "dx", "dy_shape", "w_shape", "dx_shape"))
     dy: GpuRef
     w: GpuRef
@@ -176,24 +197,10 @@ class Conv2dBackwardData(Op):
     layout: Layout = Layout.NCHW
     autotune: bool = False
 
-    @property
-    def geometry(self) -> ConvGeometry:
-        """The checked geometry of the forward convolution (raises ``InvalidArgument``)."""
-        return ConvGeometry.of(self.dx_shape, self.w_shape, self.pad, self.stride,
-                               self.dilation, self.groups, x_name="dx_shape")
-
-    def validate(self) -> None:
-        geo = self.geometry
-        _same_shape("dy_shape", self.dy_shape, geo.y_shape)
-        _data(self.alpha, self.beta, dy=self.dy, w=self.w, dx=self.dx)
-        require_len(self.dy, math.prod(geo.y_shape), "dy")
-        require_len(self.w, math.prod(geo.w_shape), "w")
-        require_len(self.dx, math.prod(geo.x_shape), "dx")
-        _distinct(("dx", self.dx), ("dy", self.dy), ("w", self.w))
 
 
 @dataclass(frozen=True, slots=True)
-class Conv2dBackwardFilter(Op):
+class Conv2dBackwardFilter(_Conv2d):
     """The gradient of a convolution with respect to its filter: ``dw = alpha * sum_n
     x (*) dy + beta * dw``.
 
@@ -205,6 +212,7 @@ class Conv2dBackwardFilter(Op):
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dw",)
+    _roles = (("x", "x"), ("dy", "y"), ("dw", "w"))
     api = _conv_forms("conv2d_bwd_filter", ("x", "dy", "dw", "x_shape", "dy_shape", "dw_shape"))
     x: GpuRef
     dy: GpuRef
@@ -221,17 +229,3 @@ class Conv2dBackwardFilter(Op):
     layout: Layout = Layout.NCHW
     autotune: bool = False
 
-    @property
-    def geometry(self) -> ConvGeometry:
-        """The checked geometry of the forward convolution (raises ``InvalidArgument``)."""
-        return ConvGeometry.of(self.x_shape, self.dw_shape, self.pad, self.stride,
-                               self.dilation, self.groups, w_name="dw_shape")
-
-    def validate(self) -> None:
-        geo = self.geometry
-        _same_shape("dy_shape", self.dy_shape, geo.y_shape)
-        _data(self.alpha, self.beta, x=self.x, dy=self.dy, dw=self.dw)
-        require_len(self.x, math.prod(geo.x_shape), "x")
-        require_len(self.dy, math.prod(geo.y_shape), "dy")
-        require_len(self.dw, math.prod(geo.w_shape), "dw")
-        _distinct(("dw", self.dw), ("x", self.x), ("dy", self.dy))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import numbers
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -187,16 +187,22 @@ def require_trans(trans: bool, conj: bool, name: str) -> None:
 class LinalgOp(Op, abc.ABC):
     """Validate a BLAS or solver op from its sizes, operands and scalars (a base class).
 
-    Subclasses list their non-negative sizes in ``sizes()``, their operands of
-    the op's dtype in ``operands()`` (the first one names the dtype), their
-    scalars in ``scalars()`` and anything else in ``check_extra()``.
+    Subclasses list their non-negative sizes in ``sizes()`` (by default the
+    fields ``size_names`` names), their operands of the op's dtype in
+    ``operands()`` (the first one names the dtype), their scalars in
+    ``scalars()`` (by default the fields ``scalar_names`` names) and anything
+    else in ``check_extra()``.
     """
 
     __slots__ = ()
+    size_names: ClassVar[tuple[str, ...]] = ()
+    """The size fields that ``sizes()`` answers, in order."""
+    scalar_names: ClassVar[tuple[str, ...]] = ()
+    """The scalar fields that ``scalars()`` answers, in order."""
 
     def sizes(self) -> dict[str, int]:
         """Return the size fields, each of which must be an int >= 0."""
-        return {}
+        return {name: getattr(self, name) for name in self.size_names}
 
     @abc.abstractmethod
     def operands(self) -> tuple[Matrix | Vector, ...]:
@@ -204,7 +210,7 @@ class LinalgOp(Op, abc.ABC):
 
     def scalars(self) -> dict[str, complex]:
         """Return the scalar fields, checked against the dtype."""
-        return {}
+        return {name: getattr(self, name) for name in self.scalar_names}
 
     def check_extra(self, dtype: DType) -> None:
         """Check what sizes, operands and scalars do not cover."""
@@ -230,6 +236,84 @@ class LinalgOp(Op, abc.ABC):
             if type(value) is not float and type(value) is not int:  # those fit every dtype
                 require_scalar(name, value, dtype)
         self.check_extra(dtype)
+
+
+class _Square(LinalgOp):
+    """A solver op on one square ``n x n`` A (``lda``): its size and operand."""
+
+    __slots__ = ()
+    size_names = ("n",)
+    a: GpuRef
+    n: int
+    lda: int | None
+
+    def operands(self) -> tuple[Matrix]:
+        """Return A."""
+        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
+
+
+class _SquareBatch(LinalgOp):
+    """A solver op on ``batch`` square ``n x n`` matrices ``stride`` apart in ``a``."""
+
+    __slots__ = ()
+    size_names = ("n", "batch")
+    a: GpuRef
+    n: int
+    batch: int
+    lda: int | None
+    stride: int | None
+
+    def operands(self) -> tuple[Matrix]:
+        """Return the batch of A."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
+        )
+
+
+class _Solve(LinalgOp):
+    """A solve in place into the ``n x nrhs`` B (``ldb``) from the factors of the
+    ``n x n`` A (``lda``)."""
+
+    __slots__ = ()
+    size_names = ("n", "nrhs")
+    a: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    lda: int | None
+    ldb: int | None
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the factors and B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
+        )
+
+
+class _SolveBatch(LinalgOp):
+    """``_Solve`` over a batch: factors ``stride_a`` apart, right-hand sides ``stride_b``."""
+
+    __slots__ = ()
+    size_names = ("n", "nrhs", "batch")
+    a: GpuRef
+    b: GpuRef
+    n: int
+    nrhs: int
+    batch: int
+    lda: int | None
+    ldb: int | None
+    stride_a: int | None
+    stride_b: int | None
+
+    def operands(self) -> tuple[Matrix, Matrix]:
+        """Return the batches of factors and of B."""
+        return (
+            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
+                      stride=self.stride_a),
+            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
+                      stride=self.stride_b),
+        )
 
 
 def require_pivots(ipiv: GpuRef, needed: int) -> None:

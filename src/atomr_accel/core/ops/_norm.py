@@ -25,6 +25,7 @@ training batch norm keeps is the unbiased variance, as in cuDNN and PyTorch:
 
 from __future__ import annotations
 
+import abc
 import enum
 import math
 from dataclasses import dataclass
@@ -282,8 +283,34 @@ class BatchNorm(Op):
                     f"per channel, got dims {self.dims}")
 
 
+class _NormForward(Op, abc.ABC):
+    """The forward normalizations but batch norm: ``x`` into ``y``, ``scale`` and ``bias``
+    of the layout's parameter count, the saved statistics that ``stats`` names of its
+    statistic count."""
+
+    __slots__ = ()
+    stats: ClassVar[tuple[str, ...]] = ("saved_mean", "saved_var")
+    x: GpuRef
+    y: GpuRef
+    scale: GpuRef
+    bias: GpuRef | None
+    epsilon: float
+
+    @property
+    @abc.abstractmethod
+    def layout(self) -> NormLayout:
+        """The layout of this normalization."""
+
+    def validate(self) -> None:
+        layout = self.layout
+        dtype = _require_data(layout, x=self.x, y=self.y)
+        _require_params(dtype, layout.param_count, scale=self.scale, bias=self.bias)
+        _require_params(dtype, layout.stat_count, **{n: getattr(self, n) for n in self.stats})
+        _require_epsilon(self.epsilon)
+
+
 @dataclass(frozen=True, slots=True)
-class LayerNorm(Op):
+class LayerNorm(_NormForward):
     """Layer-normalize the last ``norm_axes`` dims of ``x`` of ``dims`` into ``y``; write the
     per-row mean and inverse standard deviation to ``saved_mean`` / ``saved_var`` where
     given."""
@@ -308,17 +335,9 @@ class LayerNorm(Op):
         """The layout of this normalization."""
         return norm_layout(NormMode.LAYER, self.dims, self.norm_axes)
 
-    def validate(self) -> None:
-        layout = self.layout
-        dtype = _require_data(layout, x=self.x, y=self.y)
-        _require_params(dtype, layout.param_count, scale=self.scale, bias=self.bias)
-        _require_params(dtype, layout.stat_count, saved_mean=self.saved_mean,
-                        saved_var=self.saved_var)
-        _require_epsilon(self.epsilon)
-
 
 @dataclass(frozen=True, slots=True)
-class InstanceNorm(Op):
+class InstanceNorm(_NormForward):
     """Instance-normalize ``x`` of ``dims = (N, C, *spatial)`` (per sample and channel, over
     the spatial dims) into ``y``; saved statistics hold ``N * C`` values."""
 
@@ -342,17 +361,13 @@ class InstanceNorm(Op):
         return norm_layout(NormMode.INSTANCE, self.dims)
 
     def validate(self) -> None:
-        layout = self.layout
-        dtype = _require_data(layout, x=self.x, y=self.y)
-        _require_params(dtype, layout.param_count, scale=self.scale, bias=self.bias)
-        _require_params(dtype, layout.stat_count, saved_mean=self.saved_mean,
-                        saved_var=self.saved_var)
-        _require_epsilon(self.epsilon)
-        require(layout.group_size > 1, f"an instance norm needs spatial dims, got {self.dims}")
+        _NormForward.validate(self)
+        require(self.layout.group_size > 1,
+                f"an instance norm needs spatial dims, got {self.dims}")
 
 
 @dataclass(frozen=True, slots=True)
-class GroupNorm(Op):
+class GroupNorm(_NormForward):
     """Group-normalize ``x`` of ``dims = (N, C, *spatial)`` in ``groups`` groups of channels
     into ``y``; saved statistics hold ``N * groups`` values, scale and bias ``C``."""
 
@@ -376,22 +391,15 @@ class GroupNorm(Op):
         """The layout of this normalization."""
         return norm_layout(NormMode.GROUP, self.dims, groups=self.groups)
 
-    def validate(self) -> None:
-        layout = self.layout
-        dtype = _require_data(layout, x=self.x, y=self.y)
-        _require_params(dtype, layout.param_count, scale=self.scale, bias=self.bias)
-        _require_params(dtype, layout.stat_count, saved_mean=self.saved_mean,
-                        saved_var=self.saved_var)
-        _require_epsilon(self.epsilon)
-
 
 @dataclass(frozen=True, slots=True)
-class RmsNorm(Op):
+class RmsNorm(_NormForward):
     """RMS-normalize the last ``norm_axes`` dims of ``x``: ``y = x / rms(x) * scale (+ bias)``
     with ``rms = sqrt(mean(x**2) + epsilon)``; ``saved_var`` receives ``1 / rms`` per row."""
 
     library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y", "saved_var")
+    stats = ("saved_var",)
     api = _forms("rms_norm", ("x", "y", "scale", "dims", "norm_axes", "saved_var", "epsilon",
                               "bias"),
                  "RMS normalization forward over the last ``norm_axes`` dims (bias optional).")
@@ -408,13 +416,6 @@ class RmsNorm(Op):
     def layout(self) -> NormLayout:
         """The layout of this normalization."""
         return norm_layout(NormMode.RMS, self.dims, self.norm_axes)
-
-    def validate(self) -> None:
-        layout = self.layout
-        dtype = _require_data(layout, x=self.x, y=self.y)
-        _require_params(dtype, layout.param_count, scale=self.scale, bias=self.bias)
-        _require_params(dtype, layout.stat_count, saved_var=self.saved_var)
-        _require_epsilon(self.epsilon)
 
 
 @dataclass(frozen=True, slots=True)

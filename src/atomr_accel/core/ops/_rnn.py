@@ -166,17 +166,37 @@ def rnn_weight_count(mode: str, direction: str, num_layers: int, input_size: int
                     else 1, num_layers, input_size, hidden_size, 1, 1).weight_count
 
 
-def _shape(mode: RnnMode, direction: RnnDirection, num_layers: int, input_size: int,
-           hidden_size: int, seq_length: int, batch_size: int, dropout: float) -> RnnShape:
-    """Check the sizes (all positive) and dropout; answer the network's shape."""
-    require_positive(num_layers=num_layers, input_size=input_size, hidden_size=hidden_size,
-                     seq_length=seq_length, batch_size=batch_size)
-    if not (isinstance(dropout, int | float) and not isinstance(dropout, bool)
-            and dropout == 0):
-        raise InvalidArgument(f"dropout between layers is not supported: it must be 0.0, got "
-                              f"{dropout!r}")
-    return RnnShape(mode, 2 if direction is RnnDirection.BI else 1, num_layers, input_size,
-                    hidden_size, seq_length, batch_size)
+class _Rnn(Op):
+    """The recurrent ops: the network's sizes, read and checked."""
+
+    __slots__ = ()
+    mode: RnnMode
+    direction: RnnDirection
+    num_layers: int
+    input_size: int
+    hidden_size: int
+    seq_length: int
+    batch_size: int
+    dropout: float
+
+    @property
+    def shape(self) -> RnnShape:
+        """The network's sizes."""
+        return RnnShape(self.mode, 2 if self.direction is RnnDirection.BI else 1,
+                        self.num_layers, self.input_size, self.hidden_size, self.seq_length,
+                        self.batch_size)
+
+    def _checked_shape(self) -> RnnShape:
+        """Check the sizes (all positive) and dropout; answer the network's shape."""
+        require_positive(num_layers=self.num_layers, input_size=self.input_size,
+                         hidden_size=self.hidden_size, seq_length=self.seq_length,
+                         batch_size=self.batch_size)
+        dropout = self.dropout
+        if not (isinstance(dropout, int | float) and not isinstance(dropout, bool)
+                and dropout == 0):
+            raise InvalidArgument(f"dropout between layers is not supported: it must be 0.0, "
+                                  f"got {dropout!r}")
+        return self.shape
 
 
 def _require_buffers(shape: RnnShape, mode: RnnMode, **refs: GpuRef | None) -> None:
@@ -200,7 +220,7 @@ _RNN_PARAMS: tuple[str | Param, ...] = (
 
 
 @dataclass(frozen=True, slots=True)
-class RnnFwd(Op):
+class RnnFwd(_Rnn):
     """Run a recurrent network (RNN tanh/relu, LSTM or GRU; uni- or bidirectional; several
     layers) over ``x`` into ``y`` and the final states ``h_out`` (and ``c_out``).
 
@@ -232,22 +252,14 @@ class RnnFwd(Op):
     batch_size: int = 0
     dropout: float = 0.0
 
-    @property
-    def shape(self) -> RnnShape:
-        """The network's sizes."""
-        return RnnShape(self.mode, 2 if self.direction is RnnDirection.BI else 1,
-                        self.num_layers, self.input_size, self.hidden_size, self.seq_length,
-                        self.batch_size)
-
     def validate(self) -> None:
-        shape = _shape(self.mode, self.direction, self.num_layers, self.input_size,
-                       self.hidden_size, self.seq_length, self.batch_size, self.dropout)
+        shape = self._checked_shape()
         _require_buffers(shape, self.mode, x=self.x, h_in=self.h_in, weights=self.weights,
                          y=self.y, h_out=self.h_out, c_in=self.c_in, c_out=self.c_out)
 
 
 @dataclass(frozen=True, slots=True)
-class RnnBwd(Op):
+class RnnBwd(_Rnn):
     """The backward of ``RnnFwd``: ``dx``, ``dweights`` and, where given, ``dh_in`` and
     ``dc_in``, from ``dy`` and (where given) ``dh_out`` / ``dc_out``.
 
@@ -281,16 +293,8 @@ class RnnBwd(Op):
     batch_size: int = 0
     dropout: float = 0.0
 
-    @property
-    def shape(self) -> RnnShape:
-        """The network's sizes."""
-        return RnnShape(self.mode, 2 if self.direction is RnnDirection.BI else 1,
-                        self.num_layers, self.input_size, self.hidden_size, self.seq_length,
-                        self.batch_size)
-
     def validate(self) -> None:
-        shape = _shape(self.mode, self.direction, self.num_layers, self.input_size,
-                       self.hidden_size, self.seq_length, self.batch_size, self.dropout)
+        shape = self._checked_shape()
         _require_buffers(shape, self.mode, x=self.x, weights=self.weights, dy=self.dy,
                          dx=self.dx, dweights=self.dweights, h_in=self.h_in, c_in=self.c_in,
                          y=self.y, h_out=self.h_out, c_out=self.c_out, dh_out=self.dh_out,

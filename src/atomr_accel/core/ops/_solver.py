@@ -40,6 +40,8 @@ from atomr_accel.core.ops._linalg import (
     LinalgOp,
     Matrix,
     Vector,
+    _Solve,
+    _Square,
     require_pivots,
     require_real,
     require_trans,
@@ -88,16 +90,13 @@ class Getrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
+    size_names = ("m", "n")
     api = (Form("getrf", ("a", "ipiv", "m", "n")),)
     a: GpuRef
     ipiv: GpuRef
     m: int
     n: int
     lda: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
 
     def operands(self) -> tuple[Matrix]:
         """Return A."""
@@ -109,7 +108,7 @@ class Getrf(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Getrs(LinalgOp):
+class Getrs(_Solve):
     """Solve ``op(A) @ X = B`` in place into B from ``Getrf``'s factors and pivots (LAPACK getrs).
 
     A is ``n x n``, B is ``n x nrhs``; ``trans`` solves with A.T, and with
@@ -129,17 +128,6 @@ class Getrs(LinalgOp):
     trans: bool = False
     conj: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``nrhs``."""
-        return {"n": self.n, "nrhs": self.nrhs}
-
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the factors and B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``ipiv`` and refuse a conjugate without a transpose."""
         require_pivots(self.ipiv, self.n)
@@ -147,7 +135,7 @@ class Getrs(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Potrf(LinalgOp):
+class Potrf(_Square):
     """Factor a Hermitian positive definite A in place: ``L @ L.H`` or ``U.H @ U`` (LAPACK potrf).
 
     Only the ``upper`` (or lower) triangle of the ``n x n`` A is read and
@@ -162,17 +150,9 @@ class Potrf(LinalgOp):
     lda: int | None = None
     upper: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
-
-    def operands(self) -> tuple[Matrix]:
-        """Return A."""
-        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
-
 
 @dataclass(frozen=True, slots=True)
-class Potrs(LinalgOp):
+class Potrs(_Solve):
     """Solve ``A @ X = B`` in place into B from ``Potrf``'s factor (LAPACK potrs).
 
     ``a`` holds the factor in its ``upper`` (or lower) triangle; B is ``n x nrhs``.
@@ -189,17 +169,6 @@ class Potrs(LinalgOp):
     ldb: int | None = None
     upper: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``nrhs``."""
-        return {"n": self.n, "nrhs": self.nrhs}
-
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the factor and B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Geqrf(LinalgOp):
@@ -212,16 +181,13 @@ class Geqrf(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "tau")
+    size_names = ("m", "n")
     api = (Form("geqrf", ("a", "tau", "m", "n")),)
     a: GpuRef
     tau: GpuRef
     m: int
     n: int
     lda: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
 
     def operands(self) -> tuple[Matrix, Vector]:
         """Return A and tau."""
@@ -241,6 +207,7 @@ class Orgqr(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
+    size_names = ("m", "n", "k")
     api = (Form("orgqr", ("a", "tau", "m", "n", "k")),)
     a: GpuRef
     tau: GpuRef
@@ -248,10 +215,6 @@ class Orgqr(LinalgOp):
     n: int
     k: int
     lda: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n`` and ``k``."""
-        return {"m": self.m, "n": self.n, "k": self.k}
 
     def operands(self) -> tuple[Matrix, Vector]:
         """Return A and tau."""
@@ -280,6 +243,7 @@ class Gesvd(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    size_names = ("m", "n")
     api = (Form("gesvd", ("a", "s", "u", "vt", "m", "n")),)
     a: GpuRef
     s: GpuRef
@@ -291,10 +255,6 @@ class Gesvd(LinalgOp):
     ldu: int | None = None
     ldvt: int | None = None
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``m`` and ``n``."""
-        return {"m": self.m, "n": self.n}
-
     def operands(self) -> tuple[Matrix, ...]:
         """Return A, then U and VT where asked for."""
         return svd_operands(self, 1, (None, None, None))
@@ -305,7 +265,7 @@ class Gesvd(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Syevd(LinalgOp):
+class Syevd(_Square):
     """Find the eigenvalues (ascending, into ``w``) and eigenvectors of a Hermitian A (syevd/heevd).
 
     Only the ``upper`` (or lower) triangle of the ``n x n`` A is read. With
@@ -324,16 +284,6 @@ class Syevd(LinalgOp):
     upper: bool = False
     vectors: bool = True
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``."""
-        return {"n": self.n}
-
-    def operands(self) -> tuple[Matrix]:
-        """Return A."""
-        return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``w``: real, ``n`` entries."""
         require_real(self.w, dtype, self.n, "w")
-
-

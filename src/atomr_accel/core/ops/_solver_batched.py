@@ -13,6 +13,8 @@ from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._linalg import (
     LinalgOp,
     Matrix,
+    _SolveBatch,
+    _SquareBatch,
     require_info,
     require_pivots,
     require_real,
@@ -49,7 +51,7 @@ def svd_operands(
 
 
 @dataclass(frozen=True, slots=True)
-class GetrfBatched(LinalgOp):
+class GetrfBatched(_SquareBatch):
     """Factor ``batch`` square ``n x n`` matrices in place as ``Getrf`` does (cuBLAS getrfBatched).
 
     Matrix ``i`` starts ``i * stride`` elements into ``a``; its pivots are
@@ -69,16 +71,6 @@ class GetrfBatched(LinalgOp):
     stride: int | None = None
     info: GpuRef | None = None
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``batch``."""
-        return {"n": self.n, "batch": self.batch}
-
-    def operands(self) -> tuple[Matrix]:
-        """Return the batch of A."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``ipiv`` (i32, ``batch * n`` entries) and ``info`` where given."""
         require_pivots(self.ipiv, self.batch * self.n)
@@ -86,7 +78,7 @@ class GetrfBatched(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class GetrsBatched(LinalgOp):
+class GetrsBatched(_SolveBatch):
     """Solve ``op(A[i]) @ X[i] = B[i]`` in place for a batch, as ``Getrs`` (cuBLAS getrsBatched).
 
     ``ipiv`` holds ``n`` pivots per matrix, packed as ``GetrfBatched`` leaves them.
@@ -108,19 +100,6 @@ class GetrsBatched(LinalgOp):
     trans: bool = False
     conj: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``, ``nrhs`` and ``batch``."""
-        return {"n": self.n, "nrhs": self.nrhs, "batch": self.batch}
-
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the batches of factors and of B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
-                      stride=self.stride_a),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
-                      stride=self.stride_b),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``ipiv`` and refuse a conjugate without a transpose."""
         require_pivots(self.ipiv, self.batch * self.n)
@@ -128,7 +107,7 @@ class GetrsBatched(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class PotrfBatched(LinalgOp):
+class PotrfBatched(_SquareBatch):
     """Factor ``batch`` Hermitian positive definite matrices in place (cuSOLVER potrfBatched).
 
     With ``info`` (i32, ``batch`` entries) matrix ``i``'s status goes to
@@ -147,23 +126,13 @@ class PotrfBatched(LinalgOp):
     upper: bool = False
     info: GpuRef | None = None
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``batch``."""
-        return {"n": self.n, "batch": self.batch}
-
-    def operands(self) -> tuple[Matrix]:
-        """Return the batch of A."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``info`` where given: i32 with ``batch`` entries."""
         require_info(self.info, self.batch)
 
 
 @dataclass(frozen=True, slots=True)
-class PotrsBatched(LinalgOp):
+class PotrsBatched(_SolveBatch):
     """Solve ``A[i] @ X[i] = B[i]`` in place from Cholesky factors, as ``Potrs`` (potrsBatched).
 
     Any ``nrhs`` is accepted (cuSOLVER's potrsBatched itself takes ``nrhs == 1``).
@@ -183,22 +152,9 @@ class PotrsBatched(LinalgOp):
     stride_b: int | None = None
     upper: bool = False
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n``, ``nrhs`` and ``batch``."""
-        return {"n": self.n, "nrhs": self.nrhs, "batch": self.batch}
-
-    def operands(self) -> tuple[Matrix, Matrix]:
-        """Return the batches of factors and of B."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch,
-                      stride=self.stride_a),
-            Matrix.of("b", self.b, self.n, self.nrhs, self.ldb, batch=self.batch,
-                      stride=self.stride_b),
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class SyevdBatched(LinalgOp):
+class SyevdBatched(_SquareBatch):
     """Find eigenpairs of ``batch`` Hermitian matrices, as ``Syevd`` does (cuSOLVER syevjBatched).
 
     Matrix ``i``'s eigenvalues go to ``w[i * n:(i + 1) * n]``, ascending.
@@ -216,16 +172,6 @@ class SyevdBatched(LinalgOp):
     upper: bool = False
     vectors: bool = True
 
-    def sizes(self) -> dict[str, int]:
-        """Return ``n`` and ``batch``."""
-        return {"n": self.n, "batch": self.batch}
-
-    def operands(self) -> tuple[Matrix]:
-        """Return the batch of A."""
-        return (
-            Matrix.of("a", self.a, self.n, self.n, self.lda, batch=self.batch, stride=self.stride),
-        )
-
     def check_extra(self, dtype: DType) -> None:
         """Check ``w``: real, ``batch * n`` entries."""
         require_real(self.w, dtype, self.batch * self.n, "w")
@@ -242,6 +188,7 @@ class GesvdBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
+    size_names = ("m", "n", "batch")
     api = (Form("gesvd_batched", ("a", "s", "u", "vt", "m", "n", "batch")),)
     a: GpuRef
     s: GpuRef
@@ -256,10 +203,6 @@ class GesvdBatched(LinalgOp):
     stride_a: int | None = None
     stride_u: int | None = None
     stride_vt: int | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n`` and ``batch``."""
-        return {"m": self.m, "n": self.n, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix, ...]:
         """Return the batch of A, then those of U and VT where asked for."""
@@ -290,6 +233,7 @@ class GesvdjBatched(LinalgOp):
 
     library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("s", "u", "v", "info")
+    size_names = ("m", "n", "batch")
     api = (Form("gesvdj_batched", ("a", "s", "u", "v", "m", "n", "batch")),)
     a: GpuRef
     s: GpuRef
@@ -305,10 +249,6 @@ class GesvdjBatched(LinalgOp):
     stride_u: int | None = None
     stride_v: int | None = None
     info: GpuRef | None = None
-
-    def sizes(self) -> dict[str, int]:
-        """Return ``m``, ``n`` and ``batch``."""
-        return {"m": self.m, "n": self.n, "batch": self.batch}
 
     def operands(self) -> tuple[Matrix, ...]:
         """Return the batch of A, then those of U and V where asked for."""
