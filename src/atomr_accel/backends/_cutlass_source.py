@@ -353,7 +353,6 @@ extern "C" int atomr_run(const int* dims, const void* x, const void* w, const vo
 """)
 
 
-
 def _shape(values: tuple[int, int, int], underscore: bool) -> str:
     return ",".join(f"_{v}" if underscore else str(v) for v in values)
 

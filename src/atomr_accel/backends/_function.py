@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -60,11 +59,7 @@ def failure_of(exc: BaseException, name: str, backend: Backend) -> GpuRuntimeErr
     if classified is not None:
         classified.__cause__ = exc
         return classified
-    kind = type(exc)
-    module = kind.__module__
-    exc_type = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
-    text = "".join(traceback.format_exception(exc))
-    return FunctionFailed(name, exc_type, str(exc), text)
+    return FunctionFailed.of(name, exc)
 
 
 def _torch() -> Any:

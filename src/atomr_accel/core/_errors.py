@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import traceback
 from types import CodeType
 from typing import Any
 
@@ -160,6 +161,16 @@ class FunctionFailed(GpuRuntimeError):
         self.exc_type = exc_type
         self.message = message
         self.remote_traceback = remote_traceback
+
+    @classmethod
+    def of(cls, name: str, exc: BaseException) -> FunctionFailed:
+        """What user code ``name`` raising ``exc`` fails with, here where it ran: the
+        exception's qualified type (``ValueError``, ``torch.OutOfMemoryError``), its text
+        and its traceback."""
+        kind = type(exc)
+        exc_type = (kind.__qualname__ if kind.__module__ == "builtins"
+                    else f"{kind.__module__}.{kind.__qualname__}")
+        return cls(name, exc_type, str(exc), "".join(traceback.format_exception(exc)))
 
 
 class QueueFull(GpuRuntimeError):

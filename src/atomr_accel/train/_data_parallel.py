@@ -252,8 +252,6 @@ def _write(target: str, state: dict[str, Array]) -> None:
         raise InvalidArgument(f"cannot write {target}: {exc}") from exc
 
 
-
-
 def _path(path: object) -> str:
     if not isinstance(path, str | os.PathLike):
         raise InvalidArgument(f"path must be a str or a PathLike, got {type(path).__name__}")

@@ -55,8 +55,6 @@ TRAIN_TIMEOUT = 300.0
 """The default ``timeout_secs`` of ``train``, seconds."""
 
 
-
-
 def flatten_parameters(model: Sequential, parameters: Mapping[str, Any]) -> Array:
     """``parameters`` (by name) as one float32 vector, in ``model.parameter_shapes()`` order:
     what a parameter server holds for ``model``."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +46,7 @@ def _user_module(what: str) -> Iterator[None]:
     except GpuRuntimeError:
         raise
     except Exception as exc:
-        kind = type(exc)
-        name = kind.__qualname__ if kind.__module__ == "builtins" else \
-            f"{kind.__module__}.{kind.__qualname__}"
-        raise FunctionFailed(what, name, str(exc),
-                             "".join(traceback.format_exception(exc))) from exc
+        raise FunctionFailed.of(what, exc) from exc
 
 
 @dataclass(slots=True)

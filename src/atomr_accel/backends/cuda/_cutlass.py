@@ -72,7 +72,6 @@ def device_arch(backend: CudaBackend) -> str:
     return arch
 
 
-
 def _check(status: int, plan: KernelPlan) -> None:
     if status != 0:
         raise LibraryError("cutlass", status, f"{plan.name}: {_STEPS.get(status, 'failed')}")

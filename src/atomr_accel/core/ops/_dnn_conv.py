@@ -166,7 +166,6 @@ class Conv2dForward(_Conv2d):
     autotune: bool = False
 
 
-
 @dataclass(frozen=True, slots=True)
 class Conv2dBackwardData(_Conv2d):
     """The gradient of a convolution with respect to its image: ``dx = alpha * conv2d^T(dy,
@@ -196,7 +195,6 @@ class Conv2dBackwardData(_Conv2d):
     beta: float = 0.0
     layout: Layout = Layout.NCHW
     autotune: bool = False
-
 
 
 @dataclass(frozen=True, slots=True)

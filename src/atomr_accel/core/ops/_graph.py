@@ -17,7 +17,6 @@ declare("graph", "Graph",
         rank=9)
 
 
-
 def library_capturable(name: str) -> bool:
     """Whether the catalogued library ``name`` runs pure device work (``capturable``)."""
     return name != "memory" and library(name).capturable

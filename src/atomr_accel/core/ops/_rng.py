@@ -243,7 +243,6 @@ def fill_param(name: str, default: object = REQUIRED,
     return Param(name, default, to=("params",), parse=parse, annotation="float")
 
 
-
 def _fill(name: str, distribution: Distribution, ours: tuple[Param, ...], what: str) -> Form:
     """Our ``name(out, ...)`` for one distribution of ``RngFill``."""
     fixed: dict[str, object] = {"distribution": distribution, **_HANDLE_SETS}
