@@ -5,6 +5,7 @@ Tests marked ``gpu`` are skipped where no CUDA device is visible.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 from collections.abc import Iterator
 
@@ -39,3 +40,11 @@ def _ray_session(request: pytest.FixtureRequest) -> Iterator[None]:
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Never hang at exit: a failed test may leave a plain thread of its own blocked for
+    ever, which Python waits for before it exits. Past two minutes, every thread's stack
+    is printed and the process exits (code 1)."""
+    faulthandler.dump_traceback_later(120, exit=True)
