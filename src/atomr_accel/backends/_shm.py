@@ -122,13 +122,15 @@ def create_segment(nbytes: int, reserve: bool = True) -> Segment:
         if reserve and hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, 0, size)
         mm = mmap.mmap(fd, size)
-    except OSError as exc:
+    except BaseException as exc:  # an interrupt too: nothing is left behind
         if fd is not None:
             os.close(fd)
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        raise _shm_error(exc, nbytes) from exc
+        if isinstance(exc, OSError):
+            raise _shm_error(exc, nbytes) from exc
+        raise
     if path is not None:  # a file keeps its name; its descriptor is not needed
         os.close(fd)
         return Segment(name, mm, size, None)

@@ -10,12 +10,17 @@ length while it costs almost no CPU. Every wait is bounded by its deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol, cast
 
-__all__ = ["MAX_SLICE", "SPIN_SECONDS", "hold", "wait_until", "yield_now"]
+from atomr_accel.core import InvalidArgument
+
+__all__ = ["MAX_SLICE", "SPIN_SECONDS", "Busy", "Latch", "OwnedLock", "hold", "owned_lock",
+           "wait_until", "yield_now"]
 
 SPIN_SECONDS = 0.005
 """How long a waiter spins before it parks (covers most single GPU ops)."""
@@ -59,31 +64,118 @@ def wait_until(
             return
 
 
+class OwnedLock(Protocol):
+    """A lock that knows whether the calling thread holds it (``threading.RLock``)."""
+
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+
+    def release(self) -> None: ...
+
+    def _is_owned(self) -> bool: ...
+
+    def __enter__(self) -> bool: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def owned_lock() -> OwnedLock:
+    """A new lock for ``hold``."""
+    return cast(OwnedLock, threading.RLock())
+
+
+class Busy(Exception):
+    """``hold(lock, wait=False)`` found the lock taken (or this thread's already)."""
+
+
+def _reentered() -> InvalidArgument:
+    return InvalidArgument(
+        "this thread called a device from inside its own call to it (from a signal handler, "
+        "say): the context it would wait for is its own")
+
+
 class hold:  # noqa: N801 - used as a function: ``with hold(lock):``
     """Hold ``lock``, which a few threads contend for: yield the GIL and the core for a
     while before blocking on it. A thread that sleeps on a lock wakes up late, and every
-    thread behind it waits the longer for it (a lock convoy under the GIL)."""
+    thread behind it waits the longer for it (a lock convoy under the GIL).
 
-    __slots__ = ("_lock", "_refuse")
+    An exception that lands at any point (a signal handler's, which Python raises
+    between two bytecodes) never leaves the lock held: while it is taken, whether this
+    thread holds it is asked of the lock itself (no flag can be set in the same bytecode
+    as the taking), and it is given back by the lock's own C ``__exit__``, which no
+    bytecode runs before. Raises ``TimeoutError`` once ``deadline`` (``perf_counter``;
+    None: no limit) passes with the lock still taken; ``InvalidArgument`` when this thread
+    holds it already (after ``refuse``, which may raise a better error first); with
+    ``wait=False``, ``Busy`` at once when it is taken.
+    """
+
+    __slots__ = ("_deadline", "_lock", "_refuse", "_wait")
     _TRIES = 50
 
-    def __init__(self, lock: threading.Lock, refuse: Callable[[], None] | None = None) -> None:
+    def __init__(self, lock: OwnedLock, refuse: Callable[[], None] | None = None,
+                 deadline: float | None = None, wait: bool = True) -> None:
         self._lock = lock
         self._refuse = refuse
         """Called (to raise) before waiting for ``lock`` when it is taken: e.g. when this
         thread may be the holder."""
+        self._deadline = deadline
+        self._wait = wait
 
     def __enter__(self) -> None:
         lock = self._lock
-        if lock.acquire(blocking=False):
-            return
-        if self._refuse is not None:
-            self._refuse()
-        for _ in range(self._TRIES):
-            yield_now()
+        if lock._is_owned():  # RLock's own answer
+            if not self._wait:
+                raise Busy
+            if self._refuse is not None:
+                self._refuse()
+            raise _reentered()
+        try:
             if lock.acquire(blocking=False):
                 return
-        lock.acquire()
+            if not self._wait:
+                raise Busy
+            if self._refuse is not None:
+                self._refuse()
+            for _ in range(self._TRIES):
+                yield_now()
+                if lock.acquire(blocking=False):
+                    return
+            deadline = self._deadline
+            wait = -1.0 if deadline is None else \
+                min(max(0.0, deadline - time.perf_counter()), threading.TIMEOUT_MAX)
+            if not lock.acquire(timeout=wait):
+                raise TimeoutError("the context stayed busy past the op's deadline")
+        except BaseException:
+            if lock._is_owned():  # taken just before the exception landed
+                lock.release()
+            raise
 
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+    @property
+    def __exit__(self) -> Callable[..., object]:  # noqa: PLE0302 - the lock's, bound
+        """The lock's own (C) ``__exit__``, looked up by ``with`` before ``__enter__``
+        runs: it releases before any bytecode could raise."""
+        return self._lock.__exit__
+
+
+class Latch:
+    """Set once, from any thread; waited for once, by one thread.
+
+    Unlike ``threading.Event``, whose ``wait`` a signal handler's exception can
+    leave with the event's inner lock held (so a later ``set`` blocks for ever), a
+    latch is one C lock, held until set: an interrupted wait leaves nothing behind.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        """Wake the waiter (never blocks)."""
+        with contextlib.suppress(RuntimeError):  # set before: already awake
+            self._lock.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether it was set within ``timeout`` seconds (None: no limit)."""
+        return self._lock.acquire(
+            timeout=-1.0 if timeout is None else min(timeout, threading.TIMEOUT_MAX))

@@ -17,6 +17,7 @@ Every error pickles with its fields, so it crosses from a worker process intact.
 from __future__ import annotations
 
 import functools
+import importlib
 import signal
 import traceback
 from types import CodeType
@@ -255,9 +256,10 @@ def gpu_error_of(exc: actor.ActorError, system: str, what: str) -> GpuRuntimeErr
 
 
 def interrupt_in(exc: BaseException) -> BaseException | None:
-    """The exception that interrupted the calling thread, if ``exc`` is one or was caused
-    by one (``__cause__``: a library may wrap it), rather than came from the work the
-    thread did.
+    """The exception that interrupted the calling thread, if ``exc`` is one or arose from
+    one (its ``__cause__``: a library may wrap it; its ``__context__``: raised while the
+    interrupt unwound, as ``threading.Condition.wait`` may), rather than came from the
+    work the thread did.
 
     An interrupt is a ``BaseException`` that is no ``Exception``
     (``KeyboardInterrupt``, ``SystemExit``) or whatever a Python signal handler
@@ -266,8 +268,12 @@ def interrupt_in(exc: BaseException) -> BaseException | None:
     """
     handlers: set[CodeType] | None = None
     seen: set[int] = set()
-    error: BaseException | None = exc
-    while error is not None and id(error) not in seen:
+    chain: list[BaseException] = [exc]
+    while chain:
+        error = chain.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
         if not isinstance(error, Exception):
             return error
         handlers = _handler_codes() if handlers is None else handlers
@@ -276,18 +282,27 @@ def interrupt_in(exc: BaseException) -> BaseException | None:
             if tb.tb_frame.f_code in handlers:
                 return error
             tb = tb.tb_next
-        seen.add(id(error))
-        error = error.__cause__
+        chain.extend(e for e in (error.__context__, error.__cause__) if e is not None)
     return None
+
+
+_SIGNALS = tuple(int(signum) for signum in signal.valid_signals())
+"""This platform's signal numbers (``valid_signals`` builds enum members: ~0.1 ms a call,
+as ``signal.getsignal`` does for the handlers that are no Python callables)."""
+
+_getsignal: Any = importlib.import_module("_signal").getsignal
+"""``signal.getsignal`` without the enum conversion."""
 
 
 def _handler_codes() -> set[CodeType]:
     """The code objects of the Python signal handlers installed now."""
     codes: set[CodeType] = set()
-    for signum in signal.valid_signals():
+    for signum in _SIGNALS:
         try:
-            handler: Any = signal.getsignal(signum)
+            handler: Any = _getsignal(signum)
         except (OSError, ValueError):
+            continue
+        if handler is None or isinstance(handler, int):  # SIG_DFL, SIG_IGN, not Python's
             continue
         while isinstance(handler, functools.partial):
             handler = handler.func

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, interrupt_in
 from atomr_accel.core._fields import PickleByFields, reader_of
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
@@ -353,12 +353,13 @@ def checked(op: T) -> T:
 
 def validated(op: T) -> T:
     """``checked(op)``, with any other failure of a malformed op (a field of a wrong type
-    that ``validate`` trips over) reported as ``InvalidArgument`` too."""
+    that ``validate`` trips over) reported as ``InvalidArgument`` too; an interrupt of the
+    calling thread (a signal handler's exception) is raised unchanged."""
     try:
         return checked(op)
     except InvalidArgument:
         raise
     except Exception as exc:
-        if isinstance(exc, GpuRuntimeError):
+        if isinstance(exc, GpuRuntimeError) or interrupt_in(exc) is not None:
             raise
         raise InvalidArgument(f"invalid {type(op).__name__}: {exc}") from exc

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.actor._deadlines import Deadlines
+from atomr_accel.backends._spin import Latch
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     AskTimeout,
@@ -218,7 +219,7 @@ class _Slot:
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
-        self._wake: threading.Event | None = None
+        self._wake: Latch | None = None
 
     def set_result(self, value: Any) -> None:
         self._value = value
@@ -237,7 +238,7 @@ class _Slot:
     def outcome(self, deadline: float | None, path: str, timeout: float | None) -> Any:
         """The answer (raised if an error), waiting for it until ``deadline`` if need be."""
         if not self._done:
-            wake = self._wake = threading.Event()
+            wake = self._wake = Latch()
             if not self._done:  # answered before the event was there: nothing to wait for
                 wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 if not wake.wait(wait):
@@ -303,30 +304,31 @@ class Lane:
         stream = gate.streams.get(op.library)
         return None if stream is None else (gate, stream)
 
-    def _start(self, gate: Gate, op: Op, answer: Any,
-               checked: bool) -> tuple[Op, Pending] | None:
-        """Validate ``op`` (raises), register its request and check its buffers; None when a
-        check failed and answered the request (counted like any failed op)."""
+    def _request(self, op: Op, answer: Any, checked: bool) -> Pending:
+        """Validate ``op`` (raises) and make its request, not registered yet."""
         state = self.state
-        op = prepare(op, state, checked)
-        pending = state.track(op, answer)
-        generation = gate.generation
+        return state.request(prepare(op, state, checked), answer)
+
+    def _enter(self, pending: Pending, generation: int) -> bool:
+        """Register ``pending`` and check its buffers; False when a check failed and
+        answered it (counted like any failed op)."""
+        state = self.state
+        state.register(pending)
         try:
-            check_refs(op, generation, state)
+            check_refs(pending.op, generation, state)
         except GpuRuntimeError as exc:
             if pending.claim(generation):
                 pending.fail(exc)
-            return None
-        except BaseException as exc:  # this thread was interrupted: the request ends too
-            pending.fail(exc)
-            raise
-        return op, pending
+            return False
+        return True
 
     def call(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
         """Run ``op`` and wait for it on this plain thread; its result, or ``MISS``.
 
         Raises the op's error, ``InvalidArgument`` / ``GpuRefStale`` before it
-        runs, or ``AskTimeout`` after ``timeout`` seconds (None: no limit).
+        runs, or ``AskTimeout`` after ``timeout`` seconds (None: no limit). An
+        interrupt of this thread (a signal handler's exception), wherever it
+        lands, ends the request (it never stays in the books) and is raised.
         """
         route = self._route(op)
         if route is None:
@@ -334,36 +336,33 @@ class Lane:
         gate, stream = route
         slot = _Slot()
         deadline = None if timeout is None else time.perf_counter() + timeout
-        started = self._start(gate, op, slot, checked)
-        if started is not None:
-            op, pending = started
-            generation = gate.generation
-            interrupt: BaseException | None = None
-            try:
-                outcome = gate.host.call(op, stream, pending.ticket(generation),
-                                         deadline)
-                if outcome is not None:
-                    result, error = outcome
-                    if error is None:
-                        pending.succeed(answer_of(op, result, generation, self.state))
-                    else:
-                        finish(pending, generation, None, error,
-                               fatal_to(gate.context, generation, self))
-            except BaseException as exc:  # answering included: an interrupt may land there
-                interrupt = interrupt_in(exc)
-                if interrupt is None:
-                    pending.fail(AskTimeout(self.path, timeout or 0.0)
-                                 if isinstance(exc, TimeoutError)  # else the host could not
-                                 else refusal_of(exc, op))  # take it (memory, pickling)
-            if interrupt is not None:  # this thread was interrupted: it goes, the op ends
-                pending.fail(interrupt)
-                raise interrupt
-            try:
+        pending = self._request(op, slot, checked)
+        op, generation = pending.op, gate.generation
+        interrupt: BaseException | None = None
+        try:  # registered inside: an interrupt anywhere after it fails the request
+            if not self._enter(pending, generation):
                 return slot.outcome(deadline, self.path, timeout)
-            except AskTimeout:
-                pending.abandon()  # what it makes once it finishes is released
-                raise
-        return slot.outcome(deadline, self.path, timeout)
+            outcome = gate.host.call(op, stream, pending.ticket(generation), deadline)
+            if outcome is not None:
+                result, error = outcome
+                if error is None:
+                    pending.succeed(answer_of(op, result, generation, self.state))
+                else:
+                    finish(pending, generation, None, error,
+                           fatal_to(gate.context, generation, self))
+        except BaseException as exc:  # answering included: an interrupt may land there
+            interrupt = interrupt_in(exc)
+            pending.fail(interrupt if interrupt is not None
+                         else AskTimeout(self.path, timeout or 0.0)
+                         if isinstance(exc, TimeoutError)  # else the host could not
+                         else refusal_of(exc, op))  # take it (memory, pickling)
+        if interrupt is not None:  # raised here, its context unchanged
+            raise interrupt
+        try:
+            return slot.outcome(deadline, self.path, timeout)
+        except AskTimeout:
+            pending.abandon()  # what it makes once it finishes is released
+            raise
 
     async def run(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
         """Run ``op`` and await it on the running loop; its result, or ``MISS``.
@@ -376,10 +375,28 @@ class Lane:
         gate, stream = route
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        started = self._start(gate, op, Reply(fut, loop), checked)
-        if started is None:
+        pending = self._request(op, Reply(fut, loop), checked)
+        op, generation = pending.op, gate.generation
+        interrupt: BaseException | None = None
+        try:  # registered inside: an interrupt anywhere after it fails the request
+            if self._enter(pending, generation):
+                self._launch(gate, stream, pending, loop, fut, timeout)
+        except BaseException as exc:  # the host could not take it (shared memory, pickling)
+            interrupt = interrupt_in(exc)  # or this thread was interrupted
+            pending.fail(refusal_of(exc, op) if interrupt is None else interrupt)
+        if interrupt is not None:  # raised here, its context unchanged
+            raise interrupt
+        try:
             return await fut
-        op, pending = started
+        except (asyncio.CancelledError, TimeoutError):  # its asker is gone, perhaps after its
+            pending.abandon()  # answer came: what it made is released
+            raise
+
+    def _launch(self, gate: Gate, stream: int, pending: Pending,
+                loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any],
+                timeout: float | None) -> None:
+        """Hand ``pending`` to the host; its answer settles ``fut`` (``timeout``: an
+        ``AskTimeout`` settles it first)."""
         if timeout is not None:
             deadlines = self._deadlines.get(loop)
             if deadlines is None:
@@ -391,12 +408,4 @@ class Lane:
         def done(result: Any, error: BaseException | None) -> None:
             finish(pending, generation, result, error, fatal)
 
-        try:
-            gate.host.launch(op, stream, pending.ticket(generation), done)
-        except Exception as exc:  # the host could not take it (shared memory, pickling)
-            pending.fail(refusal_of(exc, op))
-        try:
-            return await fut
-        except (asyncio.CancelledError, TimeoutError):  # its asker is gone, perhaps after its
-            pending.abandon()  # answer came: what it made is released
-            raise
+        gate.host.launch(pending.op, stream, pending.ticket(generation), done)

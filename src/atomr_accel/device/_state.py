@@ -366,7 +366,17 @@ class DeviceState:
 
     def track(self, op: Op, reply: Answer) -> Pending:
         """Register a request on its way to a context (any thread)."""
-        pending = Pending(self, op, reply)
+        pending = self.request(op, reply)
+        self.register(pending)
+        return pending
+
+    def request(self, op: Op, reply: Answer) -> Pending:
+        """A request of this device's for ``op``, not registered yet (see ``register``)."""
+        return Pending(self, op, reply)
+
+    def register(self, pending: Pending) -> None:
+        """Register ``pending``, a request of this device's on its way to a context (any
+        thread)."""
         with self.lock:
             self.pending[pending] = True
         observers = self.observers
@@ -375,10 +385,9 @@ class DeviceState:
             pending.started = time.perf_counter()
             for observer in observers:
                 try:
-                    observer.op_started(self.name, op)
+                    observer.op_started(self.name, pending.op)
                 except Exception:
                     _log.exception("op observer %r raised", observer)
-        return pending
 
     def account(self, op: Op, result: Any) -> None:
         """Keep the memory figures current after a memory op succeeded with ``result``."""

@@ -18,7 +18,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from contextvars import ContextVar
+from contextvars import ContextVar, copy_context
 from typing import Any, ParamSpec, TypeVar
 
 from atomr_accel.core._errors import SystemClosed
@@ -117,14 +117,13 @@ class Portal:
     def run_blocking(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a facade coroutine to its end on this plain thread, in blocking mode."""
         self._check_caller(coro)
-        token = _BLOCKING.set(True)
+        context = copy_context()  # this thread's own is never changed: an
+        context.run(_BLOCKING.set, True)  # interrupt cannot leave it in blocking mode
         try:
-            coro.send(None)
+            context.run(coro.send, None)
         except StopIteration as stop:
             result: T = stop.value
             return result
-        finally:
-            _BLOCKING.reset(token)
         coro.close()
         raise RuntimeError("internal error: a blocking atomr-accel call tried to suspend")
 
@@ -230,7 +229,12 @@ def blocking(async_method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T
     @functools.wraps(async_method)
     def method(*args: P.args, **kwargs: P.kwargs) -> T:
         portal: Portal = args[0]._portal  # type: ignore[attr-defined]
-        return portal.run_blocking(async_method(*args, **kwargs))
+        coro = async_method(*args, **kwargs)
+        try:
+            return portal.run_blocking(coro)
+        except BaseException:
+            coro.close()  # an interrupt before it ran: no "never awaited" warning
+            raise
 
     name = async_method.__name__.removesuffix("_async")
     method.__name__ = name

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Protocol
 
 from atomr_accel.backends import backend_class
 from atomr_accel.backends._base import Backend
+from atomr_accel.backends._spin import Latch
 from atomr_accel.core._errors import (
     ContextPoisoned,
     GpuRuntimeError,
@@ -241,21 +242,21 @@ def settle_threadsafe(fut: asyncio.Future[Any], result: Any, error: BaseExceptio
 class Box:
     """One outcome handed from another thread to a waiting one (None: the op never ran)."""
 
-    __slots__ = ("_event", "_outcome")
+    __slots__ = ("_latch", "_outcome")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._latch = Latch()
         self._outcome: Outcome | None = None
 
     def set(self, outcome: Outcome | None) -> None:
         """Hand over ``outcome`` and wake the waiter."""
         self._outcome = outcome
-        self._event.set()
+        self._latch.set()
 
     def wait(self, deadline: float | None) -> Outcome | None:
         """The outcome; ``TimeoutError`` once ``time.perf_counter()`` passes ``deadline``."""
         timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        if not self._event.wait(timeout):
+        if not self._latch.wait(timeout):
             raise TimeoutError("the op did not finish before its deadline")
         return self._outcome
 

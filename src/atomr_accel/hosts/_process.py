@@ -193,20 +193,22 @@ class ProcessHost(ContextHost):
     def call(self, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
         """Send ``op`` through the ring and wait for its reply in a slot of this caller's."""
-        with self._lock:
-            entered = self._dead is None
-            self._callers += entered
-        if not entered:
-            ticket.unclaim()
-            return None
-        try:
+        entered = False
+        try:  # counted inside: an interrupt landing anywhere leaves the count right
+            with self._lock:
+                entered = self._dead is None
+                self._callers += entered
+            if not entered:
+                ticket.unclaim()
+                return None
             return self._call(op, stream, ticket, deadline)
         finally:
-            with self._lock:
-                self._callers -= 1
-                last = self._unmap and not self._callers
-            if last:
-                self._unmap_channel()
+            if entered:
+                with self._lock:
+                    self._callers -= 1
+                    last = self._unmap and not self._callers
+                if last:
+                    self._unmap_channel()
 
     def _call(self, op: Op, stream: int, ticket: Ticket,
               deadline: float | None) -> Outcome | None:

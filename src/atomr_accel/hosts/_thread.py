@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from atomr_accel.backends._base import Backend
 from atomr_accel.backends._function import refuse_reentry
-from atomr_accel.backends._spin import SPIN_SECONDS, hold
+from atomr_accel.backends._spin import SPIN_SECONDS, Busy, hold, owned_lock
 from atomr_accel.core._errors import (
     ContextPoisoned,
     GpuRuntimeError,
@@ -69,7 +69,7 @@ class ThreadHost(ContextHost):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._backend: Backend | None = None
-        self._lock = threading.Lock()
+        self._lock = owned_lock()
         """Held for every backend call that starts an op (and while the backend closes)."""
         self._put_lock = threading.Lock()
         """Held to put on the queue: never held for long, so an event loop may take it."""
@@ -187,21 +187,20 @@ class ThreadHost(ContextHost):
         if not on_free_loop():
             return False
         loop = asyncio.get_running_loop()
-        if not self._lock.acquire(blocking=False):
-            return False  # the context is busy: never block an event loop on it
         try:
-            if self._queued != self._taken or self._closed or self._refusal(op) is not None:
-                return False
-            if not ticket.claim():
-                return True
-            after = self._off_promised  # every op taken off the queue so far reports first
-            try:
-                started = backend.begin(op, stream)
-            except BaseException as exc:
-                done(None, self._classify(backend, op, exc))
-                return True
-        finally:
-            self._lock.release()
+            with hold(self._lock, wait=False):  # never block an event loop on the context
+                if self._queued != self._taken or self._closed or self._refusal(op) is not None:
+                    return False
+                if not ticket.claim():
+                    return True
+                after = self._off_promised  # every op taken off the queue so far reports first
+                try:
+                    started = backend.begin(op, stream)
+                except BaseException as exc:
+                    done(None, self._classify(backend, op, exc))
+                    return True
+        except Busy:
+            return False
         entry = Started(op, started, done, time.perf_counter() + SPIN_SECONDS, after)
         poller = self._pollers.get(loop)
         if poller is None:
@@ -257,7 +256,7 @@ class ThreadHost(ContextHost):
         context thread), then wait for it here."""
         backend = self._backend
         assert backend is not None, "start() the host first"
-        with hold(self._lock, refuse_reentry):
+        with hold(self._lock, refuse_reentry, deadline):
             if self._closed:
                 ticket.unclaim()  # it never ran here
                 return None
