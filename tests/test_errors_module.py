@@ -106,6 +106,22 @@ def test_errors_of_each_kind_pickle_by_their_public_name(error: Exception) -> No
     assert isinstance(copy, errors.GpuRuntimeError)
 
 
+@pytest.mark.parametrize("error", [
+    errors.QueueOverflow("full", capacity=3, policy="reject"),
+    errors.RequestRejected("batcher", 3),
+    errors.RequestDropped("batcher", 3),
+    errors.BatchResultMismatch(4, 3),
+    errors.UnknownTenant("a", ("b", "c")),
+    errors.InvalidModelOutput("not a sequence"),
+], ids=lambda e: type(e).__name__)
+def test_the_serving_blueprints_errors_pickle_with_their_fields(error: Exception) -> None:
+    """They cross processes (a Ray actor's answer, a worker's report) as any error does."""
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and str(copy) == str(error) and copy.args == error.args
+    assert vars(copy) == vars(error)
+    assert isinstance(copy, errors.PatternError)
+
+
 def test_nvcc_error_loads_on_first_use_under_its_public_name() -> None:
     cls = errors.NvccError
     assert cls.__module__ == "atomr_accel.errors" and issubclass(cls, errors.KernelCompileError)

@@ -21,6 +21,8 @@ that is not the blueprint's own cancellation) as ``atomr_accel.UserCodeError``.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BatchResultMismatch",
     "InvalidModelOutput",
@@ -33,8 +35,21 @@ __all__ = [
 ]
 
 
+def _rebuilt(cls: type[PatternError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> PatternError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
+
 class PatternError(Exception):
     """Base class of every error raised by a serving blueprint."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by message and fields: a subclass's own ``__init__`` arguments (a queue's
+        name and size) are not its ``args``, so the default pickling failed to load it."""
+        return (_rebuilt, (type(self), self.args, self.__dict__))
 
 
 class QueueOverflow(PatternError):
