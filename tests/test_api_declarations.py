@@ -9,9 +9,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from atomr_accel import Device, DTypeMismatch, GpuRuntimeError, InvalidArgument, System
+import atomr_accel
+from atomr_accel import Device, DTypeMismatch, GpuRuntimeError, InvalidArgument, System, facade
+from atomr_accel.core._catalogue import catalogue
 from atomr_accel.facade._generate import declared_ops
-from atomr_accel.facade._stubs import STUB, stub
+from atomr_accel.facade._stubs import HANDLES, STUB, handles, stub
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +24,14 @@ def dev() -> Iterator[Device]:
 
 def test_the_typed_stub_is_up_to_date() -> None:
     assert STUB.read_text() == stub(), "run: python -m atomr_accel.facade"
+
+
+def test_every_catalogued_handle_is_exported_from_its_generated_module() -> None:
+    assert HANDLES.read_text() == handles(), "run: python -m atomr_accel.facade"
+    for info in catalogue():
+        if info.handle is not None:
+            assert info.handle in atomr_accel.__all__ and info.handle in facade.__all__
+            assert getattr(atomr_accel, info.handle) is getattr(facade, info.handle)
 
 
 def test_every_declared_form_names_real_fields() -> None:

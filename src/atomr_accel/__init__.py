@@ -48,16 +48,9 @@ from atomr_accel.core.ops._tensor_map import TensorMap
 from atomr_accel.device import DeviceStats, Journal, JournalConfig, ReplayHarness, Status
 from atomr_accel.device import DeviceStats as DeviceLoad
 from atomr_accel.facade import (
-    Blas,
-    BlasLt,
     Collective,
-    Cub,
-    Cudnn,
-    Cutlass,
     Device,
     DeviceFunction,
-    Fft,
-    FlashAttn,
     GpuBuffer,
     GpuBufferBF16,
     GpuBufferC64,
@@ -88,19 +81,17 @@ from atomr_accel.facade import (
     MultiHeadAttnBwdInputs,
     Nvrtc,
     NvrtcKernel,
-    Onnx,
     OnnxEngine,
     Placement,
     Resident,
     RngGenerator,
     RnnBwdInputs,
-    Solver,
-    Sparse,
     System,
-    Tensor,
     TensorRt,
     TrtEngine,
+    _handles,
 )
+from atomr_accel.facade._handles import *  # noqa: F403 - the catalogued libraries' handles
 from atomr_accel.facade._peer import CopyPath, PeerTopology
 from atomr_accel.original import _op_forms  # noqa: F401 - attaches the original's op forms
 from atomr_accel.patterns import (
@@ -158,12 +149,7 @@ __all__ = [
     "Advice",
     "AskTimeout",
     "CollectiveAborted",
-    "Blas",
     "Collective",
-    "BlasLt",
-    "Cub",
-    "Cutlass",
-    "Cudnn",
     "ContextPoisoned",
     "CopyPath",
     "CsrMatrix",
@@ -178,8 +164,6 @@ __all__ = [
     "DynamicBatchingServer",
     "FaultKind",
     "FairShareScheduler",
-    "Fft",
-    "FlashAttn",
     "GpuBuffer",
     "GpuBufferBF16",
     "GpuBufferC128",
@@ -223,7 +207,6 @@ __all__ = [
     "Modules",
     "MultiHeadAttnBwdInputs",
     "Nvrtc",
-    "Onnx",
     "OnnxEngine",
     "NvrtcKernel",
     "OutOfMemory",
@@ -235,13 +218,10 @@ __all__ = [
     "Resident",
     "RngGenerator",
     "RnnBwdInputs",
-    "Solver",
-    "Sparse",
     "SpeculativeDecoder",
     "Status",
     "System",
     "SystemClosed",
-    "Tensor",
     "TensorMap",
     "TensorRt",
     "TrtEngine",
@@ -249,6 +229,7 @@ __all__ = [
     "UserCodeError",
     "WorkerLost",
 ]
+__all__ += _handles.__all__
 
 # Every public class and function reports the public module it is exported from
 # (``atomr_accel.Blas``, ``atomr_accel.errors.OutOfMemory``): see ``_public``.

@@ -1,5 +1,6 @@
 """The Python facade: ``System``, ``Device``, typed buffers and library handles."""
 
+from atomr_accel.facade import _handles
 from atomr_accel.facade._attn_inputs import MultiHeadAttnBwdInputs
 from atomr_accel.facade._buffers import (
     GpuBuffer,
@@ -19,24 +20,14 @@ from atomr_accel.facade._buffers import (
     GpuBufferU64,
 )
 from atomr_accel.facade._collective import Collective, CollectiveGroup, CollectiveRank
-from atomr_accel.facade._cub import Cub
-from atomr_accel.facade._cutlass import Cutlass
 from atomr_accel.facade._device import Device
-from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._functions import DeviceFunction, Resident
 from atomr_accel.facade._graph_script import GraphCapture, GraphHandle, GraphScript
 from atomr_accel.facade._graphs import Graph, GraphRecorder
+from atomr_accel.facade._handles import *  # noqa: F403 - the catalogued libraries' handles
 from atomr_accel.facade._kernel_args import KernelArg
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel
-from atomr_accel.facade._libraries import (
-    Blas,
-    Fft,
-    Library,
-    RngGenerator,
-    Solver,
-    Sparse,
-    Tensor,
-)
+from atomr_accel.facade._libraries import Library, RngGenerator
 from atomr_accel.facade._memory import (
     IpcMemHandle,
     IpcOpenedMem,
@@ -47,25 +38,18 @@ from atomr_accel.facade._memory import (
     ipc_open_mem_handle,
     ipc_open_mem_handle_async,
 )
-from atomr_accel.facade._onnx import Onnx, OnnxEngine
+from atomr_accel.facade._onnx import OnnxEngine
 from atomr_accel.facade._placement import Placement
 from atomr_accel.facade._rnn_inputs import RnnBwdInputs
 from atomr_accel.facade._system import System
 from atomr_accel.facade._tensorrt import TensorRt, TrtEngine
 
 __all__ = [
-    "Blas",
-    "BlasLt",
     "Collective",
     "CollectiveGroup",
     "CollectiveRank",
-    "Cub",
-    "Cutlass",
-    "Cudnn",
     "Device",
     "DeviceFunction",
-    "Fft",
-    "FlashAttn",
     "GpuBuffer",
     "Resident",
     "GpuBufferBF16",
@@ -96,16 +80,12 @@ __all__ = [
     "Modules",
     "MultiHeadAttnBwdInputs",
     "Nvrtc",
-    "Onnx",
     "OnnxEngine",
     "NvrtcKernel",
     "Placement",
     "RngGenerator",
     "RnnBwdInputs",
-    "Solver",
-    "Sparse",
     "System",
-    "Tensor",
     "TensorRt",
     "TrtEngine",
     "ipc_get_mem_handle",
@@ -113,3 +93,4 @@ __all__ = [
     "ipc_open_mem_handle",
     "ipc_open_mem_handle_async",
 ]
+__all__ += _handles.__all__

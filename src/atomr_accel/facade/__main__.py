@@ -1,8 +1,10 @@
-"""``python -m atomr_accel.facade``: write the typed stub of the generated methods."""
+"""``python -m atomr_accel.facade``: write what is generated from the catalogue as source
+files (the typed stub of the generated methods, the handle classes' imports)."""
 
 import sys
 
-from atomr_accel.facade._stubs import STUB, stub
+from atomr_accel.facade._stubs import HANDLES, STUB, handles, stub
 
-STUB.write_text(stub())
-sys.stdout.write(f"wrote {STUB}\n")
+for path, text in ((STUB, stub()), (HANDLES, handles())):
+    path.write_text(text)
+    sys.stdout.write(f"wrote {path}\n")

@@ -6,9 +6,11 @@ from typing import Any
 from atomr_accel import (
     Blas,
     BlasLt,
+    CsrMatrix,
     Cub,
     Cudnn,
     Cutlass,
+    FaultKind,
     Fft,
     FlashAttn,
     Onnx,
@@ -19,12 +21,10 @@ from atomr_accel import (
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import AttnLayout, AttnMask
-from atomr_accel.core.ops._cub import ReduceKind, ScanKind
+from atomr_accel.core.ops._cub_common import ReduceKind, ScanKind
 from atomr_accel.core.ops._cutlass import Epilogue
-from atomr_accel.core.ops._dnn import Layout
-from atomr_accel.core.ops._faults import FaultKind
+from atomr_accel.core.ops._dnn_common import Layout
 from atomr_accel.core.ops._fft import FftKind
-from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._generate import Generated
 

@@ -60,13 +60,14 @@ class _Arg:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Method:
     """A generated method: its name, its ``*_async`` function and blocking twin, and
-    what the stub needs (parameters as written, the result's type)."""
+    what the stub needs (parameters as written, the result's type, the op it runs)."""
 
     name: str
     run_async: Callable[..., Any]
     run: Callable[..., Any]
     signature: inspect.Signature
     returns: str
+    op: type[Op]
 
 
 def _annotation(hint: Any) -> str:
@@ -279,7 +280,7 @@ def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
         return_annotation=f"Coroutine[Any, Any, {form.returns}]")
     run = blocking(run_async)
     run.__signature__ = signature  # type: ignore[attr-defined]
-    return Method(name, run_async, run, signature, form.returns)
+    return Method(name, run_async, run, signature, form.returns, op)
 
 
 def methods_for(handle: str) -> Iterator[Method]:
