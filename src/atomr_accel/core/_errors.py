@@ -268,21 +268,25 @@ def interrupt_in(exc: BaseException) -> BaseException | None:
     """
     handlers: set[CodeType] | None = None
     seen: set[int] = set()
-    chain: list[BaseException] = [exc]
+    chain: list[tuple[BaseException, bool]] = [(exc, False)]  # (error, reached by context)
     while chain:
-        error = chain.pop()
+        error, by_context = chain.pop()
         if id(error) in seen:
             continue
         seen.add(id(error))
-        if not isinstance(error, Exception):
-            return error
+        if not isinstance(error, Exception) and (
+                not by_context or isinstance(error, KeyboardInterrupt | SystemExit)):
+            return error  # (a cancellation the library was handling is not the caller's)
         handlers = _handler_codes() if handlers is None else handlers
         tb = error.__traceback__
         while tb is not None:
             if tb.tb_frame.f_code in handlers:
                 return error
             tb = tb.tb_next
-        chain.extend(e for e in (error.__context__, error.__cause__) if e is not None)
+        if error.__context__ is not None:
+            chain.append((error.__context__, True))
+        if error.__cause__ is not None:
+            chain.append((error.__cause__, by_context))
     return None
 
 
