@@ -18,6 +18,11 @@ in a worker):
   Past the op's time-out, or once the world's abort word leaves the epoch, it
   raises ``CollectiveAborted``. The world removes what is left when it
   rebuilds or stops.
+
+Where every rank of an epoch runs in this process (thread hosts: each rank's
+``CommInit`` leaves a file with its process id), the same exchange goes
+through a mailbox in memory instead: a rank posts a copy of what it sends
+under the file's name, and no file is written, mapped or removed.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import contextlib
 import glob
 import mmap
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +73,9 @@ class _Joined:
     word_path: str
     runs: dict[str, int] = field(default_factory=dict)
     word: SharedWord | None = None
+    local: bool | None = None
+    """Whether every rank runs in this process (None: not known before the first
+    collective, which waits for every rank's process id)."""
 
     def open(self) -> None:
         """Map the world's abort word (a world without one never aborts early)."""
@@ -81,13 +90,55 @@ class _Joined:
         """The file rank ``rank`` writes for the ``n``-th collective of ``peers``."""
         return f"{self.word_path}.{self.epoch}.{peers}.{n}.{rank}"
 
+    def pid_path(self, rank: int) -> str:
+        """The file that holds rank ``rank``'s process id."""
+        return self.path("pid", 0, rank)
+
     def leave(self) -> None:
-        """Unmap the word and remove this rank's files."""
+        """Unmap the word and remove this rank's files and posts."""
         if self.word is not None:
             self.word.close()
             self.word = None
         if self.word_path:
             remove_files(f"{glob.escape(self.word_path)}.*.{self.rank}")
+        _MAILBOX.drop(f"{self.word_path}.", f".{self.rank}")
+
+
+class _Mailbox:
+    """What the ranks of in-process worlds send, posted under their files' names."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._posts: dict[str, np.ndarray[Any, Any]] = {}
+
+    def post(self, name: str, data: np.ndarray[Any, Any]) -> None:
+        """Post a copy of ``data`` (its sender may change it once its own call is done)."""
+        copy = data.copy()
+        with self._lock:
+            self._posts[name] = copy
+
+    def has(self, names: Iterable[str]) -> bool:
+        """Whether every one of ``names`` is posted."""
+        posts = self._posts
+        return all(name in posts for name in names)
+
+    def take(self, name: str) -> np.ndarray[Any, Any]:
+        """The post ``name`` (it stays, for the other ranks)."""
+        return self._posts[name]
+
+    def discard(self, name: str) -> None:
+        """Remove the post ``name``, if there is one."""
+        with self._lock:
+            self._posts.pop(name, None)
+
+    def drop(self, prefix: str, suffix: str) -> None:
+        """Remove the posts whose names start with ``prefix`` and end with ``suffix``."""
+        with self._lock:
+            for name in [n for n in self._posts if n.startswith(prefix) and n.endswith(suffix)]:
+                del self._posts[name]
+
+
+_MAILBOX = _Mailbox()
 
 
 worlds: Callable[[Backend], dict[int, _Joined]] = per_backend(dict)
@@ -99,6 +150,8 @@ def _init(backend: Backend, op: CommInit) -> None:
     _abort(backend, CommAbort(op.world))
     joined = _Joined(op.epoch, op.rank, op.nranks, op.abort_path)
     joined.open()
+    if joined.word_path:
+        _write(joined.pid_path(op.rank), np.frombuffer(str(os.getpid()).encode(), np.uint8))
     worlds(backend)[op.world] = joined
 
 
@@ -144,8 +197,33 @@ def _run(backend: Backend, op: RunCollective) -> None:
                                 f"{op.world}'s epoch {op.epoch} (it was aborted, or its "
                                 "context was rebuilt)")
     deadline = time.perf_counter() + op.timeout
+    if joined.local is None:
+        joined.local = _all_here(joined, op, backend.device_id, deadline)
     for call in op.calls:
         _run_call(backend, joined, call, op, deadline)
+
+
+def _all_here(joined: _Joined, op: RunCollective, device_id: int, deadline: float) -> bool:
+    """Whether every rank of the epoch runs in this process (waits for their ids)."""
+    if not joined.word_path:
+        return False
+    paths = [joined.pid_path(r) for r in range(joined.nranks)]
+    _wait(joined, lambda: all(os.path.exists(p) for p in paths), op, device_id, deadline)
+    me = str(os.getpid()).encode()
+    return all(_read(p, np.dtype(np.uint8)).tobytes() == me for p in paths)
+
+
+def _wait(joined: _Joined, arrived: Callable[[], bool], op: RunCollective, device_id: int,
+          deadline: float) -> None:
+    """Wait until ``arrived()``; ``CollectiveAborted`` past the deadline or once the world
+    leaves the epoch."""
+    try:
+        wait_until(lambda: joined.told_to_abort() or arrived(), deadline)
+    except TimeoutError:
+        raise _aborted(op, device_id, f"it did not finish within its time-out of "
+                                      f"{op.timeout:g} s") from None
+    if joined.told_to_abort():
+        raise _aborted(op, device_id, "the world aborted it (a peer's context went down)")
 
 
 def _run_call(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCollective,
@@ -156,24 +234,22 @@ def _run_call(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCo
     length = sent_length(call, joined.rank, op.nranks)
     own = backend.array(_ref_of(call))
     mine = own[:length] if call.send is not None else own[:0]
-    _write(joined.path(peers, n, joined.rank), mine)
     paths = {r: joined.path(peers, n, r) for r in ranks}
-
-    def arrived_or_aborted() -> bool:
-        return joined.told_to_abort() or all(os.path.exists(p) for p in paths.values())
-
-    try:
-        wait_until(arrived_or_aborted, deadline)
-    except TimeoutError:
-        raise _aborted(op, backend.device_id, f"it did not finish within its time-out of "
-                                              f"{op.timeout:g} s") from None
-    if joined.told_to_abort():
-        raise _aborted(op, backend.device_id, "the world aborted it (a peer's context went "
-                                              "down)")
-    data = {r: _read(p, mine.dtype) for r, p in paths.items()}
-    if n:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(joined.path(peers, n - 1, joined.rank))
+    data: dict[int, np.ndarray[Any, Any]]
+    if joined.local:
+        _MAILBOX.post(paths[joined.rank], mine)
+        _wait(joined, lambda: _MAILBOX.has(paths.values()), op, backend.device_id, deadline)
+        data = {r: _MAILBOX.take(p) for r, p in paths.items()}
+        if n:
+            _MAILBOX.discard(joined.path(peers, n - 1, joined.rank))
+    else:
+        _write(paths[joined.rank], mine)
+        _wait(joined, lambda: all(os.path.exists(p) for p in paths.values()), op,
+              backend.device_id, deadline)
+        data = {r: _read(p, mine.dtype) for r, p in paths.items()}
+        if n:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(joined.path(peers, n - 1, joined.rank))
     result = result_of(call, joined.rank, data, op.nranks)
     if result is not None and call.recv is not None:
         backend.write(call.recv.buffer_id, result, 0)
