@@ -30,7 +30,7 @@ import re
 import sys
 from types import FunctionType
 
-__all__ = ["PUBLIC", "is_public", "publish"]
+__all__ = ["PUBLIC", "home", "is_public", "publish"]
 
 PUBLIC = (
     "atomr_accel.errors",
@@ -71,7 +71,17 @@ def publish(module: str) -> None:
         if isinstance(obj, type | FunctionType) and obj.__name__ == name and _claimable(obj):
             if isinstance(obj, type):
                 _publish_class(obj, module)
+                _homes[obj] = obj.__module__
             obj.__module__ = module
+
+
+_homes: dict[type, str] = {}
+
+
+def home(cls: type) -> str:
+    """The module that defines ``cls`` (its ``__module__`` before it was published): an
+    import of it from there never depends on which public modules were imported."""
+    return _homes.get(cls, cls.__module__)
 
 
 def _claimable(obj: type | FunctionType) -> bool:

@@ -27,7 +27,7 @@ from atomr_accel.facade._graphs import Graph, GraphRecorder
 from atomr_accel.facade._handles import *  # noqa: F403 - the catalogued libraries' handles
 from atomr_accel.facade._kernel_args import KernelArg
 from atomr_accel.facade._kernels import Modules, Nvrtc, NvrtcKernel
-from atomr_accel.facade._libraries import Library, RngGenerator
+from atomr_accel.facade._libraries import Library
 from atomr_accel.facade._memory import (
     IpcMemHandle,
     IpcOpenedMem,
@@ -83,7 +83,6 @@ __all__ = [
     "OnnxEngine",
     "NvrtcKernel",
     "Placement",
-    "RngGenerator",
     "RnnBwdInputs",
     "System",
     "TensorRt",

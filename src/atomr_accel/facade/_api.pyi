@@ -3,30 +3,22 @@
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from atomr_accel import (
-    Blas,
-    BlasLt,
-    CsrMatrix,
-    Cub,
-    Cudnn,
-    Cutlass,
-    FaultKind,
-    Fft,
-    FlashAttn,
-    Onnx,
-    Solver,
-    Sparse,
-    Tensor,
-)
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import AttnLayout, AttnMask
 from atomr_accel.core.ops._cub_common import ReduceKind, ScanKind
 from atomr_accel.core.ops._cutlass import Epilogue
 from atomr_accel.core.ops._dnn_common import Layout
+from atomr_accel.core.ops._faults import FaultKind
 from atomr_accel.core.ops._fft import FftKind
+from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._cub import Cub
+from atomr_accel.facade._cutlass import Cutlass
+from atomr_accel.facade._dnn import BlasLt, Cudnn, FlashAttn
 from atomr_accel.facade._generate import Generated
+from atomr_accel.facade._libraries import Blas, Fft, Solver, Sparse, Tensor
+from atomr_accel.facade._onnx import Onnx
 
 BufferLike = GpuBuffer | GpuRef
 

@@ -39,8 +39,7 @@ from atomr_accel.facade._portal import blocking
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
 
-__all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor", "handle_class",
-           "handle_home"]
+__all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor", "handle_class"]
 
 BufferLike = GpuBuffer | GpuRef
 T = TypeVar("T")
@@ -52,7 +51,6 @@ async def ready(value: T) -> T:
 
 
 _HANDLES: dict[str, type[Library]] = {}
-_HOMES: dict[str, str] = {}  # handle class name -> the module that defines it
 
 
 def handle_class(name: str) -> type[Library]:
@@ -64,13 +62,6 @@ def handle_class(name: str) -> type[Library]:
         raise InvalidArgument(f"no handle class {name!r} is defined") from None
 
 
-def handle_home(name: str) -> str:
-    """The module that defines the handle class named ``name`` (its ``__module__`` names
-    where it is exported from)."""
-    handle_class(name)
-    return _HOMES[name]
-
-
 class Library:
     """Base of the handles: turns buffers into refs and runs ops on one device.
 
@@ -80,7 +71,6 @@ class Library:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _HANDLES[cls.__name__] = cls
-        _HOMES[cls.__name__] = cls.__module__
 
     def __init__(self, device: Device) -> None:
         self.device = device

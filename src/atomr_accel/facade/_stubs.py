@@ -12,12 +12,13 @@ import re
 import typing
 from pathlib import Path
 
+from atomr_accel._public import home
 from atomr_accel.core._catalogue import catalogue
 from atomr_accel.core._op import Op
 from atomr_accel.facade._api import API_SETS
 from atomr_accel.facade._device import ACCESSORS
 from atomr_accel.facade._generate import Generated, methods_for, render_stub
-from atomr_accel.facade._libraries import handle_class, handle_home
+from atomr_accel.facade._libraries import handle_class
 
 __all__ = ["HANDLES", "STUB", "handles", "stub"]
 
@@ -95,11 +96,11 @@ def stub() -> str:
     sets = sorted(API_SETS.values(), key=lambda cls: cls.__name__)
     modules = {module: set(names) for module, names in _IMPORTS.items()}
     for name, used in _signature_classes(sets).items():
-        modules.setdefault(used.__module__, set()).add(name)
+        modules.setdefault(home(used), set()).add(name)
     accessors = []
     for info in ACCESSORS:  # each answers its library's handle
         assert info.handle is not None
-        modules.setdefault(handle_class(info.handle).__module__, set()).add(info.handle)
+        modules.setdefault(home(handle_class(info.handle)), set()).add(info.handle)
         accessors.append(f"    def {info.name}(self, timeout_secs: float | None = ...) -> "
                          f"{info.handle}: ...")
     imports = "".join(_import_line(module, names) for module, names in sorted(modules.items()))
@@ -120,7 +121,7 @@ def handles() -> str:
     modules: dict[str, set[str]] = {}
     for info in catalogue():
         if info.handle is not None:
-            modules.setdefault(handle_home(info.handle), set()).add(info.handle)
+            modules.setdefault(home(handle_class(info.handle)), set()).add(info.handle)
     names = sorted(name for names in modules.values() for name in names)
     imports = "".join(_import_line(module, names) for module, names in sorted(modules.items()))
     exports = "".join(f'    "{name}",\n' for name in names)
