@@ -387,11 +387,11 @@ def test_a_signal_handlers_exception_reaches_the_caller_unchanged(env: Env, call
 def test_a_storm_of_signal_handler_exceptions_leaves_nothing_held(env: Env) -> None:
     """Thousands of exceptions raised by a signal handler, one at a time, each landing at
     whatever bytecode a blocking call had reached (taking or giving back a lock, waiting,
-    registering or answering its request): every call answers or raises the user's
-    exception, and afterwards the device answers at once, with every buffer intact, no
-    lock held, no request left in the books and no shared memory left behind. (Not on
-    Ray: its client reports an exception raised inside its deserializer as its own
-    ``RaySystemError``, a string.)"""
+    registering or answering its request, waiting for the system's loop): every call
+    answers or raises the user's exception (none is swallowed), and afterwards the device
+    answers at once, with every buffer intact, no lock held, no request left in the books
+    and no shared memory left behind. (Not on Ray: its client reports an exception raised
+    inside its deserializer as its own ``RaySystemError``, a string.)"""
     if env.dev.isolation == "ray":
         pytest.skip("Ray's client turns an exception raised inside it into RaySystemError")
     dev, n = env.dev, 8
@@ -403,6 +403,7 @@ def test_a_storm_of_signal_handler_exceptions_leaves_nothing_held(env: Env) -> N
         lambda: dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n),
         lambda: dev.copy_to_numpy(a),
         lambda: dev.copy_from_numpy(c, x.ravel()),
+        dev.stats,  # an ask of the device actor, through the system's loop
     ]
     delays = np.random.default_rng(12).uniform(2e-5, 5e-4, 1 << 16)
     armed = iter(delays)
@@ -426,7 +427,7 @@ def test_a_storm_of_signal_handler_exceptions_leaves_nothing_held(env: Env) -> N
             try:
                 if signal.getitimer(signal.ITIMER_PROF)[0] == 0:
                     arm()  # the next one, once the last was raised
-                calls[(interrupted + answered) % 3]()
+                calls[(interrupted + answered) % len(calls)]()
                 answered += 1
             except Alarm:
                 interrupted += 1

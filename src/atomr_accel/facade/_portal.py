@@ -12,15 +12,15 @@ coroutine never suspends.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
 import threading
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar, copy_context
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
+from atomr_accel.backends._spin import Latch
 from atomr_accel.core._errors import SystemClosed
 
 __all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call", "in_worker_thread",
@@ -60,13 +60,11 @@ class Portal:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._closed: concurrent.futures.Future[None] = concurrent.futures.Future()
-        """Done once closed: what a call waiting for the loop waits on beside its own future."""
         self._shut = False
         """True once closed. Every blocking call reads it: a plain attribute, as
         ``Future.done()`` takes the future's lock and calling threads would queue on it."""
         self._lock = threading.Lock()
-        self._wakers: set[Callable[[], None]] = set()  # of callers awaiting on other loops
+        self._wakers: set[Callable[[], None]] = set()  # of the callers waiting for the loop
 
     def close(self) -> None:
         """Fail every call waiting for the loop, and every later one, with ``SystemClosed``."""
@@ -74,7 +72,6 @@ class Portal:
             if self._shut:
                 return
             self._shut = True
-            self._closed.set_result(None)
             wakers = list(self._wakers)
         for wake in wakers:
             wake()
@@ -95,24 +92,49 @@ class Portal:
             coro.close()
             raise self._closed_error()
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def _submit(self, coro: Coroutine[Any, Any, T], notify: Callable[[], None]) -> _Run[T]:
+        """Start ``coro`` on the loop; ``notify()`` runs there once it has ended."""
+        run: _Run[T] = _Run(notify)
         on_loop = _out_of_blocking_mode(coro)
         try:
-            return asyncio.run_coroutine_threadsafe(on_loop, self.loop)
+            self.loop.call_soon_threadsafe(run.begin, on_loop)
         except RuntimeError:  # the loop closed meanwhile
             on_loop.close()
             coro.close()
             raise self._closed_error() from None
+        return run
+
+    def _enter(self, waker: Callable[[], None], coro: Coroutine[Any, Any, Any]) -> None:
+        """Count ``waker`` among those ``close`` calls (``SystemClosed`` if closed)."""
+        with self._lock:
+            closed = self._shut
+            if not closed:
+                self._wakers.add(waker)
+        if closed:
+            coro.close()
+            raise self._closed_error()
+
+    def _leave(self, waker: Callable[[], None]) -> None:
+        with self._lock:
+            self._wakers.discard(waker)
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and block this thread until it is done."""
+        """Run ``coro`` on the loop and block this thread until it is done.
+
+        The wait is one C lock (``Latch``): an exception a signal handler raises
+        here leaves nothing held that the loop needs (``concurrent.futures.wait``
+        could leave a future's lock held, and the loop then hung on it)."""
         self._check_caller(coro)
-        future = self._submit(coro)
-        either: tuple[concurrent.futures.Future[Any], ...] = (future, self._closed)
-        concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
-        if not future.done():  # left to end (or never run) on the loop; its answer is dropped
+        latch = Latch()
+        self._enter(latch.set, coro)
+        try:
+            run = self._submit(coro, latch.set)
+            latch.wait(None)
+        finally:
+            self._leave(latch.set)
+        if not run.done:  # left to end (or never run) on the loop; its answer is dropped
             raise self._closed_error()
-        return future.result()
+        return run.outcome()
 
     def run_blocking(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a facade coroutine to its end on this plain thread, in blocking mode."""
@@ -143,27 +165,66 @@ class Portal:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(_settle, stop)
 
-        with self._lock:
-            closed = self._shut
-            if not closed:
-                self._wakers.add(wake)
-        if closed:
-            coro.close()
-            raise self._closed_error()
+        self._enter(wake, coro)
         try:
-            future = asyncio.wrap_future(self._submit(coro))
+            run = self._submit(coro, wake)
             try:
-                await asyncio.wait((future, stop), return_when=asyncio.FIRST_COMPLETED)
+                await stop
             except asyncio.CancelledError:
-                future.cancel()  # the call on the loop is cancelled with its caller
+                with contextlib.suppress(RuntimeError):  # the call on the loop is cancelled
+                    self.loop.call_soon_threadsafe(run.cancel)  # with its caller
                 raise
         finally:
-            with self._lock:
-                self._wakers.discard(wake)
-        if not future.done():
-            future.add_done_callback(_drop)  # it may end later: nobody needs its answer
+            self._leave(wake)
+        if not run.done:  # it may end later: nobody needs its answer
             raise self._closed_error()
-        return future.result()
+        return run.outcome()
+
+
+class _Run(Generic[T]):
+    """One coroutine run on a portal's loop for a caller elsewhere: its outcome, and how
+    that caller hears that it ended (``notify``, called on the loop)."""
+
+    __slots__ = ("_cancelled", "_notify", "done", "error", "result", "task")
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+        self._cancelled = False
+        self.task: asyncio.Task[T] | None = None
+        self.done = False
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+    def begin(self, coro: Coroutine[Any, Any, T]) -> None:
+        """Run ``coro`` as a task (on the loop)."""
+        if self._cancelled:
+            coro.close()
+            return
+        self.task = asyncio.ensure_future(coro)
+        self.task.add_done_callback(self._end)
+
+    def _end(self, task: asyncio.Task[T]) -> None:
+        self.task = None  # freed on the loop: its weak-set callbacks never run on the caller
+        if task.cancelled():
+            self.error = asyncio.CancelledError()
+        elif (error := task.exception()) is not None:
+            self.error = error
+        else:
+            self.result = task.result()
+        self.done = True
+        self._notify()
+
+    def cancel(self) -> None:
+        """Cancel the run (on the loop), begun or not."""
+        self._cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def outcome(self) -> T:
+        """The coroutine's result (raised if it failed); call once ``done``."""
+        if self.error is not None:
+            raise self.error
+        return cast(T, self.result)
 
 
 async def _out_of_blocking_mode(coro: Coroutine[Any, Any, T]) -> T:
@@ -180,12 +241,6 @@ async def _out_of_blocking_mode(coro: Coroutine[Any, Any, T]) -> T:
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _drop(future: asyncio.Future[Any]) -> None:
-    """Take a dropped future's outcome, so that asyncio does not report it as lost."""
-    if not future.cancelled():
-        future.exception()
 
 
 class LoopThread:
