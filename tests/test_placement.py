@@ -228,5 +228,7 @@ def test_blocking_place_runs_work_on_the_chosen_device() -> None:
         dev.copy_from_numpy(buf, np.arange(256, dtype=np.float32))
         assert dev.copy_to_numpy(buf).sum() == 255 * 256 / 2
         other = devs[1] if dev is devs[0] else devs[0]
-        dev.allocate_f32(16 << 20)  # 64 MiB: far more than the host's free memory moves by
+        # 512 MiB (zeroed on first touch, so nothing is used): far more than the host's free
+        # memory moves by between the two devices' readings, even beside the parallel suite
+        dev.allocate_f32(128 << 20)
         assert system.placement(policy="memory_fit").pick(1024) is other
