@@ -422,8 +422,8 @@ def test_a_storm_of_signal_handler_exceptions_leaves_nothing_held(env: Env) -> N
     # SIGPROF, of CPU time: pytest-timeout holds SIGALRM
     previous = signal.signal(signal.SIGPROF, alarm)
     try:
-        end = time.perf_counter() + 1.5
-        while time.perf_counter() < end:
+        end = time.perf_counter() + 8.0  # (SIGPROF counts CPU time: a waiting caller uses little)
+        while time.perf_counter() < end and min(interrupted, answered) < 500:
             try:
                 if signal.getitimer(signal.ITIMER_PROF)[0] == 0:
                     arm()  # the next one, once the last was raised
@@ -434,7 +434,7 @@ def test_a_storm_of_signal_handler_exceptions_leaves_nothing_held(env: Env) -> N
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
         signal.signal(signal.SIGPROF, previous)
-    assert interrupted > 100 and answered > 100, (interrupted, answered)
+    assert interrupted > 50 and answered > 50, (interrupted, answered)
     started = time.perf_counter()
     dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n, timeout_secs=10)
     assert time.perf_counter() - started < 5.0  # no lock or latch left for it to wait out

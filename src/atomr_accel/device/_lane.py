@@ -340,16 +340,15 @@ class Lane:
         op, generation = pending.op, gate.generation
         interrupt: BaseException | None = None
         try:  # registered inside: an interrupt anywhere after it fails the request
-            if not self._enter(pending, generation):
-                return slot.outcome(deadline, self.path, timeout)
-            outcome = gate.host.call(op, stream, pending.ticket(generation), deadline)
-            if outcome is not None:
-                result, error = outcome
-                if error is None:
-                    pending.succeed(answer_of(op, result, generation, self.state))
-                else:
-                    finish(pending, generation, None, error,
-                           fatal_to(gate.context, generation, self))
+            if self._enter(pending, generation):  # (else a check failed: answered already)
+                outcome = gate.host.call(op, stream, pending.ticket(generation), deadline)
+                if outcome is not None:
+                    result, error = outcome
+                    if error is None:
+                        pending.succeed(answer_of(op, result, generation, self.state))
+                    else:
+                        finish(pending, generation, None, error,
+                               fatal_to(gate.context, generation, self))
         except BaseException as exc:  # answering included: an interrupt may land there
             interrupt = interrupt_in(exc)
             pending.fail(interrupt if interrupt is not None
