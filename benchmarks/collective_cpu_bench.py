@@ -12,10 +12,9 @@ world costs, and the thread hosts' in-memory exchange against the files.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
-from _report import add_quick, percentile, print_table, write_json
+from _report import add_quick, percentile, print_table, wall_samples, write_json
 
 from atomr_accel import System
 
@@ -32,26 +31,14 @@ def latencies(isolation: str, nbytes: int, iters: int) -> list[float]:
         bufs = [d.allocate_f32(count) for d in devices]
         for d, b in zip(devices, bufs, strict=True):
             d.copy_from_numpy(b, np.random.default_rng(0).standard_normal(count, np.float32))
-        for _ in range(3):
-            world.all_reduce(bufs)
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            world.all_reduce(bufs)
-            samples.append(time.perf_counter() - start)
-    return samples
+        return wall_samples(lambda: world.all_reduce(bufs), iters, warm=3)
 
 
 def numpy_sum(nbytes: int, iters: int) -> list[float]:
     """Seconds of NumPy adding two arrays of ``nbytes`` into a third."""
     a, b = (np.random.default_rng(i).standard_normal(nbytes // 4, np.float32) for i in (1, 2))
     out = np.empty_like(a)
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        np.add(a, b, out=out)
-        samples.append(time.perf_counter() - start)
-    return samples
+    return wall_samples(lambda: np.add(a, b, out=out), iters, warm=0)
 
 
 def main() -> None:
