@@ -302,6 +302,10 @@ def test_a_server_in_a_system_without_devices_starts_its_own() -> None:
         assert ps.device().backend == "cpu" and bare.devices == [ps.device()]
 
 
+# Serial: the accuracy depends on how stale the workers' gradients are, which the load of
+# the parallel suite on two cores raises (0.955-0.985 alone, three workers at once; 0.935
+# and 0.950 seen beside the parallel suite; 0.982 with the workers one after another).
+@pytest.mark.serial
 def test_three_workers_train_digits_through_the_server() -> None:
     """scikit-learn's digits (8x8 images, 10 classes): three workers, 150 steps of 32 rows
     each, an AdamW server: >= 95% accuracy on 397 held-out images (97-98% seen here)."""
