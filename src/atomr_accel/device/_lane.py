@@ -21,7 +21,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -56,11 +56,13 @@ __all__ = [
     "MISS",
     "Gate",
     "Lane",
+    "Slot",
     "answer_of",
     "check_refs",
     "fatal_to",
     "finish",
     "prepare",
+    "wait_any",
 ]
 
 MISS: Final = object()
@@ -206,11 +208,12 @@ def fatal_to(context: ActorRef, generation: int, lane: Lane) -> Callable[[GpuRun
     return fatal
 
 
-class _Slot:
-    """The answer of one blocking request: set once (any thread), read by its caller.
+class Slot:
+    """The answer of one request a plain thread waits for: set once (any thread), read
+    by its caller.
 
     Usually answered before its caller asks; only then does the caller wait
-    (on an event it makes), so the common case takes no lock.
+    (on a latch it makes), so the common case takes no lock.
     """
 
     __slots__ = ("_done", "_error", "_value", "_wake")
@@ -222,10 +225,12 @@ class _Slot:
         self._wake: Latch | None = None
 
     def set_result(self, value: Any) -> None:
+        """Answer with ``value``."""
         self._value = value
         self._settle()
 
     def set_exception(self, exc: BaseException) -> None:
+        """Answer with the error ``exc``."""
         self._error = exc
         self._settle()
 
@@ -235,17 +240,37 @@ class _Slot:
         if wake is not None:
             wake.set()
 
+    @property
+    def done(self) -> bool:
+        """Whether it has been answered."""
+        return self._done
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error it was answered with (None: a result, or not answered yet)."""
+        return self._error
+
     def outcome(self, deadline: float | None, path: str, timeout: float | None) -> Any:
         """The answer (raised if an error), waiting for it until ``deadline`` if need be."""
         if not self._done:
             wake = self._wake = Latch()
-            if not self._done:  # answered before the event was there: nothing to wait for
+            if not self._done:  # answered before the latch was there: nothing to wait for
                 wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 if not wake.wait(wait):
                     raise AskTimeout(path, timeout or 0.0)
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def wait_any(slots: Iterable[Slot], timeout: float) -> None:
+    """Return once one of ``slots`` is answered, or after ``timeout`` seconds."""
+    wake = Latch()
+    waiting = list(slots)
+    for slot in waiting:
+        slot._wake = wake
+    if not any(slot._done for slot in waiting):  # each answered later sets the latch
+        wake.wait(timeout)
 
 
 class Lane:
@@ -304,6 +329,10 @@ class Lane:
         stream = gate.streams.get(op.library)
         return None if stream is None else (gate, stream)
 
+    def takes(self, op: Op) -> bool:
+        """Whether ``op`` would take the data plane now (else the actor path)."""
+        return self._route(op) is not None
+
     def _request(self, op: Op, answer: Any, checked: bool) -> Pending:
         """Validate ``op`` (raises) and make its request, not registered yet."""
         state = self.state
@@ -334,7 +363,7 @@ class Lane:
         if route is None:
             return MISS
         gate, stream = route
-        slot = _Slot()
+        slot = Slot()
         deadline = None if timeout is None else time.perf_counter() + timeout
         pending = self._request(op, slot, checked)
         op, generation = pending.op, gate.generation
@@ -362,6 +391,31 @@ class Lane:
         except AskTimeout:
             pending.abandon()  # what it makes once it finishes is released
             raise
+
+    def submit(self, op: Op, answer: Any, checked: bool = False) -> Pending | None:
+        """Hand ``op`` to the host and return at once: its answer goes to ``answer`` (a
+        ``Reply``, or a ``Slot`` a plain thread waits on), from whichever thread it comes.
+
+        None while the op must take the actor path (nothing was sent). Raises
+        ``InvalidArgument`` for a malformed op; a failed buffer check, like the
+        op's own error, is answered to ``answer``. Used where one caller puts
+        ops in flight on several devices at once (a collective's ranks).
+        """
+        route = self._route(op)
+        if route is None:
+            return None
+        gate, stream = route
+        pending = self._request(op, answer, checked)
+        interrupt: BaseException | None = None
+        try:  # registered inside: an interrupt anywhere after it fails the request
+            if self._enter(pending, gate.generation):
+                self._hand(gate, stream, pending)
+        except BaseException as exc:  # the host could not take it (shared memory, pickling)
+            interrupt = interrupt_in(exc)  # or this thread was interrupted
+            pending.fail(refusal_of(exc, pending.op) if interrupt is None else interrupt)
+        if interrupt is not None:  # raised here, its context unchanged
+            raise interrupt
+        return pending
 
     async def run(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
         """Run ``op`` and await it on the running loop; its result, or ``MISS``.
@@ -401,6 +455,10 @@ class Lane:
             if deadlines is None:
                 deadlines = self._deadlines[loop] = Deadlines(loop)
             deadlines.add(timeout, fut, self.path)
+        self._hand(gate, stream, pending)
+
+    def _hand(self, gate: Gate, stream: int, pending: Pending) -> None:
+        """Launch ``pending`` on ``gate``'s host; how it ends answers it (``finish``)."""
         generation = gate.generation
         fatal = fatal_to(gate.context, generation, self)
 

@@ -22,6 +22,7 @@ import glob
 import itertools
 import logging
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,8 +104,9 @@ class WorldStats:
 
 
 class WorldState:
-    """What the world actor and its facade share (one event loop): members, epoch, status,
-    the abort word and the counters."""
+    """What the world actor and its facade share: members, epoch, status, the abort word
+    and the counters. The world's actor changes them on the system's loop; collectives
+    read them, and count, from whichever thread calls them."""
 
     def __init__(self, name: str, backend: str, members: tuple[DeviceState, ...],
                  refs: tuple[ActorRef, ...]) -> None:
@@ -124,6 +126,10 @@ class WorldState:
         self.bytes_moved: dict[str, int] = {}
         self.aborted = 0
         self.abort_path = ""
+        self.launching = threading.Lock()
+        """Held while one collective puts its ranks' ops in flight: every rank then runs
+        the world's collectives in one order, whichever threads called them."""
+        self._counting = threading.Lock()
         self._word: SharedWord | None = None
         self._remove: weakref.finalize[Any, Any] | None = None
 
@@ -158,7 +164,7 @@ class WorldState:
 
     def abort(self, epoch: int) -> None:
         """Make every collective of ``epoch`` abort itself on every rank (any later epoch
-        may run); called on the loop the moment a collective sees a rank fail."""
+        may run); called the moment a collective sees a rank fail."""
         if self._word is not None and self._word.value == epoch:
             self._word.value = epoch + 1_000_000  # an epoch no communicator has
 
@@ -169,8 +175,15 @@ class WorldState:
 
     def count(self, kind: str, nbytes: int) -> None:
         """Count one completed collective of ``kind`` that sent ``nbytes``."""
-        self.calls[kind] = self.calls.get(kind, 0) + 1
-        self.bytes_moved[kind] = self.bytes_moved.get(kind, 0) + nbytes
+        with self._counting:
+            self.calls[kind] = self.calls.get(kind, 0) + 1
+            self.bytes_moved[kind] = self.bytes_moved.get(kind, 0) + nbytes
+
+    def failed(self, epoch: int) -> None:
+        """Count one failed collective of ``epoch``, and abort the epoch."""
+        with self._counting:
+            self.aborted += 1
+        self.abort(epoch)
 
     def changed(self) -> bool:
         """Whether a member's context generation differs from the epoch's."""

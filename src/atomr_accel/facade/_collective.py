@@ -31,8 +31,13 @@ from atomr_accel.core.ops._collective import COLLECTIVE_DTYPES, CallKind, Collec
 from atomr_accel.device._world import GetWorldStats, WorldState, WorldStats
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._collective_run import Planned, WorldRun, raise_merged
-from atomr_accel.facade._collective_views import CollectiveGroup, CollectiveRank, Rendezvous
-from atomr_accel.facade._portal import Portal, blocking
+from atomr_accel.facade._collective_views import (
+    CollectiveGroup,
+    CollectiveRank,
+    Rendezvous,
+    open_group,
+)
+from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
@@ -66,7 +71,6 @@ class Collective:
         self._portal = portal
         self._op_timeout = op_timeout
         self._system = system
-        self._group: list[Planned] | None = None
         self._run = WorldRun(ref, state, devices)
         self._rendezvous = Rendezvous(self)
 
@@ -293,7 +297,8 @@ class Collective:
         into one launch per rank (one NCCL group), run when it exits, within
         ``timeout_secs`` (None: the system's op time-out). The calls inside return at
         once; the exit raises what the group raised. NCCL may run a group's calls
-        together: no call of a group may read what another one writes."""
+        together: no call of a group may read what another one writes. A group holds
+        only its own thread's (or task's) calls: other callers of the world go on."""
         self._timeout(timeout_secs)  # checked now, not at the exit
         return CollectiveGroup(self, timeout_secs)
 
@@ -309,13 +314,18 @@ class Collective:
 
     async def _submit(self, planned: Planned, timeout_secs: float | None) -> None:
         timeout = self._timeout(timeout_secs)
-        if self._group is not None:
-            self._group.append(planned)
+        group = open_group(self)
+        if group is not None:
+            group.append(planned)
             return
-        await self._portal.acall(self._run_checked([planned], timeout))
+        await self._run_checked([planned], timeout)
 
     async def _run_checked(self, plans: list[Planned], timeout: float) -> None:
-        errors = await self.execute(plans, timeout)
+        """Run ``plans``: a blocking caller's on its own thread while the world serves, else
+        on the system's loop; raise the merged error."""
+        errors = self._run.execute_here(plans, timeout) if in_blocking_call() else None
+        if errors is None:
+            errors = await self._portal.acall(self.execute(plans, timeout))
         raise_merged(errors)
 
     async def execute(self, plans: list[Planned], timeout: float

@@ -1,7 +1,8 @@
 """Running planned collectives: one ``RunCollective`` per rank, all in flight together.
 
-``WorldRun`` waits until the world serves, puts every rank's op in flight,
-watches them and the members' contexts, and on the first failure aborts the
+``WorldRun`` waits until the world serves, puts every rank's op in flight
+(straight to each rank's host, on its data plane), watches them and the
+members' contexts, and on the first failure aborts the
 epoch at once (the world's abort word: every other rank's collective aborts
 itself), tells the world to rebuild and answers each rank's own error: a rank
 whose context died gets ``ContextPoisoned``, the others ``CollectiveAborted``.
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from atomr_accel.actor import ActorRef
+from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.core._errors import (
     CollectiveAborted,
     ContextPoisoned,
@@ -24,10 +24,12 @@ from atomr_accel.core._errors import (
     InvalidArgument,
 )
 from atomr_accel.core.ops._collective import CallKind, CollectiveCall, RunCollective
+from atomr_accel.device._lane import Lane, Slot, wait_any
 from atomr_accel.device._state import Status
 from atomr_accel.device._world import WorldBroken, WorldState
 
 if TYPE_CHECKING:
+    from atomr_accel.device._state import Pending
     from atomr_accel.facade._device import Device
 
 __all__ = ["Planned", "Step", "WorldRun", "raise_merged"]
@@ -49,8 +51,8 @@ class Planned:
 
 
 class WorldRun:
-    """Runs the planned collectives of one world over ``devices`` (rank i = ``devices[i]``)
-    on the system's loop."""
+    """Runs the planned collectives of one world over ``devices`` (rank i = ``devices[i]``):
+    from a plain thread on that thread (``execute_here``), else on the system's loop."""
 
     def __init__(self, ref: ActorRef, state: WorldState, devices: tuple[Device, ...]) -> None:
         self.ref = ref
@@ -67,19 +69,94 @@ class WorldRun:
             await self.ready(deadline)
         except GpuRuntimeError as exc:
             return [exc] * len(self.devices)
-        epoch = state.epoch
-        generations = [d.generation for d in self.devices]
         left = max(deadline - time.perf_counter(), 1e-3)
-        errors = await self._run_ranks(plans, epoch, left)
+        loop = asyncio.get_running_loop()
+        with state.launching:
+            epoch = state.epoch
+            generations = [d.generation for d in self.devices]
+            flights = [self._on_loop(rank, op, loop) for rank, op in self._ops(plans, epoch, left)]
+        results = await self._first_failure(flights, epoch, left)
+        return self._conclude(plans, epoch, generations, results)
+
+    def execute_here(self, plans: list[Planned], timeout: float
+                     ) -> list[GpuRuntimeError | None] | None:
+        """Run ``plans`` from this plain thread: each rank's op goes straight to its host,
+        and this thread watches them (no trip through the system's loop). Answers each
+        rank's error as ``execute`` does; None when the world does not serve right now
+        (starting, rebuilding, a member's data plane closed): ``execute`` then waits."""
+        state = self._state
+        deadline = time.perf_counter() + timeout
+        with state.launching:
+            if state.error is not None or state.status != "ready" or state.changed():
+                return None
+            epoch = state.epoch
+            ops = self._ops(plans, epoch, timeout)
+            lanes = [state.members[rank].lane for rank, _ in ops]
+            if not all(lane.takes(op) for lane, (_, op) in zip(lanes, ops, strict=True)):
+                return None
+            generations = [d.generation for d in self.devices]
+            flights: list[tuple[Slot, Pending | None]] = []
+            try:
+                for lane, (rank, op) in zip(lanes, ops, strict=True):
+                    flights.append(_submit(lane, rank, op))
+            except BaseException:  # this thread was interrupted: the ranks in flight abort
+                self._give_up(flights, epoch)
+                raise
+        try:
+            results = self._watch_here(flights, epoch, deadline)
+        except BaseException:
+            self._give_up(flights, epoch)
+            raise
+        return self._conclude(plans, epoch, generations, results)
+
+    def _ops(self, plans: list[Planned], epoch: int, timeout: float
+             ) -> list[tuple[int, RunCollective]]:
+        """Each taking part rank's op: its calls of ``plans``, in order."""
+        ops = []
+        for rank in range(len(self.devices)):
+            calls = tuple(c for p in plans if (c := p.step[rank]) is not None)
+            if calls:
+                ops.append((rank, RunCollective(self._state.id, epoch, len(self.devices),
+                                                calls, timeout)))
+        return ops
+
+    def _on_loop(self, rank: int, op: RunCollective, loop: asyncio.AbstractEventLoop
+                 ) -> tuple[asyncio.Future[Any], Pending | None]:
+        """Put rank ``rank``'s ``op`` in flight from the loop: on its data plane if open,
+        else through its device's actor (which waits for its context)."""
+        fut: asyncio.Future[Any] = loop.create_future()
+        try:
+            pending = self._state.members[rank].lane.submit(op, Reply(fut, loop))
+        except GpuRuntimeError as exc:
+            fut.set_exception(exc)
+            return fut, None
+        if pending is None:
+            return asyncio.ensure_future(self.devices[rank].run_async(op, op.timeout + 5.0)), None
+        return fut, pending
+
+    def _conclude(self, plans: list[Planned], epoch: int, generations: list[int],
+                  results: list[Any]) -> list[GpuRuntimeError | None]:
+        """Count a collective that succeeded; for one that failed, abort its epoch, have the
+        world rebuild and answer each rank's own error."""
+        state = self._state
+        errors = _typed(results)
         if not any(errors):
             for planned in plans:
                 state.count(planned.kind.value, planned.nbytes)
             return errors
-        state.aborted += 1
-        state.abort(epoch)
+        state.failed(epoch)
         self.ref.tell(WorldBroken(epoch, _why(errors)))
         return _per_rank(errors, [d.generation != g for d, g in zip(self.devices, generations,
                                                                     strict=True)])
+
+    def _give_up(self, flights: list[tuple[Slot, Pending | None]], epoch: int) -> None:
+        """The caller is gone (interrupted): the ranks in flight abort, nobody waits for them."""
+        state = self._state
+        state.failed(epoch)
+        self.ref.tell(WorldBroken(epoch, "its caller was interrupted"))
+        for slot, pending in flights:
+            if pending is not None and not slot.done:
+                pending.abandon()
 
     async def ready(self, deadline: float) -> None:
         """Return once the world serves its current members (``CollectiveAborted`` past
@@ -108,64 +185,103 @@ class WorldRun:
             if state.status == "ready" and state.changed():
                 await asyncio.sleep(0.001)  # a member changed: the world rebuilds
 
-    async def _first_failure(self, coros: list[Coroutine[Any, Any, Any]], epoch: int,
-                             timeout: float) -> list[Any]:
-        """Run one coroutine per rank; the first error aborts the epoch at once (the others
-        then abort themselves); past ``timeout`` the unfinished ones are cancelled."""
-        tasks = [asyncio.ensure_future(c) for c in coros]
-        try:
-            await self._watch(tasks, epoch, timeout)
-        except BaseException:  # the caller was cancelled: the ranks' calls finish unwatched
-            for task in tasks:
-                task.add_done_callback(_consume)
-            raise
+    def _members_down(self, generations: list[int]) -> bool:
+        """Whether a member's context went down since ``generations`` were read."""
+        return any(m.generation != g or m.status is not Status.READY
+                   for m, g in zip(self._state.members, generations, strict=True))
+
+    def _watch_here(self, flights: list[tuple[Slot, Pending | None]], epoch: int,
+                    deadline: float) -> list[Any]:
+        """``_first_failure`` on this thread: wait for the ranks' answers; the first error,
+        or a member's context going down, aborts the epoch (the other ranks then abort
+        themselves); past ``deadline`` the unfinished ones are abandoned."""
+        slots = [slot for slot, _ in flights]
+        generations = [m.generation for m in self._state.members]
+        while (waiting := [s for s in slots if not s.done]) and not any(
+                s.error is not None for s in slots) and not self._members_down(generations):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            wait_any(waiting, min(left, WATCH_SECONDS))
+        if any(not s.done for s in slots):
+            self._state.abort(epoch)  # every rank's collective of the epoch aborts itself
+            while (waiting := [s for s in slots if not s.done]) and (
+                    left := deadline - time.perf_counter()) > 0:
+                wait_any(waiting, left)
         results: list[Any] = []
-        for task in tasks:
-            if task.cancelled() or not task.done():
-                results.append(CollectiveAborted(
-                    f"collective of world {self._state.name} did not finish within its "
-                    f"time-out of {timeout:g} s"))
-            else:
-                error = task.exception()
-                results.append(task.result() if error is None else error)
+        for slot, pending in flights:
+            if slot.done:
+                results.append(slot.error)
+                continue
+            if pending is not None:
+                pending.abandon()
+            results.append(self._late())
         return results
 
-    async def _watch(self, tasks: list[asyncio.Task[Any]], epoch: int, timeout: float) -> None:
-        """Wait for the ranks' ``tasks`` (see ``_first_failure``); cancel those unfinished
+    def _late(self) -> CollectiveAborted:
+        return CollectiveAborted(f"collective of world {self._state.name} did not finish "
+                                 "within its time-out")
+
+    async def _first_failure(self, flights: list[tuple[asyncio.Future[Any], Pending | None]],
+                             epoch: int, timeout: float) -> list[Any]:
+        """Wait for the ranks' answers; the first error aborts the epoch at once (the
+        others then abort themselves); past ``timeout`` the unfinished ones are abandoned."""
+        waits = [fut for fut, _ in flights]
+        try:
+            await self._watch(waits, epoch, timeout)
+        except BaseException:  # the caller was cancelled: the ranks' calls finish unwatched
+            for fut in waits:
+                fut.add_done_callback(_consume)
+            raise
+        results: list[Any] = []
+        for fut, pending in flights:
+            if fut.cancelled() or not fut.done():
+                fut.cancel()
+                if pending is not None:
+                    pending.abandon()
+                results.append(self._late())
+            else:
+                error = fut.exception()
+                results.append(fut.result() if error is None else error)
+        return results
+
+    async def _watch(self, waits: list[asyncio.Future[Any]], epoch: int,
+                     timeout: float) -> None:
+        """Wait for the ranks' answers (see ``_first_failure``); cancel the tasks unfinished
         past ``timeout``."""
         deadline = time.perf_counter() + timeout
-        members = self._state.members
-        generations = [m.generation for m in members]
-        pending: set[asyncio.Task[Any]] = set(tasks)
+        generations = [m.generation for m in self._state.members]
+        pending: set[asyncio.Future[Any]] = set(waits)
         while pending:  # until done, the first error, a member's context going down, or time
             left = deadline - time.perf_counter()
             if left <= 0:
                 break
             _, pending = await asyncio.wait(pending, timeout=min(left, WATCH_SECONDS),
                                             return_when=asyncio.FIRST_EXCEPTION)
-            if any(t.done() and not t.cancelled() and t.exception() is not None
-                   for t in tasks) or any(m.generation != g or m.status is not Status.READY
-                                          for m, g in zip(members, generations, strict=True)):
+            if any(f.done() and not f.cancelled() and f.exception() is not None
+                   for f in waits) or self._members_down(generations):
                 break
         if pending:
             self._state.abort(epoch)  # every rank's collective of the epoch aborts itself
             left = max(deadline - time.perf_counter(), 0.0)
             if left:
                 _, pending = await asyncio.wait(pending, timeout=left)
-            for task in pending:
-                task.cancel()
+            for fut in pending:
+                fut.cancel()
 
-    async def _run_ranks(self, plans: list[Planned], epoch: int, timeout: float
-                        ) -> list[GpuRuntimeError | None]:
-        state = self._state
-        coros = []
-        for rank, device in enumerate(self.devices):
-            calls = tuple(c for p in plans if (c := p.step[rank]) is not None)
-            if not calls:
-                continue
-            op = RunCollective(state.id, epoch, len(self.devices), calls, timeout)
-            coros.append(device.run_async(op, timeout + 5.0))
-        return _typed(await self._first_failure(coros, epoch, timeout))
+
+def _submit(lane: Lane, rank: int, op: RunCollective) -> tuple[Slot, Pending | None]:
+    """Put rank ``rank``'s ``op`` in flight on its data plane; a refusal answers its slot."""
+    slot = Slot()
+    try:
+        pending = lane.submit(op, slot)
+    except GpuRuntimeError as exc:
+        slot.set_exception(exc)
+        return slot, None
+    if pending is None:  # its data plane closed since it was looked at: a member went down
+        slot.set_exception(ContextPoisoned(f"rank {rank}'s context went down as the "
+                                           "collective began"))
+    return slot, pending
 
 
 def _typed(results: list[Any]) -> list[GpuRuntimeError | None]:

@@ -5,8 +5,9 @@ rendezvous."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from types import TracebackType
+from collections.abc import Coroutine, Mapping
+from contextvars import ContextVar, Token
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.core._errors import CollectiveAborted, GpuRuntimeError, InvalidArgument
@@ -17,24 +18,40 @@ from atomr_accel.facade._portal import blocking
 if TYPE_CHECKING:
     from atomr_accel.facade._collective import Collective
 
-__all__ = ["CollectiveGroup", "CollectiveRank", "Rendezvous"]
+__all__ = ["CollectiveGroup", "CollectiveRank", "Rendezvous", "open_group"]
+
+
+_GROUPS: ContextVar[Mapping[int, list[Planned]]] = ContextVar("atomr_collective_groups",
+                                                              default=MappingProxyType({}))
+"""The groups open in this context (thread, task), by ``id`` of their world."""
+
+
+def open_group(world: Collective) -> list[Planned] | None:
+    """The collectives gathered so far by a group of ``world`` open in this context."""
+    return _GROUPS.get().get(id(world))
 
 
 class CollectiveGroup:
     """``with world.group():`` / ``async with world.group():``: the collectives called
-    inside run as one launch per rank when it exits (see ``Collective.group``)."""
+    inside run as one launch per rank when it exits (see ``Collective.group``). A group
+    is its caller's: other threads and tasks calling the world meanwhile are not in it."""
 
     def __init__(self, world: Collective, timeout_secs: float | None = None) -> None:
         self._world = world
         self._timeout = timeout_secs
+        self._token: Token[Mapping[int, list[Planned]]] | None = None
 
     def _enter(self) -> None:
-        if self._world._group is not None:
+        groups = _GROUPS.get()
+        if id(self._world) in groups or self._token is not None:
             raise InvalidArgument("groups do not nest")
-        self._world._group = []
+        self._token = _GROUPS.set(MappingProxyType({**groups, id(self._world): []}))
 
     def _take(self) -> list[Planned]:
-        plans, self._world._group = self._world._group or [], None
+        plans = open_group(self._world) or []
+        if self._token is not None:
+            _GROUPS.reset(self._token)
+            self._token = None
         return plans
 
     def __enter__(self) -> CollectiveGroup:
@@ -46,7 +63,7 @@ class CollectiveGroup:
         plans = self._take()
         if exc_type is None and plans:
             world = self._world
-            world._portal.call(world._run_checked(plans, world._timeout(self._timeout)))
+            world._portal.run_blocking(world._run_checked(plans, world._timeout(self._timeout)))
 
     async def __aenter__(self) -> CollectiveGroup:
         self._enter()
@@ -57,7 +74,7 @@ class CollectiveGroup:
         plans = self._take()
         if exc_type is None and plans:
             world = self._world
-            await world._portal.acall(world._run_checked(plans, world._timeout(self._timeout)))
+            await world._run_checked(plans, world._timeout(self._timeout))
 
 class _Slot:
     """The k-th collective of every rank of a rank-view rendezvous."""

@@ -1,0 +1,204 @@
+"""Blocking collectives from plain threads (``Collective`` on CPU devices): each rank's op
+goes straight to its host from the calling thread. Many threads at once keep one order on
+every rank (results checked against NumPy); a rank that fails, a killed worker, a time-out
+and an interrupted caller each end typed, and the world serves again after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr_accel import ContextPoisoned, FaultKind, GpuRuntimeError, System
+from atomr_accel.core.ops._faults import InjectFault
+from atomr_accel.errors import CollectiveAborted
+from atomr_accel.facade import Collective, Device, GpuBuffer
+
+
+class Busy(threading.Thread):
+    """A device call on a thread of its own; keeps what it raised."""
+
+    def __init__(self, device: Device, op: InjectFault) -> None:
+        super().__init__(daemon=True)
+        self.device, self.op = device, op
+        self.raised: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.device.run(self.op)
+        except BaseException as exc:
+            self.raised = exc
+
+    def started(self) -> Busy:
+        self.start()
+        time.sleep(0.05)  # the device's context is busy with it now
+        return self
+
+
+def uploaded(devices: list[Device], xs: list[np.ndarray[Any, Any]]) -> list[GpuBuffer]:
+    bufs = []
+    for d, x in zip(devices, xs, strict=True):
+        buf = d.allocate(len(x), "f64")
+        d.copy_from_numpy(buf, x)
+        bufs.append(buf)
+    return bufs
+
+
+def check_sum(devices: list[Device], bufs: list[GpuBuffer], xs: list[np.ndarray[Any, Any]]
+              ) -> None:
+    for d, b in zip(devices, bufs, strict=True):
+        np.testing.assert_allclose(d.copy_to_numpy(b), sum(xs), rtol=1e-12)
+
+
+@pytest.fixture(params=["thread", "process"])
+def world(request: pytest.FixtureRequest) -> Iterator[tuple[list[Device], Collective]]:
+    with System.open("t", op_timeout=20) as system:
+        devices = [system.spawn_device(device_id=i, mock=True, isolation=request.param)
+                   for i in range(2)]
+        yield devices, system.nccl_world(devices)
+
+
+def test_many_threads_calling_one_world_each_get_their_own_sums(
+        world: tuple[list[Device], Collective]) -> None:
+    devices, coll = world
+    rng = np.random.default_rng(31)
+    threads, calls = 4, 30
+    inputs = [[rng.standard_normal(33) for _ in devices] for _ in range(threads)]
+    bufs = [uploaded(devices, xs) for xs in inputs]
+    errors: list[BaseException] = []
+
+    def caller(i: int) -> None:
+        try:
+            for k in range(calls):
+                if k % 3 == 2:
+                    with coll.group():  # a group is one launch per rank too
+                        coll.all_reduce(bufs[i])
+                else:
+                    coll.all_reduce(bufs[i])
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(threads)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two launches of a collective
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and not any(w.is_alive() for w in workers)
+    for xs, pair in zip(inputs, bufs, strict=True):
+        # after the first all_reduce both ranks hold x0 + x1; each later one doubles it
+        want = 2.0 ** (calls - 1) * (xs[0] + xs[1])
+        for d, b in zip(devices, pair, strict=True):
+            np.testing.assert_allclose(d.copy_to_numpy(b), want, rtol=1e-12)
+    stats = coll.stats()
+    assert stats.calls["all_reduce"] == threads * calls and stats.aborted == 0
+
+
+def test_a_rank_that_fails_aborts_the_others_and_the_world_serves_again(
+        world: tuple[list[Device], Collective]) -> None:
+    devices, coll = world
+    rng = np.random.default_rng(37)
+    xs = [rng.standard_normal(16) for _ in devices]
+    bufs = uploaded(devices, xs)
+    coll.all_reduce(bufs)
+    check_sum(devices, bufs, xs)
+    poison = Busy(devices[1], InjectFault(FaultKind.POISON, delay=0.3)).started()
+    # rank 1 is busy failing: the collective waits for it, then aborts
+    started = time.perf_counter()
+    with pytest.raises(GpuRuntimeError) as raised:
+        coll.all_reduce(bufs, timeout_secs=10)
+    assert isinstance(raised.value, ContextPoisoned | CollectiveAborted), raised.value
+    assert time.perf_counter() - started < 5
+    poison.join(10)
+    assert isinstance(poison.raised, ContextPoisoned), poison.raised
+    fresh = uploaded(devices, xs)  # rank 1's buffers died with its context
+    coll.all_reduce(fresh, timeout_secs=10)  # waits for the rebuilt world, then runs
+    check_sum(devices, fresh, xs)
+    stats = coll.stats()
+    assert stats.status == "ready" and stats.aborted >= 1 and stats.rebuilds >= 1
+
+
+def test_a_blocking_collective_past_its_time_out_is_aborted_typed(
+        world: tuple[list[Device], Collective]) -> None:
+    devices, coll = world
+    rng = np.random.default_rng(41)
+    xs = [rng.standard_normal(8) for _ in devices]
+    bufs = uploaded(devices, xs)
+    busy = Busy(devices[1], InjectFault(FaultKind.OOM, delay=1.0)).started()
+    started = time.perf_counter()
+    with pytest.raises(CollectiveAborted):
+        coll.all_reduce(bufs, timeout_secs=0.3)
+    assert time.perf_counter() - started < 0.9  # answered at its time-out, not after the op
+    busy.join(10)
+    assert isinstance(busy.raised, GpuRuntimeError), busy.raised
+    coll.all_reduce(bufs, timeout_secs=10)
+    check_sum(devices, bufs, xs)
+
+
+def test_a_killed_worker_mid_collective_ends_the_blocking_call_typed() -> None:
+    rng = np.random.default_rng(43)
+    with System.open("t", op_timeout=20) as system:
+        devices = [system.spawn_device(device_id=i, mock=True, isolation="process")
+                   for i in range(2)]
+        coll = system.nccl_world(devices)
+        pid = devices[1].stats().host_pid
+        assert pid is not None
+        xs = [rng.standard_normal(64) for _ in devices]
+        bufs = uploaded(devices, xs)
+        timer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+        busy = Busy(devices[1], InjectFault(FaultKind.OOM, delay=2.0)).started()
+        timer.start()
+        started = time.perf_counter()
+        with pytest.raises(GpuRuntimeError) as raised:
+            coll.all_reduce(bufs, timeout_secs=10)
+        assert isinstance(raised.value, ContextPoisoned | CollectiveAborted), raised.value
+        assert time.perf_counter() - started < 5
+        busy.join(10)
+        assert isinstance(busy.raised, GpuRuntimeError), busy.raised
+        fresh = uploaded(devices, xs)
+        coll.all_reduce(fresh, timeout_secs=10)
+        check_sum(devices, fresh, xs)
+        assert devices[1].stats().host_pid not in (None, pid)
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs setitimer")
+def test_an_interrupted_blocking_collective_raises_unchanged_and_the_world_recovers(
+        world: tuple[list[Device], Collective]) -> None:
+    devices, coll = world
+    rng = np.random.default_rng(47)
+    xs = [rng.standard_normal(8) for _ in devices]
+    bufs = uploaded(devices, xs)
+    busy = Busy(devices[1], InjectFault(FaultKind.OOM, delay=0.6)).started()
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            coll.all_reduce(bufs, timeout_secs=10)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    busy.join(10)
+    assert isinstance(busy.raised, GpuRuntimeError), busy.raised
+    fresh = uploaded(devices, xs)
+    coll.all_reduce(fresh, timeout_secs=10)
+    check_sum(devices, fresh, xs)
+    assert coll.stats().aborted >= 1
