@@ -20,7 +20,7 @@ same bits.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from atomr_accel.backends._base import ArrayBackend, Handler
@@ -149,36 +149,26 @@ def conv_backward_filter(xp: Any, x: Array, dy: Array, geo: ConvGeometry) -> Arr
     return dw.reshape(geo.w_shape)
 
 
-@cpu.handles(Conv2dForward)
-def conv2d_forward(backend: ArrayBackend, op: Conv2dForward) -> str:
-    """Write ``alpha * conv2d(x, w) + beta * y`` into ``y``."""
-    geo, ct = op.geometry, _compute(op.x.dtype)
-    x = image(backend, op.x, geo.x_shape, op.layout).astype(ct)
-    w = image(backend, op.w, geo.w_shape, op.layout).astype(ct)
-    y = image(backend, op.y, geo.y_shape, op.layout)
-    _store(y, conv_forward(backend.xp, x, w, geo), op.alpha, op.beta)
-    return _name(backend)
+_GRADIENTS: dict[type[Op], Callable[[Any, Array, Array, ConvGeometry], Array]] = {
+    Conv2dForward: conv_forward,
+    Conv2dBackwardData: conv_backward_data,
+    Conv2dBackwardFilter: conv_backward_filter,
+}
+"""What each convolution op computes from its two inputs."""
 
 
-@cpu.handles(Conv2dBackwardData)
-def conv2d_backward_data(backend: ArrayBackend, op: Conv2dBackwardData) -> str:
-    """Write ``alpha * dL/dx + beta * dx`` into ``dx``."""
-    geo, ct = op.geometry, _compute(op.dy.dtype)
-    dy = image(backend, op.dy, geo.y_shape, op.layout).astype(ct)
-    w = image(backend, op.w, geo.w_shape, op.layout).astype(ct)
-    dx = image(backend, op.dx, geo.x_shape, op.layout)
-    _store(dx, conv_backward_data(backend.xp, dy, w, geo), op.alpha, op.beta)
-    return _name(backend)
-
-
-@cpu.handles(Conv2dBackwardFilter)
-def conv2d_backward_filter(backend: ArrayBackend, op: Conv2dBackwardFilter) -> str:
-    """Write ``alpha * dL/dw + beta * dw`` into ``dw``."""
-    geo, ct = op.geometry, _compute(op.x.dtype)
-    x = image(backend, op.x, geo.x_shape, op.layout).astype(ct)
-    dy = image(backend, op.dy, geo.y_shape, op.layout).astype(ct)
-    dw = image(backend, op.dw, geo.w_shape, op.layout)
-    _store(dw, conv_backward_filter(backend.xp, x, dy, geo), op.alpha, op.beta)
+@cpu.handles(Conv2dForward, Conv2dBackwardData, Conv2dBackwardFilter)
+def conv2d(backend: ArrayBackend,
+           op: Conv2dForward | Conv2dBackwardData | Conv2dBackwardFilter) -> str:
+    """Write ``alpha * f(a, b) + beta * out`` into the op's output, ``f`` the convolution
+    (``y`` from x and w) or its gradient (``dx`` from dy and w, ``dw`` from x and dy)."""
+    geo = op.geometry
+    a, b, out = op.images(geo)
+    ct = _compute(a.ref.dtype)
+    first = image(backend, a.ref, a.shape, op.layout).astype(ct)
+    second = image(backend, b.ref, b.shape, op.layout).astype(ct)
+    target = image(backend, out.ref, out.shape, op.layout)
+    _store(target, _GRADIENTS[type(op)](backend.xp, first, second, geo), op.alpha, op.beta)
     return _name(backend)
 
 

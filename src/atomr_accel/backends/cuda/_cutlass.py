@@ -36,6 +36,7 @@ from atomr_accel.core.ops._cutlass_plan import KernelPlan
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
+    from atomr_accel.core.ops._cutlass_fp8 import CutlassGemmFp8
 
 __all__: list[str] = []
 
@@ -89,19 +90,14 @@ def _workspace(nbytes: int) -> tuple[Any, int]:
     return buf, int(buf.data.ptr)
 
 
-@cuda.handles(CutlassGemm)
-def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
-    """The fused GEMM; for the ``sm90`` family an f32 ``B`` is transposed first (its TF32
-    operands are K-major)."""
-    plan = plan_of(op, device_arch(backend))
+def _run_epilogue_gemm(backend: CudaBackend, op: CutlassGemm | CutlassGemmFp8,
+                       plan: KernelPlan, b_ptr: int, alpha: float,
+                       sum_dtype: Any = None) -> None:
+    """Launch ``plan``'s kernel for ``D = epilogue(alpha * A @ B)`` with B at ``b_ptr``
+    (bias, residual and activation fused), then the epilogue's reduction as a CuPy sum
+    over D in ``sum_dtype`` (None: the reduction output's dtype)."""
     kernel = library(plan)
     m, n, k = op.m, op.n, op.k
-    keep = []
-    b_ptr = _ptr(backend, op.b)
-    if plan.dtype.value == "f32" and plan.family == "sm90":
-        bt = cp.ascontiguousarray(backend.array(op.b.buffer_id)[: k * n].reshape(k, n).T)
-        keep.append(bt)
-        b_ptr = int(bt.data.ptr)
     ep = op.epilogue
     residual, bias = ep.residual, ep.bias_node
     d_ptr = _ptr(backend, op.d)
@@ -112,15 +108,28 @@ def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
     ws, ws_ptr = _workspace(kernel.lib.atomr_workspace(m, n, k, sm))
     stream = cp.cuda.get_current_stream().ptr
     _check(kernel.lib.atomr_run(m, n, k, _ptr(backend, op.a), b_ptr, c_ptr, d_ptr, bias_ptr,
-                                ep.alpha, beta, ep.act.code, ws_ptr, sm, stream), plan)
+                                alpha, beta, ep.act.code, ws_ptr, sm, stream), plan)
     ledger(backend).launched(plan)
-    del ws, keep
+    del ws
     reduction = ep.reduction
     if reduction is not None:
         d = backend.array(op.d.buffer_id)[: m * n].reshape(m, n)
         axis = 1 if reduction.axis is Axis.ROW else 0
         out = backend.array(reduction.out.buffer_id)[: m if axis == 1 else n]
-        cp.sum(d, axis=axis, dtype=out.dtype, out=out)
+        cp.sum(d, axis=axis, dtype=out.dtype if sum_dtype is None else sum_dtype, out=out)
+
+
+@cuda.handles(CutlassGemm)
+def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
+    """The fused GEMM; for the ``sm90`` family an f32 ``B`` is transposed first (its TF32
+    operands are K-major)."""
+    plan = plan_of(op, device_arch(backend))
+    k, n = op.k, op.n
+    if plan.dtype.value == "f32" and plan.family == "sm90":
+        bt = cp.ascontiguousarray(backend.array(op.b.buffer_id)[: k * n].reshape(k, n).T)
+        _run_epilogue_gemm(backend, op, plan, int(bt.data.ptr), op.epilogue.alpha)
+    else:
+        _run_epilogue_gemm(backend, op, plan, _ptr(backend, op.b), op.epilogue.alpha)
 
 
 def _padded(x: Any, rows: int, cols: int) -> Any:

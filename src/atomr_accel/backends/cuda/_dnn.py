@@ -51,8 +51,7 @@ from atomr_accel.core.ops._dnn import (
     Layout,
 )
 
-__all__ = ["conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
-           "strides"]
+__all__ = ["conv2d", "strides"]
 
 _GRAPH_DTYPES = (DType.F16, DType.BF16, DType.F32)
 
@@ -184,49 +183,32 @@ def _options(geo: ConvGeometry) -> dict[str, Any]:
             "dilation": list(geo.dilation)}
 
 
-@cuda.handles(Conv2dForward)
-def conv2d_forward(backend: Any, op: Conv2dForward) -> str:
-    """``y = alpha * conv2d(x, w) + beta * y`` with cuDNN's ``conv_fprop``."""
-    geo, dtype, layout = op.geometry, op.x.dtype, op.layout
+_NODES: dict[type[Op], tuple[str, str, str]] = {
+    Conv2dForward: ("fprop", "image", "weight"),
+    Conv2dBackwardData: ("dgrad", "loss", "filter"),
+    Conv2dBackwardFilter: ("wgrad", "image", "loss"),
+}
+"""Each convolution op's cuDNN graph node (``conv_<kind>``) and the node's names of the
+op's two inputs, in field order."""
+
+
+@cuda.handles(Conv2dForward, Conv2dBackwardData, Conv2dBackwardFilter)
+def conv2d(backend: Any, op: Conv2dForward | Conv2dBackwardData | Conv2dBackwardFilter) -> str:
+    """``out = alpha * f(a, b) + beta * out`` with cuDNN's ``conv_fprop`` (``y`` from x and
+    w), ``conv_dgrad`` (``dx`` from dy and w) or ``conv_wgrad`` (``dw`` from x and dy)."""
+    geo, layout = op.geometry, op.layout
+    a, b, out = op.images(geo)
+    dtype, (kind, a_arg, b_arg) = a.ref.dtype, _NODES[type(op)]
 
     def describe(g: Any) -> tuple[Any, Any, Any]:
-        x = _tensor(g, "x", geo.x_shape, layout, dtype)
-        w = _tensor(g, "w", geo.w_shape, layout, dtype)
-        y = g.conv_fprop(image=x, weight=w, name="fprop", **_options(geo))
-        _output(y, geo.y_shape, layout, dtype)
-        return x, w, y
+        first = _tensor(g, a.name, a.shape, layout, dtype)
+        second = _tensor(g, b.name, b.shape, layout, dtype)
+        node = getattr(g, f"conv_{kind}")
+        result = node(**{a_arg: first, b_arg: second}, name=kind, **_options(geo))
+        _output(result, out.shape, layout, dtype)
+        return first, second, result
 
-    return _conv(backend, "fprop", op, describe, (op.x, op.w), op.y, geo.y_shape)
-
-
-@cuda.handles(Conv2dBackwardData)
-def conv2d_backward_data(backend: Any, op: Conv2dBackwardData) -> str:
-    """``dx = alpha * dL/dx + beta * dx`` with cuDNN's ``conv_dgrad``."""
-    geo, dtype, layout = op.geometry, op.dy.dtype, op.layout
-
-    def describe(g: Any) -> tuple[Any, Any, Any]:
-        dy = _tensor(g, "dy", geo.y_shape, layout, dtype)
-        w = _tensor(g, "w", geo.w_shape, layout, dtype)
-        dx = g.conv_dgrad(loss=dy, filter=w, name="dgrad", **_options(geo))
-        _output(dx, geo.x_shape, layout, dtype)
-        return dy, w, dx
-
-    return _conv(backend, "dgrad", op, describe, (op.dy, op.w), op.dx, geo.x_shape)
-
-
-@cuda.handles(Conv2dBackwardFilter)
-def conv2d_backward_filter(backend: Any, op: Conv2dBackwardFilter) -> str:
-    """``dw = alpha * dL/dw + beta * dw`` with cuDNN's ``conv_wgrad``."""
-    geo, dtype, layout = op.geometry, op.x.dtype, op.layout
-
-    def describe(g: Any) -> tuple[Any, Any, Any]:
-        x = _tensor(g, "x", geo.x_shape, layout, dtype)
-        dy = _tensor(g, "dy", geo.y_shape, layout, dtype)
-        dw = g.conv_wgrad(image=x, loss=dy, name="wgrad", **_options(geo))
-        _output(dw, geo.w_shape, layout, dtype)
-        return x, dy, dw
-
-    return _conv(backend, "wgrad", op, describe, (op.x, op.dy), op.dw, geo.w_shape)
+    return _conv(backend, kind, op, describe, (a.ref, b.ref), out.ref, out.shape)
 
 
 def _on_cupy(handler: Handler) -> Handler:

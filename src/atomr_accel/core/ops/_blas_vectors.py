@@ -38,15 +38,22 @@ def _level1(name: str, vectors: tuple[str, ...], *, before: tuple[str, ...] = ()
     return (Form(name, ("n", *before, *vectors, *after), returns=returns),)
 
 
-class _TwoVectors(LinalgOp):
-    """Share the checks of the ops on two strided vectors of ``n`` elements: x and y."""
+class _Level1(LinalgOp):
+    """Share what every level-1 op has: its library, its size ``n`` and its vector x."""
 
     __slots__ = ()
+    library: ClassVar[str] = "blas"
     size_names = ("n",)
     n: int
     x: GpuRef
-    y: GpuRef
     incx: int
+
+
+class _TwoVectors(_Level1):
+    """Share the checks of the ops on two strided vectors of ``n`` elements: x and y."""
+
+    __slots__ = ()
+    y: GpuRef
     incy: int
 
     def operands(self) -> tuple[Vector, Vector]:
@@ -55,10 +62,21 @@ class _TwoVectors(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
+class _XYFields:
+    """The fields of the two-vector ops that take nothing before x and y, nor between
+    them and the increments (swap, copy, dot): a field group, before ``_TwoVectors``."""
+
+    n: int
+    x: GpuRef
+    y: GpuRef
+    incx: int = 1
+    incy: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Axpy(_TwoVectors):
     """Compute ``y = alpha * x + y`` over strided vectors (BLAS axpy)."""
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     scalar_names = ("alpha",)
@@ -72,31 +90,21 @@ class Axpy(_TwoVectors):
 
 
 @dataclass(frozen=True, slots=True)
-class Dot(_TwoVectors):
+class Dot(_XYFields, _TwoVectors):
     """Return the dot product ``sum(x * y)``, or ``sum(conj(x) * y)`` with ``conjugate`` (dotc).
 
     The result is a Python float for real dtypes and a complex for complex ones.
     """
 
-    library: ClassVar[str] = "blas"
     host_result: ClassVar[bool] = True
     api = _level1("dot", ("x", "y"), returns="Any")
-    n: int
-    x: GpuRef
-    y: GpuRef
-    incx: int = 1
-    incy: int = 1
     conjugate: bool = False
 
 
-class _OneVector(LinalgOp):
+class _OneVector(_Level1):
     """Share the checks of the one-vector ops: ``n``, ``x`` and ``incx >= 1``."""
 
     __slots__ = ()
-    size_names = ("n",)
-    n: int
-    x: GpuRef
-    incx: int
 
     def operands(self) -> tuple[Vector]:
         """Return x."""
@@ -108,22 +116,33 @@ class _OneVector(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Nrm2(_OneVector):
-    """Return the Euclidean norm of x as a Python float, without overflow (BLAS nrm2)."""
+class _XFields:
+    """The fields of the one-vector ops that take nothing before x (nrm2, asum, iamax,
+    iamin): a field group, before ``_HostReduction``."""
 
-    library: ClassVar[str] = "blas"
-    host_result: ClassVar[bool] = True
-    api = _level1("nrm2", ("x",), returns="float")
     n: int
     x: GpuRef
     incx: int = 1
+
+
+class _HostReduction(_OneVector):
+    """Share the trait of the one-vector ops that answer a value on the host."""
+
+    __slots__ = ()
+    host_result: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class Nrm2(_XFields, _HostReduction):
+    """Return the Euclidean norm of x as a Python float, without overflow (BLAS nrm2)."""
+
+    api = _level1("nrm2", ("x",), returns="float")
 
 
 @dataclass(frozen=True, slots=True)
 class Scal(_OneVector):
     """Compute ``x = alpha * x`` in place (BLAS scal)."""
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x",)
     scalar_names = ("alpha",)
@@ -135,45 +154,30 @@ class Scal(_OneVector):
 
 
 @dataclass(frozen=True, slots=True)
-class Asum(_OneVector):
+class Asum(_XFields, _HostReduction):
     """Return ``sum(|re(x)| + |im(x)|)`` as a Python float, as BLAS asum (complex: not |x|)."""
 
-    library: ClassVar[str] = "blas"
-    host_result: ClassVar[bool] = True
     api = _level1("asum", ("x",), returns="float")
-    n: int
-    x: GpuRef
-    incx: int = 1
 
 
 @dataclass(frozen=True, slots=True)
-class Iamax(_OneVector):
+class Iamax(_XFields, _HostReduction):
     """Return the 1-based index of the first element of largest ``|re| + |im|`` (cuBLAS amax).
 
     Answers 0 when ``n == 0``, as BLAS does.
     """
 
-    library: ClassVar[str] = "blas"
-    host_result: ClassVar[bool] = True
     api = _level1("iamax", ("x",), returns="int")
-    n: int
-    x: GpuRef
-    incx: int = 1
 
 
 @dataclass(frozen=True, slots=True)
-class Iamin(_OneVector):
+class Iamin(_XFields, _HostReduction):
     """Return the 1-based index of the first element of smallest ``|re| + |im|`` (cuBLAS amin).
 
     Answers 0 when ``n == 0``, as BLAS does.
     """
 
-    library: ClassVar[str] = "blas"
-    host_result: ClassVar[bool] = True
     api = _level1("iamin", ("x",), returns="int")
-    n: int
-    x: GpuRef
-    incx: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +189,6 @@ class Rot(_TwoVectors):
     ``s`` on complex data rotates as csrot/zdrot).
     """
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x", "y")
     scalar_names = ("s",)
@@ -205,30 +208,18 @@ class Rot(_TwoVectors):
 
 
 @dataclass(frozen=True, slots=True)
-class Swap(_TwoVectors):
+class Swap(_XYFields, _TwoVectors):
     """Exchange the elements of x and y in place (BLAS swap)."""
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("x", "y")
     api = _level1("swap", ("x", "y"))
-    n: int
-    x: GpuRef
-    y: GpuRef
-    incx: int = 1
-    incy: int = 1
 
 
 @dataclass(frozen=True, slots=True)
-class Copy(_TwoVectors):
+class Copy(_XYFields, _TwoVectors):
     """Copy x into y element by element, each with its own increment (BLAS copy)."""
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = _level1("copy", ("x", "y"))
-    n: int
-    x: GpuRef
-    y: GpuRef
-    incx: int = 1
-    incy: int = 1

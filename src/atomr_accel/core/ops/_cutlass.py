@@ -350,16 +350,13 @@ _EPILOGUE = Param("epilogue", None, parse=_epilogue, annotation="Epilogue | None
 
 
 @dataclass(frozen=True, slots=True)
-class CutlassGemm(Op):
-    """``D = epilogue(A @ B)``: row-major ``a`` (``m x k``), ``b`` (``k x n``) and ``d``
-    (``m x n``), one dtype (f16, bf16; f32 runs in TF32; f64), f32 accumulation (f64 for
-    f64); any sizes. ``epilogue``: an ``Epilogue`` (None: store the product). ``family``:
-    the CUTLASS template family to run, ``sm80`` or ``sm90`` (None: the plan's choice for
-    the device). ``d`` must not be an input."""
+class _EpilogueGemm:
+    """The leading fields, buffers, epilogue checks and flop count of the GEMMs ``D =
+    epilogue(A @ B)`` of ``m x k`` by ``k x n`` (``CutlassGemm``, ``CutlassGemmFp8``):
+    a mixin, before ``Op``."""
 
     library: ClassVar[str] = "cutlass"
     outputs: ClassVar[tuple[str, ...]] = ("d",)
-    api = (Form("gemm", ("a", "b", "d", "m", "n", "k", _EPILOGUE)),)
     a: GpuRef
     b: GpuRef
     d: GpuRef
@@ -367,7 +364,6 @@ class CutlassGemm(Op):
     n: int
     k: int
     epilogue: Epilogue = Epilogue()
-    family: str | None = None
 
     def refs(self) -> tuple[GpuRef, ...]:
         """``a``, ``b``, ``d``, then the epilogue's buffers."""
@@ -378,15 +374,9 @@ class CutlassGemm(Op):
         reduction = self.epilogue.reduction
         return (self.d,) if reduction is None else (self.d, reduction.out)
 
-    def validate(self) -> None:
-        require_positive(m=self.m, n=self.n, k=self.k)
-        dtype = require_same_dtype(a=self.a, b=self.b, d=self.d)
-        require_dtype(self.a, GEMM_DTYPES, "a")
-        require(self.family is None or self.family in FAMILIES,
-                f"family must be None or one of {', '.join(FAMILIES)}, got {self.family!r}")
-        require_len(self.a, self.m * self.k, "a")
-        require_len(self.b, self.k * self.n, "b")
-        require_len(self.d, self.m * self.n, "d")
+    def _check_epilogue(self, dtype: DType) -> None:
+        """Check the epilogue for an ``m x n`` D of ``dtype``; no output may be an input,
+        nor the reduction output be d."""
         if not isinstance(self.epilogue, Epilogue):
             raise InvalidArgument(f"epilogue must be an Epilogue, got {self.epilogue!r}")
         self.epilogue.check(self.m, self.n, dtype)
@@ -400,6 +390,29 @@ class CutlassGemm(Op):
     def flops(self) -> int:
         """Multiply-adds counted twice."""
         return 2 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True, slots=True)
+class CutlassGemm(_EpilogueGemm, Op):
+    """``D = epilogue(A @ B)``: row-major ``a`` (``m x k``), ``b`` (``k x n``) and ``d``
+    (``m x n``), one dtype (f16, bf16; f32 runs in TF32; f64), f32 accumulation (f64 for
+    f64); any sizes. ``epilogue``: an ``Epilogue`` (None: store the product). ``family``:
+    the CUTLASS template family to run, ``sm80`` or ``sm90`` (None: the plan's choice for
+    the device). ``d`` must not be an input."""
+
+    api = (Form("gemm", ("a", "b", "d", "m", "n", "k", _EPILOGUE)),)
+    family: str | None = None
+
+    def validate(self) -> None:
+        require_positive(m=self.m, n=self.n, k=self.k)
+        dtype = require_same_dtype(a=self.a, b=self.b, d=self.d)
+        require_dtype(self.a, GEMM_DTYPES, "a")
+        require(self.family is None or self.family in FAMILIES,
+                f"family must be None or one of {', '.join(FAMILIES)}, got {self.family!r}")
+        require_len(self.a, self.m * self.k, "a")
+        require_len(self.b, self.k * self.n, "b")
+        require_len(self.d, self.m * self.n, "d")
+        self._check_epilogue(dtype)
 
 
 def _problems(value: Any) -> tuple[tuple[int, int, int], ...]:

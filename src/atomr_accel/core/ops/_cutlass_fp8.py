@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
-from atomr_accel.core._api import Form, Param
+from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
 from atomr_accel.core._op import Op, require, require_dtype, require_len, require_positive
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._cutlass import Epilogue, _distinct, _epilogue
+from atomr_accel.core.ops._cutlass import _EPILOGUE, _EpilogueGemm
 from atomr_accel.core.ops._cutlass_plan import FP8_FORMATS, FP8_OUT_DTYPES
 
 __all__ = ["FP8_ALIGNMENT", "CutlassGemmFp8"]
@@ -42,7 +41,7 @@ def _number(value: object, name: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class CutlassGemmFp8(Op):
+class CutlassGemmFp8(_EpilogueGemm, Op):
     """``D = epilogue(scale_a * scale_b * A @ B)`` in fp8: ``a`` (``m x k``, row-major) and
     ``b`` (``n x k``, row-major: B transposed, "TN") are ``u8`` buffers of fp8 bits in
     ``a_format`` / ``b_format`` (``e4m3`` or ``e5m2``; ``atomr_accel.cutlass.to_fp8``);
@@ -52,32 +51,12 @@ class CutlassGemmFp8(Op):
     (faster, less accurate; default: promote it to f32 every few k-blocks, as
     ``torch._scaled_mm`` does). ``d`` must not be an input."""
 
-    library: ClassVar[str] = "cutlass"
-    outputs: ClassVar[tuple[str, ...]] = ("d",)
-    api = (Form("gemm_fp8", ("a", "b", "d", "m", "n", "k",
-                             Param("epilogue", None, parse=_epilogue,
-                                   annotation="Epilogue | None"))),)
-    a: GpuRef
-    b: GpuRef
-    d: GpuRef
-    m: int
-    n: int
-    k: int
-    epilogue: Epilogue = Epilogue()  # noqa: RUF009  (a frozen dataclass: immutable)
+    api = (Form("gemm_fp8", ("a", "b", "d", "m", "n", "k", _EPILOGUE)),)
     a_format: str = "e4m3"
     b_format: str = "e4m3"
     scale_a: float = 1.0
     scale_b: float = 1.0
     fast_accum: bool = False
-
-    def refs(self) -> tuple[GpuRef, ...]:
-        """``a``, ``b``, ``d``, then the epilogue's buffers."""
-        return (self.a, self.b, self.d, *self.epilogue.refs())
-
-    def writes(self) -> tuple[GpuRef, ...]:
-        """``d``, and the reduction output if the epilogue has one."""
-        reduction = self.epilogue.reduction
-        return (self.d,) if reduction is None else (self.d, reduction.out)
 
     @property
     def alpha(self) -> float:
@@ -113,16 +92,4 @@ class CutlassGemmFp8(Op):
         require_len(self.b, self.n * self.k, "b")
         require_len(self.d, self.m * self.n, "d")
         require_dtype(self.d, FP8_OUT_DTYPES, "d")
-        if not isinstance(self.epilogue, Epilogue):
-            raise InvalidArgument(f"epilogue must be an Epilogue, got {self.epilogue!r}")
-        self.epilogue.check(self.m, self.n, self.d.dtype)
-        written = self.writes()
-        require(len({(r.device_id, r.buffer_id) for r in written}) == len(written),
-                "the reduction output must not be d")
-        read = tuple(r for r in self.epilogue.refs() if r not in written)
-        _distinct(written, (self.a, self.b, *read))
-
-    @property
-    def flops(self) -> int:
-        """Multiply-adds counted twice."""
-        return 2 * self.m * self.n * self.k
+        self._check_epilogue(self.d.dtype)

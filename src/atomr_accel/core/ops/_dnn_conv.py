@@ -28,6 +28,7 @@ __all__ = [
     "Conv2dBackwardFilter",
     "Conv2dForward",
     "ConvGeometry",
+    "ConvImage",
     "conv_output_shape",
 ]
 
@@ -63,6 +64,14 @@ class ConvGeometry(NamedTuple):
             raise InvalidArgument(f"the (dilated) {r}x{s} filter does not fit the padded "
                                   f"{h}x{w} image")
         return cls((n, c, h, w), (k, cg, r, s), y, p, st, d, groups)
+
+
+class ConvImage(NamedTuple):
+    """One buffer of a convolution op: its field's name, the buffer and its logical shape."""
+
+    name: str
+    ref: GpuRef
+    shape: tuple[int, int, int, int]
 
 
 def conv_output_shape(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
@@ -108,6 +117,8 @@ class _Conv2d(Op):
     groups: int
     alpha: float
     beta: float
+    layout: Layout
+    autotune: bool
 
     def validate(self) -> None:
         geo = self.geometry
@@ -124,6 +135,14 @@ class _Conv2d(Op):
         return ConvGeometry.of(getattr(self, shape["x"]), getattr(self, shape["w"]), self.pad,
                                self.stride, self.dilation, self.groups, x_name=shape["x"],
                                w_name=shape["w"])
+
+    def images(self, geo: ConvGeometry) -> tuple[ConvImage, ConvImage, ConvImage]:
+        """The op's two inputs and its output, in field order, with their shapes in ``geo``
+        (its ``geometry``)."""
+        shapes = {"x": geo.x_shape, "w": geo.w_shape, "y": geo.y_shape}
+        first, second, out = (ConvImage(name, getattr(self, name), shapes[role])
+                              for name, role in self._roles)
+        return first, second, out
 
 
 @dataclass(frozen=True, slots=True)

@@ -289,6 +289,8 @@ class _NormForward(Op, abc.ABC):
     statistic count."""
 
     __slots__ = ()
+    library: ClassVar[str] = "cudnn"
+    outputs: ClassVar[tuple[str, ...]] = ("y", "saved_mean", "saved_var")
     stats: ClassVar[tuple[str, ...]] = ("saved_mean", "saved_var")
     x: GpuRef
     y: GpuRef
@@ -310,21 +312,26 @@ class _NormForward(Op, abc.ABC):
 
 
 @dataclass(frozen=True, slots=True)
-class LayerNorm(_NormForward):
-    """Layer-normalize the last ``norm_axes`` dims of ``x`` of ``dims`` into ``y``; write the
-    per-row mean and inverse standard deviation to ``saved_mean`` / ``saved_var`` where
-    given."""
+class _AffineFields:
+    """The leading fields of the forward normalizations that save a mean and a variance
+    (layer, instance, group): a field group, before ``_NormForward``."""
 
-    library: ClassVar[str] = "cudnn"
-    outputs: ClassVar[tuple[str, ...]] = ("y", "saved_mean", "saved_var")
-    api = _forms("layer_norm", ("x", "y", "scale", "bias", "dims", "norm_axes", "saved_mean",
-                                "saved_var", "epsilon"),
-                 "Layer normalization forward over the last ``norm_axes`` dims.")
     x: GpuRef
     y: GpuRef
     scale: GpuRef
     bias: GpuRef
     dims: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerNorm(_AffineFields, _NormForward):
+    """Layer-normalize the last ``norm_axes`` dims of ``x`` of ``dims`` into ``y``; write the
+    per-row mean and inverse standard deviation to ``saved_mean`` / ``saved_var`` where
+    given."""
+
+    api = _forms("layer_norm", ("x", "y", "scale", "bias", "dims", "norm_axes", "saved_mean",
+                                "saved_var", "epsilon"),
+                 "Layer normalization forward over the last ``norm_axes`` dims.")
     norm_axes: NormAxes
     saved_mean: GpuRef | None = None
     saved_var: GpuRef | None = None
@@ -337,20 +344,13 @@ class LayerNorm(_NormForward):
 
 
 @dataclass(frozen=True, slots=True)
-class InstanceNorm(_NormForward):
+class InstanceNorm(_AffineFields, _NormForward):
     """Instance-normalize ``x`` of ``dims = (N, C, *spatial)`` (per sample and channel, over
     the spatial dims) into ``y``; saved statistics hold ``N * C`` values."""
 
-    library: ClassVar[str] = "cudnn"
-    outputs: ClassVar[tuple[str, ...]] = ("y", "saved_mean", "saved_var")
     api = _forms("instance_norm", ("x", "y", "scale", "bias", "dims", "saved_mean",
                                    "saved_var", "epsilon"),
                  "Instance normalization forward (per sample and channel).")
-    x: GpuRef
-    y: GpuRef
-    scale: GpuRef
-    bias: GpuRef
-    dims: tuple[int, ...]
     saved_mean: GpuRef | None = None
     saved_var: GpuRef | None = None
     epsilon: float = 1e-5
@@ -367,20 +367,13 @@ class InstanceNorm(_NormForward):
 
 
 @dataclass(frozen=True, slots=True)
-class GroupNorm(_NormForward):
+class GroupNorm(_AffineFields, _NormForward):
     """Group-normalize ``x`` of ``dims = (N, C, *spatial)`` in ``groups`` groups of channels
     into ``y``; saved statistics hold ``N * groups`` values, scale and bias ``C``."""
 
-    library: ClassVar[str] = "cudnn"
-    outputs: ClassVar[tuple[str, ...]] = ("y", "saved_mean", "saved_var")
     api = _forms("group_norm", ("x", "y", "scale", "bias", "dims", "groups", "saved_mean",
                                 "saved_var", "epsilon"),
                  "Group normalization forward (per sample and group of channels).")
-    x: GpuRef
-    y: GpuRef
-    scale: GpuRef
-    bias: GpuRef
-    dims: tuple[int, ...]
     groups: int
     saved_mean: GpuRef | None = None
     saved_var: GpuRef | None = None
@@ -397,8 +390,7 @@ class RmsNorm(_NormForward):
     """RMS-normalize the last ``norm_axes`` dims of ``x``: ``y = x / rms(x) * scale (+ bias)``
     with ``rms = sqrt(mean(x**2) + epsilon)``; ``saved_var`` receives ``1 / rms`` per row."""
 
-    library: ClassVar[str] = "cudnn"
-    outputs: ClassVar[tuple[str, ...]] = ("y", "saved_var")
+    outputs = ("y", "saved_var")
     stats = ("saved_var",)
     api = _forms("rms_norm", ("x", "y", "scale", "dims", "norm_axes", "saved_var", "epsilon",
                               "bias"),
