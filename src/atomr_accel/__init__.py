@@ -51,21 +51,6 @@ from atomr_accel.facade import (
     Collective,
     Device,
     DeviceFunction,
-    GpuBuffer,
-    GpuBufferBF16,
-    GpuBufferC64,
-    GpuBufferC128,
-    GpuBufferF16,
-    GpuBufferF32,
-    GpuBufferF64,
-    GpuBufferI8,
-    GpuBufferI16,
-    GpuBufferI32,
-    GpuBufferI64,
-    GpuBufferU8,
-    GpuBufferU16,
-    GpuBufferU32,
-    GpuBufferU64,
     Graph,
     GraphCapture,
     GraphHandle,
@@ -88,8 +73,10 @@ from atomr_accel.facade import (
     System,
     TensorRt,
     TrtEngine,
+    _buffers,
     _handles,
 )
+from atomr_accel.facade._buffers import *  # noqa: F403 - GpuBuffer and its class per dtype
 from atomr_accel.facade._handles import *  # noqa: F403 - the catalogued libraries' handles
 from atomr_accel.facade._peer import CopyPath, PeerTopology
 from atomr_accel.original import _op_forms  # noqa: F401 - attaches the original's op forms
@@ -163,21 +150,6 @@ __all__ = [
     "DynamicBatchingServer",
     "FaultKind",
     "FairShareScheduler",
-    "GpuBuffer",
-    "GpuBufferBF16",
-    "GpuBufferC128",
-    "GpuBufferC64",
-    "GpuBufferF16",
-    "GpuBufferF32",
-    "GpuBufferF64",
-    "GpuBufferI16",
-    "GpuBufferI32",
-    "GpuBufferI64",
-    "GpuBufferI8",
-    "GpuBufferU16",
-    "GpuBufferU32",
-    "GpuBufferU64",
-    "GpuBufferU8",
     "GpuRef",
     "GpuRefStale",
     "GpuRuntimeError",
@@ -227,6 +199,7 @@ __all__ = [
     "UserCodeError",
     "WorkerLost",
 ]
+__all__ += _buffers.__all__
 __all__ += _handles.__all__
 
 # Every public class and function reports the public module it is exported from

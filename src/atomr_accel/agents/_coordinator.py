@@ -28,7 +28,6 @@ from atomr_accel.agents._lease import (
     _Check,
     _Fenced,
     _FencedDone,
-    _GetStats,
     _GiveUp,
     _Lease,
     _Release,
@@ -45,6 +44,7 @@ from atomr_accel.blueprint import (
     require_wait,
     twin,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
 
@@ -92,7 +92,7 @@ class _CoordinatorActor(BlueprintActor):
             self._give_up(message.waiter_id, message.timed_out)
         elif cls is Terminated:
             self._owner_stopped(message.ref)
-        elif cls is _GetStats:
+        elif cls is GetStats:
             answer = self._stats()
         elif cls is not _Sweep:
             self.unhandled(message)
@@ -437,6 +437,6 @@ class SharedGpuStateCoordinator(BlueprintClient):
     def stats_async(self, timeout_secs: float = CALL_TIMEOUT,
                     ) -> Coroutine[Any, Any, CoordinatorStats]:
         """The coordinator's ``CoordinatorStats``."""
-        return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
+        return self._call(GetStats(), require_timeout(timeout_secs), "stats")
 
     stats = twin(stats_async)

@@ -20,6 +20,7 @@ from atomr_accel.blueprint import (
     require_timeout,
     twin,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 
@@ -115,10 +116,6 @@ class _GetCheckpoints:
     run_id: str
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 @dataclass(frozen=True, slots=True)
 class _RunNode:
     state: dict[str, Any]
@@ -200,7 +197,7 @@ class _GraphActor(BlueprintActor):
                 self.context.defer_reply().set_exception(self._unknown(message.run_id))
                 return None
             return tuple(asked.checkpoints)
-        elif cls is _GetStats:
+        elif cls is GetStats:
             return GraphStats(self.started, self.completed, self.failed, self.node_calls,
                               self.retries, len(self.runs))
         else:
@@ -420,6 +417,6 @@ class LangGraphGpuActor(BlueprintClient):
     def stats_async(self, timeout_secs: float = STEP_TIMEOUT,
                     ) -> Coroutine[Any, Any, GraphStats]:
         """The executor's ``GraphStats``."""
-        return self._call(_GetStats(), require_timeout(timeout_secs), "stats")
+        return self._call(GetStats(), require_timeout(timeout_secs), "stats")
 
     stats = twin(stats_async)

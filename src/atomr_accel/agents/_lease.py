@@ -165,8 +165,4 @@ class _Sweep:
     __slots__ = ()
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 _SWEEP: Final = _Sweep()

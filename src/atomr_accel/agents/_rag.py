@@ -19,6 +19,7 @@ from atomr_accel.blueprint import (
     require_timeout,
     twin,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import System
@@ -126,10 +127,6 @@ class _Add:
     timeout: float
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 @dataclass(slots=True)
 class _Setup:
     """What the pipeline holds across actor restarts: its parts and its documents."""
@@ -157,8 +154,9 @@ class _RagActor(BlueprintActor):
         if cls is _Query:
             self.start_task(self._query(message, self.context.defer_reply()))
         elif cls is _Add:
-            self.start_task(self._add(message, self.context.defer_reply()))
-        elif cls is _GetStats:
+            self.start_task(self.answer(self.context.defer_reply(), self._add(message),
+                                        error=_typed))
+        elif cls is GetStats:
             return RagStats(len(self.setup.texts), self.queries, self.failed,
                             self.cache_hits, self.embed_calls, self.embedded,
                             len(self.pending))
@@ -167,17 +165,10 @@ class _RagActor(BlueprintActor):
         return None
 
     async def _query(self, query: _Query, reply: Reply) -> None:
-        try:
-            result = await self._answer(query)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
+        if await self.answer(reply, self._answer(query), error=_typed):
+            self.queries += 1
+        else:
             self.failed += 1
-            reply.set_exception(_typed(exc))
-            return
-        self.queries += 1
-        reply.set_result(result)
 
     async def _answer(self, query: _Query) -> RagResult:
         setup = self.setup
@@ -274,18 +265,12 @@ class _RagActor(BlueprintActor):
             raise EmbedFailed("embed returned a matrix with NaN or infinite values")
         return matrix
 
-    async def _add(self, add: _Add, reply: Reply) -> None:
-        try:
-            matrix = await self._embed(add.texts, add.timeout, learn=True)
-            await self.setup.index.insert_many_async(add.ids, matrix, add.timeout)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(_typed(exc))
-            return
+    async def _add(self, add: _Add) -> int:
+        """Embed and index ``add``'s texts; answers how many were added."""
+        matrix = await self._embed(add.texts, add.timeout, learn=True)
+        await self.setup.index.insert_many_async(add.ids, matrix, add.timeout)
         self.setup.texts.update(zip(add.ids, add.texts, strict=True))
-        reply.set_result(len(add.ids))
+        return len(add.ids)
 
 
 def _fail(batch: list[_Waiting], exc: BaseException) -> None:
@@ -409,7 +394,7 @@ class RagPipeline(BlueprintClient):
 
     async def stats_async(self, timeout_secs: float = 5.0) -> RagStats:
         """The pipeline's counters (see ``RagStats``)."""
-        stats: RagStats = await self._call(_GetStats(), require_timeout(timeout_secs),
+        stats: RagStats = await self._call(GetStats(), require_timeout(timeout_secs),
                                            "stats")
         return stats
 

@@ -4,13 +4,19 @@ one request without losing the actor's state."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from atomr_accel.actor import Actor, ActorStopped, Reply
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 
-__all__ = ["BlueprintActor"]
+__all__ = ["BlueprintActor", "GetStats"]
+
+
+class GetStats:
+    """Ask a blueprint actor for a snapshot of its stats (each answers its own stats class)."""
+
+    __slots__ = ()
 
 
 class BlueprintActor(Actor):
@@ -27,19 +33,21 @@ class BlueprintActor(Actor):
     """
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    def start_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` as a task owned by this actor."""
+    def start_task(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` as a task owned by this actor (what it returns is dropped)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def answer(self, reply: Reply, work: Awaitable[Any]) -> bool:
+    async def answer(self, reply: Reply, work: Awaitable[Any], *,
+                     error: Callable[[Exception], BaseException] | None = None) -> bool:
         """Answer ``reply`` with what ``work`` returns or raises; True when it returned.
 
-        Any exception fails only ``reply``. When ``work`` is cancelled (the actor
-        stopping), ``reply`` fails with ``ActorStopped`` and the cancellation goes on.
+        Any exception fails only ``reply`` (as ``error(exc)`` when ``error`` is
+        given). When ``work`` is cancelled (the actor stopping), ``reply`` fails
+        with ``ActorStopped`` and the cancellation goes on.
         """
         try:
             result = await work
@@ -47,7 +55,7 @@ class BlueprintActor(Actor):
             reply.set_exception(self.stopped_error())
             raise
         except Exception as exc:
-            reply.set_exception(exc)
+            reply.set_exception(exc if error is None else error(exc))
             return False
         reply.set_result(result)
         return True

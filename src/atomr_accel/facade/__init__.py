@@ -1,24 +1,8 @@
 """The Python facade: ``System``, ``Device``, typed buffers and library handles."""
 
-from atomr_accel.facade import _handles
+from atomr_accel.facade import _buffers, _handles
 from atomr_accel.facade._attn_inputs import MultiHeadAttnBwdInputs
-from atomr_accel.facade._buffers import (
-    GpuBuffer,
-    GpuBufferBF16,
-    GpuBufferC64,
-    GpuBufferC128,
-    GpuBufferF16,
-    GpuBufferF32,
-    GpuBufferF64,
-    GpuBufferI8,
-    GpuBufferI16,
-    GpuBufferI32,
-    GpuBufferI64,
-    GpuBufferU8,
-    GpuBufferU16,
-    GpuBufferU32,
-    GpuBufferU64,
-)
+from atomr_accel.facade._buffers import *  # noqa: F403 - GpuBuffer and its class per dtype
 from atomr_accel.facade._collective import Collective, CollectiveGroup, CollectiveRank
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._functions import DeviceFunction, Resident
@@ -50,22 +34,7 @@ __all__ = [
     "CollectiveRank",
     "Device",
     "DeviceFunction",
-    "GpuBuffer",
     "Resident",
-    "GpuBufferBF16",
-    "GpuBufferC64",
-    "GpuBufferC128",
-    "GpuBufferF16",
-    "GpuBufferF32",
-    "GpuBufferF64",
-    "GpuBufferI8",
-    "GpuBufferI16",
-    "GpuBufferI32",
-    "GpuBufferI64",
-    "GpuBufferU8",
-    "GpuBufferU16",
-    "GpuBufferU32",
-    "GpuBufferU64",
     "Graph",
     "GraphCapture",
     "GraphHandle",
@@ -92,4 +61,5 @@ __all__ = [
     "ipc_open_mem_handle",
     "ipc_open_mem_handle_async",
 ]
+__all__ += _buffers.__all__
 __all__ += _handles.__all__

@@ -28,7 +28,6 @@ __all__ = [
     "GpuBufferU16",
     "GpuBufferU32",
     "GpuBufferU64",
-    "buffer_for",
 ]
 
 

@@ -10,11 +10,10 @@ checks its arguments when called, the ``*_async`` twins too.
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -23,11 +22,10 @@ from atomr_accel.core._ref import GpuRef, GraphRef
 from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._graph import CaptureGraph, LaunchGraph
 from atomr_accel.core.ops._memory import CopyBuffer
-from atomr_accel.facade._bound import bound_device, check_spawn, check_timeout
+from atomr_accel.facade._bound import DeviceBound, check_timeout
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._portal import blocking
-from atomr_accel.facade._system import System
 
 __all__ = ["GraphCapture", "GraphHandle", "GraphScript"]
 
@@ -139,38 +137,13 @@ class GraphHandle:
                 f"generation={self.generation})")
 
 
-class GraphCapture:
+class GraphCapture(DeviceBound, prefix="graph-capture"):
     """Records ``GraphScript``s as graphs on one device and launches them.
 
     ``GraphCapture.spawn(system)`` binds it to ``device`` if given, else the
     system's first device, else a new one (CUDA when a GPU is usable, the CPU
     backend otherwise).
     """
-
-    _names: ClassVar[itertools.count[int]] = itertools.count(1)
-
-    def __init__(self, device: Device, name: str | None = None) -> None:
-        self.device = device
-        self.name = f"graph-capture-{next(GraphCapture._names)}" if name is None else name
-        self._portal = device._portal
-
-    @classmethod
-    def spawn_async(cls, system: System, name: str | None = None,
-                    device: Device | None = None) -> Coroutine[Any, Any, GraphCapture]:
-        """Make a ``GraphCapture`` bound to a device of ``system`` (see the class docstring)."""
-        check_spawn(system, name, device)
-        return cls._spawn(system, name, device)
-
-    @classmethod
-    async def _spawn(cls, system: System, name: str | None,
-                     device: Device | None) -> GraphCapture:
-        return cls(await bound_device(system, device), name)
-
-    @classmethod
-    def spawn(cls, system: System, name: str | None = None,
-              device: Device | None = None) -> GraphCapture:
-        """Blocking twin of ``spawn_async``; do not call it inside a running event loop."""
-        return system._portal.run_blocking(cls.spawn_async(system, name, device))
 
     def record_async(self, script: GraphScript,
                      timeout_secs: float | None = 30.0) -> Coroutine[Any, Any, GraphHandle]:

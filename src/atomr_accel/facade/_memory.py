@@ -23,7 +23,6 @@ so addresses asked before it are void.
 from __future__ import annotations
 
 import builtins
-import itertools
 import threading
 import weakref
 from collections.abc import Coroutine, Mapping
@@ -35,11 +34,10 @@ from atomr_accel.core._op import checked, is_int
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._ipc import IPC_HANDLE_BYTES, BufferAddress, IpcGetHandle, IpcOpenHandle
 from atomr_accel.core.ops._memory import Advice, Advise, Allocate, Attach, Free, Location, Prefetch
-from atomr_accel.facade._bound import bound_device, check_spawn, check_timeout
+from atomr_accel.facade._bound import DeviceBound, check_timeout
 from atomr_accel.facade._buffers import GpuBuffer, GpuBufferF32, buffer_for
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._portal import Portal, blocking
-from atomr_accel.facade._system import System
 
 __all__ = [
     "IpcMemHandle",
@@ -187,7 +185,7 @@ class ManagedBufferF32(GpuBufferF32):
                 f"flags={self.attach.value}{state})")
 
 
-class Memory:
+class Memory(DeviceBound, prefix="memory"):
     """Managed memory of one device: allocate, prefetch, advise, and count what it holds.
 
     ``Memory.spawn(system)`` binds it to ``device`` if given, else the
@@ -197,13 +195,10 @@ class Memory:
     migrates for its own device only).
     """
 
-    _names: ClassVar[itertools.count[int]] = itertools.count(1)
     _latest: ClassVar[weakref.ref[Memory] | None] = None
 
     def __init__(self, device: Device, name: str | None = None) -> None:
-        self.device = device
-        self.name = f"memory-{next(Memory._names)}" if name is None else name
-        self._portal = device._portal
+        super().__init__(device, name)
         self._buffers: weakref.WeakSet[ManagedBufferF32] = weakref.WeakSet()
         Memory._latest = weakref.ref(self)
 
@@ -211,23 +206,6 @@ class Memory:
     def latest(cls) -> Memory | None:
         """The ``Memory`` made last in this process, if it is still referenced."""
         return None if cls._latest is None else cls._latest()
-
-    @classmethod
-    def spawn_async(cls, system: System, name: str | None = None,
-                    device: Device | None = None) -> Coroutine[Any, Any, Memory]:
-        """Make a ``Memory`` bound to a device of ``system`` (see the class docstring)."""
-        check_spawn(system, name, device)
-        return cls._spawn(system, name, device)
-
-    @classmethod
-    async def _spawn(cls, system: System, name: str | None, device: Device | None) -> Memory:
-        return cls(await bound_device(system, device), name)
-
-    @classmethod
-    def spawn(cls, system: System, name: str | None = None,
-              device: Device | None = None) -> Memory:
-        """Blocking twin of ``spawn_async``; do not call it inside a running event loop."""
-        return system._portal.run_blocking(cls.spawn_async(system, name, device))
 
     def _location(self, target: object, device_id: object) -> Location:
         location = _choice(target, _TARGETS, "target")

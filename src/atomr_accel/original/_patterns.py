@@ -60,13 +60,6 @@ __all__ = [
     "OriginalModelReplicaPool",
     "OriginalMoeRouter",
     "OriginalSpeculativeDecoder",
-    "spawn_batching",
-    "spawn_cascade",
-    "spawn_fair_share",
-    "spawn_hot_swap",
-    "spawn_moe",
-    "spawn_pool",
-    "spawn_speculative",
 ]
 
 T = TypeVar("T")

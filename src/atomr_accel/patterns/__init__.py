@@ -22,30 +22,13 @@ re-exported here. See ``docs/patterns.md``.
 """
 
 from atomr_accel.blueprint import BlueprintClient as PatternClient
-from atomr_accel.original._patterns import (
-    HotSwapServer,
-    OriginalDynamicBatchingServer,
-    OriginalFairShareScheduler,
-    OriginalHandle,
-    OriginalHotSwapServer,
-    OriginalInferenceCascade,
-    OriginalModelReplicaPool,
-    OriginalMoeRouter,
-    OriginalSpeculativeDecoder,
-)
+from atomr_accel.original import _patterns as _original
+from atomr_accel.original._patterns import *  # noqa: F403 - the original's forms and handles
+from atomr_accel.patterns import _errors
 from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
 from atomr_accel.patterns._batching import BatchingStats, DynamicBatchingServer, split_results
 from atomr_accel.patterns._cascade import CascadeResult, CascadeStats, InferenceCascade, Stage
-from atomr_accel.patterns._errors import (
-    BatchResultMismatch,
-    InvalidModelOutput,
-    NoReplicaAvailable,
-    PatternError,
-    QueueOverflow,
-    RequestDropped,
-    RequestRejected,
-    UnknownTenant,
-)
+from atomr_accel.patterns._errors import *  # noqa: F403 - the serving blueprints' errors
 from atomr_accel.patterns._fair_queue import FairQueue, Ticket
 from atomr_accel.patterns._fair_share import FairShareScheduler, FairShareStats
 from atomr_accel.patterns._hot_swap import HotSwapStats, ModelHotSwapServer
@@ -66,7 +49,6 @@ from atomr_accel.patterns._worker import ModelSpec, Reloadable
 
 __all__ = [
     "BatchQueue",
-    "BatchResultMismatch",
     "BatchingStats",
     "CascadeResult",
     "CascadeStats",
@@ -76,39 +58,25 @@ __all__ = [
     "FairQueue",
     "FairShareScheduler",
     "FairShareStats",
-    "HotSwapServer",
     "HotSwapStats",
     "InferenceCascade",
-    "InvalidModelOutput",
     "ModelHotSwapServer",
     "ModelReplicaPool",
     "ModelSpec",
     "MoeRouter",
-    "NoReplicaAvailable",
-    "OriginalDynamicBatchingServer",
-    "OriginalFairShareScheduler",
-    "OriginalHandle",
-    "OriginalHotSwapServer",
-    "OriginalInferenceCascade",
-    "OriginalModelReplicaPool",
-    "OriginalMoeRouter",
-    "OriginalSpeculativeDecoder",
     "OverflowPolicy",
     "PatternClient",
-    "PatternError",
     "PoolPolicy",
     "PoolStats",
-    "QueueOverflow",
     "Reloadable",
-    "RequestDropped",
-    "RequestRejected",
     "RouterStats",
     "SpeculativeDecoder",
     "Stage",
     "Ticket",
-    "UnknownTenant",
     "accept_draft",
     "pick_replica",
     "split_results",
     "top_k_gating",
 ]
+__all__ += _errors.__all__
+__all__ += _original.__all__

@@ -16,6 +16,7 @@ from atomr_accel.blueprint import (
     require_positive_int,
     twins_with_old_name,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import in_context, invoke
 from atomr_accel.core._errors import ContextPoisoned, InvalidArgument
 from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
@@ -92,10 +93,6 @@ class _BatchDone:
     failed: int
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 class _BatchingActor(BlueprintActor):
     """Queues requests, flushes batches and answers request i with result i."""
 
@@ -125,7 +122,7 @@ class _BatchingActor(BlueprintActor):
             self.completed += message.completed
             self.failed += message.failed
             self._pump(None)
-        elif cls is _GetStats:
+        elif cls is GetStats:
             return BatchingStats(len(self.queue), self.running, self.batches, self.completed,
                                  self.failed, self.rejected, self.dropped, self.expired,
                                  self.timer_sets)
@@ -293,7 +290,7 @@ class DynamicBatchingServer(BlueprintClient):
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> BatchingStats:
         """A snapshot of queue depth, running batches and counters."""
-        stats: BatchingStats = await self._ask(_GetStats(), timeout_secs)
+        stats: BatchingStats = await self._ask(GetStats(), timeout_secs)
         return stats
 
     submit, submit_blocking = twins_with_old_name(submit_async)

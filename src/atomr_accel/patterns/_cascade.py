@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from atomr_accel.actor import ActorRef, Props, Reply
-from atomr_accel.blueprint import (
-    BlueprintActor,
-    BlueprintClient,
-    SystemLike,
-    twins_with_old_name,
-)
+from atomr_accel.actor import Props, Reply
+from atomr_accel.blueprint import BlueprintClient, SystemLike, twins_with_old_name
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
-from atomr_accel.patterns._worker import (
-    Invoke,
-    ModelSpec,
-    Worker,
-    WorkerDown,
-    WorkerUp,
-    check_model,
-    worker_strategy,
-)
+from atomr_accel.patterns._worker import ModelSpec, WorkerParent, check_model
 
 __all__ = ["CascadeResult", "CascadeStats", "InferenceCascade", "Stage"]
 
@@ -71,10 +58,6 @@ class _Finished:
     stage: int | None  # None: failed
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 def _stage_output(out: Any, stage: int) -> tuple[Any, float]:
     if not isinstance(out, tuple | list) or len(out) != 2:
         raise InvalidModelOutput(
@@ -86,60 +69,47 @@ def _stage_output(out: Any, stage: int) -> tuple[Any, float]:
     return answer, float(confidence)
 
 
-class _CascadeActor(BlueprintActor):
+class _CascadeActor(WorkerParent):
     def __init__(self, stages: Sequence[Stage], max_restarts: int | None,
                  within: float | None) -> None:
-        super().__init__()
-        self.supervisor_strategy = worker_strategy(max_restarts, within)
+        super().__init__("stage", [s.model for s in stages], max_restarts, within)
         self.thresholds = [s.threshold for s in stages]
-        self.workers: list[ActorRef] = [
-            self.context.spawn(Worker.props(i, s.model), f"stage-{i}")
-            for i, s in enumerate(stages)
-        ]
         self.answered_by = [0] * len(stages)
-        self.restarts = [0] * len(stages)
         self.failed = 0
 
-    async def receive(self, message: Any) -> Any:
-        """Handle requests, stage lifecycle notes, finished requests and stats."""
+    async def serve(self, message: Any) -> Any:
+        """Handle requests, finished requests and stats."""
         cls = type(message)
         if cls is _Infer:
-            self.start_task(self._cascade(message.x, self.context.defer_reply()))
+            self.start_task(self._infer(message.x, self.context.defer_reply()))
         elif cls is _Finished:
             if message.stage is None:
                 self.failed += 1
             else:
                 self.answered_by[message.stage] += 1
-        elif cls is WorkerDown:
-            self.restarts[message.index] += 1
-        elif cls is WorkerUp:
-            pass
-        elif cls is _GetStats:
+        elif cls is GetStats:
             return CascadeStats(tuple(self.answered_by), self.failed, tuple(self.restarts))
         else:
             self.unhandled(message)
         return None
 
-    async def _cascade(self, x: Any, reply: Reply) -> None:
-        me = self.context.self_ref
+    async def _infer(self, x: Any, reply: Reply) -> None:
+        if not await self.answer(reply, self._cascade(x, reply)):
+            self.context.self_ref.tell(_Finished(None))
+
+    async def _cascade(self, x: Any, reply: Reply) -> CascadeResult | None:
+        """The answering stage's result (told to this actor too); None once the caller
+        has given up, as nothing more is spent on it."""
         last = len(self.workers) - 1
-        try:
-            for stage, worker in enumerate(self.workers):
-                if reply.done():  # the caller gave up: spend nothing more on it
-                    return
-                answer, confidence = _stage_output(
-                    await worker.ask(Invoke((x,)), timeout=None), stage)
-                threshold = self.thresholds[stage]
-                if stage == last or (threshold is not None and confidence >= threshold):
-                    reply.set_result(CascadeResult(answer, confidence, stage))
-                    me.tell(_Finished(stage))
-                    return
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-            me.tell(_Finished(None))
+        stage = 0
+        while not reply.done():
+            answer, confidence = _stage_output(await self.ask_worker(stage, x), stage)
+            threshold = self.thresholds[stage]
+            if stage == last or (threshold is not None and confidence >= threshold):
+                self.context.self_ref.tell(_Finished(stage))
+                return CascadeResult(answer, confidence, stage)
+            stage += 1
+        return None
 
 
 class InferenceCascade(BlueprintClient):
@@ -195,7 +165,7 @@ class InferenceCascade(BlueprintClient):
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> CascadeStats:
         """Answers per stage, failures and restarts per stage."""
-        stats: CascadeStats = await self._ask(_GetStats(), timeout_secs)
+        stats: CascadeStats = await self._ask(GetStats(), timeout_secs)
         return stats
 
     infer, infer_blocking = twins_with_old_name(infer_async)

@@ -13,6 +13,7 @@ from atomr_accel.blueprint import (
     SystemLike,
     twins_with_old_name,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import PatternError
@@ -44,10 +45,6 @@ class _Done:
     ticket: Ticket[tuple[Any, Reply]]
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 class _FairShareActor(BlueprintActor):
     def __init__(self, fn: Callable[[Any], Any], weights: Mapping[Hashable, float],
                  max_in_flight: int, tenant_limits: Mapping[Hashable, int] | None,
@@ -76,7 +73,7 @@ class _FairShareActor(BlueprintActor):
             self.completed[ticket.tenant] += 1
             self.completed_cost[ticket.tenant] += ticket.cost
             self._pump()
-        elif cls is _GetStats:
+        elif cls is GetStats:
             q = self.queue
             return FairShareStats(
                 q.virtual_time, {t: q.queued(t) for t in q.tenants},
@@ -157,7 +154,7 @@ class FairShareScheduler(BlueprintClient):
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> FairShareStats:
         """Queued, in-flight and completed figures per tenant, and the virtual clock."""
-        stats: FairShareStats = await self._ask(_GetStats(), timeout_secs)
+        stats: FairShareStats = await self._ask(GetStats(), timeout_secs)
         return stats
 
     submit, submit_blocking = twins_with_old_name(submit_async)

@@ -14,6 +14,7 @@ from atomr_accel.blueprint import (
     SystemLike,
     twins_with_old_name,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
 
@@ -65,10 +66,6 @@ class _Released:
     generation: _Generation
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 async def _close(model: Any) -> None:
     """Call the model's ``close()`` if it has one; log (not raise) what it raises."""
     close = getattr(model, "close", None)
@@ -113,7 +110,7 @@ class _HotSwapActor(BlueprintActor):
             del self.draining[generation.version]
             for reply, version in generation.waiters:
                 reply.set_result(version)
-        elif cls is _GetStats:
+        elif cls is GetStats:
             return HotSwapStats(self.current.version, self.current.in_flight,
                                 tuple(sorted(self.draining)), self.served, self.failed)
         else:
@@ -200,7 +197,7 @@ class ModelHotSwapServer(BlueprintClient):
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> HotSwapStats:
         """Version, in-flight calls, draining versions and counters."""
-        stats: HotSwapStats = await self._ask(_GetStats(), timeout_secs)
+        stats: HotSwapStats = await self._ask(GetStats(), timeout_secs)
         return stats
 
     infer, infer_blocking = twins_with_old_name(infer_async)

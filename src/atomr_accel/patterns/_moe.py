@@ -9,26 +9,18 @@ from typing import Any
 
 import numpy as np
 
-from atomr_accel.actor import ActorRef, Props, Reply
+from atomr_accel.actor import Props
 from atomr_accel.blueprint import (
-    BlueprintActor,
     BlueprintClient,
     SystemLike,
     require_positive_int,
     twins_with_old_name,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
-from atomr_accel.patterns._worker import (
-    Invoke,
-    ModelSpec,
-    Worker,
-    WorkerDown,
-    WorkerUp,
-    check_model,
-    worker_strategy,
-)
+from atomr_accel.patterns._worker import ModelSpec, WorkerParent, checked_models
 
 __all__ = ["MoeRouter", "RouterStats", "top_k_gating"]
 
@@ -77,59 +69,34 @@ class _Routed:
     counts: tuple[int, ...]
 
 
-class _GetStats:
-    __slots__ = ()
-
-
-class _RouterActor(BlueprintActor):
+class _RouterActor(WorkerParent):
     def __init__(self, gate: Callable[[Array], Any], experts: Sequence[ModelSpec], top_k: int,
                  max_restarts: int | None, within: float | None) -> None:
-        super().__init__()
-        self.supervisor_strategy = worker_strategy(max_restarts, within)
+        super().__init__("expert", experts, max_restarts, within)
         self.gate = gate
         self.top_k = top_k
-        self.experts: list[ActorRef] = [
-            self.context.spawn(Worker.props(i, spec), f"expert-{i}")
-            for i, spec in enumerate(experts)
-        ]
         self.requests = self.tokens = 0
-        self.expert_tokens = [0] * len(self.experts)
-        self.restarts = [0] * len(self.experts)
+        self.expert_tokens = [0] * len(self.workers)
 
-    async def receive(self, message: Any) -> Any:
-        """Handle route requests, routing tallies, expert lifecycle notes and stats."""
+    async def serve(self, message: Any) -> Any:
+        """Handle route requests, routing tallies and stats."""
         cls = type(message)
         if cls is _Route:
-            self.start_task(self._route(message.x, self.context.defer_reply()))
+            self.start_task(self.answer(self.context.defer_reply(), self._mix(message.x)))
         elif cls is _Routed:
             self.requests += 1
             self.tokens += sum(message.counts) // self.top_k
             for i, count in enumerate(message.counts):
                 self.expert_tokens[i] += count
-        elif cls is WorkerDown:
-            self.restarts[message.index] += 1
-        elif cls is WorkerUp:
-            pass
-        elif cls is _GetStats:
+        elif cls is GetStats:
             return RouterStats(self.requests, self.tokens, tuple(self.expert_tokens),
                                tuple(self.restarts))
         else:
             self.unhandled(message)
         return None
 
-    async def _route(self, x: Any, reply: Reply) -> None:
-        try:
-            result, counts = await self._mix(x)
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-            return
-        reply.set_result(result)
-        self.context.self_ref.tell(_Routed(counts))
-
-    async def _mix(self, x: Any) -> tuple[Array, tuple[int, ...]]:
+    async def _mix(self, x: Any) -> Array:
+        """The mixture's output for ``x``; tells this actor the tokens each expert took."""
         xs = np.asarray(x)
         single = xs.ndim == 1
         if single:
@@ -137,7 +104,7 @@ class _RouterActor(BlueprintActor):
         if xs.ndim != 2:
             raise InvalidArgument(f"route takes one token (1-D) or tokens x features, "
                                   f"got shape {xs.shape}")
-        n_experts = len(self.experts)
+        n_experts = len(self.workers)
         scores = np.asarray(await invoke(self.gate, xs))
         if scores.shape != (xs.shape[0], n_experts):
             raise InvalidModelOutput(f"gate returned shape {scores.shape}; expected "
@@ -149,7 +116,7 @@ class _RouterActor(BlueprintActor):
             if rows.size:
                 groups.append((expert, rows, weights[rows, slots]))
         outputs = await asyncio.gather(*(
-            self.experts[expert].ask(Invoke((xs[rows],)), timeout=None)
+            self.ask_worker(expert, xs[rows])
             for expert, rows, _ in groups))
         combined: Array | None = None
         for (expert, rows, w), raw in zip(groups, outputs, strict=True):
@@ -165,8 +132,9 @@ class _RouterActor(BlueprintActor):
                                          f"others returned {combined.shape[1:]}")
             combined[rows] += w.reshape(-1, *([1] * (y.ndim - 1))) * y
         assert combined is not None  # every token has top_k >= 1 experts
-        counts = tuple(int((chosen == e).sum()) for e in range(n_experts))
-        return (combined[0] if single else combined), counts
+        self.context.self_ref.tell(_Routed(tuple(int((chosen == e).sum())
+                                                 for e in range(n_experts))))
+        return combined[0] if single else combined
 
 
 class MoeRouter(BlueprintClient):
@@ -190,11 +158,7 @@ class MoeRouter(BlueprintClient):
         """Props for the router actor (arguments as in ``spawn``); checks them now."""
         if not callable(gate):
             raise InvalidArgument(f"gate must be callable, got {gate!r}")
-        experts = list(experts)
-        if not experts:
-            raise InvalidArgument("a router needs at least one expert")
-        for i, spec in enumerate(experts):
-            check_model(f"expert {i}", spec)
+        experts = checked_models("a router", "expert", experts)
         require_positive_int("top_k", top_k)
         if top_k > len(experts):
             raise InvalidArgument(f"top_k is {top_k} but there are only {len(experts)} experts")
@@ -223,7 +187,7 @@ class MoeRouter(BlueprintClient):
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> RouterStats:
         """Requests, tokens, tokens per expert and expert restarts."""
-        stats: RouterStats = await self._ask(_GetStats(), timeout_secs)
+        stats: RouterStats = await self._ask(GetStats(), timeout_secs)
         return stats
 
     route, route_blocking = twins_with_old_name(route_async)

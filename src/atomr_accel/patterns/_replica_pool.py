@@ -9,23 +9,15 @@ from typing import Any, Literal, get_args
 
 from atomr_accel.actor import ActorRef, Props, Reply, Terminated
 from atomr_accel.blueprint import (
-    BlueprintActor,
     BlueprintClient,
     SystemLike,
     require_positive_int,
     twins_with_old_name,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import NoReplicaAvailable, RequestRejected
-from atomr_accel.patterns._worker import (
-    Invoke,
-    ModelSpec,
-    Worker,
-    WorkerDown,
-    WorkerUp,
-    check_model,
-    worker_strategy,
-)
+from atomr_accel.patterns._worker import ModelSpec, WorkerParent, checked_models
 
 __all__ = ["ModelReplicaPool", "PoolPolicy", "PoolStats", "pick_replica"]
 
@@ -80,49 +72,41 @@ class _Done:
     ok: bool
 
 
-class _GetStats:
-    __slots__ = ()
-
-
-class _PoolActor(BlueprintActor):
+class _PoolActor(WorkerParent):
     def __init__(self, replicas: Sequence[ModelSpec], policy: PoolPolicy, queue_capacity: int,
                  max_restarts: int | None, within: float | None) -> None:
-        super().__init__()
-        self.supervisor_strategy = worker_strategy(max_restarts, within)
+        super().__init__("replica", replicas, max_restarts, within, watch=True)
         self.policy: PoolPolicy = policy
         self.capacity = queue_capacity
-        ctx = self.context
-        self.workers: list[ActorRef] = [
-            ctx.watch(ctx.spawn(Worker.props(i, spec), f"replica-{i}"))
-            for i, spec in enumerate(replicas)
-        ]
         n = len(self.workers)
         self.up = [False] * n
         self.alive = [True] * n
         self.in_flight = [0] * n
         self.served = [0] * n
         self.failed = [0] * n
-        self.restarts = [0] * n
         self.cursor = 0
         self.pending: deque[tuple[Any, Reply]] = deque()
 
-    async def receive(self, message: Any) -> Any:
-        """Handle calls, finished calls, replica lifecycle notes and stats."""
+    def worker_up(self, index: int) -> None:
+        """Take replica ``index`` again, and give it the requests waiting for a replica."""
+        self.up[index] = True
+        self._drain()
+
+    def worker_down(self, index: int) -> None:
+        """Skip replica ``index`` until it is up again."""
+        self.up[index] = False
+
+    async def serve(self, message: Any) -> Any:
+        """Handle calls, finished calls, stopped replicas and stats."""
         cls = type(message)
         if cls is _Call:
             self._dispatch(message.x, self.context.defer_reply())
         elif cls is _Done:
             self.in_flight[message.index] -= 1
             (self.served if message.ok else self.failed)[message.index] += 1
-        elif cls is WorkerUp:
-            self.up[message.index] = True
-            self._drain()
-        elif cls is WorkerDown:
-            self.up[message.index] = False
-            self.restarts[message.index] += 1
         elif cls is Terminated:
             self._replica_stopped(message.ref)
-        elif cls is _GetStats:
+        elif cls is GetStats:
             return PoolStats(tuple(self.in_flight), tuple(self.up), tuple(self.served),
                              tuple(self.failed), tuple(self.restarts), len(self.pending))
         else:
@@ -163,7 +147,7 @@ class _PoolActor(BlueprintActor):
                 self.pending.popleft()[1].set_exception(error)
 
     async def _call(self, index: int, x: Any, reply: Reply) -> None:
-        ok = await self.answer(reply, self.workers[index].ask(Invoke((x,)), timeout=None))
+        ok = await self.answer(reply, self.ask_worker(index, x))
         self.context.self_ref.tell(_Done(index, ok=ok))
 
     async def post_stop(self) -> None:
@@ -197,11 +181,7 @@ class ModelReplicaPool(BlueprintClient):
               queue_capacity: int = 1024, max_restarts: int | None = 10,
               within: float | None = 60.0) -> Props:
         """Props for the pool actor (arguments as in ``spawn``); checks them now."""
-        replicas = list(replicas)
-        if not replicas:
-            raise InvalidArgument("a replica pool needs at least one replica")
-        for i, spec in enumerate(replicas):
-            check_model(f"replica {i}", spec)
+        replicas = checked_models("a replica pool", "replica", replicas)
         if policy not in get_args(PoolPolicy):
             raise InvalidArgument(
                 f"policy must be 'round_robin' or 'least_loaded', got {policy!r}")
@@ -232,7 +212,7 @@ class ModelReplicaPool(BlueprintClient):
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> PoolStats:
         """In-flight counts, up flags, served/failed counts and restarts per replica."""
-        stats: PoolStats = await self._ask(_GetStats(), timeout_secs)
+        stats: PoolStats = await self._ask(GetStats(), timeout_secs)
         return stats
 
     call, call_blocking = twins_with_old_name(call_async)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from atomr_accel.blueprint import (
     require_positive_int,
     twins_with_old_name,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
@@ -90,10 +90,6 @@ class _Generate:
     max_tokens: int | None
 
 
-class _GetStats:
-    __slots__ = ()
-
-
 class _DecoderActor(BlueprintActor):
     def __init__(self, draft: DraftFn, verifier: VerifierFn, k: int, max_tokens: int,
                  eos: int | None) -> None:
@@ -110,52 +106,48 @@ class _DecoderActor(BlueprintActor):
         cls = type(message)
         if cls is _Generate:
             limit = self.max_tokens if message.max_tokens is None else message.max_tokens
-            self.start_task(self._decode(message.prompt, limit, self.context.defer_reply()))
+            reply = self.context.defer_reply()
+            self.start_task(self.answer(reply, self._decode(message.prompt, limit, reply)))
         elif cls is Decoded:
             for i, value in enumerate((1, len(message.tokens), message.drafted,
                                        message.accepted, message.verifier_calls)):
                 self.totals[i] += value
-        elif cls is _GetStats:
+        elif cls is GetStats:
             return DecoderStats(*self.totals)
         else:
             self.unhandled(message)
         return None
 
-    async def _decode(self, prompt: tuple[int, ...], max_tokens: int, reply: Reply) -> None:
+    async def _decode(self, prompt: tuple[int, ...], max_tokens: int, reply: Reply) -> Decoded:
+        """Decode after ``prompt`` until ``max_tokens``, ``eos`` or the caller gives up; the
+        result is told to this actor too."""
         context = list(prompt)
         out: list[int] = []
         drafted = accepted = calls = 0
-        try:
-            while len(out) < max_tokens and not reply.done():
-                room = max_tokens - len(out)
-                want = min(self.k, room - 1)  # proposal + one verifier token fills the room
-                proposal = _tokens(await invoke(self.draft, tuple(context), want), "draft")
-                if len(proposal) > want:
-                    raise InvalidModelOutput(
-                        f"draft returned {len(proposal)} tokens when asked for {want}")
-                predictions = _tokens(
-                    await invoke(self.verifier, tuple(context), tuple(proposal)), "verifier")
-                emitted = accept_draft(proposal, predictions)
-                calls += 1
-                drafted += len(proposal)
-                accepted += len(emitted) - 1
-                for token in emitted[:room]:
-                    out.append(token)
-                    context.append(token)
-                    if token == self.eos:
-                        room = 0
-                        break
-                if room == 0:
+        while len(out) < max_tokens and not reply.done():
+            room = max_tokens - len(out)
+            want = min(self.k, room - 1)  # proposal + one verifier token fills the room
+            proposal = _tokens(await invoke(self.draft, tuple(context), want), "draft")
+            if len(proposal) > want:
+                raise InvalidModelOutput(
+                    f"draft returned {len(proposal)} tokens when asked for {want}")
+            predictions = _tokens(
+                await invoke(self.verifier, tuple(context), tuple(proposal)), "verifier")
+            emitted = accept_draft(proposal, predictions)
+            calls += 1
+            drafted += len(proposal)
+            accepted += len(emitted) - 1
+            for token in emitted[:room]:
+                out.append(token)
+                context.append(token)
+                if token == self.eos:
+                    room = 0
                     break
-        except asyncio.CancelledError:
-            reply.set_exception(self.stopped_error())
-            raise
-        except Exception as exc:
-            reply.set_exception(exc)
-            return
+            if room == 0:
+                break
         result = Decoded(tuple(out), drafted, accepted, calls)
-        reply.set_result(result)
         self.context.self_ref.tell(result)
+        return result
 
 
 class SpeculativeDecoder(BlueprintClient):
@@ -209,7 +201,7 @@ class SpeculativeDecoder(BlueprintClient):
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> DecoderStats:
         """Totals over finished requests: tokens, drafted, accepted, verifier calls."""
-        stats: DecoderStats = await self._ask(_GetStats(), timeout_secs)
+        stats: DecoderStats = await self._ask(GetStats(), timeout_secs)
         return stats
 
     generate, generate_blocking = twins_with_old_name(generate_async)

@@ -15,7 +15,15 @@ from atomr_accel.core._op import is_int
 from atomr_accel.facade import Device
 from atomr_accel.train._dp_replica import Replica
 from atomr_accel.train._model import Linear, Sequential, train_dtype
-from atomr_accel.train._optim import SGD, CrossEntropyLoss, Loss, MSELoss, Optimizer
+from atomr_accel.train._optim import (
+    SGD,
+    CrossEntropyLoss,
+    Loss,
+    MSELoss,
+    Optimizer,
+    require_loss,
+    require_optimizer,
+)
 from atomr_accel.train._torch_module import TorchModule
 
 __all__ = ["Model", "TrainerSpec", "default_model", "original_spec"]
@@ -65,12 +73,8 @@ class TrainerSpec:
         if model is not None and not isinstance(model, Sequential | TorchModule):
             raise InvalidArgument(f"model must be a Sequential or a TorchModule, got "
                                   f"{type(model).__name__}")
-        if not isinstance(loss, Loss):
-            raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(...), got "
-                                  f"{loss!r:.60}")
-        if not isinstance(optimizer, Optimizer):
-            raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got "
-                                  f"{optimizer!r:.60}")
+        loss = require_loss(loss)
+        optimizer = require_optimizer(optimizer)
         device_tuple = _devices(devices)
         count = _int("n_replicas", n_replicas, 1)
         if device_tuple is not None:

@@ -40,6 +40,8 @@ __all__ = [
     "MSELoss",
     "Optimizer",
     "WarmupCosine",
+    "require_loss",
+    "require_optimizer",
 ]
 
 
@@ -75,6 +77,13 @@ class CrossEntropyLoss(Loss):
     def __post_init__(self) -> None:
         object.__setattr__(self, "label_smoothing",
                            _number("label_smoothing", self.label_smoothing, below=1.0))
+
+
+def require_loss(loss: object) -> Loss:
+    """``loss`` if it is a ``Loss``; ``InvalidArgument`` else."""
+    if not isinstance(loss, Loss):
+        raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(), got {loss!r:.60}")
+    return loss
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +134,13 @@ class Optimizer:
     def state_names(self) -> tuple[str, ...]:
         """The per-parameter state buffers the optimizer keeps (torch's names)."""
         return ()
+
+
+def require_optimizer(optimizer: object) -> Optimizer:
+    """``optimizer`` if it is an ``Optimizer``; ``InvalidArgument`` else."""
+    if not isinstance(optimizer, Optimizer):
+        raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r:.60}")
+    return optimizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,6 @@ import numpy as np
 from atomr_accel.actor import Props
 from atomr_accel.blueprint import (
     BlueprintActor,
-    BlueprintClient,
     require_system,
     require_timeout,
     twin,
@@ -53,7 +52,7 @@ from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._grad_norm import gradient_norm
 from atomr_accel.train._model import Sequential
-from atomr_accel.train._optim import Loss, MSELoss, Optimizer
+from atomr_accel.train._optim import Loss, Optimizer, require_loss, require_optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica_state import checked_parameters
@@ -61,6 +60,8 @@ from atomr_accel.train._schedule import SCHEDULES, Pass, schedule
 from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
+    STEP_TIMEOUT,
+    ModelParallelClient,
     StateDictRequest,
     TrainStep,
     checked_batch,
@@ -74,9 +75,6 @@ from atomr_accel.train._transfer import free_replicas, transfer
 __all__ = ["PipelineParallelTrainer"]
 
 Array = np.ndarray[Any, Any]
-
-STEP_TIMEOUT = 60.0
-"""The default ``timeout_secs`` of a step, seconds."""
 
 _PREDICT = 2**61
 """The micro-batch tag ``predict`` uses on every stage."""
@@ -284,7 +282,7 @@ class _PipelineActor(BlueprintActor):
         await free_replicas(self._s.replicas)
 
 
-class PipelineParallelTrainer(BlueprintClient):
+class PipelineParallelTrainer(ModelParallelClient):
     """A ``Sequential`` cut into stages on several devices, trained with micro-batches.
 
     See the module for the schedule and how results match the unsplit model.
@@ -296,8 +294,6 @@ class PipelineParallelTrainer(BlueprintClient):
     _in_features = 1
     _out_features = 1
     _micro_batches = 1
-    _devices: tuple[Device, ...] = ()
-    _classes: bool = False
 
     @classmethod
     def spawn(cls, system: Any, stages: Sequence[Sequential], devices: Sequence[Device],
@@ -331,10 +327,8 @@ class PipelineParallelTrainer(BlueprintClient):
                 micro_batch_size: int | None, kind: str, seed: int,
                 parameters: Mapping[str, Any] | None, name: str | None,
                 ) -> PipelineParallelTrainer:
-        if not isinstance(loss, Loss):
-            raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(), got {loss!r}")
-        if not isinstance(optimizer, Optimizer):
-            raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
+        require_loss(loss)
+        require_optimizer(optimizer)
         if kind not in SCHEDULES:
             raise InvalidArgument(f"schedule must be one of {SCHEDULES}, got {kind!r}")
         require_count("seed", seed, least=0)
@@ -353,18 +347,11 @@ class PipelineParallelTrainer(BlueprintClient):
                 else checked_parameters(parameters, model.parameter_shapes(), DType.F32))
         props = Props(_PipelineActor, system, model, cuts, devices, loss, optimizer,
                       micro_batches, micro_batch_size, kind, seed, full, KeptState())
-        client = cls._start(system, props, name)
+        client = cls._launch_actor(system, props, name, devices, loss)
         client._in_features = in_features
         client._out_features = out_features
         client._micro_batches = micro_batches
-        client._devices = tuple(devices)
-        client._classes = not isinstance(loss, MSELoss)
         return client
-
-    @property
-    def devices(self) -> tuple[Device, ...]:
-        """The stages' devices, in stage order."""
-        return self._devices
 
     def step_async(self, x: Any, y: Any = None, timeout_secs: float = STEP_TIMEOUT,
                    ) -> Coroutine[Any, Any, StepResult]:
@@ -393,12 +380,3 @@ class PipelineParallelTrainer(BlueprintClient):
         return self._call(_Predict(data, timeout), timeout + ANSWER_MARGIN, "predict")
 
     predict = twin(predict_async)
-
-    def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
-                         ) -> Coroutine[Any, Any, dict[str, Array]]:
-        """Every stage's parameters and optimizer state under the full model's names (as
-        ``ModelReplica.state_dict``; one ``"optimizer.step"``)."""
-        timeout = require_timeout(timeout_secs)
-        return self._call(StateDictRequest(timeout), timeout + ANSWER_MARGIN, "state_dict")
-
-    state_dict = twin(state_dict_async)

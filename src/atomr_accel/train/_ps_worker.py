@@ -37,7 +37,7 @@ from atomr_accel.blueprint import (
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device
 from atomr_accel.train._model import Sequential
-from atomr_accel.train._optim import SGD, Loss, MSELoss
+from atomr_accel.train._optim import SGD, Loss, MSELoss, require_loss
 from atomr_accel.train._parameter_server import AsyncParameterServer
 from atomr_accel.train._recovery import RECOVERABLE, settled_generation
 from atomr_accel.train._replica import ModelReplica
@@ -225,8 +225,7 @@ class ParameterServerWorker(BlueprintClient):
             raise InvalidArgument(f"model must be a Sequential, got {model!r}")
         if not isinstance(device, Device) or all(d is not device for d in facade.devices):
             raise InvalidArgument(f"device must be a Device of this system, got {device!r}")
-        if not isinstance(loss, Loss):
-            raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(), got {loss!r}")
+        require_loss(loss)
         require_count("worker_id", worker_id, least=0)
         total = sum(int(np.prod(s)) for s in model.parameter_shapes().values())
         if server.size != total:

@@ -70,6 +70,8 @@ from atomr_accel.train._optim import (
     Loss,
     MSELoss,
     Optimizer,
+    require_loss,
+    require_optimizer,
 )
 from atomr_accel.train._replica_state import (
     ParamInfo,
@@ -144,10 +146,8 @@ class ModelReplica(ReplicaState):
             raise InvalidArgument(f"device must be a Device, got {type(device).__name__}")
         if not isinstance(model, Sequential):
             raise InvalidArgument(f"model must be a Sequential, got {type(model).__name__}")
-        if not isinstance(loss, Loss):
-            raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(), got {loss!r}")
-        if not isinstance(optimizer, Optimizer):
-            raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
+        require_loss(loss)
+        require_optimizer(optimizer)
         if not is_int(seed) or seed < 0:
             raise InvalidArgument(f"seed must be an int >= 0, got {seed!r}")
         if timeout_secs is not None:

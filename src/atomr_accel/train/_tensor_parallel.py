@@ -40,7 +40,6 @@ import numpy as np
 from atomr_accel.actor import Props
 from atomr_accel.blueprint import (
     BlueprintActor,
-    BlueprintClient,
     require_system,
     require_timeout,
     twin,
@@ -49,7 +48,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.train._model import Linear, Sequential
-from atomr_accel.train._optim import Loss, MSELoss, Optimizer
+from atomr_accel.train._optim import Loss, Optimizer, require_loss, require_optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica_state import checked_parameters
@@ -63,6 +62,8 @@ from atomr_accel.train._tp_split import (
 )
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
+    STEP_TIMEOUT,
+    ModelParallelClient,
     StateDictRequest,
     TrainStep,
     checked_batch,
@@ -75,9 +76,6 @@ from atomr_accel.train._transfer import free_replicas
 __all__ = ["ModelSource", "TensorParallelTrainer"]
 
 Array = np.ndarray[Any, Any]
-
-STEP_TIMEOUT = 60.0
-"""The default ``timeout_secs`` of a step, forward or backward, seconds."""
 
 ModelSource: TypeAlias = Sequential | Callable[[int], Sequential]
 """A model, or what makes one from the width of the first batch's rows."""
@@ -270,7 +268,7 @@ class _TensorParallelActor(BlueprintActor):
         raise AssertionError(f"unexpected {message!r}")
 
 
-class TensorParallelTrainer(BlueprintClient):
+class TensorParallelTrainer(ModelParallelClient):
     """A ``Sequential`` whose ``Linear`` pairs are split over several devices.
 
     See the module for the split and the collectives. ``step(x, y)`` answers a
@@ -282,8 +280,6 @@ class TensorParallelTrainer(BlueprintClient):
 
     _in_features: int | None = None
     _out_features: int | None = None
-    _classes = False
-    _devices: tuple[Device, ...] = ()
 
     @classmethod
     def spawn(cls, system: Any, model: Sequential, devices: Sequence[Device], *,
@@ -332,22 +328,12 @@ class TensorParallelTrainer(BlueprintClient):
                 loss: Loss, optimizer: Optimizer, seed: int,
                 parameters: Mapping[str, Array] | None, name: str | None,
                 ) -> TensorParallelTrainer:
-        if not isinstance(loss, Loss):
-            raise InvalidArgument(f"loss must be MSELoss() or CrossEntropyLoss(), got {loss!r}")
-        if not isinstance(optimizer, Optimizer):
-            raise InvalidArgument(f"optimizer must be SGD, Adam or AdamW, got {optimizer!r}")
+        require_loss(loss)
+        require_optimizer(optimizer)
         require_count("seed", seed, least=0)
         props = Props(_TensorParallelActor, system, model, devices, loss, optimizer, seed,
                       parameters, _Kept())
-        client = cls._start(system, props, name)
-        client._devices = tuple(devices)
-        client._classes = not isinstance(loss, MSELoss)
-        return client
-
-    @property
-    def devices(self) -> tuple[Device, ...]:
-        """The shards' devices, rank order."""
-        return self._devices
+        return cls._launch_actor(system, props, name, devices, loss)
 
     def _batch(self, x: Any, y: Any, *, labels: bool | None = None,
                ) -> tuple[Array, Array | None]:
@@ -428,12 +414,3 @@ class TensorParallelTrainer(BlueprintClient):
         return self._predict(data, require_timeout(timeout_secs))
 
     predict = twin(predict_async)
-
-    def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
-                         ) -> Coroutine[Any, Any, dict[str, Array]]:
-        """The whole model's parameters and optimizer state (shards merged), under the
-        model's names (as ``ModelReplica.state_dict``)."""
-        timeout = require_timeout(timeout_secs)
-        return self._call(StateDictRequest(timeout), timeout + ANSWER_MARGIN, "state_dict")
-
-    state_dict = twin(state_dict_async)

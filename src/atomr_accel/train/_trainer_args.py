@@ -1,25 +1,33 @@
 """What the model-parallel trainers share: argument checks (``InvalidArgument``), the
-messages of a step and of a state download, and time-outs and errors of their work inside
-the actor."""
+messages of a step and of a state download, time-outs and errors of their work inside
+the actor, and their clients' base."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
+from atomr_accel.actor import Props
+from atomr_accel.blueprint import BlueprintClient, require_timeout, twin
 from atomr_accel.core._errors import AskTimeout, DTypeMismatch, GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._host_arrays import host_array
+from atomr_accel.train._optim import Loss, MSELoss
 
-__all__ = ["ANSWER_MARGIN", "StateDictRequest", "TrainStep", "checked_batch", "checked_devices",
-           "deadline", "first_error", "require_count"]
+__all__ = ["ANSWER_MARGIN", "STEP_TIMEOUT", "ModelParallelClient", "StateDictRequest",
+           "TrainStep", "checked_batch", "checked_devices", "deadline", "first_error",
+           "require_count"]
 
 Array = np.ndarray[Any, Any]
+
+STEP_TIMEOUT = 60.0
+"""The default ``timeout_secs`` of a model-parallel trainer's calls (a step, a forward, a
+backward, a prediction, a state download), seconds."""
 
 ANSWER_MARGIN = 1.0
 """Seconds a client waits past a request's own time-out, so the trainer's typed
@@ -129,3 +137,37 @@ async def deadline(what: str, seconds: float) -> AsyncIterator[None]:
             yield
     except TimeoutError as exc:
         raise AskTimeout(what, seconds) from exc
+
+
+class ModelParallelClient(BlueprintClient):
+    """The client base of the model-parallel trainers: the devices they run on, whether
+    their loss takes class labels (``CrossEntropyLoss``), which the client's batch checks
+    need, and the download of the whole model's state."""
+
+    _devices: tuple[Device, ...] = ()
+    _classes = False
+
+    @classmethod
+    def _launch_actor(cls, system: System, props: Props, name: str | None,
+                      devices: Sequence[Device], loss: Loss) -> Self:
+        """Spawn the trainer's actor from ``props`` and keep its devices and loss kind."""
+        client = cls._start(system, props, name)
+        client._devices = tuple(devices)
+        client._classes = not isinstance(loss, MSELoss)
+        return client
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The trainer's devices: a pipeline's one a stage in stage order, a
+        tensor-parallel trainer's one a shard in rank order."""
+        return self._devices
+
+    def state_dict_async(self, timeout_secs: float = STEP_TIMEOUT,
+                         ) -> Coroutine[Any, Any, dict[str, Array]]:
+        """The whole model's parameters and optimizer state, gathered from every stage or
+        shard, under the model's own names (as ``ModelReplica.state_dict``; one
+        ``"optimizer.step"``)."""
+        timeout = require_timeout(timeout_secs)
+        return self._call(StateDictRequest(timeout), timeout + ANSWER_MARGIN, "state_dict")
+
+    state_dict = twin(state_dict_async)
