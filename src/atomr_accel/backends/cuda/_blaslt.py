@@ -19,7 +19,7 @@ guarantees the shapes and strides that ``reset_operands`` would check).
 Re-pointing costs GPU time: on an H100 an 8192^3 bf16 matmul with a bias
 ran 1.69 ms with its operands reset and released around every execute
 against 1.40 ms without; so a plan keeps its last operands referenced until
-it is re-pointed or evicted (at most 32 plans a context), and a buffer freed
+it is re-pointed or evicted (at most ``PLANS`` a context), and a buffer freed
 meanwhile returns its memory to CuPy's pool then. cuda.core, under
 nvmath, is initialized once in each thread that runs an op
 (``_cuda_core_ready``). Planning runs on a private stream of the cache, so its
@@ -103,11 +103,17 @@ def _nvmath_epilog(epilogue: Epilogue, with_aux: bool) -> str | None:
     return epilogue.value.upper()  # DRELU, DGELU, DRELU_BGRAD, DGELU_BGRAD
 
 
+PLANS = 128
+"""How many planned matmuls a context keeps. Planning one costs about 1.5 ms on an H100
+(the heuristic query), so a workload cycling through more shapes than the cache holds
+plans on every call: 64 shapes in turn did with the 32 kept before."""
+
+
 class PlanCache:
     """The ``size`` most recently used planned ``Matmul`` objects of one context, each with the
     operands it was last bound to; an evicted plan is freed."""
 
-    def __init__(self, size: int = 32) -> None:
+    def __init__(self, size: int = PLANS) -> None:
         self.plans: Lru[Any] = Lru(size, self._evicted)
         self._bound: dict[Hashable, tuple[Any, ...]] = {}
         self._stream: Any = None
