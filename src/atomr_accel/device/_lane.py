@@ -21,7 +21,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -47,7 +47,7 @@ from atomr_accel.core.ops._kernels import CompileKernel, LoadKernel
 from atomr_accel.core.ops._memory import Allocate
 from atomr_accel.device._messages import Fatal
 from atomr_accel.device._supervision import ends_generation
-from atomr_accel.hosts._base import ContextHost, refusal_of
+from atomr_accel.hosts._base import ContextHost, Flight, Outcome, refusal_of
 
 if TYPE_CHECKING:
     from atomr_accel.device._state import DeviceState, Pending
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MISS",
     "Gate",
+    "InFlight",
     "Lane",
     "Slot",
     "answer_of",
@@ -263,13 +264,63 @@ class Slot:
         return self._value
 
 
-def wait_any(slots: Iterable[Slot], timeout: float) -> None:
-    """Return once one of ``slots`` is answered, or after ``timeout`` seconds."""
+class InFlight:
+    """An op a plain thread put in flight on a device (``Lane.send``) and watches: answered
+    in ``slot``, by the host's thread, or by this one reading the reply the host posted
+    for it (``posted``) once it is there."""
+
+    __slots__ = ("_gate", "_lane", "pending", "posted", "slot")
+
+    def __init__(self, lane: Lane, gate: Gate, pending: Pending, slot: Slot) -> None:
+        self._lane = lane
+        self._gate = gate
+        self.pending = pending
+        self.slot = slot
+        self.posted: Flight | None = None
+        """The host's reply for this thread to read (None: the host's thread answers)."""
+
+    @property
+    def done(self) -> bool:
+        """Whether it is answered (reading the posted reply first, if it has come)."""
+        posted = self.posted
+        if posted is not None and posted.done():
+            pending = self.pending
+            try:
+                outcome = posted.outcome()  # (an interrupt in it leaves abandon to end it)
+                self.posted = None
+                if outcome is not None:  # (None: it never ran there; answered elsewhere)
+                    self._lane._answer(pending, self._gate, outcome)
+            except BaseException as exc:  # answering included: an interrupt may land there
+                interrupt = interrupt_in(exc)
+                pending.fail(refusal_of(exc, pending.op) if interrupt is None else interrupt)
+                if interrupt is not None:
+                    raise
+        return self.slot.done
+
+    def close(self) -> None:
+        """Give up a posted reply nobody will read (the answer came another way: the
+        request failed, or nobody waits any more)."""
+        posted, self.posted = self.posted, None
+        if posted is not None:
+            posted.abandon()
+
+    def abandon(self) -> None:
+        """Nobody waits for it any more: what it makes is released once it ends."""
+        self.close()
+        self.pending.abandon()
+
+
+def wait_any(flights: Sequence[InFlight], timeout: float) -> None:
+    """Return once one of ``flights`` may be answered, or after ``timeout`` seconds: on the
+    first posted reply (its host wakes this thread), else on every answer."""
+    for flight in flights:
+        if flight.posted is not None:
+            flight.posted.park(timeout)
+            return
     wake = Latch()
-    waiting = list(slots)
-    for slot in waiting:
-        slot._wake = wake
-    if not any(slot._done for slot in waiting):  # each answered later sets the latch
+    for flight in flights:
+        flight.slot._wake = wake
+    if not any(flight.slot.done for flight in flights):  # each answered later sets the latch
         wake.wait(timeout)
 
 
@@ -372,12 +423,7 @@ class Lane:
             if self._enter(pending, generation):  # (else a check failed: answered already)
                 outcome = gate.host.call(op, stream, pending.ticket(generation), deadline)
                 if outcome is not None:
-                    result, error = outcome
-                    if error is None:
-                        pending.succeed(answer_of(op, result, generation, self.state))
-                    else:
-                        finish(pending, generation, None, error,
-                               fatal_to(gate.context, generation, self))
+                    self._answer(pending, gate, outcome)
         except BaseException as exc:  # answering included: an interrupt may land there
             interrupt = interrupt_in(exc)
             pending.fail(interrupt if interrupt is not None
@@ -392,13 +438,52 @@ class Lane:
             pending.abandon()  # what it makes once it finishes is released
             raise
 
+    def _answer(self, pending: Pending, gate: Gate, outcome: Outcome) -> None:
+        """Answer ``pending`` with the ``outcome`` its op had on ``gate``'s host."""
+        result, error = outcome
+        if error is None:
+            pending.succeed(answer_of(pending.op, result, gate.generation, self.state))
+        else:
+            finish(pending, gate.generation, None, error,
+                   fatal_to(gate.context, gate.generation, self))
+
+    def send(self, op: Op, into: list[Any], checked: bool = False) -> bool:
+        """Put ``op`` in flight for this plain thread, which watches it: its ``InFlight``
+        joins ``into`` before anything is sent (an interrupt can lose no flight), with a
+        reply the thread reads itself where the host has one (``ContextHost.send``), else
+        answered by the host's thread. False while the op must take the actor path.
+
+        Raises ``InvalidArgument`` for a malformed op; a failed buffer check, like the
+        op's own error, answers the flight. Used where one caller puts ops in flight on
+        several devices at once (a collective's ranks).
+        """
+        route = self._route(op)
+        if route is None:
+            return False
+        gate, stream = route
+        slot = Slot()
+        pending = self._request(op, slot, checked)
+        flight = InFlight(self, gate, pending, slot)
+        interrupt: BaseException | None = None
+        try:  # registered inside: an interrupt anywhere after it fails the request
+            into.append(flight)
+            if self._enter(pending, gate.generation) and not gate.host.send(
+                    pending.op, stream, pending.ticket(gate.generation), flight):
+                self._hand(gate, stream, pending)
+        except BaseException as exc:  # the host could not take it (shared memory, pickling)
+            interrupt = interrupt_in(exc)  # or this thread was interrupted
+            pending.fail(refusal_of(exc, pending.op) if interrupt is None else interrupt)
+        if interrupt is not None:  # raised here, its context unchanged
+            raise interrupt
+        return True
+
     def submit(self, op: Op, answer: Any, checked: bool = False) -> Pending | None:
         """Hand ``op`` to the host and return at once: its answer goes to ``answer`` (a
-        ``Reply``, or a ``Slot`` a plain thread waits on), from whichever thread it comes.
+        ``Reply``), from whichever thread it comes.
 
         None while the op must take the actor path (nothing was sent). Raises
         ``InvalidArgument`` for a malformed op; a failed buffer check, like the
-        op's own error, is answered to ``answer``. Used where one caller puts
+        op's own error, is answered to ``answer``. Used where an event loop puts
         ops in flight on several devices at once (a collective's ranks).
         """
         route = self._route(op)

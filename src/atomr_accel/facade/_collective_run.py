@@ -11,11 +11,14 @@ whose context died gets ``ContextPoisoned``, the others ``CollectiveAborted``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.actor import ActorRef, Reply
+from atomr_accel.backends._spin import wait_until
 from atomr_accel.core._errors import (
     CollectiveAborted,
     ContextPoisoned,
@@ -24,7 +27,7 @@ from atomr_accel.core._errors import (
     InvalidArgument,
 )
 from atomr_accel.core.ops._collective import CallKind, CollectiveCall, RunCollective
-from atomr_accel.device._lane import Lane, Slot, wait_any
+from atomr_accel.device._lane import InFlight, Lane, wait_any
 from atomr_accel.device._state import Status
 from atomr_accel.device._world import WorldBroken, WorldState
 
@@ -74,9 +77,17 @@ class WorldRun:
         with state.launching:
             epoch = state.epoch
             generations = [d.generation for d in self.devices]
-            flights = [self._on_loop(rank, op, loop) for rank, op in self._ops(plans, epoch, left)]
+            ops = self._ops(plans, epoch, left)
+            flights = [self._on_loop(rank, op, loop) for rank, op in ops]
         results = await self._first_failure(flights, epoch, left)
-        return self._conclude(plans, epoch, generations, results)
+        return self._conclude(plans, epoch, generations, self._by_rank(ops, results))
+
+    def _by_rank(self, ops: list[tuple[int, RunCollective]], results: list[Any]) -> list[Any]:
+        """The ranks' results in rank order (None for a rank that took no part)."""
+        out: list[Any] = [None] * len(self.devices)
+        for (rank, _), result in zip(ops, results, strict=True):
+            out[rank] = result
+        return out
 
     def execute_here(self, plans: list[Planned], timeout: float
                      ) -> list[GpuRuntimeError | None] | None:
@@ -95,10 +106,10 @@ class WorldRun:
             if not all(lane.takes(op) for lane, (_, op) in zip(lanes, ops, strict=True)):
                 return None
             generations = [d.generation for d in self.devices]
-            flights: list[tuple[Slot, Pending | None]] = []
+            flights: list[InFlight | GpuRuntimeError] = []  # a flight's made, then sent
             try:
                 for lane, (rank, op) in zip(lanes, ops, strict=True):
-                    flights.append(_submit(lane, rank, op))
+                    _submit(lane, rank, op, flights)
             except BaseException:  # this thread was interrupted: the ranks in flight abort
                 self._give_up(flights, epoch)
                 raise
@@ -107,7 +118,7 @@ class WorldRun:
         except BaseException:
             self._give_up(flights, epoch)
             raise
-        return self._conclude(plans, epoch, generations, results)
+        return self._conclude(plans, epoch, generations, self._by_rank(ops, results))
 
     def _ops(self, plans: list[Planned], epoch: int, timeout: float
              ) -> list[tuple[int, RunCollective]]:
@@ -149,14 +160,14 @@ class WorldRun:
         return _per_rank(errors, [d.generation != g for d, g in zip(self.devices, generations,
                                                                     strict=True)])
 
-    def _give_up(self, flights: list[tuple[Slot, Pending | None]], epoch: int) -> None:
+    def _give_up(self, flights: list[InFlight | GpuRuntimeError], epoch: int) -> None:
         """The caller is gone (interrupted): the ranks in flight abort, nobody waits for them."""
         state = self._state
         state.failed(epoch)
         self.ref.tell(WorldBroken(epoch, "its caller was interrupted"))
-        for slot, pending in flights:
-            if pending is not None and not slot.done:
-                pending.abandon()
+        for flight in flights:
+            if isinstance(flight, InFlight):
+                flight.abandon()  # (what has ended already is not ended twice)
 
     async def ready(self, deadline: float) -> None:
         """Return once the world serves its current members (``CollectiveAborted`` past
@@ -190,33 +201,55 @@ class WorldRun:
         return any(m.generation != g or m.status is not Status.READY
                    for m, g in zip(self._state.members, generations, strict=True))
 
-    def _watch_here(self, flights: list[tuple[Slot, Pending | None]], epoch: int,
+    def _watch_here(self, flights: list[InFlight | GpuRuntimeError], epoch: int,
                     deadline: float) -> list[Any]:
         """``_first_failure`` on this thread: wait for the ranks' answers; the first error,
         or a member's context going down, aborts the epoch (the other ranks then abort
-        themselves); past ``deadline`` the unfinished ones are abandoned."""
-        slots = [slot for slot, _ in flights]
+        themselves); past ``deadline`` the unfinished ones are abandoned. Where a worker
+        posts a rank's reply, this thread spins a moment first, as a blocking call does."""
+        live = [f for f in flights if isinstance(f, InFlight)]
         generations = [m.generation for m in self._state.members]
-        while (waiting := [s for s in slots if not s.done]) and not any(
-                s.error is not None for s in slots) and not self._members_down(generations):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                break
-            wait_any(waiting, min(left, WATCH_SECONDS))
-        if any(not s.done for s in slots):
+        failed = len(live) < len(flights)
+
+        def unanswered() -> list[InFlight]:
+            return [f for f in live if not f.done]
+
+        def settled() -> bool:
+            return failed or not unanswered() or any(f.slot.error is not None for f in live) \
+                or self._members_down(generations)
+
+        self._wait(settled, unanswered, deadline, spin=any(f.posted for f in live))
+        if unanswered():
             self._state.abort(epoch)  # every rank's collective of the epoch aborts itself
-            while (waiting := [s for s in slots if not s.done]) and (
-                    left := deadline - time.perf_counter()) > 0:
-                wait_any(waiting, left)
+            self._wait(lambda: not unanswered(), unanswered, deadline, spin=False)
         results: list[Any] = []
-        for slot, pending in flights:
-            if slot.done:
-                results.append(slot.error)
-                continue
-            if pending is not None:
-                pending.abandon()
-            results.append(self._late())
+        for flight in flights:
+            if not isinstance(flight, InFlight):
+                results.append(flight)
+            elif flight.done:
+                results.append(flight.slot.error)
+                flight.close()
+            else:
+                flight.abandon()
+                results.append(self._late())
         return results
+
+    @staticmethod
+    def _wait(settled: Callable[[], bool], unanswered: Callable[[], list[InFlight]],
+              deadline: float, spin: bool) -> None:
+        """Wait until ``settled()`` or ``deadline``: spinning first when ``spin``, parked on
+        the unanswered flights in slices of at most ``WATCH_SECONDS``."""
+        def park(seconds: float) -> None:
+            waiting = unanswered()
+            if waiting:
+                wait_any(waiting, min(seconds, WATCH_SECONDS))
+
+        if spin:
+            with contextlib.suppress(TimeoutError):
+                wait_until(settled, deadline, park=park)
+            return
+        while not settled() and (left := deadline - time.perf_counter()) > 0:
+            park(left)
 
     def _late(self) -> CollectiveAborted:
         return CollectiveAborted(f"collective of world {self._state.name} did not finish "
@@ -270,18 +303,18 @@ class WorldRun:
                 fut.cancel()
 
 
-def _submit(lane: Lane, rank: int, op: RunCollective) -> tuple[Slot, Pending | None]:
-    """Put rank ``rank``'s ``op`` in flight on its data plane; a refusal answers its slot."""
-    slot = Slot()
+def _submit(lane: Lane, rank: int, op: RunCollective,
+            flights: list[InFlight | GpuRuntimeError]) -> None:
+    """Put rank ``rank``'s ``op`` in flight on its data plane (its flight joins ``flights``
+    before it is sent); a refusal joins as its error."""
     try:
-        pending = lane.submit(op, slot)
-    except GpuRuntimeError as exc:
-        slot.set_exception(exc)
-        return slot, None
-    if pending is None:  # its data plane closed since it was looked at: a member went down
-        slot.set_exception(ContextPoisoned(f"rank {rank}'s context went down as the "
-                                           "collective began"))
-    return slot, pending
+        sent = lane.send(op, flights)
+    except GpuRuntimeError as exc:  # refused before a flight was made
+        flights.append(exc)
+        return
+    if not sent:  # its data plane closed since it was looked at: a member went down
+        flights.append(ContextPoisoned(f"rank {rank}'s context went down as the collective "
+                                       "began"))
 
 
 def _typed(results: list[Any]) -> list[GpuRuntimeError | None]:

@@ -47,7 +47,9 @@ __all__ = [
     "Box",
     "ContextHost",
     "Done",
+    "Flight",
     "Outcome",
+    "Posting",
     "Ticket",
     "refusal_of",
     "settle",
@@ -194,6 +196,13 @@ class ContextHost(abc.ABC):
         op may still run). Never call it on an event loop's thread.
         """
 
+    def send(self, op: Op, stream: int, ticket: Ticket, into: Posting) -> bool:
+        """Send ``op`` with a reply that this plain thread waits on and reads itself (no
+        other thread in between): its ``Flight`` is set on ``into.posted`` before the op
+        goes out. False where this host has no such way (``launch`` it then). Used by one
+        caller putting ops in flight on several hosts at once (a collective's ranks)."""
+        return False
+
     def submit(self, op: Op, stream: int = 0) -> asyncio.Future[Any]:
         """Queue ``op`` for no request in particular; the future (of the running loop)
         completes with its result or error."""
@@ -237,6 +246,33 @@ def settle_threadsafe(fut: asyncio.Future[Any], result: Any, error: BaseExceptio
         return
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
         loop.call_soon_threadsafe(settle, fut, result, error)
+
+
+class Flight(Protocol):
+    """An op a host has taken from a plain thread (``ContextHost.send``), whose outcome
+    that thread reads itself once it is there."""
+
+    def done(self) -> bool:
+        """Whether the outcome is there."""
+        ...
+
+    def park(self, seconds: float) -> None:
+        """Sleep until the outcome may be there, at most ``seconds``."""
+        ...
+
+    def outcome(self) -> Outcome | None:
+        """The outcome (call once, when ``done``); None: the op never ran here."""
+        ...
+
+    def abandon(self) -> None:
+        """Nobody will read the outcome: the host frees what the op holds once it ends."""
+        ...
+
+
+class Posting(Protocol):
+    """Where ``ContextHost.send`` leaves the ``Flight`` of the op it sends."""
+
+    posted: Flight | None
 
 
 class Box:

@@ -44,7 +44,9 @@ from atomr_accel.hosts._base import (
     Box,
     ContextHost,
     Done,
+    Flight,
     Outcome,
+    Posting,
     Ticket,
     on_free_loop,
     refusal_of,
@@ -203,7 +205,7 @@ class ProcessHost(ContextHost):
                 return None
             return self._call(op, stream, ticket, deadline)
         finally:
-            if entered:
+            if entered:  # inline, not a call: no interrupt can land before the count drops
                 with self._lock:
                     self._callers -= 1
                     last = self._unmap and not self._callers
@@ -212,9 +214,31 @@ class ProcessHost(ContextHost):
 
     def _call(self, op: Op, stream: int, ticket: Ticket,
               deadline: float | None) -> Outcome | None:
+        into = _Posted()
+        if not self._post(op, stream, ticket, into):  # more blocking callers than slots:
+            return Box().call(self, op, stream, ticket, deadline)  # wait for a frame instead
+        flight = into.posted
+        assert flight is not None
+        try:
+            wait_until(flight.done, deadline, park=flight.park)
+        except BaseException:  # timed out, or interrupted (KeyboardInterrupt)
+            flight.abandon()
+            raise
+        return flight.outcome()
+
+    def send(self, op: Op, stream: int, ticket: Ticket, into: Posting) -> bool:
+        """Send ``op`` through the ring with a reply slot that this thread reads itself
+        (``SlotFlight``, on ``into.posted``); False when the worker is dead or every slot
+        is taken. A flight does not hold the channel open: read after the host has
+        closed, it answers that the context closed."""
+        return self._dead is None and self._post(op, stream, ticket, into)
+
+    def _post(self, op: Op, stream: int, ticket: Ticket, into: Posting) -> bool:
+        """Send ``op`` with a reply slot of its own, its flight set on ``into.posted``
+        first (False: no slot free)."""
         slot = self._take_slot()
-        if slot is None:  # more blocking callers than slots: wait for a frame instead
-            return Box().call(self, op, stream, ticket, deadline)
+        if slot is None:
+            return False
         channel = self._channel
         assert channel is not None
         channel.set_slot(slot, PENDING)
@@ -223,15 +247,9 @@ class ProcessHost(ContextHost):
         except BaseException:
             self._free(slot)
             raise
+        into.posted = SlotFlight(self, channel, request, slot)
         self._enqueue(request)
-        try:
-            wait_until(lambda: channel.slot_state(slot) != PENDING, deadline,
-                       park=lambda seconds: channel.park_on_slot(slot, seconds))
-        except BaseException:  # timed out, or interrupted (KeyboardInterrupt)
-            with self._lock:
-                self._abandoned.add(slot)  # freed once the worker has answered it
-            raise
-        return self._slot_outcome(request, slot)
+        return True
 
     def _take_slot(self) -> int | None:
         channel = self._channel
@@ -555,6 +573,78 @@ class ProcessHost(ContextHost):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+
+class SlotFlight:
+    """An op sent with a reply slot of its caller's: the caller waits on the slot (a futex
+    the worker wakes) and reads the reply from it, on its own thread.
+
+    Reading it (``outcome``) and giving it up (``abandon``) each end it once, whichever
+    comes first: an interrupt landing in one leaves the other to end it."""
+
+    __slots__ = ("_channel", "_ended", "_host", "_request", "_slot")
+
+    def __init__(self, host: ProcessHost, channel: Channel, request: _Request,
+                 slot: int) -> None:
+        self._host = host
+        self._channel = channel
+        self._request = request
+        self._slot = slot
+        self._ended = False
+
+    def done(self) -> bool:
+        """Whether the worker has answered (or the host found it dead, or closed)."""
+        try:
+            return self._channel.slot_state(self._slot) != PENDING
+        except ValueError:  # the host closed its channel
+            return True
+
+    def park(self, seconds: float) -> None:
+        """Sleep on the slot until the worker answers, at most ``seconds``."""
+        self._channel.park_on_slot(self._slot, seconds)
+
+    def outcome(self) -> Outcome | None:
+        """Read the reply and free the slot (None: it had ended already)."""
+        host = self._host
+        with host._lock:  # inline, not a call: nothing lands between the test and the mark
+            ended, self._ended = self._ended, True
+        if ended:
+            return None
+        try:
+            self._channel.slot_state(self._slot)
+        except ValueError:
+            return None, ContextPoisoned("the context was closed before this op finished")
+        try:
+            return host._slot_outcome(self._request, self._slot)
+        except BaseException:  # interrupted before the slot was settled: freed once seen
+            with host._lock:
+                if self._request.id in host._inflight:
+                    host._abandoned.add(self._slot)
+            raise
+
+    def abandon(self) -> None:
+        """Nobody reads the reply: the slot is freed once the worker has answered it (at
+        once when the request never went out)."""
+        host = self._host
+        with host._lock:
+            if self._ended:
+                return
+            self._ended = True
+            request = self._request
+            if request.id in host._inflight or request in host._backlog:
+                host._abandoned.add(self._slot)
+                return
+            host._release(request)
+        host._free(self._slot)
+
+
+class _Posted:
+    """Where a blocking call's own ``SlotFlight`` is left."""
+
+    __slots__ = ("posted",)
+
+    def __init__(self) -> None:
+        self.posted: Flight | None = None
 
 
 def _import_dirs() -> list[str]:
