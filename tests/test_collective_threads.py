@@ -5,6 +5,7 @@ and an interrupted caller each end typed, and the world serves again after."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -104,6 +105,31 @@ def test_many_threads_calling_one_world_each_get_their_own_sums(
             np.testing.assert_allclose(d.copy_to_numpy(b), want, rtol=1e-12)
     stats = coll.stats()
     assert stats.calls["all_reduce"] == threads * calls and stats.aborted == 0
+
+
+def test_async_calls_from_a_users_own_loop_run_there_and_get_their_own_sums(
+        world: tuple[list[Device], Collective]) -> None:
+    """Tasks of an event loop that is not the system's, each with its own buffers, all at
+    once: the ranks' answers come to that loop, and every task gets its own sums."""
+    devices, coll = world
+    rng = np.random.default_rng(61)
+    tasks, calls = 4, 10
+    inputs = [[rng.standard_normal(17) for _ in devices] for _ in range(tasks)]
+    bufs = [uploaded(devices, xs) for xs in inputs]
+
+    async def caller(i: int) -> None:
+        for _ in range(calls):
+            await coll.all_reduce_async(bufs[i], timeout_secs=20)
+
+    async def main() -> None:
+        await asyncio.gather(*(caller(i) for i in range(tasks)))
+
+    asyncio.run(main())
+    for xs, pair in zip(inputs, bufs, strict=True):
+        want = 2.0 ** (calls - 1) * (xs[0] + xs[1])
+        for d, b in zip(devices, pair, strict=True):
+            np.testing.assert_allclose(d.copy_to_numpy(b), want, rtol=1e-12)
+    assert coll.stats().calls["all_reduce"] == tasks * calls
 
 
 def test_a_rank_that_fails_aborts_the_others_and_the_world_serves_again(

@@ -37,7 +37,7 @@ from atomr_accel.facade._collective_views import (
     Rendezvous,
     open_group,
 )
-from atomr_accel.facade._portal import Portal, blocking, in_blocking_call
+from atomr_accel.facade._portal import Portal, blocking, in_blocking_call, on_asyncio
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
@@ -321,9 +321,15 @@ class Collective:
         await self._run_checked([planned], timeout)
 
     async def _run_checked(self, plans: list[Planned], timeout: float) -> None:
-        """Run ``plans``: a blocking caller's on its own thread while the world serves, else
-        on the system's loop; raise the merged error."""
-        errors = self._run.execute_here(plans, timeout) if in_blocking_call() else None
+        """Run ``plans`` where the caller is while the world serves (a blocking caller's
+        thread, an asyncio caller's loop), else on the system's loop; raise the merged
+        error."""
+        run = self._run
+        errors: list[GpuRuntimeError | None] | None = None
+        if in_blocking_call():
+            errors = run.execute_here(plans, timeout)
+        elif on_asyncio():
+            errors = await run.execute_on_this_loop(plans, timeout)
         if errors is None:
             errors = await self._portal.acall(self.execute(plans, timeout))
         raise_merged(errors)

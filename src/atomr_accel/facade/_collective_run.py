@@ -64,14 +64,32 @@ class WorldRun:
 
     async def execute(self, plans: list[Planned], timeout: float
                       ) -> list[GpuRuntimeError | None]:
-        """Run ``plans`` (in order, as one launch per rank) on the system's loop;
-        answer each rank's error (None where the rank succeeded)."""
-        state = self._state
+        """Run ``plans`` (in order, as one launch per rank) on the system's loop, once
+        the world serves; answer each rank's error (None where the rank succeeded)."""
         deadline = time.perf_counter() + timeout
         try:
             await self.ready(deadline)
         except GpuRuntimeError as exc:
             return [exc] * len(self.devices)
+        return await self._launch_and_watch(plans, deadline)
+
+    async def execute_on_this_loop(self, plans: list[Planned], timeout: float
+                                   ) -> list[GpuRuntimeError | None] | None:
+        """``execute`` on the caller's own event loop (the ranks' answers come to it, no
+        trip through the system's loop); None when the world does not serve right now:
+        waiting for it is the system loop's (``execute``)."""
+        if not self.serving():
+            return None
+        return await self._launch_and_watch(plans, time.perf_counter() + timeout)
+
+    def serving(self) -> bool:
+        """Whether the world serves its current members now."""
+        state = self._state
+        return state.error is None and state.status == "ready" and not state.changed()
+
+    async def _launch_and_watch(self, plans: list[Planned], deadline: float
+                                ) -> list[GpuRuntimeError | None]:
+        state = self._state
         left = max(deadline - time.perf_counter(), 1e-3)
         loop = asyncio.get_running_loop()
         with state.launching:
@@ -98,7 +116,7 @@ class WorldRun:
         state = self._state
         deadline = time.perf_counter() + timeout
         with state.launching:
-            if state.error is not None or state.status != "ready" or state.changed():
+            if not self.serving():
                 return None
             epoch = state.epoch
             ops = self._ops(plans, epoch, timeout)
