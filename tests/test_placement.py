@@ -228,7 +228,10 @@ def test_blocking_place_runs_work_on_the_chosen_device() -> None:
         dev.copy_from_numpy(buf, np.arange(256, dtype=np.float32))
         assert dev.copy_to_numpy(buf).sum() == 255 * 256 / 2
         other = devs[1] if dev is devs[0] else devs[0]
+        for d in devs:  # fresh readings, one right after the other: what placement compares
+            d.memory_info()
         # 512 MiB (zeroed on first touch, so nothing is used): far more than the host's free
         # memory moves by between the two devices' readings, even beside the parallel suite
-        dev.allocate_f32(128 << 20)
+        held = dev.allocate_f32(128 << 20)  # (held: a dropped buffer is freed at once)
         assert system.placement(policy="memory_fit").pick(1024) is other
+        del held

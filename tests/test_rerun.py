@@ -272,11 +272,14 @@ async def test_the_worker_lost_error_says_whether_it_was_killed_from_outside() -
             await crash.call_async(3)
         assert not crashed.value.killed
         await until_generation(dev, 2)
-        n = 384  # a long gemm: the kill lands inside it
+        n = 384
         da = await dev.allocate_f64_async(n * n)
         await dev.copy_from_numpy_async(da, np.random.default_rng(5).standard_normal(n * n))
-        asks = [asyncio.ensure_future(dev.blas().gemm_async(da, da, da, n, n, n))
-                for _ in range(20)]
+        # two seconds of work first: the kill lands inside an op (between two ops, none
+        # would be lost: each not yet taken runs again on the next context)
+        asks = [asyncio.ensure_future(dev.inject_fault_async(FaultKind.OOM, delay=2.0))]
+        asks += [asyncio.ensure_future(dev.blas().gemm_async(da, da, da, n, n, n))
+                 for _ in range(20)]
         results = await kill_worker_while_busy(dev, asks, 5)
         lost = [r for r in results if isinstance(r, WorkerLost)]
         assert lost and all(r.killed for r in lost)
