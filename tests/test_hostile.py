@@ -322,6 +322,11 @@ def test_a_blocking_call_interrupted_by_a_signal_loses_nothing(env: Env) -> None
     the caller hears it; the op is settled, the device keeps every buffer and goes on."""
     dev = env.dev
     generation = dev.generation
+    # Python's own SIGINT handler, whatever a library of an earlier test left installed
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
+        f"SIGINT stays with {signal.getsignal(signal.SIGINT)!r} (signal.signal is "
+        f"{signal.signal!r})")
     timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT))
     timer.start()
     try:
@@ -329,6 +334,7 @@ def test_a_blocking_call_interrupted_by_a_signal_loses_nothing(env: Env) -> None
             dev.inject_fault("oom", delay=1.0)
     finally:
         timer.join()
+        signal.signal(signal.SIGINT, previous)
     buf = dev.allocate_f64(4)
     dev.copy_from_numpy(buf, np.arange(4.0))
     assert dev.blas().asum(4, buf) == 6.0

@@ -464,17 +464,8 @@ class Lane:
         slot = Slot()
         pending = self._request(op, slot, checked)
         flight = InFlight(self, gate, pending, slot)
-        interrupt: BaseException | None = None
-        try:  # registered inside: an interrupt anywhere after it fails the request
-            into.append(flight)
-            if self._enter(pending, gate.generation) and not gate.host.send(
-                    pending.op, stream, pending.ticket(gate.generation), flight):
-                self._hand(gate, stream, pending)
-        except BaseException as exc:  # the host could not take it (shared memory, pickling)
-            interrupt = interrupt_in(exc)  # or this thread was interrupted
-            pending.fail(refusal_of(exc, pending.op) if interrupt is None else interrupt)
-        if interrupt is not None:  # raised here, its context unchanged
-            raise interrupt
+        into.append(flight)
+        self._put(gate, stream, pending, flight)
         return True
 
     def submit(self, op: Op, answer: Any, checked: bool = False) -> Pending | None:
@@ -491,16 +482,23 @@ class Lane:
             return None
         gate, stream = route
         pending = self._request(op, answer, checked)
+        self._put(gate, stream, pending, None)
+        return pending
+
+    def _put(self, gate: Gate, stream: int, pending: Pending, post: InFlight | None) -> None:
+        """Register ``pending`` and hand it to ``gate``'s host: with its reply posted on
+        ``post`` where the host can (``ContextHost.send``), else to be answered by the
+        host's thread."""
         interrupt: BaseException | None = None
         try:  # registered inside: an interrupt anywhere after it fails the request
-            if self._enter(pending, gate.generation):
+            if self._enter(pending, gate.generation) and not (post is not None and gate.host.send(
+                    pending.op, stream, pending.ticket(gate.generation), post)):
                 self._hand(gate, stream, pending)
         except BaseException as exc:  # the host could not take it (shared memory, pickling)
             interrupt = interrupt_in(exc)  # or this thread was interrupted
             pending.fail(refusal_of(exc, pending.op) if interrupt is None else interrupt)
         if interrupt is not None:  # raised here, its context unchanged
             raise interrupt
-        return pending
 
     async def run(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
         """Run ``op`` and await it on the running loop; its result, or ``MISS``.
