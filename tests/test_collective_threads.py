@@ -53,6 +53,14 @@ def uploaded(devices: list[Device], xs: list[np.ndarray[Any, Any]]) -> list[GpuB
     return bufs
 
 
+def settled(devices: list[Device]) -> None:
+    """Every request ends: none stays in a device's books."""
+    deadline = time.monotonic() + 10.0
+    while any(d.stats().in_flight for d in devices):
+        assert time.monotonic() < deadline, [d.stats().in_flight for d in devices]
+        time.sleep(0.01)
+
+
 def check_sum(devices: list[Device], bufs: list[GpuBuffer], xs: list[np.ndarray[Any, Any]]
               ) -> None:
     for d, b in zip(devices, bufs, strict=True):
@@ -171,6 +179,7 @@ def test_a_blocking_collective_past_its_time_out_is_aborted_typed(
     assert isinstance(busy.raised, GpuRuntimeError), busy.raised
     coll.all_reduce(bufs, timeout_secs=10)
     check_sum(devices, bufs, xs)
+    settled(devices)
 
 
 def test_a_killed_worker_mid_collective_ends_the_blocking_call_typed() -> None:
@@ -230,11 +239,16 @@ def test_an_interrupted_blocking_collective_raises_unchanged_and_the_world_recov
     coll.all_reduce(fresh, timeout_secs=10)
     check_sum(devices, fresh, xs)
     assert coll.stats().aborted >= 1
+    settled(devices)
 
 
 @pytest.mark.serial  # it counts shared-memory segments: alone, not beside the parallel suite
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs setitimer")
 @pytest.mark.filterwarnings("ignore:coroutine '.*' was never awaited:RuntimeWarning")
+# Python swallows (and reports) a handler's exception that lands inside a garbage
+# collection callback, such as asyncio's WeakSet of tasks when a task of a collective
+# that waited for the world is freed on this thread (see docs/devices.md): not the subject.
+@pytest.mark.filterwarnings("ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_storm_of_interrupted_collectives_leaves_the_world_serving_and_nothing_behind(
         isolation: str) -> None:

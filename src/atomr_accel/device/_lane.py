@@ -304,10 +304,11 @@ class InFlight:
         if posted is not None:
             posted.abandon()
 
-    def abandon(self) -> None:
-        """Nobody waits for it any more: what it makes is released once it ends."""
+    def end(self, error: BaseException) -> None:
+        """Nobody waits for it any more: its request ends now with ``error`` (the op may
+        still run; a reply posted for it is given up), so it never stays in the books."""
         self.close()
-        self.pending.abandon()
+        self.pending.fail(error)
 
 
 def wait_any(flights: Sequence[InFlight], timeout: float) -> None:

@@ -128,13 +128,13 @@ class WorldRun:
             try:
                 for lane, (rank, op) in zip(lanes, ops, strict=True):
                     _submit(lane, rank, op, flights)
-            except BaseException:  # this thread was interrupted: the ranks in flight abort
-                self._give_up(flights, epoch)
+            except BaseException as exc:  # this thread was interrupted
+                self._give_up(flights, epoch, exc)
                 raise
         try:
             results = self._watch_here(flights, epoch, deadline)
-        except BaseException:
-            self._give_up(flights, epoch)
+        except BaseException as exc:
+            self._give_up(flights, epoch, exc)
             raise
         return self._conclude(plans, epoch, generations, self._by_rank(ops, results))
 
@@ -178,14 +178,16 @@ class WorldRun:
         return _per_rank(errors, [d.generation != g for d, g in zip(self.devices, generations,
                                                                     strict=True)])
 
-    def _give_up(self, flights: list[InFlight | GpuRuntimeError], epoch: int) -> None:
-        """The caller is gone (interrupted): the ranks in flight abort, nobody waits for them."""
-        state = self._state
-        state.failed(epoch)
+    def _give_up(self, flights: list[InFlight | GpuRuntimeError], epoch: int,
+                 interrupt: BaseException) -> None:
+        """The caller was interrupted: the ranks in flight abort (a rank not sent yet, or
+        dropped unlaunched, would leave the others waiting), the world rebuilds, and every
+        request ends with ``interrupt`` (none stays in the books)."""
+        self._state.failed(epoch)
         self.ref.tell(WorldBroken(epoch, "its caller was interrupted"))
         for flight in flights:
             if isinstance(flight, InFlight):
-                flight.abandon()  # (what has ended already is not ended twice)
+                flight.end(interrupt)  # (one answered already keeps its answer)
 
     async def ready(self, deadline: float) -> None:
         """Return once the world serves its current members (``CollectiveAborted`` past
@@ -248,8 +250,9 @@ class WorldRun:
                 results.append(flight.slot.error)
                 flight.close()
             else:
-                flight.abandon()
-                results.append(self._late())
+                late = self._late()
+                flight.end(late)
+                results.append(late)
         return results
 
     @staticmethod
