@@ -286,7 +286,7 @@ class InFlight:
         if posted is not None and posted.done():
             pending = self.pending
             try:
-                outcome = posted.outcome()  # (an interrupt in it leaves abandon to end it)
+                outcome = posted.outcome()  # (an interrupt in it leaves it to `end`)
                 self.posted = None
                 if outcome is not None:  # (None: it never ran there; answered elsewhere)
                     self._lane._answer(pending, self._gate, outcome)
