@@ -1,7 +1,8 @@
-"""Blocking collectives from plain threads (``Collective`` on CPU devices): each rank's op
-goes straight to its host from the calling thread. Many threads at once keep one order on
-every rank (results checked against NumPy); a rank that fails, a killed worker, a time-out
-and an interrupted caller each end typed, and the world serves again after."""
+"""Collectives called from plain threads and from a user's own event loop (``Collective``
+on CPU devices): each rank's op goes straight to its host from the caller. Many threads
+(or tasks) at once keep one order on every rank (results checked against NumPy); a rank
+that fails, a killed worker, a time-out and an interrupted caller each end typed, and the
+world serves again after."""
 
 from __future__ import annotations
 
