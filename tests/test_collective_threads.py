@@ -62,6 +62,15 @@ def settled(devices: list[Device]) -> None:
         time.sleep(0.01)
 
 
+def serves_again(coll: Collective, devices: list[Device], xs: list[np.ndarray[Any, Any]],
+                 timeout: float = 10.0) -> None:
+    """An all_reduce of ``xs`` on fresh buffers (the old ones may have died with a context)
+    runs once the world is rebuilt, and sums right."""
+    fresh = uploaded(devices, xs)
+    coll.all_reduce(fresh, timeout_secs=timeout)
+    check_sum(devices, fresh, xs)
+
+
 def check_sum(devices: list[Device], bufs: list[GpuBuffer], xs: list[np.ndarray[Any, Any]]
               ) -> None:
     for d, b in zip(devices, bufs, strict=True):
@@ -158,9 +167,7 @@ def test_a_rank_that_fails_aborts_the_others_and_the_world_serves_again(
     assert time.perf_counter() - started < 5
     poison.join(10)
     assert isinstance(poison.raised, ContextPoisoned), poison.raised
-    fresh = uploaded(devices, xs)  # rank 1's buffers died with its context
-    coll.all_reduce(fresh, timeout_secs=10)  # waits for the rebuilt world, then runs
-    check_sum(devices, fresh, xs)
+    serves_again(coll, devices, xs)  # rank 1's buffers died with its context
     stats = coll.stats()
     assert stats.status == "ready" and stats.aborted >= 1 and stats.rebuilds >= 1
 
@@ -203,9 +210,7 @@ def test_a_killed_worker_mid_collective_ends_the_blocking_call_typed() -> None:
         assert time.perf_counter() - started < 5
         busy.join(10)
         assert isinstance(busy.raised, GpuRuntimeError), busy.raised
-        fresh = uploaded(devices, xs)
-        coll.all_reduce(fresh, timeout_secs=10)
-        check_sum(devices, fresh, xs)
+        serves_again(coll, devices, xs)
         assert devices[1].stats().host_pid not in (None, pid)
 
 
@@ -236,9 +241,7 @@ def test_an_interrupted_blocking_collective_raises_unchanged_and_the_world_recov
         signal.signal(signal.SIGUSR1, previous)
     busy.join(10)
     assert isinstance(busy.raised, GpuRuntimeError), busy.raised
-    fresh = uploaded(devices, xs)
-    coll.all_reduce(fresh, timeout_secs=10)
-    check_sum(devices, fresh, xs)
+    serves_again(coll, devices, xs)
     assert coll.stats().aborted >= 1
     settled(devices)
 
@@ -298,8 +301,6 @@ def test_a_storm_of_interrupted_collectives_leaves_the_world_serving_and_nothing
         del stale
         rng = np.random.default_rng(59)
         xs = [rng.standard_normal(16) for _ in devices]
-        fresh = uploaded(devices, xs)
-        coll.all_reduce(fresh, timeout_secs=20)
-        check_sum(devices, fresh, xs)
+        serves_again(coll, devices, xs, timeout=20)
     assert counts["interrupted"] > 50 and counts["ok"] > 50, counts
     assert live_segments() == []
