@@ -196,7 +196,7 @@ class WorldRun:
         while True:
             if state.error is not None:
                 raise state.error
-            if state.status == "ready" and not state.changed():
+            if self.serving():
                 return
             ready = state.ready
             left = deadline - time.perf_counter()
