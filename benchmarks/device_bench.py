@@ -41,7 +41,7 @@ from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._memory import Allocate, Upload
 from atomr_accel.hosts import BackendSpec, ProcessHost
 from atomr_accel.hosts._base import Done, Ticket
-from atomr_accel.hosts._process import _Request
+from atomr_accel.hosts._process import Request
 
 N = 8
 HOSTS = ("thread", "process")
@@ -202,8 +202,8 @@ class PickleHost(ProcessHost):
     """The process host, but uploads pickle the array into the request (the baseline)."""
 
     def _request(self, op: Any, stream: int, ticket: Ticket, done: Done | None,
-                 slot: int) -> _Request:
-        request = _Request(op, stream, ticket, done, None, None, slot)
+                 slot: int) -> Request:
+        request = Request(op, stream, ticket, done, None, None, slot)
         request.payload = self._encode(request)
         return request
 

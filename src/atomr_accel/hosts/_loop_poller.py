@@ -14,13 +14,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import queue
+import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from atomr_accel.core._op import Op
 from atomr_accel.hosts._base import Done
 
-__all__ = ["LoopPoller", "Started"]
+__all__ = ["LoopPoller", "OffLoop", "Started"]
+
+_STOP = object()
+SWEEP_SECONDS = 0.1
+"""How often an idle waiter thread looks for pollers whose loop has closed."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,9 +67,10 @@ class LoopPoller:
     the oldest op of each stream (they finish in order), for as long as that op's spin
     lasts; an op still running then is handed to the host's waiter thread."""
 
-    def __init__(self, host: Reporter, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, host: Reporter, loop: asyncio.AbstractEventLoop, off: OffLoop) -> None:
         self.host = host
-        self.loop = loop
+        self._off = off
+        self._loop = weakref.ref(loop)  # not a strong one: the host's pollers are weakly keyed
         self.streams: dict[int, collections.deque[Started]] = {}
         self.scheduled = False
         self.seen = 0
@@ -75,6 +84,8 @@ class LoopPoller:
 
     def add(self, stream: int, entry: Started) -> None:
         """Watch ``entry``, launched on ``stream``."""
+        if not self.streams:
+            self._off.watch(self)
         self.streams.setdefault(stream, collections.deque()).append(entry)
         if not self.scheduled:
             self._schedule()
@@ -82,7 +93,9 @@ class LoopPoller:
     def _schedule(self) -> None:
         self.scheduled = True
         self._behind = self.host.reported_off_loop()  # read first: those callbacks run first
-        self.loop.call_soon(self.poll)
+        loop = self._loop()
+        if loop is not None:  # else the loop is gone, and this poller with it (``_hand_on``)
+            loop.call_soon(self.poll)
 
     def poll(self) -> None:
         """Report what has finished; hand on what outlived its spin; poll again if need be."""
@@ -104,3 +117,106 @@ class LoopPoller:
                 del self.streams[stream]
         if self.streams:
             self._schedule()
+        else:
+            self._off.unwatch(self)
+
+    def orphaned(self) -> bool:
+        """Whether this poller's loop is closed (or gone): it will poll no more."""
+        loop = self._loop()
+        return loop is None or loop.is_closed()
+
+    def take_all(self) -> list[Started]:
+        """Every op still watched, oldest first per stream (once the loop is closed)."""
+        entries = [entry for started in self.streams.values() for entry in started]
+        self.streams.clear()
+        return entries
+
+
+class OffLoop:
+    """The reports a host makes off the event loops, counted, and the waiter thread that
+    takes long ops off them: it waits for each (``report(entry, waited=True)``), in the
+    order they were handed on, then reports it. While idle it looks, every
+    ``SWEEP_SECONDS``, for pollers whose loop closed with ops still watched (an
+    ``asyncio.run`` that ended with a call in flight) and reports those ops itself, so
+    that none stays unanswered or holds what its host lent it.
+
+    ``promised`` counts the reports promised so far, ``reported`` those made: a loop
+    reports an op of its own only once every report promised before it was made
+    (``LoopPoller``).
+    """
+
+    def __init__(self, name: str, report: Callable[[Started, bool], bool]) -> None:
+        self._name = name
+        self._report = report
+        self._lock = threading.Lock()
+        self._waits: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._watched: set[LoopPoller] = set()
+        self.promised = 0
+        self.reported = 0
+
+    def watch(self, poller: LoopPoller) -> None:
+        """``poller`` watches ops now: sweep it if its loop closes first."""
+        with self._lock:
+            self._watched.add(poller)
+            self._start()
+
+    def unwatch(self, poller: LoopPoller) -> None:
+        """``poller`` watches nothing now."""
+        with self._lock:
+            self._watched.discard(poller)
+
+    def _start(self) -> None:
+        if self._thread is None:  # under the lock
+            self._thread = threading.Thread(target=self._wait_in_order, daemon=True,
+                                            name=f"atomr-wait-{self._name}")
+            self._thread.start()
+
+    def promise(self) -> int:
+        """Count a report another thread will make; the count so far, this one included."""
+        with self._lock:
+            self.promised += 1
+            return self.promised
+
+    def made(self) -> None:
+        """Count a report made off the loops."""
+        with self._lock:
+            self.reported += 1
+
+    def wait(self, entry: Started) -> int:
+        """Hand ``entry`` to the waiter thread; the reports promised so far, this one
+        included."""
+        with self._lock:
+            self._start()
+            self.promised += 1
+            self._waits.put(entry)
+            return self.promised
+
+    def _wait_in_order(self) -> None:
+        while True:
+            try:
+                entry = self._waits.get(timeout=SWEEP_SECONDS)
+            except queue.Empty:
+                self._sweep()
+                continue
+            if entry is _STOP:
+                return
+            self._report(entry, True)
+            self.made()
+
+    def _sweep(self) -> None:
+        """Report the ops of pollers whose loop has closed."""
+        with self._lock:
+            orphans = [poller for poller in self._watched if poller.orphaned()]
+            self._watched.difference_update(orphans)
+        for poller in orphans:
+            for entry in poller.take_all():
+                self._report(entry, True)
+
+    async def stop(self) -> None:
+        """Stop the waiter thread once it has reported what it was handed."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            self._waits.put(_STOP)
+            await asyncio.to_thread(thread.join)

@@ -20,16 +20,14 @@ import logging
 import os
 import pickle
 import signal
-import sys
 import threading
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+import time
+import weakref
 from typing import Any, ClassVar
 
 import numpy as np
 
-import atomr_accel
-from atomr_accel.backends._spin import wait_until
+from atomr_accel.backends._spin import SPIN_SECONDS, wait_until
 from atomr_accel.core._errors import (
     ContextPoisoned,
     DeviceUnavailable,
@@ -44,7 +42,6 @@ from atomr_accel.hosts._base import (
     Box,
     ContextHost,
     Done,
-    Flight,
     Outcome,
     Posting,
     Ticket,
@@ -62,8 +59,11 @@ from atomr_accel.hosts._channel import (
     Spilled,
     loads,
 )
+from atomr_accel.hosts._loop_poller import LoopPoller, OffLoop, Started
 from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec
-from atomr_accel.hosts._wire import HEADER, encode
+from atomr_accel.hosts._slot_flight import Posted, SlotFlight
+from atomr_accel.hosts._wire import encode
+from atomr_accel.hosts._worker_start import WORKER_COMMAND, import_dirs, read_frame, worker_env
 
 _log = logging.getLogger(__name__)
 
@@ -71,24 +71,8 @@ __all__ = ["ProcessHost"]
 
 _DEFAULT_ARENA = 64 << 20
 _OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
-_PACKAGE_ROOT = str(Path(atomr_accel.__file__).resolve().parents[1])  # the worker imports from it
-WORKER_COMMAND = (sys.executable, "-P", "-s", str(Path(__file__).with_name("_boot.py")),
-                  "atomr_accel.hosts._worker")
-"""How a worker starts: ``-P`` keeps the caller's current directory off its ``sys.path``
-(a ``numpy.py`` there must not run in the worker), ``-s`` the user's site-packages;
-``_boot.py``, run by its path, imports only what the worker needs."""
-
-
-def worker_env(environ: Mapping[str, str], import_dirs: Sequence[str] = ()) -> dict[str, str]:
-    """The worker's environment: the caller's, with this package's root first on
-    ``PYTHONPATH``, then the caller's ``PYTHONPATH`` and ``import_dirs``, and no empty
-    entry there (an empty entry would mean the current directory)."""
-    paths = [_PACKAGE_ROOT, *environ.get("PYTHONPATH", "").split(os.pathsep), *import_dirs]
-    return {**environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-
-
 @dataclasses.dataclass(slots=True, eq=False)
-class _Request:
+class Request:
     """One op on its way to the worker, and where its answer goes."""
 
     op: Op
@@ -133,8 +117,8 @@ class ProcessHost(ContextHost):
         self._channel: Channel | None = None
         self._lock = threading.Lock()
         """Guards the ring's order: the backlog, the requests in flight and the free slots."""
-        self._backlog: collections.deque[_Request] = collections.deque()
-        self._inflight: dict[int, _Request] = {}
+        self._backlog: collections.deque[Request] = collections.deque()
+        self._inflight: dict[int, Request] = {}
         self._free_slots: list[int] = []
         self._abandoned: set[int] = set()
         self._ids = itertools.count(1)
@@ -144,6 +128,10 @@ class ProcessHost(ContextHost):
         """This host killed its worker itself (a ``SIGKILL`` it sent is no one else's)."""
         self._callers = 0  # blocking callers using the channel now
         self._unmap = False  # closed: the last caller out unmaps the channel
+        self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPoller] = (
+            weakref.WeakKeyDictionary())
+        self._off = OffLoop(f"{spec.name}-{spec.device_id}", self.report)
+        """Reports of ops sent from other event loops, made by the waiter thread."""
 
     async def start(self) -> None:
         """Start the worker, build its backend, share the arena and the channel with it."""
@@ -158,13 +146,13 @@ class ProcessHost(ContextHost):
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *WORKER_COMMAND, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                env=worker_env(os.environ, _import_dirs()),
+                env=worker_env(os.environ, import_dirs()),
             )
             assert self._proc.stdin is not None and self._proc.stdout is not None
             self._proc.stdin.write(encode((self.spec, self._arena.path, self._arena.nbytes,
                                            self._channel.path, self.ring_bytes, self.slots)))
             async with asyncio.timeout(self.start_timeout):
-                reply = await _read(self._proc.stdout)
+                reply = await read_frame(self._proc.stdout)
         except BaseException:
             await self._abort()
             raise
@@ -185,12 +173,62 @@ class ProcessHost(ContextHost):
     # ------------------------------------------------------------ ways in
 
     def launch(self, op: Op, stream: int, ticket: Ticket, done: Done) -> None:
-        """Send ``op`` through the ring; the reply comes back as a frame, to ``done``.
-        A dead worker hands the op back (``ticket.unclaim()``)."""
+        """Send ``op`` through the ring; its reply comes to ``done`` as a frame read on the
+        host's own loop, or, sent from another event loop, in a reply slot that loop polls
+        itself (``_launch_on_loop``). A dead worker hands the op back (``ticket.unclaim()``)."""
         if self._dead is not None:
             ticket.unclaim()
             return
-        self._enqueue(self._request(op, stream, ticket, done, NO_SLOT))
+        if not self._launch_on_loop(op, stream, ticket, done):
+            self._enqueue(self._request(op, stream, ticket, done, NO_SLOT))
+
+    def _launch_on_loop(self, op: Op, stream: int, ticket: Ticket, done: Done) -> bool:
+        """Send ``op`` with a reply slot that the caller's event loop polls (``LoopPoller``;
+        past its spin the waiter thread waits for it), saving the hop through the host's own
+        loop. Only from a loop free to watch it, not the host's own, for an op whose answer
+        is no large download, and while more slots are free than are kept for blocking
+        callers; False: nothing was sent."""
+        if not on_free_loop() or _copies_out_large(op):
+            return False
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return False
+        into = Posted()
+        if not self._post(op, stream, ticket, into, keep=self.slots // 4):
+            return False
+        assert into.posted is not None
+        entry = Started(op, into.posted, done, time.perf_counter() + SPIN_SECONDS,
+                        self._off.promised)
+        poller = self._pollers.get(loop)
+        if poller is None:
+            poller = self._pollers[loop] = LoopPoller(self, loop, self._off)
+        poller.add(stream, entry)
+        return True
+
+    def report(self, entry: Started, waited: bool) -> bool:
+        """Report ``entry``, an op sent from an event loop, if its reply has come
+        (``waited``: wait for it first); False if not."""
+        flight: SlotFlight = entry.started
+        if waited:
+            wait_until(flight.done, None, park=flight.park, spin=0.0)
+        elif not flight.done():
+            return False
+        outcome = flight.outcome()
+        if outcome is not None:  # None: handed back, it never ran
+            try:
+                entry.done(*outcome)
+            except Exception:  # whoever answers the asker failed: not a reason to lose the worker
+                _log.exception("answering %s failed", type(entry.op).__name__)
+        return True
+
+    def wait_off_loop(self, entry: Started) -> int:
+        """Hand ``entry`` to the waiter thread, which reports it once answered; the off-loop
+        reports promised so far, this one included."""
+        return self._off.wait(entry)
+
+    def reported_off_loop(self) -> int:
+        """How many reports the waiter thread has made."""
+        return self._off.reported
 
     def call(self, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
@@ -214,7 +252,7 @@ class ProcessHost(ContextHost):
 
     def _call(self, op: Op, stream: int, ticket: Ticket,
               deadline: float | None) -> Outcome | None:
-        into = _Posted()
+        into = Posted()
         if not self._post(op, stream, ticket, into):  # more blocking callers than slots:
             return Box().call(self, op, stream, ticket, deadline)  # wait for a frame instead
         flight = into.posted
@@ -233,10 +271,10 @@ class ProcessHost(ContextHost):
         closed, it answers that the context closed."""
         return self._dead is None and self._post(op, stream, ticket, into)
 
-    def _post(self, op: Op, stream: int, ticket: Ticket, into: Posting) -> bool:
+    def _post(self, op: Op, stream: int, ticket: Ticket, into: Posting, keep: int = 0) -> bool:
         """Send ``op`` with a reply slot of its own, its flight set on ``into.posted``
-        first (False: no slot free)."""
-        slot = self._take_slot()
+        first (False: no more than ``keep`` slots free)."""
+        slot = self._take_slot(keep)
         if slot is None:
             return False
         channel = self._channel
@@ -251,7 +289,7 @@ class ProcessHost(ContextHost):
         self._enqueue(request)
         return True
 
-    def _take_slot(self) -> int | None:
+    def _take_slot(self, keep: int) -> int | None:
         channel = self._channel
         assert channel is not None
         with self._lock:
@@ -263,9 +301,9 @@ class ProcessHost(ContextHost):
                     self._release(request)
                 channel.set_slot(slot, FREE)
                 self._free_slots.append(slot)
-            return self._free_slots.pop() if self._free_slots else None
+            return self._free_slots.pop() if len(self._free_slots) > keep else None
 
-    def _slot_outcome(self, request: _Request, slot: int) -> Outcome | None:
+    def _slot_outcome(self, request: Request, slot: int) -> Outcome | None:
         """Read the answer in ``slot``, free it and its request's shared memory."""
         channel = self._channel
         assert channel is not None
@@ -291,7 +329,7 @@ class ProcessHost(ContextHost):
         self._settle_slot(request, slot)
         return outcome
 
-    def _settle_slot(self, request: _Request, slot: int) -> None:
+    def _settle_slot(self, request: Request, slot: int) -> None:
         """Forget an answered blocking request: release its shared memory, free its slot."""
         with self._lock:
             self._inflight.pop(request.id, None)
@@ -308,7 +346,7 @@ class ProcessHost(ContextHost):
     # --------------------------------------------------------- the ring
 
     def _request(self, op: Op, stream: int, ticket: Ticket, done: Done | None,
-                 slot: int) -> _Request:
+                 slot: int) -> Request:
         """Stage ``op``'s payloads in shared memory and pickle it (a copy an event loop
         would wait for runs on an executor thread; the request waits in order)."""
         arena = self._arena
@@ -322,7 +360,7 @@ class ProcessHost(ContextHost):
         elif isinstance(op, Download):
             dtype = op.ref.dtype.numpy
             out = arena.take(op.count * dtype.itemsize, dtype_spec(dtype))
-        request = _Request(op, stream, ticket, done, staged, out, slot)
+        request = Request(op, stream, ticket, done, staged, out, slot)
         try:
             if data is not None and staged is not None:
                 if data.nbytes >= _OFF_LOOP and on_free_loop():
@@ -337,7 +375,7 @@ class ProcessHost(ContextHost):
             raise
         return request
 
-    def _stage(self, request: _Request, data: np.ndarray[Any, Any]) -> None:
+    def _stage(self, request: Request, data: np.ndarray[Any, Any]) -> None:
         """Copy an upload into shared memory off the event loop, then let it into the ring."""
         try:
             assert request.staged is not None
@@ -347,7 +385,7 @@ class ProcessHost(ContextHost):
             request.error = refusal_of(exc, request.op)
         self._enqueue(None)
 
-    def _encode(self, request: _Request) -> bytes:
+    def _encode(self, request: Request) -> bytes:
         channel = self._channel
         assert channel is not None
         payload = pickle.dumps((request.op, request.stream, request.out),
@@ -357,9 +395,9 @@ class ProcessHost(ContextHost):
         request.spilled = Spilled.write(payload)
         return request.spilled.pickled()
 
-    def _enqueue(self, request: _Request | None) -> None:
+    def _enqueue(self, request: Request | None) -> None:
         """Queue ``request`` behind the backlog and push what fits (None: just push)."""
-        unsent: list[_Request] = []
+        unsent: list[Request] = []
         with self._lock:
             if request is not None:
                 self._backlog.append(request)
@@ -370,12 +408,12 @@ class ProcessHost(ContextHost):
         if self._dead is not None:
             self._fail_all(self._dead)  # it may have died while this one was queued
 
-    def _drain(self) -> list[_Request]:
+    def _drain(self) -> list[Request]:
         """Push the backlog's ready requests in order while they fit (under the lock);
         return those claimed with a staging error, to answer outside the lock."""
         channel = self._channel
         assert channel is not None
-        failed: list[_Request] = []
+        failed: list[Request] = []
         backlog = self._backlog
         while backlog:
             request = backlog[0]
@@ -398,7 +436,7 @@ class ProcessHost(ContextHost):
         channel.set_backlog(False)
         return failed
 
-    def _settle_unsent(self, request: _Request, error: BaseException | None) -> None:
+    def _settle_unsent(self, request: Request, error: BaseException | None) -> None:
         """Answer a request the worker will not answer: with ``error``, or not at all (None:
         it was not claimed, or handed back). A blocking caller's waiter cleans up after it."""
         if request.slot != NO_SLOT:
@@ -412,7 +450,7 @@ class ProcessHost(ContextHost):
             assert request.done is not None
             request.done(None, error)
 
-    def _release(self, request: _Request) -> None:
+    def _release(self, request: Request) -> None:
         """Give back the shared memory a request holds once it is answered or given up (a
         spilled payload the worker read is gone already)."""
         if request.spilled is not None:
@@ -442,7 +480,7 @@ class ProcessHost(ContextHost):
         assert proc is not None and proc.stdout is not None
         why = ""
         try:
-            while (frame := await _read(proc.stdout)) is not None:
+            while (frame := await read_frame(proc.stdout)) is not None:
                 self._on_frame(*frame)
         except Exception as exc:
             why = f"; its replies could not be read: {exc!r}"
@@ -473,7 +511,7 @@ class ProcessHost(ContextHost):
         except Exception:  # whoever takes the answer failed: not a reason to lose the worker
             _log.exception("answering %s failed", type(request.op).__name__)
 
-    def _answer(self, request: _Request, ok: bool, payload: Any) -> None:
+    def _answer(self, request: Request, ok: bool, payload: Any) -> None:
         """Answer a request from its reply frame (on the owner loop)."""
         done = request.done
         assert done is not None
@@ -488,14 +526,14 @@ class ProcessHost(ContextHost):
             self._release(request)
         done(payload if ok else None, None if ok else payload)
 
-    def _take_out(self, request: _Request, out: ShmSlice) -> tuple[bool, Any]:
+    def _take_out(self, request: Request, out: ShmSlice) -> tuple[bool, Any]:
         """A download's result copied out of shared memory, or the typed error saying why not."""
         try:
             return True, self._array(out).copy()
         except Exception as exc:
             return False, refusal_of(exc, request.op)
 
-    def _copy_out(self, request: _Request) -> None:
+    def _copy_out(self, request: Request) -> None:
         """Copy a large download out of shared memory off the event loop, then answer it."""
         assert request.out is not None and request.done is not None
         ok, payload = self._take_out(request, request.out)
@@ -548,6 +586,7 @@ class ProcessHost(ContextHost):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
         self._fail_all(ContextPoisoned("the context was closed before this op finished"))
+        await self._off.stop()
         with self._lock:
             self._unmap = True
             idle = not self._callers
@@ -575,89 +614,6 @@ class ProcessHost(ContextHost):
             self._arena = None
 
 
-class SlotFlight:
-    """An op sent with a reply slot of its caller's: the caller waits on the slot (a futex
-    the worker wakes) and reads the reply from it, on its own thread.
-
-    Reading it (``outcome``) and giving it up (``abandon``) each end it once, whichever
-    comes first: an interrupt landing in one leaves the other to end it."""
-
-    __slots__ = ("_channel", "_ended", "_host", "_request", "_slot")
-
-    def __init__(self, host: ProcessHost, channel: Channel, request: _Request,
-                 slot: int) -> None:
-        self._host = host
-        self._channel = channel
-        self._request = request
-        self._slot = slot
-        self._ended = False
-
-    def done(self) -> bool:
-        """Whether the worker has answered (or the host found it dead, or closed)."""
-        try:
-            return self._channel.slot_state(self._slot) != PENDING
-        except ValueError:  # the host closed its channel
-            return True
-
-    def park(self, seconds: float) -> None:
-        """Sleep on the slot until the worker answers, at most ``seconds``."""
-        self._channel.park_on_slot(self._slot, seconds)
-
-    def outcome(self) -> Outcome | None:
-        """Read the reply and free the slot (None: it had ended already)."""
-        host = self._host
-        with host._lock:  # inline, not a call: nothing lands between the test and the mark
-            ended, self._ended = self._ended, True
-        if ended:
-            return None
-        try:
-            self._channel.slot_state(self._slot)
-        except ValueError:
-            return None, ContextPoisoned("the context was closed before this op finished")
-        try:
-            return host._slot_outcome(self._request, self._slot)
-        except BaseException:  # interrupted before the slot was settled: freed once seen
-            with host._lock:
-                if self._request.id in host._inflight:
-                    host._abandoned.add(self._slot)
-            raise
-
-    def abandon(self) -> None:
-        """Nobody reads the reply: the slot is freed once the worker has answered it (at
-        once when the request never went out)."""
-        host = self._host
-        with host._lock:
-            if self._ended:
-                return
-            self._ended = True
-            request = self._request
-            if request.id in host._inflight or request in host._backlog:
-                host._abandoned.add(self._slot)
-                return
-            host._release(request)
-        host._free(self._slot)
-
-
-class _Posted:
-    """Where a blocking call's own ``SlotFlight`` is left."""
-
-    __slots__ = ("posted",)
-
-    def __init__(self) -> None:
-        self.posted: Flight | None = None
-
-
-def _import_dirs() -> list[str]:
-    """This process's import directories (``sys.path``), so that a device function's module
-    that pickles by reference (a module next to the caller's script) imports in the worker."""
-    own = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})  # the interpreter finds these
-    return [p for p in sys.path if p and not p.startswith(own) and os.path.isdir(p)]
-
-
-async def _read(stream: asyncio.StreamReader) -> Any:
-    try:
-        header = await stream.readexactly(HEADER)
-        body = await stream.readexactly(int.from_bytes(header, "little"))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
-    return pickle.loads(body)
+def _copies_out_large(op: Op) -> bool:
+    """Whether answering ``op`` copies a download large enough to leave an event loop."""
+    return isinstance(op, Download) and op.count * op.ref.dtype.itemsize >= _OFF_LOOP

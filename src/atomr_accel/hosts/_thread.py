@@ -42,7 +42,7 @@ from atomr_accel.hosts._base import (
     settle,
     translate_error,
 )
-from atomr_accel.hosts._loop_poller import LoopPoller, Started
+from atomr_accel.hosts._loop_poller import LoopPoller, OffLoop, Started
 
 _log = logging.getLogger(__name__)
 
@@ -80,10 +80,8 @@ class ThreadHost(ContextHost):
         self._closed = False
         self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPoller] = (
             weakref.WeakKeyDictionary())
-        self._waits: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._waiter: threading.Thread | None = None
-        self._off_promised = 0  # reports to make off the loops (context thread, waiter)
-        self._off_reported = 0  # of those, made; both under _put_lock
+        self._off = OffLoop(f"{spec.name}-{spec.device_id}", self.report)
+        """Reports made off the loops: by the context thread and the waiter thread."""
 
     async def start(self) -> None:
         """Start the context thread and build the backend on it."""
@@ -134,10 +132,10 @@ class ThreadHost(ContextHost):
         refusal = self._refusal(op)
         if not ticket.claim():
             return
-        self._promise_off_loop()
+        self._off.promise()  # under the context lock: launches on a loop read the count
         if refusal is not None:
             done(None, refusal)
-            self._reported_off()
+            self._off.made()
             return
 
         def report(result: Any, error: BaseException | None) -> None:
@@ -145,23 +143,13 @@ class ThreadHost(ContextHost):
                 done(result, None if error is None else self._classify(backend, op, error))
             except Exception:  # whoever answers the asker failed: never lose the context over it
                 _log.exception("answering %s failed", type(op).__name__)
-            self._reported_off()
+            self._off.made()
 
         backend.launch(op, stream, report)
 
-    def _promise_off_loop(self) -> None:
-        """Count a report another thread will make (under the context lock, as launches on
-        a loop read the count)."""
-        with self._put_lock:
-            self._off_promised += 1
-
-    def _reported_off(self) -> None:
-        with self._put_lock:
-            self._off_reported += 1
-
     def reported_off_loop(self) -> int:
         """How many reports other threads have made (their callbacks are queued)."""
-        return self._off_reported
+        return self._off.reported
 
     # --------------------------------------------------------- ways in
 
@@ -193,7 +181,7 @@ class ThreadHost(ContextHost):
                     return False
                 if not ticket.claim():
                     return True
-                after = self._off_promised  # every op taken off the queue so far reports first
+                after = self._off.promised  # every op taken off the queue so far reports first
                 try:
                     started = backend.begin(op, stream)
                 except BaseException as exc:
@@ -204,7 +192,7 @@ class ThreadHost(ContextHost):
         entry = Started(op, started, done, time.perf_counter() + SPIN_SECONDS, after)
         poller = self._pollers.get(loop)
         if poller is None:
-            poller = self._pollers[loop] = LoopPoller(self, loop)
+            poller = self._pollers[loop] = LoopPoller(self, loop, self._off)
         if poller.may_report_now(entry) and self._report_soon(entry):
             return True  # a lone short op: answered before its caller awaits, no loop turn
         poller.add(stream, entry)
@@ -235,20 +223,7 @@ class ThreadHost(ContextHost):
     def wait_off_loop(self, entry: Started) -> int:
         """Hand ``entry`` to the host's waiter thread, which reports it once finished;
         answers the off-loop reports promised so far, this one included."""
-        with self._put_lock:
-            if self._waiter is None:
-                self._waiter = threading.Thread(
-                    target=self._wait_in_order, daemon=True,
-                    name=f"atomr-wait-{self.spec.name}-{self.spec.device_id}")
-                self._waiter.start()
-            self._off_promised += 1
-            self._waits.put(entry)
-            return self._off_promised
-
-    def _wait_in_order(self) -> None:
-        while (entry := self._waits.get()) is not _STOP:
-            self.report(entry, waited=True)
-            self._reported_off()
+        return self._off.wait(entry)
 
     def call(self, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
@@ -335,7 +310,5 @@ class ThreadHost(ContextHost):
         thread = self._thread
         if thread is not None and thread.is_alive():
             await asyncio.to_thread(thread.join)
-        if self._waiter is not None:
-            self._waits.put(_STOP)
-            await asyncio.to_thread(self._waiter.join)
+        await self._off.stop()
 
