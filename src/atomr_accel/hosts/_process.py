@@ -3,8 +3,10 @@
 This is the only host that recovers a poisoned CUDA context for real: the
 worker is killed with its context and a fresh one starts. Ops travel in order
 through a shared-memory ring (``_channel.py``); a blocking caller waits for its
-reply in a slot of its own, other requests are answered by a frame on the
-worker's stdout, read on the event loop that owns the host. Host payloads
+reply in a slot of its own (``_slot_flight.py``), and so does an awaited call
+from an event loop other than the host's own (that loop polls the slot, see
+``_loop_poller.py``); other requests are answered by a frame on the worker's
+stdout, read on the event loop that owns the host. Host payloads
 (uploads and downloads) travel through a shared-memory arena, never through
 pickles; copies of 1 MiB and more made for an event loop run off its thread.
 """
