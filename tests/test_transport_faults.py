@@ -250,7 +250,7 @@ def test_a_reply_reader_that_fails_loses_the_context_not_the_device(
     """Reading one of the worker's reply frames fails: the worker is killed, supervision
     rebuilds the context, and the request it held (an allocation: it touches no buffer, so
     it may run twice) runs again there; the device serves again."""
-    real_read = _process._read
+    real_read = _process.read_frame
     armed = False
 
     async def failing_read(stream: Any) -> Any:
@@ -261,17 +261,23 @@ def test_a_reply_reader_that_fails_loses_the_context_not_the_device(
             raise MemoryError("no memory for this frame")
         return frame
 
-    monkeypatch.setattr(_process, "_read", failing_read)
-    with System.open("reader") as system:
-        dev = system.spawn_device(mock=True, isolation="process")
-        first = dev.stats().host_pid
-        armed = True
-        again = asyncio.run(dev.allocate_f32_async(8))  # answered by a frame on stdout
-        assert len(again) == 8 and again.generation == 2 and dev.stats().reruns == 1
-        buf = dev.allocate_f32(4)  # the rebuilt context serves
-        dev.copy_from_numpy(buf, np.arange(4, dtype=np.float32))
-        np.testing.assert_array_equal(dev.copy_to_numpy(buf), np.arange(4))
-        stats = dev.stats()
-        assert stats.generation == 2 and stats.restarts == 1 and stats.in_flight == 0
-        assert stats.host_pid not in (None, first) and not _alive(first or 0)
+    monkeypatch.setattr(_process, "read_frame", failing_read)
+
+    async def main() -> None:  # on the system's own loop: replies come as frames there
+        nonlocal armed
+        async with await System.open_async("reader") as system:
+            dev = await system.spawn_device_async(mock=True, isolation="process")
+            first = (await dev.stats_async()).host_pid
+            armed = True
+            again = await dev.allocate_f32_async(8)  # answered by a frame on stdout
+            assert (len(again) == 8 and again.generation == 2
+                    and (await dev.stats_async()).reruns == 1)
+            buf = await dev.allocate_f32_async(4)  # the rebuilt context serves
+            await dev.copy_from_numpy_async(buf, np.arange(4, dtype=np.float32))
+            np.testing.assert_array_equal(await dev.copy_to_numpy_async(buf), np.arange(4))
+            stats = await dev.stats_async()
+            assert stats.generation == 2 and stats.restarts == 1 and stats.in_flight == 0
+            assert stats.host_pid not in (None, first) and not _alive(first or 0)
+
+    asyncio.run(main())
     assert live_segments() == []
