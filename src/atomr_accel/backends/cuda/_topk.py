@@ -1,18 +1,23 @@
-"""Top-k selection on CUDA: the shared handlers, with the selection in PyTorch where it imports.
+"""Top-k selection on CUDA: the shared handlers' answers, selected by this package's kernels
+(``_topk_kernel``) up to ``_topk_kernel.LIMIT`` candidates a row, else by PyTorch where it
+imports.
 
-CuPy's ``argpartition`` sorts each whole row (its documented limitation) and
-its reductions over short groups are slow, so when PyTorch imports, the
-``k + SPARE`` candidates of each row come from torch on a zero-copy DLPack
-view of the scores, on the op's stream: ``torch.topk`` over the row, or, for
-wide rows in a batch of ``GROUPED_ROWS`` or more, the shared two-stage
-selection written in torch (group maxima by ``amax``, ``topk`` of those, a
-``gather`` of the chosen groups, ``topk`` again). On an H100 that took 1.7 ms
-for 1024 rows of a million f16 scores against 7.4 ms for ``torch.topk``, and
-0.38 ms against 0.58 ms for 64 rows, while ``torch.topk`` won for 16 rows
-(0.20 ms against 0.32 ms) and for one (0.12 ms against 0.38 ms). The
-candidates' values, columns and keys come to the host in one download; the
-ordering and the exact pass over tied rows are the shared handler's
-(``backends.cpu._topk.order``). Without torch the shared handlers run on CuPy.
+Up to ``LIMIT`` candidates (``k + SPARE``) a row, two small kernels on the op's
+stream pick each row's candidates and write their values, columns and keys into
+one int64 matrix, downloaded at once; the ordering and the exact pass over tied
+rows are the shared handler's (``backends.cpu._topk.order``), the exact pass in
+CuPy. No torch call, dtype cast or concatenation lies on that path. On an H200,
+selecting and ordering rows of a million f16 scores (``k = 10``) took 0.08 ms
+against 0.30 ms through torch for one row, 0.26 ms against 0.35 ms for 16 and
+1.7 ms against 2.6 ms for 1024.
+
+Beyond ``LIMIT``, when PyTorch imports, the candidates come from torch on a
+zero-copy DLPack view of the scores, on the op's stream: ``torch.topk`` over the
+row, or, for wide rows in a batch of ``GROUPED_ROWS`` or more, the shared
+two-stage selection written in torch (group maxima by ``amax``, ``topk`` of
+those, a ``gather`` of the chosen groups, ``topk`` again), since CuPy's
+``argpartition`` sorts each whole row (its documented limitation). Without torch
+the shared handlers run on CuPy.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _topk as shared
+from atomr_accel.backends.cuda import _topk_kernel as kernel
 from atomr_accel.core.ops._topk import ScoreTopK, TopK
 
 __all__ = ["GROUPED_ROWS", "score_top_k", "top_k", "torch_module"]
@@ -97,20 +103,46 @@ def _select(xp: Any, x: Any, keys: Any | None, k: int) -> shared.Answer:
                             packed[:, 2 * count:], k, n, exact_row)
 
 
+def _select_small(xp: Any, x: Any, keys: Any | None, k: int) -> shared.Answer:
+    """``backends.cpu._topk.select`` of the CuPy matrix ``x`` (``k + SPARE`` candidates a row
+    that ``kernel.fits``), the candidates from this package's kernels."""
+    n = x.shape[1]
+    k = min(k, n)
+    count = min(k + shared.SPARE, n)
+    packed = kernel.candidates(xp, x, keys, count)
+
+    def exact_row(row: int, kth_column: int) -> shared.Answer:
+        line = x[row]
+        tied = xp.flatnonzero(line >= line[kth_column])
+        tied_keys = tied if keys is None else keys[tied]
+        both = xp.concatenate((line[tied].astype(xp.float64).view(xp.int64), tied, tied_keys))
+        found = both.get().reshape(3, -1)
+        return shared.best(found[0].view(np.float64), found[1], found[2], k)
+
+    return shared.order(packed[:, :count].view(np.float64), packed[:, count:2 * count],
+                        packed[:, 2 * count:], k, n, exact_row)
+
+
+def _answer(backend: ArrayBackend, x: Any, keys: Any | None, k: int) -> shared.Answer:
+    """``(columns, values)`` of each row of ``x``: the kernels' selection where it fits, else
+    torch's, else the shared handler's."""
+    if kernel.fits(x, min(k, x.shape[1]) + shared.SPARE):
+        return _select_small(backend.xp, x, keys, k)
+    if torch_module() is None:
+        return shared.select(backend.xp, x, keys, k, shared.PARTITION)
+    return _select(backend.xp, x, keys, k)
+
+
 @cuda.handles(TopK)
 def top_k(backend: ArrayBackend, op: TopK) -> shared.Answer:
-    """Answer ``(columns, values)`` as the shared handler does, selecting with torch if present."""
-    if torch_module() is None:
-        return shared.top_k(backend, op)
+    """Answer ``(columns, values)`` as the shared handler does (``_answer``)."""
     x = backend.array(op.x.buffer_id)[: op.m * op.n].reshape(op.m, op.n)
     keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
-    return _select(backend.xp, x, keys, op.k)
+    return _answer(backend, x, keys, op.k)
 
 
 @cuda.handles(ScoreTopK)
 def score_top_k(backend: ArrayBackend, op: ScoreTopK) -> shared.Answer:
-    """Score (``backends.cpu._topk.scores``: a cuBLAS matmul) and select with torch if present."""
-    if torch_module() is None:
-        return shared.score_top_k(backend, op)
+    """Score (``backends.cpu._topk.scores``: a cuBLAS matmul) and select (``_answer``)."""
     keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
-    return _select(backend.xp, shared.scores(backend, op), keys, op.k)
+    return _answer(backend, shared.scores(backend, op), keys, op.k)
