@@ -94,7 +94,7 @@ class LoopPoller:
         self.scheduled = True
         self._behind = self.host.reported_off_loop()  # read first: those callbacks run first
         loop = self._loop()
-        if loop is not None:  # else the loop is gone, and this poller with it (``_hand_on``)
+        if loop is not None:  # else the loop is gone: the waiter sweeps what is left (``OffLoop``)
             loop.call_soon(self.poll)
 
     def poll(self) -> None:
