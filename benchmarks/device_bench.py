@@ -41,7 +41,7 @@ from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._memory import Allocate, Upload
 from atomr_accel.hosts import BackendSpec, ProcessHost
 from atomr_accel.hosts._base import Done, Ticket
-from atomr_accel.hosts._process import Request
+from atomr_accel.hosts._request import Request
 
 N = 8
 HOSTS = ("thread", "process")

@@ -62,6 +62,7 @@ from atomr_accel.hosts._channel import (
     loads,
 )
 from atomr_accel.hosts._loop_poller import LoopPoller, OffLoop, Started
+from atomr_accel.hosts._request import Request
 from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec
 from atomr_accel.hosts._slot_flight import Posted, SlotFlight
 from atomr_accel.hosts._wire import encode
@@ -73,24 +74,6 @@ __all__ = ["ProcessHost"]
 
 _DEFAULT_ARENA = 64 << 20
 _OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
-@dataclasses.dataclass(slots=True, eq=False)
-class Request:
-    """One op on its way to the worker, and where its answer goes."""
-
-    op: Op
-    stream: int
-    ticket: Ticket
-    done: Done | None  # None: a blocking caller waits on ``slot``
-    staged: ShmSlice | None
-    out: ShmSlice | None
-    slot: int = NO_SLOT
-    payload: bytes | None = None  # the pickled request, once its upload is staged
-    spilled: Spilled | None = None  # where a payload too large for the ring lies
-    error: BaseException | None = None  # staging failed: answer this instead
-    id: int = 0  # set when it enters the ring
-    end: int = 0  # where its record ends in the ring: the worker took it once tail >= end
-
-
 class ProcessHost(ContextHost):
     """Runs the context in a worker process (``python -m atomr_accel.hosts._worker``).
 
@@ -185,11 +168,9 @@ class ProcessHost(ContextHost):
             self._enqueue(self._request(op, stream, ticket, done, NO_SLOT))
 
     def _launch_on_loop(self, op: Op, stream: int, ticket: Ticket, done: Done) -> bool:
-        """Send ``op`` with a reply slot that the caller's event loop polls (``LoopPoller``;
-        past its spin the waiter thread waits for it), saving the hop through the host's own
-        loop. Only from a loop free to watch it, not the host's own, for an op whose answer
-        is no large download, and while more slots are free than are kept for blocking
-        callers; False: nothing was sent."""
+        """Send ``op`` with a reply slot the caller's loop polls (``LoopPoller``), saving the
+        hop through the host's loop: from a free loop not the host's own, for no large
+        download, while more slots are free than kept for blocking callers (else False)."""
         if not on_free_loop() or _copies_out_large(op):
             return False
         loop = asyncio.get_running_loop()
@@ -208,8 +189,7 @@ class ProcessHost(ContextHost):
         return True
 
     def report(self, entry: Started, waited: bool) -> bool:
-        """Report ``entry``, an op sent from an event loop, if its reply has come
-        (``waited``: wait for it first); False if not."""
+        """Report ``entry``, sent from a loop, if answered (``waited``: wait first); else False."""
         flight: SlotFlight = entry.started
         if waited:
             wait_until(flight.done, None, park=flight.park, spin=0.0)
@@ -224,8 +204,7 @@ class ProcessHost(ContextHost):
         return True
 
     def wait_off_loop(self, entry: Started) -> int:
-        """Hand ``entry`` to the waiter thread, which reports it once answered; the off-loop
-        reports promised so far, this one included."""
+        """Hand ``entry`` to the waiter thread (``OffLoop.wait``)."""
         return self._off.wait(entry)
 
     def reported_off_loop(self) -> int:

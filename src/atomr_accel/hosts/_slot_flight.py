@@ -16,7 +16,8 @@ from atomr_accel.hosts._base import Flight, Outcome
 from atomr_accel.hosts._channel import PENDING, Channel
 
 if TYPE_CHECKING:
-    from atomr_accel.hosts._process import ProcessHost, Request
+    from atomr_accel.hosts._process import ProcessHost
+    from atomr_accel.hosts._request import Request
 
 __all__ = ["Posted", "SlotFlight"]
 
