@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from atomr_accel.core._op import Op
 from atomr_accel.hosts._base import Done
@@ -45,30 +45,12 @@ class Started:
     """The off-loop reports promised before it: they reach their callers first."""
 
 
-class Reporter(Protocol):
-    """What reports the ops (the host that launched them)."""
-
-    def report(self, entry: Started, waited: bool) -> bool:
-        """Report ``entry`` if it has finished (``waited``: wait for it first); False if not."""
-        ...
-
-    def wait_off_loop(self, entry: Started) -> int:
-        """Wait for ``entry`` on another thread, then report it; answers the number of
-        off-loop reports promised so far, this one included."""
-        ...
-
-    def reported_off_loop(self) -> int:
-        """How many off-loop reports have been made (their callbacks are queued)."""
-        ...
-
-
 class LoopPoller:
     """Reports the ops one event loop launched on a host: once per loop iteration it polls
     the oldest op of each stream (they finish in order), for as long as that op's spin
-    lasts; an op still running then is handed to the host's waiter thread."""
+    lasts; an op still running then is handed to the host's waiter thread (``off``)."""
 
-    def __init__(self, host: Reporter, loop: asyncio.AbstractEventLoop, off: OffLoop) -> None:
-        self.host = host
+    def __init__(self, off: OffLoop, loop: asyncio.AbstractEventLoop) -> None:
         self._off = off
         self._loop = weakref.ref(loop)  # not a strong one: the host's pollers are weakly keyed
         self.streams: dict[int, collections.deque[Started]] = {}
@@ -92,7 +74,7 @@ class LoopPoller:
 
     def _schedule(self) -> None:
         self.scheduled = True
-        self._behind = self.host.reported_off_loop()  # read first: those callbacks run first
+        self._behind = self._off.reported  # read first: those callbacks run first
         loop = self._loop()
         if loop is not None:  # else the loop is gone: the waiter sweeps what is left (``OffLoop``)
             loop.call_soon(self.poll)
@@ -105,10 +87,10 @@ class LoopPoller:
         for stream, started in list(self.streams.items()):
             while started:
                 entry = started[0]
-                if entry.after <= self.seen and self.host.report(entry, waited=False):
+                if entry.after <= self.seen and self._off.report(entry, False):
                     started.popleft()
                 elif now >= entry.spin_end:
-                    promised = self.host.wait_off_loop(started.popleft())
+                    promised = self._off.wait(started.popleft())
                     for later in started:  # reported after it, so after its report
                         later.after = max(later.after, promised)
                 else:
@@ -147,13 +129,24 @@ class OffLoop:
 
     def __init__(self, name: str, report: Callable[[Started, bool], bool]) -> None:
         self._name = name
-        self._report = report
+        self.report = report
+        """The host's: report an op if it has finished (``waited``: wait for it first);
+        False if not."""
+        self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPoller] = (
+            weakref.WeakKeyDictionary())
         self._lock = threading.Lock()
         self._waits: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._watched: set[LoopPoller] = set()
         self.promised = 0
         self.reported = 0
+
+    def poller(self, loop: asyncio.AbstractEventLoop) -> LoopPoller:
+        """The poller of the ops ``loop`` launches on this host (made on first use)."""
+        poller = self._pollers.get(loop)
+        if poller is None:
+            poller = self._pollers[loop] = LoopPoller(self, loop)
+        return poller
 
     def watch(self, poller: LoopPoller) -> None:
         """``poller`` watches ops now: sweep it if its loop closes first."""
@@ -201,7 +194,7 @@ class OffLoop:
                 continue
             if entry is _STOP:
                 return
-            self._report(entry, True)
+            self.report(entry, True)
             self.made()
 
     def _sweep(self) -> None:
@@ -211,7 +204,7 @@ class OffLoop:
             self._watched.difference_update(orphans)
         for poller in orphans:
             for entry in poller.take_all():
-                self._report(entry, True)
+                self.report(entry, True)
 
     async def stop(self) -> None:
         """Stop the waiter thread once it has reported what it was handed."""

@@ -24,7 +24,6 @@ import pickle
 import signal
 import threading
 import time
-import weakref
 from typing import Any, ClassVar
 
 import numpy as np
@@ -61,7 +60,7 @@ from atomr_accel.hosts._channel import (
     Spilled,
     loads,
 )
-from atomr_accel.hosts._loop_poller import LoopPoller, OffLoop, Started
+from atomr_accel.hosts._loop_poller import OffLoop, Started
 from atomr_accel.hosts._request import Request
 from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec
 from atomr_accel.hosts._slot_flight import Posted, SlotFlight
@@ -113,8 +112,6 @@ class ProcessHost(ContextHost):
         """This host killed its worker itself (a ``SIGKILL`` it sent is no one else's)."""
         self._callers = 0  # blocking callers using the channel now
         self._unmap = False  # closed: the last caller out unmaps the channel
-        self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPoller] = (
-            weakref.WeakKeyDictionary())
         self._off = OffLoop(f"{spec.name}-{spec.device_id}", self.report)
         """Reports of ops sent from other event loops, made by the waiter thread."""
 
@@ -182,9 +179,7 @@ class ProcessHost(ContextHost):
         assert into.posted is not None
         entry = Started(op, into.posted, done, time.perf_counter() + SPIN_SECONDS,
                         self._off.promised)
-        poller = self._pollers.get(loop)
-        if poller is None:
-            poller = self._pollers[loop] = LoopPoller(self, loop, self._off)
+        poller = self._off.poller(loop)
         poller.add(stream, entry)
         return True
 
@@ -202,14 +197,6 @@ class ProcessHost(ContextHost):
             except Exception:  # whoever answers the asker failed: not a reason to lose the worker
                 _log.exception("answering %s failed", type(entry.op).__name__)
         return True
-
-    def wait_off_loop(self, entry: Started) -> int:
-        """Hand ``entry`` to the waiter thread (``OffLoop.wait``)."""
-        return self._off.wait(entry)
-
-    def reported_off_loop(self) -> int:
-        """How many reports the waiter thread has made."""
-        return self._off.reported
 
     def call(self, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:

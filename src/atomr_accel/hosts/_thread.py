@@ -16,7 +16,6 @@ import os
 import queue
 import threading
 import time
-import weakref
 from typing import Any, ClassVar
 
 from atomr_accel.backends._base import Backend
@@ -42,7 +41,7 @@ from atomr_accel.hosts._base import (
     settle,
     translate_error,
 )
-from atomr_accel.hosts._loop_poller import LoopPoller, OffLoop, Started
+from atomr_accel.hosts._loop_poller import OffLoop, Started
 
 _log = logging.getLogger(__name__)
 
@@ -78,8 +77,6 @@ class ThreadHost(ContextHost):
         self._taken = 0  # items the context thread has taken and launched, under _lock
         self._broken: GpuRuntimeError | None = None
         self._closed = False
-        self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPoller] = (
-            weakref.WeakKeyDictionary())
         self._off = OffLoop(f"{spec.name}-{spec.device_id}", self.report)
         """Reports made off the loops: by the context thread and the waiter thread."""
 
@@ -147,10 +144,6 @@ class ThreadHost(ContextHost):
 
         backend.launch(op, stream, report)
 
-    def reported_off_loop(self) -> int:
-        """How many reports other threads have made (their callbacks are queued)."""
-        return self._off.reported
-
     # --------------------------------------------------------- ways in
 
     def launch(self, op: Op, stream: int, ticket: Ticket, done: Done) -> None:
@@ -190,9 +183,7 @@ class ThreadHost(ContextHost):
         except Busy:
             return False
         entry = Started(op, started, done, time.perf_counter() + SPIN_SECONDS, after)
-        poller = self._pollers.get(loop)
-        if poller is None:
-            poller = self._pollers[loop] = LoopPoller(self, loop, self._off)
+        poller = self._off.poller(loop)
         if poller.may_report_now(entry) and self._report_soon(entry):
             return True  # a lone short op: answered before its caller awaits, no loop turn
         poller.add(stream, entry)
@@ -219,11 +210,6 @@ class ThreadHost(ContextHost):
             return True
         entry.done(result, None)
         return True
-
-    def wait_off_loop(self, entry: Started) -> int:
-        """Hand ``entry`` to the host's waiter thread, which reports it once finished;
-        answers the off-loop reports promised so far, this one included."""
-        return self._off.wait(entry)
 
     def call(self, op: Op, stream: int, ticket: Ticket,
              deadline: float | None) -> Outcome | None:
