@@ -165,11 +165,10 @@ class OffLoop:
                                             name=f"atomr-wait-{self._name}")
             self._thread.start()
 
-    def promise(self) -> int:
-        """Count a report another thread will make; the count so far, this one included."""
+    def promise(self) -> None:
+        """Count a report another thread will make."""
         with self._lock:
             self.promised += 1
-            return self.promised
 
     def made(self) -> None:
         """Count a report made off the loops."""

@@ -86,7 +86,8 @@ class SlotFlight:
 
 
 class Posted:
-    """Where a blocking call's own ``SlotFlight`` is left."""
+    """Where a call's own ``SlotFlight`` is left (a blocking call's, or one sent from an
+    event loop)."""
 
     __slots__ = ("posted",)
 
