@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -96,11 +97,9 @@ def _select(xp: Any, x: Any, keys: Any | None, k: int) -> shared.Answer:
             tied = torch.nonzero(line >= line[kth_column]).flatten()
             tied_keys = tied if key_of is None else key_of[tied]
             both = torch.cat((line[tied].double().view(torch.int64), tied, tied_keys)).cpu()
-            found = both.numpy().reshape(3, -1)
-            return shared.best(found[0].view(np.float64), found[1], found[2], k)
+            return _best_packed(both.numpy(), k)
 
-        return shared.order(packed[:, :count].view(np.float64), packed[:, count:2 * count],
-                            packed[:, 2 * count:], k, n, exact_row)
+        return _order_packed(packed, count, k, n, exact_row)
 
 
 def _select_small(xp: Any, x: Any, keys: Any | None, k: int) -> shared.Answer:
@@ -116,11 +115,24 @@ def _select_small(xp: Any, x: Any, keys: Any | None, k: int) -> shared.Answer:
         tied = xp.flatnonzero(line >= line[kth_column])
         tied_keys = tied if keys is None else keys[tied]
         both = xp.concatenate((line[tied].astype(xp.float64).view(xp.int64), tied, tied_keys))
-        found = both.get().reshape(3, -1)
-        return shared.best(found[0].view(np.float64), found[1], found[2], k)
+        return _best_packed(both.get(), k)
 
+    return _order_packed(packed, count, k, n, exact_row)
+
+
+def _order_packed(packed: np.ndarray[Any, Any], count: int, k: int, n: int,
+                  exact_row: Callable[[int, int], shared.Answer]) -> shared.Answer:
+    """``shared.order`` of ``count`` candidates a row packed in one int64 matrix: the values'
+    float64 bits, then their columns, then their keys."""
     return shared.order(packed[:, :count].view(np.float64), packed[:, count:2 * count],
                         packed[:, 2 * count:], k, n, exact_row)
+
+
+def _best_packed(found: np.ndarray[Any, Any], k: int) -> shared.Answer:
+    """``shared.best`` of one row's tied values packed as ``_order_packed``'s rows are, in
+    one flat int64 array."""
+    values, columns, keys = found.reshape(3, -1)
+    return shared.best(values.view(np.float64), columns, keys, k)
 
 
 def _answer(backend: ArrayBackend, x: Any, keys: Any | None, k: int) -> shared.Answer:
