@@ -229,3 +229,35 @@ def test_killed_worker_mid_collective_is_answered_and_the_world_rebuilt(
     for d, b in zip(devices, fresh, strict=True):
         np.testing.assert_array_equal(d.copy_to_numpy(b), np.full(1 << 20, 3.0, np.float32))
     assert devices[1].stats().host_pid not in (None, pid)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_collective_waiting_for_its_peer_leaves_its_context_free(
+        system: System, worlds: dict[str, Any], host: str) -> None:
+    devices, world = worlds[host]
+    xs = [np.full(4096, r + 1.0, np.float32) for r in range(2)]
+    bufs = [put(d, x, "f32") for d, x in zip(devices, xs, strict=True)]
+    other = put(devices[0], np.arange(1000, dtype=np.float64), "f64")
+    spin = devices[1].compile_kernel("atomr_spin", SPIN)
+
+    async def scenario() -> tuple[Any, float, bool]:
+        # Rank 1's part waits behind a kernel holding its buffer (about 3 s): rank 0's
+        # collective is launched and waits for it, while rank 0 serves another op.
+        busy = asyncio.ensure_future(spin.launch_async((1, 1, 1), (1, 1, 1), bufs[1],
+                                                       np.int64(6_000_000_000)))
+        await asyncio.sleep(0.2)
+        reduce = asyncio.ensure_future(world.all_reduce_async(bufs, timeout_secs=60))
+        await asyncio.sleep(0.3)
+        started = time.perf_counter()
+        got = await devices[0].copy_to_numpy_async(other)
+        took = time.perf_counter() - started
+        waiting = not reduce.done()
+        await asyncio.gather(busy, reduce)
+        return got, took, waiting
+
+    got, took, waiting = system._portal.call(scenario())
+    assert waiting, "the collective finished before the other op: the spin was too short"
+    assert took < 1.5, f"rank 0's download waited {took:.2f} s behind its collective"
+    np.testing.assert_array_equal(got, np.arange(1000, dtype=np.float64))
+    for d, b in zip(devices, bufs, strict=True):
+        np.testing.assert_array_equal(d.copy_to_numpy(b), np.full(4096, 3.0, np.float32))

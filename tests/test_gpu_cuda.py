@@ -283,3 +283,43 @@ def test_every_completion_strategy_through_the_device(completion: str) -> None:
                 assert norm == pytest.approx(np.linalg.norm(x.astype(np.float64)), rel=1e-5)
 
     asyncio.run(main())
+
+
+_SPIN = r"""
+extern "C" __global__ void atomr_spin(float* x, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    x[0] = x[0] + 0.0f;
+}
+"""
+
+
+def test_an_op_of_another_stream_is_not_held_behind_a_long_one() -> None:
+    """The worker launches what comes while the device runs a long kernel, instead of
+    waiting for that kernel first (the inline completion's flush). (On the thread host a
+    kernel launched from a loop is watched by that loop, not the context thread; the
+    collectives' test covers the context thread.)"""
+    import asyncio
+    import time
+
+    async def main() -> tuple[Any, float, bool]:
+        async with await System.open_async("gpu-flush") as system:
+            dev = await system.spawn_device_async(mock=False, isolation="process")
+            held = await dev.allocate_f32_async(16)
+            other = await dev.allocate_async(1000, "f64")
+            await dev.copy_from_numpy_async(other, np.arange(1000, dtype=np.float64))
+            spin = await dev.compile_kernel_async("atomr_spin", _SPIN)
+            busy = asyncio.ensure_future(spin.launch_async((1, 1, 1), (1, 1, 1), held,
+                                                           np.int64(6_000_000_000)))
+            await asyncio.sleep(0.3)
+            started = time.perf_counter()
+            got = await dev.copy_to_numpy_async(other)
+            took = time.perf_counter() - started
+            running = not busy.done()
+            await busy
+            return got, took, running
+
+    got, took, running = asyncio.run(main())
+    assert running, "the spin kernel finished first: it was too short to show anything"
+    assert took < 1.5, f"the download waited {took:.2f} s behind the spin kernel"
+    np.testing.assert_array_equal(got, np.arange(1000, dtype=np.float64))

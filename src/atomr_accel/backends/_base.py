@@ -45,7 +45,7 @@ from atomr_accel.core.ops._memory import (
     Upload,
 )
 
-__all__ = ["ArrayBackend", "Backend", "Done", "Handler"]
+__all__ = ["ArrayBackend", "Backend", "Deferred", "Done", "Handler", "More"]
 
 T = TypeVar("T")
 
@@ -54,6 +54,23 @@ Handler = Callable[[Any, Any], Any]
 
 Done = Callable[[Any, BaseException | None], None]
 """``done(result, error)``: called once when a launched op has finished (any thread)."""
+
+More = Callable[[], bool]
+"""``more()``: whether the host has more ops to launch now (``Backend.flush`` stops early)."""
+
+
+class Deferred(abc.ABC):
+    """A handler's result known only once the work it queued has finished (a collective
+    that a watchdog may abort meanwhile): the backend calls ``settle()`` then, on
+    whichever thread reports the op, and reports what it returns or raises."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def settle(self) -> Any:
+        """The op's result now that its queued work has finished; raises the op's error.
+        Called once the work has finished, also when it failed (the answer is then
+        dropped); a second call answers the same."""
 
 
 class ArrayBackend(Protocol):
@@ -190,8 +207,10 @@ class Backend(abc.ABC):
         """Load now what the first ops of a fresh context would otherwise wait for (a
         worker calls it before it reports ready); nothing to load here."""
 
-    def flush(self) -> None:
-        """Report launched ops whose completion was deferred; hosts call it when idle."""
+    def flush(self, more: More | None = None) -> None:
+        """Report launched ops whose completion was deferred; hosts call it when idle.
+        ``more``: stop early once it answers True (the host has ops to launch: launching
+        them first keeps the device busy); the rest stays deferred."""
 
     def close(self) -> None:
         """Release every buffer and library state."""

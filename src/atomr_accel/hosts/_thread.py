@@ -113,12 +113,14 @@ class ThreadHost(ContextHost):
                 backend.close()
 
     def _next(self, backend: Backend) -> Any:
-        """The next queued item; with none queued, flush deferred completions, then wait."""
+        """The next queued item; with none queued, flush deferred completions (until one
+        comes), then wait."""
+        items = self._queue
         try:
-            return self._queue.get_nowait()
+            return items.get_nowait()
         except queue.Empty:
-            backend.flush()
-            return self._queue.get()
+            backend.flush(lambda: not items.empty())
+            return items.get()
 
     def _launch(self, backend: Backend, op: Op, stream: int, ticket: Ticket,
                 done: Done) -> None:

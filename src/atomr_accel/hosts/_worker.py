@@ -118,7 +118,8 @@ class _Worker:
         while True:
             request = channel.take()
             if request is None:
-                self.backend.flush()  # nothing more to launch: report what is deferred
+                # nothing more to launch: report what is deferred, until a request comes
+                self.backend.flush(lambda: channel.has_requests)
                 if not self._idle():
                     break
                 continue

@@ -20,7 +20,14 @@ from typing import Any, ClassVar
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Done, Handler
+from atomr_accel.backends._base import (
+    MEMORY_HANDLERS,
+    Backend,
+    Deferred,
+    Done,
+    Handler,
+    More,
+)
 from atomr_accel.backends._handlers import cuda, table
 from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends._optional import unavailable
@@ -207,6 +214,8 @@ class CudaBackend(Backend):
             return
 
         def report(value: Any, error: BaseException | None) -> None:
+            if isinstance(value, Deferred):
+                value, error = _settle(value, error)
             done(value, None if error is None else _classified(error, op))
 
         self.completion.watch(stream, s, event, result, report)
@@ -247,7 +256,15 @@ class CudaBackend(Backend):
         cannot time out.
         """
         wait_until(lambda: self.finished(started), deadline)
-        return started[1]
+        result = started[1]
+        if isinstance(result, Deferred):
+            try:
+                return result.settle()
+            except BaseException as exc:
+                if interrupt_in(exc) is not None:  # this (calling) thread was interrupted
+                    raise
+                raise _classified(exc, started[0]) from exc
+        return result
 
     def queues_only(self, op: Op) -> bool:
         """True for ops whose handlers only queue device work (no host sync, no compile: the
@@ -432,8 +449,8 @@ class CudaBackend(Backend):
             cp.cuda.cufft.Plan1d(8, cp.cuda.cufft.CUFFT_Z2Z, 1)
             self._device.synchronize()
 
-    def flush(self) -> None:
-        self.completion.flush()
+    def flush(self, more: More | None = None) -> None:
+        self.completion.flush(more)
 
     def close(self) -> None:
         """Wait for the work queued (by any thread), then release every buffer and handle."""
@@ -459,6 +476,17 @@ class CudaBackend(Backend):
         except Exception:
             pass  # a poisoned context cannot free anything; its process is about to go
         self._registered.clear()
+
+
+def _settle(deferred: Deferred, error: BaseException | None
+            ) -> tuple[Any, BaseException | None]:
+    """``deferred``'s outcome as ``(result, error)``; the work's own ``error`` comes first
+    (it is settled all the same, so that it lets go of what it holds)."""
+    try:
+        result = deferred.settle()
+    except BaseException as exc:
+        return None, error or exc
+    return (None, error) if error is not None else (result, None)
 
 
 def _classified(exc: BaseException, op: Op, probe: bool = False) -> BaseException:

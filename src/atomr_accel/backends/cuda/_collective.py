@@ -5,15 +5,14 @@
   init waits for every rank, so the world puts all ranks' inits in flight
   together. A communicator this context held for the world before is aborted.
 * ``RunCollective`` launches its calls between ``groupStart``/``groupEnd`` on
-  the op's stream (``all_to_all`` is a group of sends and receives), then
-  waits for the group on this thread, polling its event and NCCL's
-  asynchronous error, and the world's abort word: past the op's time-out, on
-  an NCCL error or once the world has aborted the epoch, it calls
-  ``ncclCommAbort`` (which makes the kernels of a broken clique return) and
-  raises ``CollectiveAborted``. Waiting here is the one exception to "a
-  handler never synchronizes": a collective that cannot finish would
-  otherwise hold the context's completion forever, and nothing else could
-  abort it from inside a worker process.
+  the op's stream (``all_to_all`` is a group of sends and receives) and
+  returns at once, like any other handler: the context goes on launching (the
+  next layer's backward while the gradients of the last travel) and the op is
+  reported when its work has finished, like any other op. Meanwhile the
+  watchdog thread watches the world's abort word, the op's time-out and NCCL's
+  asynchronous error; on any of them it calls ``ncclCommAbort`` (which makes
+  the kernels of a broken clique return), and the op, once its work has
+  returned, answers ``CollectiveAborted`` with the reason (``_Launched``).
 * ``CommAbort`` is ``ncclCommAbort``: never a blocking ``ncclCommDestroy`` on a
   clique that may be broken.
 """
@@ -32,10 +31,9 @@ from typing import TYPE_CHECKING, Any
 import cupy as cp
 import numpy as np
 
+from atomr_accel.backends._base import Deferred
 from atomr_accel.backends._handlers import cuda
-from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import per_backend
-from atomr_accel.backends.cuda._completion import Event
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import CollectiveAborted, DeviceUnavailable, LibraryUnavailable
 from atomr_accel.core.ops._collective import (
@@ -117,65 +115,113 @@ class _Comm:
                 os.close(fd)
             self.word = np.frombuffer(self._map, dtype=np.int64, count=1)
         self.aborted = False
+        self.why = ""
+        """Why it was aborted (the first reason given)."""
         self.lock = threading.Lock()
 
     def told_to_abort(self) -> bool:
         """Whether the world has left this communicator's epoch."""
         return self.word is not None and int(self.word[0]) != self.epoch
 
-    def abort(self) -> None:
+    def abort(self, why: str = "its world left the epoch") -> None:
         """``ncclCommAbort`` once (any thread); the kernels of the clique return."""
         with self.lock:
             if self.aborted:
                 return
             self.aborted = True
-        self.comm.abort()
+            self.why = why
+            self.comm.abort()
+
+    def async_error(self) -> str:
+        """NCCL's asynchronous error ("" when none, or once aborted: never asked of a
+        communicator another thread is aborting)."""
+        with self.lock:
+            return "" if self.aborted else _async_error(self.comm)
 
 
 class _Watchdog:
-    """Aborts the communicators of collectives stuck in a blocking NCCL call (``groupEnd``
-    waiting for a peer that never comes) once their world aborts the epoch or their
-    time-out passes: ``ncclCommAbort`` from this thread makes the stuck call return."""
+    """Aborts the communicators of collectives in flight once their world aborts the
+    epoch, their time-out passes or NCCL reports an asynchronous error:
+    ``ncclCommAbort`` from this thread makes their kernels (or a blocking ``groupEnd``
+    waiting for a peer that never comes) return. Sleeps while nothing is watched."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._watched: dict[int, tuple[_Comm, float]] = {}
+        self._work = threading.Condition(self._lock)
+        self._watched: dict[int, tuple[_Comm, float, float]] = {}
         self._tokens = itertools.count(1)
         self._thread: threading.Thread | None = None
 
-    def watch(self, held: _Comm, deadline: float) -> int:
-        """Watch ``held`` until ``unwatch``; answers the token to unwatch it with."""
+    def watch(self, held: _Comm, timeout: float) -> int:
+        """Watch ``held`` for ``timeout`` seconds until ``unwatch``; answers the token."""
         with self._lock:
             token = next(self._tokens)
-            self._watched[token] = (held, deadline)
+            self._watched[token] = (held, time.perf_counter() + timeout, timeout)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, daemon=True,
                                                 name="atomr-nccl-watchdog")
                 self._thread.start()
+            self._work.notify()
             return token
 
     def unwatch(self, token: int) -> None:
-        """Stop watching."""
+        """Stop watching (again: nothing)."""
         with self._lock:
             self._watched.pop(token, None)
 
     def _serve(self) -> None:
         while True:
-            time.sleep(_WATCHDOG_SECONDS)
-            with self._lock:
-                watched = list(self._watched.values())
+            with self._work:
+                while not self._watched:
+                    self._work.wait()
+                self._work.wait(_WATCHDOG_SECONDS)
+                watched = list(self._watched.items())
             now = time.perf_counter()
-            for held, deadline in watched:
-                if not held.aborted and (held.told_to_abort() or now > deadline):
+            asked: dict[int, str] = {}  # NCCL's error, asked once a communicator a round
+            for token, (held, deadline, timeout) in watched:
+                if held.aborted:  # nothing more to do for it
+                    self.unwatch(token)
+                    continue
+                why = ""
+                if held.told_to_abort():
+                    why = "the world aborted it (a peer's context went down)"
+                elif now > deadline:
+                    why = f"it did not finish within its time-out of {timeout:g} s"
+                else:
+                    key = id(held)
+                    if key not in asked:
+                        asked[key] = held.async_error()
+                    if asked[key]:
+                        why = f"NCCL reported an error: {asked[key]}"
+                if why:
                     try:
-                        held.abort()
+                        held.abort(why)
                     except Exception:  # a broken clique: nothing more to do for it
                         _log.exception("ncclCommAbort failed")
 
 
-_WATCHDOG_SECONDS = 0.05
+_WATCHDOG_SECONDS = 0.01
 """How often the watchdog looks at the collectives in flight."""
 _WATCHDOG = _Watchdog()
+
+
+class _Launched(Deferred):
+    """A ``RunCollective`` in flight: once its work has returned, it answers None, or
+    ``CollectiveAborted`` with the watchdog's reason where its communicator was aborted."""
+
+    __slots__ = ("device_id", "held", "op", "token")
+
+    def __init__(self, held: _Comm, op: RunCollective, device_id: int) -> None:
+        self.held = held
+        self.op = op
+        self.device_id = device_id
+        self.token = _WATCHDOG.watch(held, op.timeout)
+
+    def settle(self) -> None:
+        """None; ``CollectiveAborted`` where the communicator was aborted meanwhile."""
+        _WATCHDOG.unwatch(self.token)
+        if self.held.aborted:
+            raise _aborted(self.op, self.device_id, self.held.why)
 
 
 _comms: Any = per_backend(dict)
@@ -230,10 +276,6 @@ def _launch(comm: Any, call: CollectiveCall, backend: CudaBackend, nranks: int,
             comm.recv(recv + peer * step, count, dtype, peer, stream)
 
 
-_ERROR_POLL = 0.01
-"""Seconds between two asks for NCCL's asynchronous error while a collective runs."""
-
-
 def _async_error(comm: Any) -> str:
     """NCCL's asynchronous error of ``comm`` (``ncclCommGetAsyncError``), "" when none."""
     check = getattr(comm, "check_async_error", None)
@@ -249,69 +291,31 @@ def _async_error(comm: Any) -> str:
 
 
 @cuda.handles(RunCollective)
-def _run(backend: CudaBackend, op: RunCollective) -> None:
+def _run(backend: CudaBackend, op: RunCollective) -> _Launched:
     held: _Comm | None = _comms(backend).get(op.world)
     if held is None or held.epoch != op.epoch or held.aborted:
         raise CollectiveAborted(
             f"device {backend.device_id} holds no communicator of world {op.world} epoch "
             f"{op.epoch} (it was aborted, or its context was rebuilt)")
-    stream = cp.cuda.get_current_stream()
+    stream = cp.cuda.get_current_stream().ptr
     comm = held.comm
     nccl = _nccl()
-    token = _WATCHDOG.watch(held, time.perf_counter() + op.timeout)
+    launched = _Launched(held, op, backend.device_id)
     try:
+        nccl.groupStart()
         try:
-            nccl.groupStart()
-            try:
-                for call in op.calls:
-                    _launch(comm, call, backend, op.nranks, stream.ptr)
-            finally:
-                nccl.groupEnd()
-        except Exception as exc:
-            if held.aborted:
-                raise _aborted(op, backend.device_id, "the watchdog aborted it") from exc
-            raise
-        event = Event(disable_timing=True)
-        event.record(stream)
-        _wait(held, event, op, backend.device_id)
-    finally:
-        _WATCHDOG.unwatch(token)
+            for call in op.calls:
+                _launch(comm, call, backend, op.nranks, stream)
+        finally:
+            nccl.groupEnd()
+    except Exception as exc:
+        _WATCHDOG.unwatch(launched.token)
+        if held.aborted:
+            raise _aborted(op, backend.device_id, held.why) from exc
+        raise
+    return launched
 
 
 def _aborted(op: RunCollective, device_id: int, why: str) -> CollectiveAborted:
     return CollectiveAborted(f"collective of world {op.world} on device {device_id} was "
                              f"aborted: {why}")
-
-
-def _wait(held: _Comm, event: Any, op: RunCollective, device_id: int) -> None:
-    """Wait for the group's event (spin, then park: ``wait_until``); abort the communicator
-    past the time-out, on an NCCL error or when the world leaves the epoch."""
-    why = ""
-    next_check = time.perf_counter() + _ERROR_POLL
-
-    def finished_or_broken() -> bool:
-        nonlocal why, next_check
-        if event.done:
-            return True
-        if held.aborted:
-            why = "the watchdog aborted it (its world left the epoch, or its time-out passed)"
-            return True
-        if held.told_to_abort():
-            why = "the world aborted it (a peer's context went down)"
-            return True
-        now = time.perf_counter()
-        if now >= next_check:
-            next_check = now + _ERROR_POLL
-            error = _async_error(held.comm)
-            if error:
-                why = f"NCCL reported an error: {error}"
-                return True
-        return False
-
-    try:
-        wait_until(finished_or_broken, time.perf_counter() + op.timeout)
-    except TimeoutError:
-        why = f"it did not finish within its time-out of {op.timeout:g} s"
-    if why:
-        held.abort()
-        raise _aborted(op, device_id, why)

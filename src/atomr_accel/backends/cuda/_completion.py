@@ -6,8 +6,9 @@ the event has completed (``error`` is the CUDA error if the work failed). No
 strategy ever blocks an event loop; ``done`` may run on any thread.
 
 * ``inline``: the launching (host) thread synchronizes itself, once it has nothing
-  more to launch (or 32 ops are waiting). Lowest latency when ops come one at a time;
-  a backlog of ops is launched back to back, so the GPU stays busy.
+  more to launch (and while more than 32 ops wait); it stops waiting as soon as there
+  is more to launch. Lowest latency when ops come one at a time; a backlog of ops is
+  launched back to back, so the GPU stays busy.
 * ``sync``: one helper thread per stream synchronizes; the host thread goes on
   launching, so streams overlap.
 * ``poll``: one poller thread queries pending events, spinning briefly while
@@ -18,6 +19,7 @@ strategy ever blocks an event loop; ``done`` may run on any thread.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -26,7 +28,8 @@ from typing import Any, Protocol
 
 import cupy as cp
 
-from atomr_accel.backends._base import Done
+from atomr_accel.backends._base import Done, More
+from atomr_accel.backends._spin import wait_until
 from atomr_accel.core._errors import InvalidArgument
 
 __all__ = [
@@ -72,8 +75,9 @@ class Completion(Protocol):
         """Call ``done(result, error)`` once ``event`` has completed."""
         ...
 
-    def flush(self) -> None:
-        """Report everything deferred so far (the host calls it before it waits for work)."""
+    def flush(self, more: More | None = None) -> None:
+        """Report everything deferred so far (the host calls it before it waits for work);
+        with ``more``, stop once it answers True (the host has ops to launch)."""
         ...
 
     def close(self) -> None:
@@ -91,29 +95,78 @@ def _wait(event: Any, result: Any, done: Done) -> None:
 
 
 class InlineCompletion:
-    """Synchronize on the launching thread once it runs out of ops to launch."""
+    """Synchronize on the launching thread once it runs out of ops to launch.
+
+    Each stream's ops are reported in their launch order (they finish in it); ops
+    of different streams as each finishes, so a collective that finishes while
+    another stream still computes is reported then, not after that stream's work.
+    While more than ``limit`` ops wait, the launching thread reports finished ones
+    (waiting for one if none has) before its next launch: it never runs more than
+    ``limit`` ops ahead of the device, and never drains it. A flush given ``more``
+    stops as soon as the host has ops to launch again, so work that arrives while
+    the device is busy (the next layer's backward behind a collective, say) is
+    launched at once instead of after everything before it.
+    """
 
     name = "inline"
 
     def __init__(self, limit: int = 32) -> None:
         self.limit = limit
-        self._deferred: list[tuple[Any, Any, Done]] = []
+        self._streams: dict[int, collections.deque[tuple[Any, Any, Done]]] = {}
+        self._count = 0
 
     def watch(self, stream_id: int, stream: Any, event: Any, result: Any, done: Done) -> None:
-        """Defer the wait until ``flush`` (or until ``limit`` ops wait)."""
-        self._deferred.append((event, result, done))
-        if len(self._deferred) >= self.limit:
-            self.flush()
+        """Defer the wait until ``flush`` (finished ones are reported past ``limit``)."""
+        waiting = self._streams.get(stream_id)
+        if waiting is None:
+            waiting = self._streams[stream_id] = collections.deque()
+        waiting.append((event, result, done))
+        self._count += 1
+        if self._count > self.limit:
+            wait_until(self._one_finished, None)
+            self._report_finished()
 
-    def flush(self) -> None:
-        """Wait for each deferred op in launch order and report it."""
-        deferred, self._deferred = self._deferred, []
-        for item in deferred:
-            _wait(*item)
+    def flush(self, more: More | None = None) -> None:
+        """Wait for every deferred op and report it; with ``more``, stop once it answers
+        True while none has finished."""
+        if more is None:
+            for waiting in self._streams.values():
+                while waiting:
+                    self._report(waiting)
+            return
+        while self._count:
+            self._report_finished()
+            if not self._count:
+                return
+            wait_until(lambda: self._one_finished() or more(), None)
+            if not self._one_finished():
+                return
 
     def close(self) -> None:
         """Report what is still deferred."""
         self.flush()
+
+    def _report(self, waiting: collections.deque[tuple[Any, Any, Done]]) -> None:
+        self._count -= 1
+        _wait(*waiting.popleft())
+
+    def _one_finished(self) -> bool:
+        """Whether the oldest deferred op of some stream has finished (or failed)."""
+        return any(waiting and _finished(waiting[0][0]) for waiting in self._streams.values())
+
+    def _report_finished(self) -> None:
+        """Report every deferred op that has finished, stream by stream in launch order."""
+        for waiting in self._streams.values():
+            while waiting and _finished(waiting[0][0]):
+                self._report(waiting)
+
+
+def _finished(event: Any) -> bool:
+    """Whether ``event`` has completed, or failed (``_wait`` then reports the error)."""
+    try:
+        return event_done(event)
+    except Exception:
+        return True
 
 
 class SyncCompletion:
@@ -142,7 +195,7 @@ class SyncCompletion:
         while (item := q.get()) is not _STOP:
             _wait(*item)
 
-    def flush(self) -> None:
+    def flush(self, more: More | None = None) -> None:
         """Nothing deferred: the helper threads report on their own."""
 
     def close(self) -> None:
@@ -187,7 +240,7 @@ class PolledCompletion:
             if pending:
                 time.sleep(0)  # let other threads run while the GPU works
 
-    def flush(self) -> None:
+    def flush(self, more: More | None = None) -> None:
         """Nothing deferred: the poller reports on its own."""
 
     def close(self) -> None:
@@ -250,7 +303,7 @@ class HostFnCompletion:
             result, done = self._in_flight.pop(key)
         done(result, None)
 
-    def flush(self) -> None:
+    def flush(self, more: More | None = None) -> None:
         """Nothing deferred: the driver calls back on its own."""
 
     def close(self) -> None:
