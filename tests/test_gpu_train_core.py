@@ -81,6 +81,9 @@ def cases(dtype: Any) -> list[tuple[str, dict[str, Array], Make, tuple[str, ...]
     back = {"x": rand(rng, rows * fin, dtype), "params": rand(rng, w + fout, dtype),
             "dy": rand(rng, rows * fout, dtype), "grads": rand(rng, w + fout, dtype),
             "dx": rand(rng, rows * fin, dtype)}
+    back_offset = {"x": rand(rng, rows * fin, dtype), "params": rand(rng, 3 + w + fout, dtype),
+                   "dy": rand(rng, rows * fout, dtype),
+                   "grads": rand(rng, 3 + w + fout + 2, dtype)}
     n = 48
     norm = {"x": rand(rng, rows * n, dtype, -3, 3), "params": rand(rng, 2 * n, dtype),
             "y": rand(rng, rows * n, dtype), "mean": rand(rng, rows, dtype),
@@ -110,6 +113,9 @@ def cases(dtype: Any) -> list[tuple[str, dict[str, Array], Make, tuple[str, ...]
         ("linear_backward", back, lambda r: LinearBackward(
             r["x"], r["params"], r["dy"], r["grads"], r["dx"], rows, fin, fout, 0, w),
          ("grads", "dx")),
+        ("linear_backward_offset_nodx", back_offset, lambda r: LinearBackward(
+            r["x"], r["params"], r["dy"], r["grads"], None, rows, fin, fout, 3, 3 + w),
+         ("grads",)),
         ("layer_norm_forward", norm, lambda r: LayerNormForward(
             r["x"], r["params"], r["y"], r["mean"], r["rstd"], rows, n, 0, n, 1e-5),
          ("y", "mean", "rstd")),

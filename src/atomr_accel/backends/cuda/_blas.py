@@ -27,7 +27,7 @@ from atomr_accel.core.ops._blas import Copy, Gemm, GemmStridedBatched, Iamin, Ro
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["copy", "gemm", "iamin", "rot", "swap"]
+__all__ = ["Matrix", "copy", "gemm", "gemm_call", "gemv_call", "iamin", "rot", "swap"]
 
 _ROUTINES = {  # dtype -> (gemm, strided batched gemm, host scalar type)
     DType.F32: ("sgemm", "sgemmStridedBatched", np.float32),
@@ -78,30 +78,56 @@ def _handle(backend: CudaBackend) -> int:
 @cuda.handles(Gemm, GemmStridedBatched)
 def gemm(backend: CudaBackend, op: Gemm | GemmStridedBatched) -> None:
     """``C = alpha * op(A) @ op(B) + beta * C`` by one cuBLAS call on the current stream."""
-    single, batched, scalar = _ROUTINES[op.c.dtype]
     a, b, c = op.operands()
-    handle = _handle(backend)
-    capturing = getattr(backend, "capturing", False)
-    _alpha, alpha = _scalar(op.alpha, scalar)
-    _beta, beta = _scalar(op.beta, scalar)
     pa, pb, pc = (backend.pointer(op.a.buffer_id), backend.pointer(op.b.buffer_id),
                   backend.pointer(op.c.buffer_id))
-    head = (handle, _op_code(op.trans_a, op.conj_a), _op_code(op.trans_b, op.conj_b),
-            op.m, op.n, op.k, alpha)
-    if capturing:  # CuPy's wrappers refuse capture; cuBLAS does not
-        if isinstance(op, GemmStridedBatched):
-            call_cublas(f"cublas{single[0].upper()}gemmStridedBatched", *head,
-                        pa, a.ld, a.stride, pb, b.ld, b.stride, beta, pc, c.ld, c.stride,
-                        op.batch)
-        else:
-            call_cublas(f"cublas{single[0].upper()}gemm_v2", *head, pa, a.ld, pb, b.ld, beta,
-                        pc, c.ld)
+    codes = (_op_code(op.trans_a, op.conj_a), _op_code(op.trans_b, op.conj_b))
+    if not isinstance(op, GemmStridedBatched):
+        gemm_call(backend, op.c.dtype, codes, (op.m, op.n, op.k), op.alpha,
+                  (pa, a.ld), (pb, b.ld), op.beta, (pc, c.ld))
         return
-    if isinstance(op, GemmStridedBatched):
-        getattr(cublas, batched)(*head, pa, a.ld, a.stride, pb, b.ld, b.stride, beta, pc, c.ld,
-                                 c.stride, op.batch)
+    single, batched, scalar = _ROUTINES[op.c.dtype]
+    _alpha, alpha = _scalar(op.alpha, scalar)
+    _beta, beta = _scalar(op.beta, scalar)
+    args = (_handle(backend), *codes, op.m, op.n, op.k, alpha, pa, a.ld, a.stride, pb, b.ld,
+            b.stride, beta, pc, c.ld, c.stride, op.batch)
+    if getattr(backend, "capturing", False):  # CuPy's wrappers refuse capture; cuBLAS does not
+        call_cublas(f"cublas{single[0].upper()}gemmStridedBatched", *args)
     else:
-        getattr(cublas, single)(*head, pa, a.ld, pb, b.ld, beta, pc, c.ld)
+        getattr(cublas, batched)(*args)
+
+
+Matrix = tuple[int, int]
+"""A column-major operand for cuBLAS: (device pointer, leading dimension)."""
+
+
+def gemm_call(backend: CudaBackend, dtype: DType, codes: tuple[int, int],
+              mnk: tuple[int, int, int], alpha: complex, a: Matrix, b: Matrix, beta: complex,
+              c: Matrix) -> None:
+    """One cuBLAS gemm on the current stream: ``C = alpha op(A) op(B) + beta C``
+    (column-major; ``codes`` are cuBLAS's operation codes of A and B)."""
+    single, _, scalar = _ROUTINES[dtype]
+    _alpha, alpha_at = _scalar(alpha, scalar)
+    _beta, beta_at = _scalar(beta, scalar)
+    args = (_handle(backend), *codes, *mnk, alpha_at, *a, *b, beta_at, *c)
+    if getattr(backend, "capturing", False):
+        call_cublas(f"cublas{single[0].upper()}gemm_v2", *args)
+    else:
+        getattr(cublas, single)(*args)
+
+
+def gemv_call(backend: CudaBackend, dtype: DType, trans: int, mn: tuple[int, int],
+              alpha: float, a: Matrix, x: int, beta: float, y: int) -> None:
+    """One cuBLAS gemv on the current stream: ``y = alpha op(A) x + beta y`` (unit
+    increments; real dtypes)."""
+    letter, scalar = _LEVEL1[dtype][0], _LEVEL1[dtype][1]
+    _alpha, alpha_at = _scalar(alpha, scalar)
+    _beta, beta_at = _scalar(beta, scalar)
+    args = (_handle(backend), trans, *mn, alpha_at, *a, x, 1, beta_at, y, 1)
+    if getattr(backend, "capturing", False):
+        call_cublas(f"cublas{letter}gemv_v2", *args)
+    else:
+        getattr(cublas, f"{letter.lower()}gemv")(*args)
 
 
 def _vectors(backend: CudaBackend, op: Rot | Swap | Copy) -> tuple[int, int, int, int, int]:
