@@ -230,6 +230,7 @@ from atomr_accel.core.ops._topk import ScoreTopK, TopK
 from atomr_accel.core.ops._train import (
     AdamUpdate,
     FillZeros,
+    GradCheck,
     LayerNormBackward,
     LayerNormForward,
     LinearBackward,
@@ -507,6 +508,7 @@ EXAMPLES: list[Any] = [
     AdamUpdate(_buf(F32, 20, 51), _buf(F32, 20, 52), _buf(F32, 20, 53), _buf(F32, 20, 54), 0,
                20, 1e-3, 3, decoupled=True, weight_decay=0.01),
     FillZeros(_buf(F32, 20, 51), 4),
+    GradCheck((_buf(F32, 20, 51), _buf(F32, 8, 52)), _buf(F32, 3, 53)),
     CutlassGemm(_buf(BF16, 48, 51), _buf(BF16, 64, 52), _buf(BF16, 24, 53), 3, 8, 8,
                 CutlassEpilogue().scale(0.5).bias(_buf(BF16, 3, 54), "row")
                 .residual_add(_buf(BF16, 24, 55), 2.0).gelu().reduce(_buf(F32, 8, 56), "column")),

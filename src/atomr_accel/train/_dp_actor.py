@@ -1,16 +1,24 @@
 """The actor behind ``DataParallelTrainer``: replicas on devices, the bucketed gradient
 all-reduce, and the recovery of a replica whose context died mid-step.
 
-A step (``_attempt``) runs in four phases. *Backward*: every replica zeroes its
-gradients and runs forward, loss and backward on its share of the global batch
-(micro-batch by micro-batch, accumulating), each loss gradient scaled by its
-rows' share of the global batch. *Reduce*: bucket by bucket, in the order
-backward fills them (last layer first), as soon as every replica has submitted
-the ops that complete a bucket, the world all-reduces (sums) it, while backward
-still fills the next buckets. *Check*:
-the loss and the summed gradient's norm must be finite, else nothing is
-applied. *Update*: every replica applies the same optimizer step to the same
-summed gradient, so the parameters stay identical.
+A step (``_attempt``) runs in four phases, with one read-back a replica.
+*Backward*: every replica zeroes its gradients and its step stats (a device buffer
+``[loss_sum, grad_sumsq, apply_flag]``) and runs forward, loss and backward on its
+share of the global batch (micro-batch by micro-batch, accumulating), each loss
+gradient scaled by its rows' share of the global batch and ``rows * loss`` added into
+``loss_sum`` on the device; all submitted at once, nothing read back. *Reduce*:
+bucket by bucket, in the order backward fills them (last layer first), as soon as
+every replica has submitted the ops that complete a bucket, the world all-reduces
+(sums) it, while backward still fills the next buckets; the last bucket's launch
+also sums the stats, so every replica holds the global loss sum. *Check*: each
+replica computes on its device the summed gradient's sum of squares and the flag
+(loss and norm finite). *Update*: the same optimizer step, gated on that flag on the
+device, then the stats' download, the step's one read-back. Check and update are
+submitted together once backward (and the reduce) has finished, so that an op of the
+first half that failed leaves nothing applied.
+Every replica holds the same stats and gradients, so all apply the same update
+(the parameters stay identical) or none does: then the step raises
+``InvalidArgument`` and every replica is as before it (step count included).
 
 When a step fails because a replica's context went down (``ContextPoisoned``,
 a killed worker, the collective that aborted with it), ``_recover`` waits for
@@ -29,6 +37,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -42,10 +51,11 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.facade import Collective, Device, System
 from atomr_accel.train._dp_ledger import Ledger, ReplicaRecovered, TrainerStats
-from atomr_accel.train._dp_replica import Slot
+from atomr_accel.train._dp_replica import MicroBatch, Slot
 from atomr_accel.train._dp_spec import TrainerSpec
-from atomr_accel.train._dp_split import Share, plan_shares, require_width
+from atomr_accel.train._dp_split import plan_shares, require_width
 from atomr_accel.train._recovery import RECOVERABLE, settled_generation
+from atomr_accel.train._replica_state import Thunk, gather
 from atomr_accel.train._step_result import StepResult
 
 __all__ = [
@@ -251,81 +261,72 @@ class DataParallelActor(BlueprintActor):
         loop = asyncio.get_running_loop()
         count = len(slots[0].replica.gradient_buckets)
         ready = [[loop.create_future() for _ in range(count)] for _ in slots]
-        work = [asyncio.ensure_future(self._local(slot, share, xs, ys, total, marks))
-                for slot, share, marks in zip(slots, shares, ready, strict=True)]
-        reduce = asyncio.ensure_future(self._reduce(ready))
-        sums = await _all_or_first_error([*work, reduce])
-        loss = float(sum(sums[:len(slots)])) / total
+        phases = [await slot.replica.gradient_phase_ops(
+                      [MicroBatch(xs[a:b], ys[a:b], (b - a) / total) for a, b in share.chunks],
+                      bucket_ready=partial(_mark, marks))
+                  for slot, share, marks in zip(slots, shares, ready, strict=True)]
+        # The first half is awaited before the second is submitted, with one replica too:
+        # an op of it that failed (a handler's error) then leaves nothing applied.
+        work: list[asyncio.Future[Any]] = [asyncio.ensure_future(gather(p)) for p in phases]
+        if self.world is not None:
+            work.append(asyncio.ensure_future(self._reduce(ready)))
+        await _all_or_first_error(work)
+        finishing = [self._finish(i, slot.replica.finish_step_ops(), stepped)
+                     for i, slot in enumerate(slots)]
+        results = await asyncio.gather(*finishing, return_exceptions=True)
+        done = [r for r in results if not isinstance(r, BaseException)]
         # The batch's values are checked here, on the devices, rather than by a pass over
         # it on the host: a NaN or an infinity in x or y makes the loss or the summed
         # gradient (a NaN input reaches the first layer's weight gradient even where an
-        # activation drops it) non-finite, and then nothing is applied.
-        norm = await self._grad_norm()
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            raise InvalidArgument(
-                f"the step's loss ({loss}) or gradient norm ({norm}) is not finite: a NaN or "
-                "an infinity in the batch, or a diverged model; nothing was applied")
-        self._done_step = (loss, norm)
-        results = await asyncio.gather(*(self._update(i, slot, stepped)
-                                         for i, slot in enumerate(slots)),
-                                       return_exceptions=True)
+        # activation drops it) non-finite, and then nothing is applied. The replicas hold
+        # the same stats: any one's loss and norm are the step's.
+        loss, norm = (float(done[0][0]) / total, math.sqrt(float(done[0][1]))) if done \
+            else (math.nan, math.nan)
+        if stepped:
+            self._done_step = (loss, norm)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+        if len(stepped) < len(slots):
+            raise InvalidArgument(
+                f"the step's loss ({loss}) or gradient norm ({norm}) is not finite: a NaN or "
+                "an infinity in the batch, or a diverged model; nothing was applied")
         return loss, norm
 
-    async def _local(self, slot: Slot, share: Share, xs: Array, ys: Array, total: int,
-                     ready: list[asyncio.Future[None]]) -> float:
-        """Backward of one replica's share, micro-batch by micro-batch, each loss gradient
-        scaled by its rows / the global batch's (so the replicas' gradients sum to the
-        whole batch's mean gradient); marks each bucket in ``ready`` once the ops that
-        complete it are submitted. Answers the sum of its rows' losses."""
-        replica = slot.replica
+    @staticmethod
+    async def _finish(index: int, calls: list[Thunk], stepped: set[int]) -> Array:
+        """Run a replica's ``calls`` (its step's last one answers its stats); count the
+        replica in ``stepped`` when its flag says the update was applied."""
+        stats: Array = (await gather(calls))[-1]
+        if stats[2] != 0:
+            stepped.add(index)
+        return stats
 
-        def mark(index: int) -> None:
-            if not ready[index].done():
-                ready[index].set_result(None)
-
-        if not share.chunks:
-            await replica.zero_grad_async()
-        loss_sum = 0.0
-        for number, (start, stop) in enumerate(share.chunks):
-            rows = stop - start
-            last = number == len(share.chunks) - 1
-            loss_sum += rows * await replica.gradient_step_async(
-                xs[start:stop], ys[start:stop], grad_scale=rows / total, zero=number == 0,
-                bucket_ready=mark if last else None)
-        for index in range(len(ready)):  # an empty share, or a bucket nothing reached
-            mark(index)
-        return loss_sum
-
-    async def _reduce(self, ready: list[list[asyncio.Future[None]]]) -> float:
+    async def _reduce(self, ready: list[list[asyncio.Future[None]]]) -> None:
         """All-reduce (sum) the buckets in backward's order, each as soon as every
-        replica has submitted the ops that complete it (module doc).
+        replica has submitted the ops that complete it (module doc); the last bucket's
+        launch (one group) sums the step stats too.
 
         Measured on 2 x H200 (an MLP of 4 x 4096): one group of every bucket after the
         whole backward made a step slower than this (35 ms against 24 ms, against 17
         and 14 ms on one GPU in the same runs)."""
         world = self.world
+        assert world is not None
         slots = self.slots
-        for index in range(len(ready[0])):
+        timeout = self.spec.collective_timeout
+        count = len(ready[0])
+        for index in range(count):
             await asyncio.gather(*(marks[index] for marks in ready))
-            if world is not None:
-                await world.all_reduce_async(
-                    [s.replica.gradient_buckets[index] for s in slots],
-                    timeout_secs=self.spec.collective_timeout)
-        return 0.0
-
-    async def _grad_norm(self) -> float:
-        slot = self.slots[0]
-        blas = slot.device.blas()
-        norms = await asyncio.gather(*(blas.nrm2_async(len(b), b)
-                                       for b in slot.replica.gradient_buckets))
-        return math.sqrt(sum(n * n for n in norms))
-
-    async def _update(self, index: int, slot: Slot, stepped: set[int]) -> None:
-        await slot.replica.optimizer_step_async()
-        stepped.add(index)
+            buckets = [s.replica.gradient_buckets[index] for s in slots]
+            if index < count - 1:
+                await world.all_reduce_async(buckets, timeout_secs=timeout)
+                continue
+            async with world.group(timeout_secs=timeout):
+                await world.all_reduce_async(buckets)
+                await world.all_reduce_async([s.replica.step_stats for s in slots])
+        if not count:
+            await world.all_reduce_async([s.replica.step_stats for s in slots],
+                                         timeout_secs=timeout)
 
     # ------------------------------------------------------------------ recovery
 
@@ -446,6 +447,12 @@ class DataParallelActor(BlueprintActor):
             ledger.replayed_steps, ledger.last_recovery_seconds,
             0 if checkpoint is None else checkpoint.steps, ledger.last_loss,
             None if self.world is None else self.world.epoch, buckets)
+
+
+def _mark(ready: list[asyncio.Future[None]], index: int) -> None:
+    """Bucket ``index`` of a replica is complete for every op submitted so far."""
+    if not ready[index].done():
+        ready[index].set_result(None)
 
 
 async def _all_or_first_error(tasks: list[asyncio.Future[T]]) -> list[T]:

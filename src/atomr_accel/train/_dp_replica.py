@@ -1,9 +1,10 @@
-"""The replica a data-parallel trainer drives: what it needs of one (``Replica``), how it
-makes one for a model description or a ``TorchModule``, and how it tells a broken one."""
+"""The replica a data-parallel trainer drives: what it needs of one (``Replica``), the
+micro-batches of its share of a step (``MicroBatch``), and the replica with the context
+generation it was built on (``Slot``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -11,10 +12,26 @@ import numpy as np
 
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._replica_state import Thunk, require_real
 
-__all__ = ["Replica", "Slot"]
+__all__ = ["MicroBatch", "Replica", "Slot"]
 
 Array = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatch:
+    """Rows ``x`` and targets ``y`` of one micro-batch of a replica's share, its loss
+    gradient scaled by ``grad_scale`` (its rows / the global batch's; a finite number,
+    else ``InvalidArgument``)."""
+
+    x: Array
+    y: Array
+    grad_scale: float
+
+    def __post_init__(self) -> None:
+        require_real("grad_scale", self.grad_scale)
+        object.__setattr__(self, "grad_scale", float(self.grad_scale))
 
 
 class Replica(Protocol):
@@ -53,6 +70,27 @@ class Replica(Protocol):
 
     async def optimizer_step_async(self, *, grad_scale: float = 1.0) -> None:
         """Apply the optimizer to every parameter."""
+
+    @property
+    def step_stats(self) -> GpuBuffer:
+        """The step's ``[loss_sum, grad_sumsq, apply_flag]`` (the gradients' dtype), set
+        by ``gradient_phase_ops``: the trainer all-reduces it with the last bucket."""
+
+    async def gradient_phase_ops(self, batches: Sequence[MicroBatch], *,
+                                 bucket_ready: Callable[[int], None]) -> list[Thunk]:
+        """A step's first half, as calls to start in order and await together (nothing
+        read back): zero ``step_stats``, then zero the gradients and run forward, loss
+        (``rows * loss`` added into ``step_stats[0]``) and backward of each micro-batch,
+        accumulating; ``bucket_ready(i)`` once bucket ``i`` is complete, for every bucket
+        (also with no micro-batch: the gradients are zeroed)."""
+
+    def finish_step_ops(self) -> list[Thunk]:
+        """A step's second half, once the first half has finished and the gradients and
+        ``step_stats`` hold their sums over the replicas, as calls to start in order: the
+        sum of squares of the gradients and
+        the flag (loss sum and sum of squares finite) into ``step_stats``, the optimizer
+        update where the flag is set, and ``step_stats``'s download, the last call's
+        answer (a host array of 3). A replica whose flag is 0 is as before the step."""
 
     async def predict_async(self, x: Any) -> Array:
         """The model's output on ``x`` (evaluation mode)."""

@@ -33,7 +33,7 @@ an array of the wrong kind) before any op is submitted.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
@@ -43,19 +43,19 @@ import numpy as np
 from atomr_accel.blueprint import twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
-from atomr_accel.core._op import Op, is_int
+from atomr_accel.core._op import is_int
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._blas_vectors import Axpy
 from atomr_accel.core.ops._train import (
-    AdamUpdate,
+    STATS_LENGTH,
     FillZeros,
     MseLoss,
-    SgdUpdate,
     SoftmaxCrossEntropy,
 )
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._device import Device
+from atomr_accel.train._dp_replica import MicroBatch
 from atomr_accel.train._layers import (
-    ParamSlot,
     Saved,
     aliases,
     backward_ops,
@@ -64,8 +64,6 @@ from atomr_accel.train._layers import (
 )
 from atomr_accel.train._model import Flatten, Sequential, train_dtype
 from atomr_accel.train._optim import (
-    SGD,
-    Adam,
     CrossEntropyLoss,
     Loss,
     MSELoss,
@@ -75,12 +73,13 @@ from atomr_accel.train._optim import (
 )
 from atomr_accel.train._replica_state import (
     ParamInfo,
-    ReplicaState,
     Thunk,
+    bucket_layout,
     checked_parameters,
     gather,
     require_real,
 )
+from atomr_accel.train._replica_update import ReplicaUpdates
 
 __all__ = ["ModelReplica", "ParamInfo"]
 
@@ -113,14 +112,15 @@ def _flattened(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[0], math.prod(shape[1:])) if len(shape) > 1 else shape
 
 
-class ModelReplica(ReplicaState):
+class ModelReplica(ReplicaUpdates):
     """A ``Sequential`` on one device with its loss, optimizer, gradients and state.
 
     Make one with ``await ModelReplica.create_async(device, model, loss=...,
     optimizer=...)`` (or ``create``). Every ``*_async`` method has a blocking
     twin without the suffix (never call those on the system's event loop).
     See the module docstring for the buffers' layout and how ops are ordered;
-    ``ReplicaState`` holds the buffers and the state's reads and writes.
+    ``ReplicaState`` holds the buffers and the state's reads and writes,
+    ``ReplicaUpdates`` the optimizer and the second half of a trainer's step.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -129,7 +129,6 @@ class ModelReplica(ReplicaState):
         super().__init__(*args, **kwargs)
         self._tapes: dict[int, _Tape] = {}
         self._loss_buffer: GpuBuffer | None = None
-
 
     # ------------------------------------------------------------ creation
 
@@ -158,21 +157,7 @@ class ModelReplica(ReplicaState):
         shapes = model.parameter_shapes()
         values = (model.init_parameters(seed, kind) if parameters is None
                   else checked_parameters(parameters, shapes, kind))
-        layout: dict[str, ParamInfo] = {}
-        slots: list[ParamSlot | None] = []
-        sizes: list[int] = []
-        for index, layer in zip(model.indices, model.layers, strict=True):
-            local = layer.parameter_shapes()
-            if not local:
-                slots.append(None)
-                continue
-            bucket, offset, offsets = len(sizes), 0, {}
-            for name, shape in local.items():
-                layout[f"{index}.{name}"] = ParamInfo(bucket, offset, shape)
-                offsets[name] = offset
-                offset += math.prod(shape)
-            slots.append(ParamSlot(bucket, offsets["weight"], offsets.get("bias")))
-            sizes.append(offset)
+        layout, slots, sizes = bucket_layout(model)
         params = [await device.allocate_async(n, kind, timeout_secs=timeout_secs)
                   for n in sizes]
         grads = [await device.allocate_async(n, kind, timeout_secs=timeout_secs)
@@ -432,53 +417,40 @@ class ModelReplica(ReplicaState):
 
     backward = twin(backward_async, on_loop=True)
 
-    # ---------------------------------------------------------- optimizer
-
-    def _zero_ops(self) -> list[Thunk]:
-        return [self._run(FillZeros(g.ref)) for g in self.grads]
-
-    async def zero_grad_async(self) -> None:
-        """Set every gradient to zero."""
-        await gather(self._zero_ops())
-
-    zero_grad = twin(zero_grad_async, on_loop=True)
-
-    def _update_ops(self, grad_scale: float) -> list[Thunk]:
-        opt = self.optimizer
-        lr = opt.lr_at(self.step)
-        ops: list[Op] = []
-        for b, (p, g) in enumerate(zip(self.params, self.grads, strict=True)):
-            if isinstance(opt, SGD):
-                buf = self.optimizer_state["momentum_buffer"][b].ref if opt.momentum else None
-                ops.append(SgdUpdate(p.ref, g.ref, buf, 0, len(p), lr, opt.momentum,
-                                     opt.nesterov, opt.weight_decay, grad_scale,
-                                     self.step == 0))
-            else:
-                assert isinstance(opt, Adam)  # AdamW is an Adam
-                ops.append(AdamUpdate(p.ref, g.ref, self.optimizer_state["exp_avg"][b].ref,
-                                      self.optimizer_state["exp_avg_sq"][b].ref, 0, len(p),
-                                      lr, self.step + 1, opt.betas[0], opt.betas[1], opt.eps,
-                                      opt.weight_decay, opt.decoupled, grad_scale))
-        self.step += 1
-        return [self._run(op) for op in ops]
-
-    async def optimizer_step_async(self, *, grad_scale: float = 1.0) -> None:
-        """Apply one fused optimizer update per bucket, the gradients multiplied by
-        ``grad_scale`` first; the step count (and the schedule's learning rate) advances."""
-        require_real("grad_scale", grad_scale)
-        await gather(self._update_ops(float(grad_scale)))
-
-    optimizer_step = twin(optimizer_step_async, on_loop=True)
+    # ------------------------------------------------- the trainer's step
 
     async def _gradient_ops(self, x: Any, y: Any, *, grad_scale: float, zero: bool,
                             micro_batch: int, bucket_ready: Callable[[int], None] | None,
-                            ) -> list[Thunk]:
-        """Zero (when ``zero``), forward, loss and backward of one batch, as calls to start
-        in order."""
-        forward, _ = await self._forward_ops(x, micro_batch, True, None)
+                            loss_sum: GpuRef | None = None) -> list[Thunk]:
+        """Zero (when ``zero``), forward, loss (with ``loss_sum``: ``rows * loss`` added into
+        its first element on the device) and backward of one batch, as calls in order."""
+        forward, tape = await self._forward_ops(x, micro_batch, True, None)
         loss = await self._loss_ops(y, micro_batch, grad_scale)
+        if loss_sum is not None:
+            assert self._loss_buffer is not None
+            loss.append(self._run(Axpy(1, float(tape.rows), self._loss_buffer.ref, loss_sum)))
         backward, _ = await self._backward_ops(None, micro_batch, False, bucket_ready)
         return [*(self._zero_ops() if zero else ()), *forward, *loss, *backward]
+
+    async def gradient_phase_ops(self, batches: Sequence[MicroBatch], *,
+                                 bucket_ready: Callable[[int], None]) -> list[Thunk]:
+        """A trainer step's first half (``finish_step_ops`` is the second), as calls to
+        start in order, nothing read back: zero ``step_stats``, then ``gradient_step``'s
+        ops for each micro-batch (the first zeroes), ``rows * loss`` added into
+        ``step_stats[0]`` on the device; ``bucket_ready`` in the last micro-batch, and for
+        every bucket again at the end (the gradients are zeroed when there is none)."""
+        stats = self._stats = await self._buffer(("stats",), STATS_LENGTH)
+        coros: list[Thunk] = [self._run(FillZeros(stats.ref))]
+        if not batches:
+            coros += self._zero_ops()
+        for number, batch in enumerate(batches):
+            last = number == len(batches) - 1
+            coros += await self._gradient_ops(
+                batch.x, batch.y, grad_scale=batch.grad_scale, zero=number == 0,
+                micro_batch=0, bucket_ready=bucket_ready if last else None,
+                loss_sum=stats.ref)
+        coros += [partial(_call_soon, bucket_ready, i) for i in range(len(self.grads))]
+        return coros
 
     async def gradient_step_async(self, x: Any, y: Any, *, grad_scale: float = 1.0,
                                   zero: bool = True, micro_batch: int = 0,

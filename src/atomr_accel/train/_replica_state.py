@@ -24,8 +24,8 @@ from atomr_accel.train._layers import ParamSlot
 from atomr_accel.train._model import Sequential
 from atomr_accel.train._optim import Loss, Optimizer
 
-__all__ = ["STEP_KEY", "ParamInfo", "ReplicaState", "Thunk", "checked_parameters", "gather",
-           "require_real"]
+__all__ = ["STEP_KEY", "ParamInfo", "ReplicaState", "Thunk", "bucket_layout",
+           "checked_parameters", "gather", "require_real"]
 
 Array = np.ndarray[Any, Any]
 STEP_KEY = "optimizer.step"
@@ -44,6 +44,29 @@ class ParamInfo:
     def size(self) -> int:
         """Its element count."""
         return math.prod(self.shape)
+
+
+def bucket_layout(model: Sequential,
+                  ) -> tuple[dict[str, ParamInfo], list[ParamSlot | None], list[int]]:
+    """Where ``model``'s parameters live: each one's ``ParamInfo`` by torch-style name,
+    each layer's ``ParamSlot`` (None without parameters) and each bucket's size (one
+    bucket a parametrized layer: its weight, then its bias)."""
+    layout: dict[str, ParamInfo] = {}
+    slots: list[ParamSlot | None] = []
+    sizes: list[int] = []
+    for index, layer in zip(model.indices, model.layers, strict=True):
+        local = layer.parameter_shapes()
+        if not local:
+            slots.append(None)
+            continue
+        bucket, offset, offsets = len(sizes), 0, {}
+        for name, shape in local.items():
+            layout[f"{index}.{name}"] = ParamInfo(bucket, offset, shape)
+            offsets[name] = offset
+            offset += math.prod(shape)
+        slots.append(ParamSlot(bucket, offsets["weight"], offsets.get("bias")))
+        sizes.append(offset)
+    return layout, slots, sizes
 
 
 Thunk = Callable[[], Coroutine[Any, Any, Any]]

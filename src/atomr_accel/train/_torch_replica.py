@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +24,12 @@ from atomr_accel.core._errors import (
     InvalidArgument,
     UserCodeError,
 )
+from atomr_accel.core.ops._train import STATS_LENGTH, GradCheck
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._dp_replica import MicroBatch
 from atomr_accel.train._optim import SGD, Adam, AdamW, CrossEntropyLoss, Loss, Optimizer
+from atomr_accel.train._replica_state import Thunk
 from atomr_accel.train._torch_module import TorchModule, import_torch
 
 __all__ = ["TorchReplica"]
@@ -72,8 +75,10 @@ class TorchReplica:
     """
 
     def __init__(self, device: Device, module: Any, loss: Loss, optimizer: Optimizer,
-                 buckets: list[_Bucket], names: list[str]) -> None:
+                 buckets: list[_Bucket], names: list[str], stats: GpuBuffer) -> None:
         self._device = device
+        self._stats = stats
+        self._phase: asyncio.Future[None] | None = None
         self.torch = import_torch()
         self.module = module
         self.loss = loss
@@ -129,7 +134,8 @@ class TorchReplica:
             done: asyncio.Future[Any] = loop.create_future()
             buckets.append(_Bucket(buffer, flat, [p for _, p in group], len(group), done))
         names = [n for group in groups for n, _ in group]
-        return cls(device, module, loss, optimizer, buckets, names)
+        stats = await device.allocate_async(STATS_LENGTH, "f32")
+        return cls(device, module, loss, optimizer, buckets, names, stats)
 
     # ------------------------------------------------------------------ the trainer's calls
 
@@ -236,6 +242,74 @@ class TorchReplica:
         value = await self.loss_async(y, micro_batch=micro_batch, grad_scale=grad_scale)
         await self.backward_async(micro_batch=micro_batch, bucket_ready=bucket_ready)
         return value
+
+    @property
+    def step_stats(self) -> GpuBuffer:
+        """The step's ``[loss_sum, grad_sumsq, apply_flag]`` (f32; see
+        ``ModelReplica.step_stats``)."""
+        return self._stats
+
+    async def gradient_phase_ops(self, batches: Sequence[MicroBatch], *,
+                                 bucket_ready: Callable[[int], None]) -> list[Thunk]:
+        """``ModelReplica.gradient_phase_ops`` with this replica's own calls, as one call:
+        torch's losses come back to the host, and their sum goes to ``step_stats``
+        before the last backward hands its buckets on."""
+        done = self._phase = self._loop.create_future()
+
+        async def phase() -> None:
+            try:
+                await self._gradient_phase(batches, bucket_ready)
+            except BaseException as exc:
+                if isinstance(exc, Exception):
+                    done.set_exception(exc)
+                    done.exception()  # retrieved: the second half may never wait on it
+                else:
+                    done.cancel()
+                raise
+            done.set_result(None)
+
+        return [phase]
+
+    async def _gradient_phase(self, batches: Sequence[MicroBatch],
+                              bucket_ready: Callable[[int], None]) -> None:
+        if not batches:
+            await self.zero_grad_async()
+            await self._put_stats(0.0)
+        loss_sum = 0.0
+        for number, batch in enumerate(batches):
+            last = number == len(batches) - 1
+            if number == 0:
+                await self.zero_grad_async()
+            await self.forward_async(batch.x)
+            loss_sum += len(batch.x) * await self.loss_async(batch.y,
+                                                             grad_scale=batch.grad_scale)
+            if last:
+                await self._put_stats(loss_sum)
+            await self.backward_async(bucket_ready=bucket_ready if last else None)
+        for index in range(len(self.buckets)):
+            bucket_ready(index)
+
+    async def _put_stats(self, loss_sum: float) -> None:
+        values = np.zeros(STATS_LENGTH, np.float32)
+        values[0] = loss_sum
+        await self._device.copy_from_numpy_async(self._stats, values)
+
+    def finish_step_ops(self) -> list[Thunk]:
+        """``ModelReplica.finish_step_ops`` with this replica's own calls, as one call
+        (which first waits for the first half's when both are started together):
+        ``GradCheck`` on the device, the download of ``step_stats``, then torch's
+        optimizer step where its flag is set."""
+        return [self._finish_step]
+
+    async def _finish_step(self) -> Array:
+        if self._phase is not None:
+            await self._phase  # the first half's error, if it failed
+        grads = tuple(b.buffer.ref for b in self.buckets)
+        await self._device.run_async(GradCheck(grads, self._stats.ref))
+        stats = await self._device.copy_to_numpy_async(self._stats)
+        if stats[2] != 0:
+            await self.optimizer_step_async()
+        return stats
 
     def _hook(self, index: int) -> Any:
         def hook(_: Any) -> None:

@@ -3,7 +3,9 @@
 Arithmetic runs in the buffers' dtype (f32 or f64). Gradient ops add into
 their ``grads`` spans; losses write ``loss[0]`` and their gradient. A label
 outside ``[0, classes)`` counts as no class (only the smoothing term), the
-same on every backend. No handler reads a device value back to the host.
+same on every backend. No handler reads a device value back to the host, but
+the gated updates here read their flag (``gate[2]``): CUDA runs its own fused
+update kernels, which test the flag on the device.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._train import (
     AdamUpdate,
     FillZeros,
+    GradCheck,
     LayerNormBackward,
     LayerNormForward,
     LinearBackward,
@@ -28,6 +31,7 @@ from atomr_accel.core.ops._train import (
 __all__ = [
     "adam_update",
     "fill_zeros",
+    "grad_check",
     "layer_norm_backward",
     "layer_norm_forward",
     "linear_backward",
@@ -151,9 +155,16 @@ def mse_loss(backend: ArrayBackend, op: MseLoss) -> None:
         span(backend, op.grad, 0, op.count)[...] = diff * (2.0 * op.grad_scale / op.count)
 
 
+def _open(backend: ArrayBackend, gate: GpuRef | None) -> bool:
+    """Whether an update applies: no gate, or a gate whose flag (``gate[2]``) is not 0."""
+    return gate is None or bool(span(backend, gate, 2, 1)[0] != 0)
+
+
 @shared.handles(SgdUpdate, quiet=True)
 def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
-    """torch's SGD over the span (see ``SgdUpdate``)."""
+    """torch's SGD over the span (see ``SgdUpdate``); nothing when its gate is closed."""
+    if not _open(backend, op.gate):
+        return
     p = span(backend, op.params, op.offset, op.length)
     g = span(backend, op.grads, op.offset, op.length) * op.grad_scale
     if op.weight_decay:
@@ -171,7 +182,10 @@ def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
 
 @shared.handles(AdamUpdate, quiet=True)
 def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
-    """torch's Adam / AdamW over the span (see ``AdamUpdate``)."""
+    """torch's Adam / AdamW over the span (see ``AdamUpdate``); nothing when its gate is
+    closed."""
+    if not _open(backend, op.gate):
+        return
     xp = backend.xp
     p = span(backend, op.params, op.offset, op.length)
     m = span(backend, op.exp_avg, op.offset, op.length)
@@ -196,3 +210,18 @@ def fill_zeros(backend: ArrayBackend, op: FillZeros) -> None:
     flat = backend.array(op.ref.buffer_id)
     end = len(flat) if op.length is None else op.offset + op.length
     flat[op.offset: end] = 0
+
+
+@shared.handles(GradCheck, quiet=True)
+def grad_check(backend: ArrayBackend, op: GradCheck) -> None:
+    """``stats[1] = sum of g^2`` over every gradient buffer, ``stats[2] = 1`` when
+    ``stats[0]`` and ``stats[1]`` are finite else 0; array ops only, so on CuPy it all
+    stays on the device (a 1-D ``dot`` is one fused multiply-sum kernel there)."""
+    xp = backend.xp
+    stats = span(backend, op.stats, 0, 3)
+    total = stats[1:2]
+    total[...] = 0  # quiet: an overflow to infinity warns nothing, it makes the flag 0
+    for ref in op.grads:
+        g = span(backend, ref, 0, ref.length)
+        total += xp.dot(g, g)
+    stats[2:3] = xp.isfinite(stats[0:2]).all().astype(stats.dtype)

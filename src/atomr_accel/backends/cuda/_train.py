@@ -9,29 +9,46 @@ Each optimizer update is ONE fused ``ElementwiseKernel`` over its span
 (parameters, gradient and state read and written once): SGD without
 momentum, SGD with momentum (plain or Nesterov), and Adam/AdamW. Scalars are
 passed as float64 and the arithmetic runs in the buffers' dtype; the
-bias corrections are computed on the host from the step.
+bias corrections are computed on the host from the step. Each kernel has a
+gated twin for an op with a ``gate`` (a step's stats buffer): the same body
+inside ``if (gate[2] != 0)``, so the flag ``GradCheck`` wrote is tested on the
+device (an ungated op runs the plain kernel: no flag buffer to make).
+``GradCheck`` mirrors the shared handler with one fused sum-of-squares
+reduction kernel a gradient buffer (CuPy's 1-D ``dot`` would first multiply
+into a temporary of the buffer's size when its CUB accelerator is on).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import cupy as cp
 
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _train as shared
-from atomr_accel.core.ops._train import AdamUpdate, SgdUpdate
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._train import AdamUpdate, GradCheck, SgdUpdate
 
-__all__ = ["adam_update", "sgd_update"]
+__all__ = ["adam_update", "grad_check", "sgd_update"]
 
-_SGD = cp.ElementwiseKernel(
+
+def _kernels(inputs: str, outputs: str, body: str, name: str) -> tuple[Any, Any]:
+    """The plain kernel and its gated twin (one more input, ``raw T gate``, last; the
+    body runs only where ``gate[2] != 0``)."""
+    return (cp.ElementwiseKernel(inputs, outputs, body, name),
+            cp.ElementwiseKernel(f"{inputs}, raw T gate", outputs,
+                                 f"if (gate[2] != (T)0) {{\n{body}\n}}", f"{name}_gated"))
+
+
+_SGD = _kernels(
     "T g, float64 lr, float64 wd, float64 scale",
     "T p",
-    "p = p - (T)lr * (g * (T)scale + (T)wd * p)",
+    "p = p - (T)lr * (g * (T)scale + (T)wd * p);",
     "atomr_train_sgd",
 )
-_SGD_MOMENTUM = cp.ElementwiseKernel(
+_SGD_MOMENTUM = _kernels(
     "T g, float64 lr, float64 momentum, float64 wd, float64 scale, bool first, bool nesterov",
     "T p, T buf",
     """
@@ -42,7 +59,7 @@ _SGD_MOMENTUM = cp.ElementwiseKernel(
     """,
     "atomr_train_sgd_momentum",
 )
-_ADAM = cp.ElementwiseKernel(
+_ADAM = _kernels(
     "T g, float64 lr, float64 beta1, float64 beta2, float64 eps, float64 wd, float64 scale, "
     "float64 correction1, float64 root2, bool decoupled",
     "T p, T m, T v",
@@ -61,26 +78,53 @@ _ADAM = cp.ElementwiseKernel(
 )
 
 
+def _launch(kernels: tuple[Any, Any], backend: ArrayBackend, gate: GpuRef | None,
+            inputs: tuple[Any, ...], outputs: tuple[Any, ...]) -> None:
+    """Run the plain kernel, or with ``gate`` its gated twin (the gate's first 3
+    elements after the inputs)."""
+    plain, gated = kernels
+    if gate is None:
+        plain(*inputs, *outputs)
+    else:
+        gated(*inputs, shared.span(backend, gate, 0, 3), *outputs)
+
+
 @cuda.handles(SgdUpdate)
 def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
-    """torch's SGD over the span, one fused kernel."""
+    """torch's SGD over the span, one fused kernel (gated: only where ``gate[2] != 0``)."""
     p = shared.span(backend, op.params, op.offset, op.length)
     g = shared.span(backend, op.grads, op.offset, op.length)
     if op.momentum_buffer is None:
-        _SGD(g, op.lr, op.weight_decay, op.grad_scale, p)
+        _launch(_SGD, backend, op.gate, (g, op.lr, op.weight_decay, op.grad_scale), (p,))
         return
     buf = shared.span(backend, op.momentum_buffer, op.offset, op.length)
-    _SGD_MOMENTUM(g, op.lr, op.momentum, op.weight_decay, op.grad_scale, op.first_step,
-                  op.nesterov, p, buf)
+    _launch(_SGD_MOMENTUM, backend, op.gate, (g, op.lr, op.momentum, op.weight_decay,
+            op.grad_scale, op.first_step, op.nesterov), (p, buf))
 
 
 @cuda.handles(AdamUpdate)
 def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
-    """torch's Adam / AdamW over the span, one fused kernel."""
+    """torch's Adam / AdamW over the span, one fused kernel (gated: only where ``gate[2]
+    != 0``)."""
     p = shared.span(backend, op.params, op.offset, op.length)
     g = shared.span(backend, op.grads, op.offset, op.length)
     m = shared.span(backend, op.exp_avg, op.offset, op.length)
     v = shared.span(backend, op.exp_avg_sq, op.offset, op.length)
-    _ADAM(g, op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.grad_scale,
-          1.0 - op.beta1 ** op.step, math.sqrt(1.0 - op.beta2 ** op.step), op.decoupled,
-          p, m, v)
+    _launch(_ADAM, backend, op.gate, (g, op.lr, op.beta1, op.beta2, op.eps, op.weight_decay,
+            op.grad_scale, 1.0 - op.beta1 ** op.step, math.sqrt(1.0 - op.beta2 ** op.step),
+            op.decoupled), (p, m, v))
+
+
+_SUMSQ = cp.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "atomr_train_sumsq")
+
+
+@cuda.handles(GradCheck)
+def grad_check(backend: ArrayBackend, op: GradCheck) -> None:
+    """``stats[1] = sum of g^2`` (one reduction kernel a buffer), ``stats[2] = 1`` when
+    ``stats[0:2]`` are finite else 0; all on the device."""
+    stats = shared.span(backend, op.stats, 0, 3)
+    total = stats[1:2]
+    total[...] = 0
+    for ref in op.grads:
+        total += _SUMSQ(shared.span(backend, ref, 0, ref.length))
+    stats[2:3] = cp.isfinite(stats[0:2]).all().astype(stats.dtype)

@@ -23,12 +23,15 @@ references and gradient checks). Labels are i32.
 ``SgdUpdate``          torch's SGD (momentum, nesterov, weight decay) over a span
 ``AdamUpdate``         torch's Adam / AdamW (bias-corrected) over a span
 ``FillZeros``          zero a span of a buffer
+``GradCheck``          ``stats[1] = sum of g^2`` over gradient buffers; ``stats[2]`` = finite?
 =====================  =====================================================
 
 Loss gradients are multiplied by ``grad_scale``, and the optimizer updates
 multiply the gradient by their ``grad_scale`` first (a data-parallel trainer
-passes ``1 / replicas`` there, or un-scales a loss scale). Every handler
-queues its work on the op's stream and answers None.
+passes ``1 / replicas`` there, or un-scales a loss scale). An update given a
+``gate`` (a step's stats buffer, see ``GradCheck``) applies only where
+``gate[2] != 0``, a flag the device computed: nothing is read back to decide.
+Every handler queues its work on the op's stream and answers None.
 """
 
 from __future__ import annotations
@@ -54,9 +57,11 @@ from atomr_accel.core._op import (
 from atomr_accel.core._ref import GpuRef
 
 __all__ = [
+    "STATS_LENGTH",
     "TRAIN_OP_DTYPES",
     "AdamUpdate",
     "FillZeros",
+    "GradCheck",
     "LayerNormBackward",
     "LayerNormForward",
     "LinearBackward",
@@ -72,6 +77,9 @@ declare("train", "Train",
 
 TRAIN_OP_DTYPES = (DType.F32, DType.F64)
 """The float dtypes of the train ops."""
+
+STATS_LENGTH = 3
+"""The elements of a step's stats buffer: ``[loss_sum, grad_sumsq, apply_flag]``."""
 
 
 def _floats(**refs: GpuRef | None) -> DType:
@@ -361,9 +369,10 @@ class _Update:
     lr: float
     weight_decay: float
     grad_scale: float
+    gate: GpuRef | None
 
     def _check_update(self, **state: GpuRef | None) -> None:
-        _floats(params=self.params, grads=self.grads, **state)
+        _floats(params=self.params, grads=self.grads, gate=self.gate, **state)
         require_nonneg(offset=self.offset)
         require_positive(length=self.length)
         _real("lr", self.lr, least=0.0)
@@ -372,7 +381,9 @@ class _Update:
         for name, ref in (("params", self.params), ("grads", self.grads), *state.items()):
             if ref is not None:
                 _span(ref, self.offset, self.length, name)
-        _distinct({"params": self.params, **state}, {"grads": self.grads})
+        if self.gate is not None:
+            _span(self.gate, 0, STATS_LENGTH, "gate")
+        _distinct({"params": self.params, **state}, {"grads": self.grads, "gate": self.gate})
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,7 +393,8 @@ class SgdUpdate(_Update, Op):
     ``g = grad_scale * grads + weight_decay * p``; with ``momentum > 0``
     ``buf = g`` when ``first_step`` else ``momentum * buf + g`` (in
     ``momentum_buffer``), then ``g = g + momentum * buf`` (``nesterov``) or
-    ``buf``; ``p -= lr * g``. One fused element-wise kernel on CUDA.
+    ``buf``; ``p -= lr * g``. One fused element-wise kernel on CUDA. With ``gate``
+    (None: always) nothing changes unless ``gate[2] != 0``.
     """
 
     library: ClassVar[str] = "train"
@@ -398,6 +410,7 @@ class SgdUpdate(_Update, Op):
     weight_decay: float = 0.0
     grad_scale: float = 1.0
     first_step: bool = False
+    gate: GpuRef | None = None
 
     def validate(self) -> None:
         self._check_update(momentum_buffer=self.momentum_buffer)
@@ -415,7 +428,8 @@ class AdamUpdate(_Update, Op):
     ``g = grad_scale * grads`` (``+ weight_decay * p`` for Adam; AdamW first does
     ``p *= 1 - lr * weight_decay``); ``m = beta1 m + (1 - beta1) g``; ``v = beta2 v +
     (1 - beta2) g^2``; ``p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 -
-    beta2^step) + eps)``. One fused element-wise kernel on CUDA.
+    beta2^step) + eps)``. One fused element-wise kernel on CUDA. With ``gate`` (None:
+    always) nothing changes unless ``gate[2] != 0``.
     """
 
     library: ClassVar[str] = "train"
@@ -434,6 +448,7 @@ class AdamUpdate(_Update, Op):
     weight_decay: float = 0.0
     decoupled: bool = False
     grad_scale: float = 1.0
+    gate: GpuRef | None = None
 
     def validate(self) -> None:
         self._check_update(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq)
@@ -463,3 +478,34 @@ class FillZeros(Op):
         else:
             require_nonneg(length=self.length)
             _span(self.ref, self.offset, self.length, "ref")
+
+
+@dataclass(frozen=True, slots=True)
+class GradCheck(Op):
+    """The check before a step's update, on the device: ``stats[1]`` receives the sum of
+    the squares of every element of every ``grads`` buffer (whole buffers), and
+    ``stats[2]`` 1 when ``stats[0]`` (the step's loss sum) and ``stats[1]`` are both
+    finite, else 0; the gated updates (``gate=stats``) read that flag. A sum of squares
+    that overflows the dtype counts as not finite."""
+
+    library: ClassVar[str] = "train"
+    outputs: ClassVar[tuple[str, ...]] = ("stats",)
+    grads: tuple[GpuRef, ...]
+    stats: GpuRef
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """Every gradient buffer, then ``stats``."""
+        return (*self.grads, self.stats)
+
+    def writes(self) -> tuple[GpuRef, ...]:
+        """``stats``."""
+        return (self.stats,)
+
+    def validate(self) -> None:
+        grads = self.grads
+        if not isinstance(grads, tuple) or not all(isinstance(g, GpuRef) for g in grads):
+            raise InvalidArgument(f"grads must be a tuple of buffers, got {grads!r:.80}")
+        named: dict[str, GpuRef | None] = {f"grads[{i}]": g for i, g in enumerate(grads)}
+        _floats(stats=self.stats, **named)
+        _span(self.stats, 0, STATS_LENGTH, "stats")
+        _distinct({"stats": self.stats}, named)
