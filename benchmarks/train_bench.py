@@ -7,7 +7,8 @@ batch is ``batch x GPUs``). Every variant gets its batch as a host NumPy array e
 (the upload is part of the step) and reads the loss back each step:
 
 * ``ours``: ``DataParallelTrainer`` over ``ModelReplica``s (our ops, our all-reduce in
-  per-layer buckets submitted as backward completes each), thread host;
+  per-layer buckets submitted as backward completes each), thread host (``--isolation
+  process``: process host);
 * ``TorchModule``: the same trainer over a ``torch.nn.Sequential`` (torch's forward,
   backward and fused SGD; our all-reduce of 25 MiB buckets, started per bucket);
 * ``torch``: a plain loop on one GPU; ``torch DDP``: ``DistributedDataParallel`` in
@@ -96,7 +97,8 @@ def time_steps(step: Any, warmup: int, steps: int) -> float:
 
 def ours(system: System, model: Any, gpus: int, args: argparse.Namespace) -> float:
     """Steps/s of a DataParallelTrainer of ``model`` on ``gpus`` GPUs."""
-    devices = [system.spawn_device(i, mock=False) for i in range(gpus)]
+    devices = [system.spawn_device(i, mock=False, isolation=args.isolation)
+               for i in range(gpus)]
     trainer = DataParallelTrainer.spawn(system, model, loss=MSELoss(),
                                         optimizer=SGD(lr=LR, momentum=0.9), devices=devices)
     trainer.ready(timeout_secs=300)
@@ -236,6 +238,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--recovery-steps", type=int, default=12)
+    parser.add_argument("--isolation", default="thread", choices=["thread", "process"],
+                        help="the host of ours and TorchModule's devices")
     parser.add_argument("--skip", default="", help="comma list of: ddp, torchmodule, recovery")
     add_quick(parser, width=512, layers=2, batch=128, steps=3, warmup=1, recovery_steps=3)
     args = parser.parse_args()

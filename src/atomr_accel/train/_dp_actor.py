@@ -50,12 +50,13 @@ from atomr_accel.core._errors import (
     Unrecoverable,
 )
 from atomr_accel.facade import Collective, Device, System
+from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._dp_ledger import Ledger, ReplicaRecovered, TrainerStats
 from atomr_accel.train._dp_replica import MicroBatch, Slot
 from atomr_accel.train._dp_spec import TrainerSpec
 from atomr_accel.train._dp_split import plan_shares, require_width
 from atomr_accel.train._recovery import RECOVERABLE, settled_generation
-from atomr_accel.train._replica_state import Thunk, gather
+from atomr_accel.train._replica_state import Thunk, gather, start_now
 from atomr_accel.train._step_result import StepResult
 
 __all__ = [
@@ -261,15 +262,23 @@ class DataParallelActor(BlueprintActor):
         loop = asyncio.get_running_loop()
         count = len(slots[0].replica.gradient_buckets)
         ready = [[loop.create_future() for _ in range(count)] for _ in slots]
-        phases = [await slot.replica.gradient_phase_ops(
-                      [MicroBatch(xs[a:b], ys[a:b], (b - a) / total) for a, b in share.chunks],
-                      bucket_ready=partial(_mark, marks))
-                  for slot, share, marks in zip(slots, shares, ready, strict=True)]
-        # The first half is awaited before the second is submitted, with one replica too:
-        # an op of it that failed (a handler's error) then leaves nothing applied.
-        work: list[asyncio.Future[Any]] = [asyncio.ensure_future(gather(p)) for p in phases]
-        if self.world is not None:
-            work.append(asyncio.ensure_future(self._reduce(ready)))
+        # Each replica's first half is on its way before the next one's calls are made.
+        # It is awaited before the second half is submitted, with one replica too: an op
+        # of it that failed (a handler's error) then leaves nothing applied.
+        work: list[asyncio.Future[Any]] = []
+        try:
+            for slot, share, marks in zip(slots, shares, ready, strict=True):
+                calls = await slot.replica.gradient_phase_ops(
+                    [MicroBatch(xs[a:b], ys[a:b], (b - a) / total) for a, b in share.chunks],
+                    bucket_ready=partial(_mark, marks))
+                work.append(start_now(gather(calls)))
+            if self.world is not None:
+                work.append(start_now(self._reduce(ready)))
+        except BaseException:
+            for task in work:
+                task.cancel()
+            await asyncio.gather(*work, return_exceptions=True)
+            raise
         await _all_or_first_error(work)
         finishing = [self._finish(i, slot.replica.finish_step_ops(), stepped)
                      for i, slot in enumerate(slots)]
@@ -303,9 +312,13 @@ class DataParallelActor(BlueprintActor):
         return stats
 
     async def _reduce(self, ready: list[list[asyncio.Future[None]]]) -> None:
-        """All-reduce (sum) the buckets in backward's order, each as soon as every
-        replica has submitted the ops that complete it (module doc); the last bucket's
-        launch (one group) sums the step stats too.
+        """All-reduce (sum) the buckets in backward's order, each launched as soon as
+        every replica has submitted the ops that complete it (module doc), without
+        waiting for the earlier buckets' to finish: each rank's device runs them in
+        launch order, each behind the ops that write its bucket, so no host round trip
+        comes between two of them. The last bucket's launch (one group) sums the step
+        stats too. Answers once every one has finished (the first error, the others
+        cancelled).
 
         Measured on 2 x H200 (an MLP of 4 x 4096): one group of every bucket after the
         whole backward made a step slower than this (35 ms against 24 ms, against 17
@@ -314,19 +327,24 @@ class DataParallelActor(BlueprintActor):
         assert world is not None
         slots = self.slots
         timeout = self.spec.collective_timeout
+        stats = [s.replica.step_stats for s in slots]
         count = len(ready[0])
-        for index in range(count):
-            await asyncio.gather(*(marks[index] for marks in ready))
-            buckets = [s.replica.gradient_buckets[index] for s in slots]
-            if index < count - 1:
-                await world.all_reduce_async(buckets, timeout_secs=timeout)
-                continue
-            async with world.group(timeout_secs=timeout):
-                await world.all_reduce_async(buckets)
-                await world.all_reduce_async([s.replica.step_stats for s in slots])
-        if not count:
-            await world.all_reduce_async([s.replica.step_stats for s in slots],
-                                         timeout_secs=timeout)
+        launched: list[asyncio.Future[None]] = []
+        try:
+            for index in range(count):
+                await asyncio.gather(*(marks[index] for marks in ready))
+                buckets = [s.replica.gradient_buckets[index] for s in slots]
+                launched.append(start_now(
+                    world.all_reduce_async(buckets, timeout_secs=timeout) if index < count - 1
+                    else _summed_with(world, buckets, stats, timeout)))
+            if not count:
+                launched.append(start_now(world.all_reduce_async(stats, timeout_secs=timeout)))
+        except BaseException:
+            for task in launched:
+                task.cancel()
+            await asyncio.gather(*launched, return_exceptions=True)
+            raise
+        await _all_or_first_error(launched)
 
     # ------------------------------------------------------------------ recovery
 
@@ -447,6 +465,14 @@ class DataParallelActor(BlueprintActor):
             ledger.replayed_steps, ledger.last_recovery_seconds,
             0 if checkpoint is None else checkpoint.steps, ledger.last_loss,
             None if self.world is None else self.world.epoch, buckets)
+
+
+async def _summed_with(world: Collective, buckets: list[GpuBuffer], stats: list[GpuBuffer],
+                       timeout: float) -> None:
+    """All-reduce ``buckets`` and ``stats`` in one launch (a group)."""
+    async with world.group(timeout_secs=timeout):
+        await world.all_reduce_async(buckets)
+        await world.all_reduce_async(stats)
 
 
 def _mark(ready: list[asyncio.Future[None]], index: int) -> None:

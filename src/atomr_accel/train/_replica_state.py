@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from atomr_accel.train._model import Sequential
 from atomr_accel.train._optim import Loss, Optimizer
 
 __all__ = ["STEP_KEY", "ParamInfo", "ReplicaState", "Thunk", "bucket_layout",
-           "checked_parameters", "gather", "require_real"]
+           "checked_parameters", "gather", "require_real", "start_now"]
 
 Array = np.ndarray[Any, Any]
 STEP_KEY = "optimizer.step"
@@ -73,10 +74,27 @@ Thunk = Callable[[], Coroutine[Any, Any, Any]]
 """A call that makes one device call's coroutine (made only when it is started)."""
 
 
+T = TypeVar("T")
+
+
+def start_now(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task of ``coro`` on the running loop, run up to its first wait at once where
+    Python can (3.12's eager start): a device call's op is then on its way when this
+    returns, instead of a loop turn later."""
+    loop = asyncio.get_running_loop()
+    if _EAGER:
+        return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+    return loop.create_task(coro)
+
+
+_EAGER = sys.version_info >= (3, 12)
+
+
 async def gather(thunks: Sequence[Thunk]) -> list[Any]:
-    """Start every call in order (each reaches the device in that order) and await
-    them once; the first error is raised after all have finished."""
-    tasks = [asyncio.ensure_future(make()) for make in thunks]
+    """Start every call in order (each reaches the device in that order, at once where
+    ``start_now`` can) and await them once; the first error is raised after all have
+    finished."""
+    tasks = [start_now(make()) for make in thunks]
     results = await asyncio.gather(*tasks, return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
