@@ -275,9 +275,7 @@ class DataParallelActor(BlueprintActor):
             if self.world is not None:
                 work.append(start_now(self._reduce(ready)))
         except BaseException:
-            for task in work:
-                task.cancel()
-            await asyncio.gather(*work, return_exceptions=True)
+            await _cancel_all(work)
             raise
         await _all_or_first_error(work)
         finishing = [self._finish(i, slot.replica.finish_step_ops(), stepped)
@@ -340,9 +338,7 @@ class DataParallelActor(BlueprintActor):
             if not count:
                 launched.append(start_now(world.all_reduce_async(stats, timeout_secs=timeout)))
         except BaseException:
-            for task in launched:
-                task.cancel()
-            await asyncio.gather(*launched, return_exceptions=True)
+            await _cancel_all(launched)
             raise
         await _all_or_first_error(launched)
 
@@ -481,19 +477,22 @@ def _mark(ready: list[asyncio.Future[None]], index: int) -> None:
         ready[index].set_result(None)
 
 
+async def _cancel_all(tasks: list[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait until every one has ended."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _all_or_first_error(tasks: list[asyncio.Future[T]]) -> list[T]:
     """Every task's result; at the first error cancel the others (and wait for them)."""
     try:
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await _cancel_all(list(pending))
         for task in tasks:  # the first error, not the cancellations it caused
             if task in done and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
         return [task.result() for task in tasks]
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(list(tasks))
         raise
