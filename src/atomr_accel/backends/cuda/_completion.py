@@ -130,7 +130,7 @@ class InlineCompletion:
         """Wait for every deferred op and report it; with ``more``, stop once it answers
         True while none has finished."""
         if more is None:
-            for waiting in self._streams.values():
+            for waiting in list(self._streams.values()):  # a report may start a stream
                 while waiting:
                     self._report(waiting)
             return
@@ -156,7 +156,7 @@ class InlineCompletion:
 
     def _report_finished(self) -> None:
         """Report every deferred op that has finished, stream by stream in launch order."""
-        for waiting in self._streams.values():
+        for waiting in list(self._streams.values()):  # a report may start a stream
             while waiting and _finished(waiting[0][0]):
                 self._report(waiting)
 
