@@ -156,12 +156,14 @@ class _Watchdog:
         """Watch ``held`` for ``timeout`` seconds until ``unwatch``; answers the token."""
         with self._lock:
             token = next(self._tokens)
+            idle = not self._watched
             self._watched[token] = (held, time.perf_counter() + timeout, timeout)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, daemon=True,
                                                 name="atomr-nccl-watchdog")
                 self._thread.start()
-            self._work.notify()
+            if idle:  # it sleeps until something is watched; else its next round sees it
+                self._work.notify()
             return token
 
     def unwatch(self, token: int) -> None:
