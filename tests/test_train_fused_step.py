@@ -208,14 +208,16 @@ def test_a_bad_batch_applies_nothing_and_counts_no_step(
 # ------------------------------------------------ (c) the op and the gated updates
 
 
-def run_op(device: Device, arrays: dict[str, Array], make: Any) -> dict[str, Array]:
-    """Upload ``arrays``, run ``make(refs)``, answer every buffer's values."""
+def run_op(device: Device, arrays: dict[str, Array], make: Any,
+           timeout: float = 30.0) -> dict[str, Array]:
+    """Upload ``arrays``, run ``make(refs)`` (within ``timeout`` seconds), answer every
+    buffer's values."""
     buffers = {}
     for name, value in arrays.items():
         buf = device.allocate(value.size, DType.of(value.dtype))
         device.copy_from_numpy(buf, value.reshape(-1))
         buffers[name] = buf
-    device.run(make({k: b.ref for k, b in buffers.items()}), 30.0)
+    device.run(make({k: b.ref for k, b in buffers.items()}), timeout)
     return {k: device.copy_to_numpy(b) for k, b in buffers.items()}
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_train_fused_step import run_op
 
 from atomr_accel import InvalidArgument, System
-from atomr_accel.core import DType
 from atomr_accel.core.ops._train import AdamUpdate, GradCheck, SgdUpdate
 from atomr_accel.facade import Device
 from atomr_accel.train import SGD, Adam, DataParallelTrainer, Linear, MSELoss, Sequential, Tanh
@@ -21,6 +21,8 @@ from atomr_accel.train import SGD, Adam, DataParallelTrainer, Linear, MSELoss, S
 pytestmark = pytest.mark.gpu
 
 Array = np.ndarray[Any, Any]
+TIMEOUT = 60.0
+"""Seconds an op may take here (the first of a kind compiles its kernel)."""
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +36,6 @@ def devices(system: System) -> tuple[Device, Device]:
     return system.spawn_device(mock=True), system.spawn_device(mock=False)
 
 
-def run_op(device: Device, arrays: dict[str, Array], make: Any) -> dict[str, Array]:
-    buffers = {}
-    for name, value in arrays.items():
-        buf = device.allocate(value.size, DType.of(value.dtype))
-        device.copy_from_numpy(buf, value.reshape(-1))
-        buffers[name] = buf
-    device.run(make({k: b.ref for k, b in buffers.items()}), 60.0)
-    return {k: device.copy_to_numpy(b) for k, b in buffers.items()}
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf])
 def test_grad_check_on_cuda_matches_the_cpu_backend(devices: tuple[Device, Device],
@@ -55,7 +47,7 @@ def test_grad_check_on_cuda_matches_the_cpu_backend(devices: tuple[Device, Devic
     if bad is not None:
         arrays["g0"][12_345] = bad
     make = lambda r: GradCheck((r["g0"], r["g1"]), r["stats"])  # noqa: E731
-    want, got = (run_op(d, arrays, make)["stats"] for d in devices)
+    want, got = (run_op(d, arrays, make, TIMEOUT)["stats"] for d in devices)
     assert got[0] == want[0] and got[2] == want[2] == (1.0 if bad is None else 0.0)
     if bad is None:
         np.testing.assert_allclose(got[1], want[1], rtol=1e-4 if dtype == np.float32 else 1e-12)
@@ -85,9 +77,9 @@ def test_gated_kernels_apply_only_with_the_flag(devices: tuple[Device, Device], 
 
     cpu, cuda = devices
     rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (1e-12, 1e-14)
-    want = run_op(cpu, arrays(1.0), lambda r: make(r, None))
-    opened = run_op(cuda, arrays(1.0), lambda r: make(r, r["stats"]))
-    closed = run_op(cuda, arrays(0.0), lambda r: make(r, r["stats"]))
+    want = run_op(cpu, arrays(1.0), lambda r: make(r, None), TIMEOUT)
+    opened = run_op(cuda, arrays(1.0), lambda r: make(r, r["stats"]), TIMEOUT)
+    closed = run_op(cuda, arrays(0.0), lambda r: make(r, r["stats"]), TIMEOUT)
     start = arrays(0.0)
     for name in ("p", "a", "b"):
         np.testing.assert_allclose(opened[name], want[name], rtol=rtol, atol=atol, err_msg=name)

@@ -10,6 +10,7 @@ update kernels, which test the flag on the device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from atomr_accel.backends._base import ArrayBackend
@@ -30,6 +31,7 @@ from atomr_accel.core.ops._train import (
 
 __all__ = [
     "adam_update",
+    "check_gradients",
     "fill_zeros",
     "grad_check",
     "layer_norm_backward",
@@ -215,13 +217,18 @@ def fill_zeros(backend: ArrayBackend, op: FillZeros) -> None:
 @shared.handles(GradCheck, quiet=True)
 def grad_check(backend: ArrayBackend, op: GradCheck) -> None:
     """``stats[1] = sum of g^2`` over every gradient buffer, ``stats[2] = 1`` when
-    ``stats[0]`` and ``stats[1]`` are finite else 0; array ops only, so on CuPy it all
-    stays on the device (a 1-D ``dot`` is one fused multiply-sum kernel there)."""
-    xp = backend.xp
+    ``stats[0]`` and ``stats[1]`` are finite else 0 (``check_gradients`` with a 1-D
+    ``dot`` a buffer)."""
+    check_gradients(backend, op, lambda g: backend.xp.dot(g, g))
+
+
+def check_gradients(backend: ArrayBackend, op: GradCheck,
+                    sum_of_squares: Callable[[Array], Array]) -> None:
+    """``GradCheck`` with ``sum_of_squares(g)`` (a 1-element array on the backend) for
+    each gradient buffer: array ops only, so on CuPy it all stays on the device."""
     stats = span(backend, op.stats, 0, 3)
     total = stats[1:2]
     total[...] = 0  # quiet: an overflow to infinity warns nothing, it makes the flag 0
     for ref in op.grads:
-        g = span(backend, ref, 0, ref.length)
-        total += xp.dot(g, g)
-    stats[2:3] = xp.isfinite(stats[0:2]).all().astype(stats.dtype)
+        total += sum_of_squares(span(backend, ref, 0, ref.length))
+    stats[2:3] = backend.xp.isfinite(stats[0:2]).all().astype(stats.dtype)

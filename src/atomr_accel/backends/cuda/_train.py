@@ -13,7 +13,7 @@ bias corrections are computed on the host from the step. Each kernel has a
 gated twin for an op with a ``gate`` (a step's stats buffer): the same body
 inside ``if (gate[2] != 0)``, so the flag ``GradCheck`` wrote is tested on the
 device (an ungated op runs the plain kernel: no flag buffer to make).
-``GradCheck`` mirrors the shared handler with one fused sum-of-squares
+``GradCheck`` runs the shared check (``check_gradients``) with one fused sum-of-squares
 reduction kernel a gradient buffer (CuPy's 1-D ``dot`` would first multiply
 into a temporary of the buffer's size when its CUB accelerator is on).
 """
@@ -120,11 +120,6 @@ _SUMSQ = cp.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "atomr
 
 @cuda.handles(GradCheck)
 def grad_check(backend: ArrayBackend, op: GradCheck) -> None:
-    """``stats[1] = sum of g^2`` (one reduction kernel a buffer), ``stats[2] = 1`` when
-    ``stats[0:2]`` are finite else 0; all on the device."""
-    stats = shared.span(backend, op.stats, 0, 3)
-    total = stats[1:2]
-    total[...] = 0
-    for ref in op.grads:
-        total += _SUMSQ(shared.span(backend, ref, 0, ref.length))
-    stats[2:3] = cp.isfinite(stats[0:2]).all().astype(stats.dtype)
+    """``GradCheck`` with one sum-of-squares reduction kernel a buffer, all on the
+    device."""
+    shared.check_gradients(backend, op, _SUMSQ)
