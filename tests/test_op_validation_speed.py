@@ -135,7 +135,7 @@ from atomr_accel.core.ops._function import (
     Packed,
     UserCode,
 )
-from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
+from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph, OpSequence
 from atomr_accel.core.ops._ipc import BufferAddress, IpcGetHandle, IpcOpenHandle
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
 from atomr_accel.core.ops._libraries import LibraryAvailable
@@ -370,6 +370,11 @@ EXAMPLES: list[Any] = [
     )),
     LaunchGraph(_GRAPH),
     DestroyGraph(_GRAPH),
+    OpSequence((
+        Axpy(4, 2.0, _buf(F32, 4), _buf(F32, 4, 2)),
+        Dot(4, _buf(F32, 4), _buf(F32, 4, 2)),
+        CopyBuffer(_buf(F32, 4, 2), _buf(F32, 4, 3), 4),
+    )),
     CompileKernel('extern "C" __global__ void k() {}', "k", options=("-lineinfo",),
                   defines=(("N", "4"),), fast_math=True, arch="sm_90"),
     LoadKernel(b"\x7fELF\x02\x01", "k"),

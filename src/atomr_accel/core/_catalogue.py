@@ -25,8 +25,10 @@ class LibraryInfo:
     """One library: its ``name`` (what ops name as their ``library``), ``title`` (the word
     of its class names: ``BlasActor``, ``BlasApi``), a one-line ``summary``, its ``rank`` in
     the list of libraries (the order they were added in), the class name of its facade
-    ``handle`` (None: it has none, or a handle built by hand) and whether a graph may record
-    its ops (``capturable``: pure device work, but the ops that answer a host value)."""
+    ``handle`` (None: it has none, or a handle built by hand), whether a graph may record
+    its ops (``capturable``: pure device work, but the ops that answer a host value) and
+    whether an ``OpSequence`` may hold them (``sequenced``: all but the libraries whose ops
+    make handles or wait for other ranks)."""
 
     name: str
     title: str
@@ -34,18 +36,19 @@ class LibraryInfo:
     rank: int
     handle: str | None = None
     capturable: bool = False
+    sequenced: bool = True
 
 
 _DECLARED: dict[str, LibraryInfo] = {}
 
 
 def declare(name: str, title: str, summary: str, *, rank: int, handle: str | None = None,
-            capturable: bool = False) -> str:
+            capturable: bool = False, sequenced: bool = True) -> str:
     """Add a library to the catalogue (once, in its op module); return its name.
 
     Raises ``InvalidArgument`` when another library holds the name or the rank.
     """
-    info = LibraryInfo(name, title, summary, rank, handle, capturable)
+    info = LibraryInfo(name, title, summary, rank, handle, capturable, sequenced)
     held = _DECLARED.get(name)
     if held is not None and held != info:
         raise InvalidArgument(f"library {name!r} is declared twice")

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef, GraphRef
-from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph, check_capturable
+from atomr_accel.core.ops._graph import (
+    CaptureGraph,
+    DestroyGraph,
+    LaunchGraph,
+    OpSequence,
+    check_capturable,
+)
 from atomr_accel.core.ops._memory import CopyBuffer
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._kernels import Dim, NvrtcKernel, kernel_ref, launch_op
@@ -131,9 +137,18 @@ class GraphRecorder:
         ref: GraphRef = await self.device.run_async(CaptureGraph(tuple(self.ops)))
         return Graph(self.device, ref)
 
+    async def run_once_async(self, timeout_secs: float | None = None) -> tuple[Any, ...]:
+        """Run the collected ops once, in order, as one request (an ``OpSequence``: no graph
+        is made, so nothing is kept on the device); answers their results (None each here).
+        The ops stay collected, so they can be run again or captured."""
+        results: tuple[Any, ...] = await self.device.run_async(OpSequence(tuple(self.ops)),
+                                                               timeout_secs)
+        return results
+
     copy = blocking(copy_async)
     launch = blocking(launch_async)
     capture = blocking(capture_async)
+    run_once = blocking(run_once_async)
 
     def __repr__(self) -> str:
         return f"GraphRecorder({len(self.ops)} ops, device={self.device.device_id})"

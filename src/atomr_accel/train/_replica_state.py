@@ -19,13 +19,14 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
 from atomr_accel.core._files import read_npz
 from atomr_accel.core._op import Op
+from atomr_accel.core.ops._graph import OpSequence, may_sequence
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._device import Device
 from atomr_accel.train._layers import ParamSlot
 from atomr_accel.train._model import Sequential
 from atomr_accel.train._optim import Loss, Optimizer
 
-__all__ = ["STEP_KEY", "ParamInfo", "ReplicaState", "Thunk", "bucket_layout",
+__all__ = ["STEP_KEY", "OpCall", "ParamInfo", "ReplicaState", "Thunk", "bucket_layout",
            "checked_parameters", "gather", "require_real", "start_now"]
 
 Array = np.ndarray[Any, Any]
@@ -90,15 +91,67 @@ def start_now(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
 _EAGER = sys.version_info >= (3, 12)
 
 
+@dataclass(frozen=True, slots=True)
+class OpCall:
+    """A ``Thunk`` that runs one op on ``device``: ``gather`` sends a run of these on one
+    device as one ``OpSequence``."""
+
+    device: Device
+    op: Op
+    timeout: float | None
+
+    def __call__(self) -> Coroutine[Any, Any, Any]:
+        return self.device.run_async(self.op, self.timeout)
+
+
+def _sequenced(thunks: Sequence[Thunk]) -> tuple[list[Thunk], list[int]]:
+    """``thunks`` with each run of two or more ``OpCall``s of one device (and time-out) made
+    one call of their ``OpSequence``; and how many results each call stands for (0: one
+    that is not a sequence)."""
+    calls: list[Thunk] = []
+    spans: list[int] = []
+    run: list[OpCall] = []
+
+    def close() -> None:
+        if len(run) > 1:
+            first = run[0]
+            calls.append(OpCall(first.device, OpSequence(tuple(c.op for c in run)),
+                                first.timeout))
+            spans.append(len(run))
+        else:
+            calls.extend(run)
+            spans.extend([0] * len(run))
+        run.clear()
+
+    for thunk in thunks:
+        if isinstance(thunk, OpCall) and may_sequence(thunk.op):
+            if run and (run[0].device is not thunk.device or run[0].timeout != thunk.timeout):
+                close()
+            run.append(thunk)
+            continue
+        close()
+        calls.append(thunk)
+        spans.append(0)
+    close()
+    return calls, spans
+
+
 async def gather(thunks: Sequence[Thunk]) -> list[Any]:
     """Start every call in order (each reaches the device in that order, at once where
     ``start_now`` can) and await them once; the first error is raised after all have
-    finished."""
-    tasks = [start_now(make()) for make in thunks]
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
+    finished. Consecutive ``OpCall``s of one device go as one ``OpSequence`` (one request
+    instead of one each); the results keep their places."""
+    calls, spans = _sequenced(thunks)
+    tasks = [start_now(make()) for make in calls]
+    answers = await asyncio.gather(*tasks, return_exceptions=True)
+    results: list[Any] = []
+    for answer, span in zip(answers, spans, strict=True):
+        if isinstance(answer, BaseException):
+            raise answer
+        if span:
+            results.extend(answer)
+        else:
+            results.append(answer)
     return results
 
 
@@ -149,7 +202,7 @@ class ReplicaState:
     # ----------------------------------------------------------- plumbing
 
     def _run(self, op: Op) -> Thunk:
-        return partial(self.device.run_async, op, self._timeout)
+        return OpCall(self.device, op, self._timeout)
 
     async def _buffer(self, key: tuple[Any, ...], length: int,
                       dtype: DType | None = None) -> GpuBuffer:

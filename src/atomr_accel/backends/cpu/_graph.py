@@ -1,14 +1,16 @@
-"""Graphs on the CPU: the recorded ops, replayed in order (same semantics as CUDA graphs)."""
+"""Graphs on the CPU: the recorded ops, replayed in order (same semantics as CUDA graphs);
+and op sequences on either backend."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from atomr_accel.backends._handlers import cpu
+from atomr_accel.backends._handlers import cpu, shared
 from atomr_accel.core._op import Op
-from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
+from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph, OpSequence
 
 if TYPE_CHECKING:
+    from atomr_accel.backends._base import Backend
     from atomr_accel.backends.cpu._backend import CpuBackend
 
 __all__ = ["RecordedGraph"]
@@ -44,3 +46,10 @@ def launch(backend: CpuBackend, op: LaunchGraph) -> None:
 def destroy(backend: CpuBackend, op: DestroyGraph) -> None:
     """Forget a recorded graph."""
     backend.release(op.graph.graph_id, RecordedGraph)
+
+
+@shared.handles(OpSequence)
+def run_sequence(backend: Backend, op: OpSequence) -> tuple[Any, ...]:
+    """Run the ops in order on the sequence's stream (the current one); answer their results.
+    On CUDA they queue one after another there, so none waits for another's event."""
+    return tuple([backend.run_handler(inner) for inner in op.ops])

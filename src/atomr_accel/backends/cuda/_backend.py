@@ -56,6 +56,7 @@ from atomr_accel.core.ops._blas import (
     Trsm,
 )
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
+from atomr_accel.core.ops._graph import OpSequence
 from atomr_accel.core.ops._memory import Advice, Attach, Location, Upload
 from atomr_accel.core.ops._rng import RngFill
 
@@ -273,6 +274,8 @@ class CudaBackend(Backend):
         if op.queues_only:
             return True
         kind = type(op)
+        if kind is OpSequence:
+            return all(map(self.queues_only, op.ops))  # type: ignore[attr-defined]
         if kind is RngFill:
             return cuda_rng.queues_only(op)  # type: ignore[arg-type]
         if kind is Upload:

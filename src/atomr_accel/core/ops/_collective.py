@@ -35,7 +35,7 @@ __all__ = [
 
 declare("nccl", "Collective",
         "NCCL: this device's communicators (one per world) and the collectives run on them.",
-        rank=14)
+        rank=14, sequenced=False)
 
 COLLECTIVE_DTYPES: tuple[DType, ...] = (
     DType.F16, DType.BF16, DType.F32, DType.F64, DType.I8, DType.U8, DType.I32, DType.U32,

@@ -1,4 +1,4 @@
-"""Graph ops: record a sequence of ops once, replay it many times."""
+"""Graph ops: run a sequence of ops as one unit, or record it once and replay it many times."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op, checked, require
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
-__all__ = ["CaptureGraph", "DestroyGraph", "LaunchGraph", "check_capturable", "library_capturable"]
+__all__ = ["CaptureGraph", "DestroyGraph", "LaunchGraph", "OpSequence", "check_capturable",
+           "check_sequenced", "library_capturable", "may_sequence"]
 
 declare("graph", "Graph",
-        "Records op sequences into graphs (CUDA stream capture) and replays them.",
-        rank=9)
+        "Runs op sequences as one unit; records them into graphs (CUDA stream capture) and "
+        "replays them.",
+        rank=9, sequenced=False)
 
 
 def library_capturable(name: str) -> bool:
@@ -40,6 +42,30 @@ def check_capturable(op: Op, index: int) -> Op:
             "RNG, sparse, tensor, CopyBuffer, LaunchKernel)"
         )
     return checked(op)
+
+
+def may_sequence(op: Op) -> bool:
+    """Whether an ``OpSequence`` may hold ``op``: an op a graph may record, or any op of a
+    library whose ops neither make handles nor wait for other ranks
+    (``LibraryInfo.sequenced``). Uploads, downloads, allocations, collectives, compiles
+    and graph ops go on their own."""
+    if op.capturable:
+        return True
+    try:
+        return library(op.library).sequenced
+    except InvalidArgument:  # "memory": the context's own ops
+        return False
+
+
+def check_sequenced(op: Op, index: int) -> None:
+    """Raise ``InvalidArgument`` unless an ``OpSequence`` may hold ``op`` (its ``index``)."""
+    if not isinstance(op, Op):
+        raise InvalidArgument(f"sequence op {index} is not an op: {op!r}")
+    if not may_sequence(op):
+        raise InvalidArgument(
+            f"sequence op {index} ({type(op).__name__}, library {op.library!r}) cannot run "
+            "inside an OpSequence: memory, collective, compile and graph ops run on their own"
+        )
 
 
 def _require_graph(graph: object) -> None:
@@ -113,3 +139,40 @@ class DestroyGraph(Op):
     def handles(self) -> tuple[KernelRef | GraphRef, ...]:
         """The graph."""
         return (self.graph,)
+
+
+@dataclass(frozen=True, slots=True)
+class OpSequence(Op):
+    """Run ``ops`` in order as one unit on the graph actor's stream, and answer the tuple of
+    their results (None for the many that answer nothing).
+
+    One request, one launch and one answer carry the whole sequence, where each op
+    alone would cross from the caller to the context and back: what a training
+    step's dozens of small ops pay most for. Each op is validated as it would be
+    alone, and the sequence is ordered after earlier writers of every buffer any of
+    its ops touches (and before later readers), as one op touching them all. An op
+    that fails ends the sequence with its own error; the ops before it have run,
+    the ops after it have not. ``check_sequenced`` says which ops it may hold.
+    """
+
+    library: ClassVar[str] = "graph"
+    ops: tuple[Op, ...]
+
+    def validate(self) -> None:
+        require(isinstance(self.ops, tuple) and len(self.ops) > 0,
+                "a sequence holds at least one op (pass a tuple of ops)")
+        for i, op in enumerate(self.ops):
+            check_sequenced(op, i)
+            op.validate()
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """Every buffer the ops touch, without repeats, in first-use order."""
+        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.refs()))
+
+    def writes(self) -> tuple[GpuRef, ...]:
+        """Every buffer the ops write, without repeats."""
+        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.writes()))
+
+    def handles(self) -> tuple[KernelRef | GraphRef, ...]:
+        """The kernels the ops launch."""
+        return tuple(h for op in self.ops for h in op.handles())

@@ -19,11 +19,11 @@ __all__ = ["CompileKernel", "LaunchKernel", "LoadKernel", "dim3"]
 
 declare("nvrtc", "Nvrtc",
         "NVRTC: compiles CUDA C (through a disk cache) and launches the kernels it made.",
-        rank=7)
+        rank=7, sequenced=False)
 
 declare("module", "Module",
         "Loads PTX or cubin modules and launches their kernels.",
-        rank=8)
+        rank=8, sequenced=False)
 
 _MAX_THREADS_PER_BLOCK = 1024
 PORTABLE_CLUSTER = 8
