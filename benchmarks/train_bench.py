@@ -11,6 +11,8 @@ batch is ``batch x GPUs``). Every variant gets its batch as a host NumPy array e
   process``: process host);
 * ``TorchModule``: the same trainer over a ``torch.nn.Sequential`` (torch's forward,
   backward and fused SGD; our all-reduce of 25 MiB buckets, started per bucket);
+* ``ModelReplica.train_step``: one replica on one GPU, no trainer (the step as one
+  request of ops, its upload and its loss's download);
 * ``torch``: a plain loop on one GPU; ``torch DDP``: ``DistributedDataParallel`` in
   ``--gpus`` processes started with ``torch.multiprocessing`` (NCCL, fused SGD).
 
@@ -20,7 +22,8 @@ replica 1's worker is SIGKILLed against the median normal step, and the final lo
 run with a kill at its middle against an undisturbed run on the same batches. bf16 is
 not measured: the training core keeps f32 (or f64) parameters.
 
-Goals: scaling >= 1.9x; TorchModule >= 95% of DDP's throughput; a killed
+Goals: ours >= 0.9x DDP on 2 GPUs; ModelReplica.train_step >= 0.9x the torch loop;
+scaling >= 1.9x; TorchModule >= 95% of DDP's throughput; a killed
 replica costs <= 3 s and the final loss is within noise of an undisturbed run.
 
     NCCL_NVLS_ENABLE=0 python benchmarks/train_bench.py [--json PATH] [--steps N]
@@ -48,6 +51,7 @@ from atomr_accel.train import (
     SGD,
     DataParallelTrainer,
     Linear,
+    ModelReplica,
     MSELoss,
     ReLU,
     Sequential,
@@ -106,6 +110,15 @@ def ours(system: System, model: Any, gpus: int, args: argparse.Namespace) -> flo
     rate = time_steps(lambda: trainer.step(x, y, timeout_secs=120), args.warmup, args.steps)
     trainer.stop()
     return rate
+
+
+def replica_single(system: System, args: argparse.Namespace) -> float:
+    """Steps/s of ``ModelReplica.train_step`` on GPU 0 (no trainer actor, no all-reduce)."""
+    device = system.spawn_device(0, mock=False, isolation=args.isolation)
+    replica = ModelReplica.create(device, mlp(args.width, args.layers), loss=MSELoss(),
+                                  optimizer=SGD(lr=LR, momentum=0.9))
+    x, y = data(args.batch, args.width)
+    return time_steps(lambda: replica.train_step(x, y), args.warmup, args.steps)
 
 
 def torch_single(args: argparse.Namespace) -> float:
@@ -266,6 +279,7 @@ def main() -> None:
             results[label] = {"steps_per_s_1gpu": one, f"steps_per_s_{gpus}gpu": two}
             rows.append([label, one, one * args.batch, two, two * args.batch * gpus,
                          f"{two * gpus / one:.2f}x"])
+        replica_one = replica_single(system, args)
         torch_one = torch_single(args)
         ddp = torch_ddp(gpus, args) if "ddp" not in skip and gpus > 1 else float("nan")
         print(f"torch: 1 GPU {torch_one:.2f} steps/s, DDP {gpus} GPUs {ddp:.2f} steps/s",
@@ -273,10 +287,19 @@ def main() -> None:
         results["torch"] = {"steps_per_s_1gpu": torch_one, f"steps_per_s_{gpus}gpu": ddp}
         rows.append(["torch / DDP", torch_one, torch_one * args.batch, ddp,
                      ddp * args.batch * gpus, f"{ddp * gpus / torch_one:.2f}x"])
+        results["replica"] = {"steps_per_s_1gpu": replica_one}
+        rows.append(["ModelReplica.train_step", replica_one, replica_one * args.batch,
+                     float("nan"), float("nan"), ""])
         print_table(f"data-parallel MLP {args.layers}x{args.width} f32, batch {args.batch}/GPU, "
                     f"SGD momentum (steps/s, samples/s)",
                     ["what", "1 GPU steps/s", "1 GPU samples/s", f"{gpus} GPU steps/s",
                      f"{gpus} GPU samples/s", "scaling"], rows)
+        ratios = {"ModelReplica step / torch loop (1 GPU, goal 0.9)": replica_one / torch_one,
+                  f"ours / DDP ({gpus} GPUs, goal 0.9)": results["ours"][
+                      f"steps_per_s_{gpus}gpu"] / ddp}
+        results["ratios"] = ratios
+        print_table("ratios in this run", ["what", "ratio"],
+                    [[k, f"{v:.2f}"] for k, v in ratios.items()])
         if "TorchModule" in results and not math.isnan(ddp):
             share = results["TorchModule"][f"steps_per_s_{gpus}gpu"] / ddp
             results["torchmodule_vs_ddp"] = share

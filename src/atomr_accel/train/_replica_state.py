@@ -18,7 +18,7 @@ from atomr_accel.blueprint import twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
 from atomr_accel.core._files import read_npz
-from atomr_accel.core._op import Op
+from atomr_accel.core._op import Op, validated
 from atomr_accel.core.ops._graph import OpSequence, may_sequence
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._device import Device
@@ -99,9 +99,37 @@ class OpCall:
     device: Device
     op: Op
     timeout: float | None
+    checked: bool = False
+    """``op`` is what ``validated`` returned (the device need not check it again)."""
 
     def __call__(self) -> Coroutine[Any, Any, Any]:
-        return self.device.run_async(self.op, self.timeout)
+        return self.device.run_async(self.op, self.timeout, checked=self.checked)
+
+
+_CHECKED: dict[tuple[Op, ...], OpSequence] = {}
+"""Sequences validated before, by their ops: a trainer sends the same few every step."""
+_CHECKED_MOST = 512
+
+
+def _sequence_call(run: list[OpCall]) -> OpCall:
+    """One call of the ``OpSequence`` of ``run``'s ops, validated once for all the times
+    the same ops come again (a malformed one goes unchecked: the device refuses it as it
+    would have refused the op alone)."""
+    first = run[0]
+    ops = tuple(c.op for c in run)
+    try:
+        sequence = _CHECKED.get(ops)
+    except TypeError:  # an op with an unhashable field: checked by the device each time
+        return OpCall(first.device, OpSequence(ops), first.timeout)
+    if sequence is None:
+        try:
+            sequence = validated(OpSequence(ops))
+        except InvalidArgument:
+            return OpCall(first.device, OpSequence(ops), first.timeout)
+        if len(_CHECKED) >= _CHECKED_MOST:
+            _CHECKED.clear()
+        _CHECKED[ops] = sequence
+    return OpCall(first.device, sequence, first.timeout, checked=True)
 
 
 def _sequenced(thunks: Sequence[Thunk]) -> tuple[list[Thunk], list[int]]:
@@ -114,9 +142,7 @@ def _sequenced(thunks: Sequence[Thunk]) -> tuple[list[Thunk], list[int]]:
 
     def close() -> None:
         if len(run) > 1:
-            first = run[0]
-            calls.append(OpCall(first.device, OpSequence(tuple(c.op for c in run)),
-                                first.timeout))
+            calls.append(_sequence_call(run))
             spans.append(len(run))
         else:
             calls.extend(run)
