@@ -74,8 +74,34 @@ def _require_graph(graph: object) -> None:
         raise InvalidArgument(f"graph must be a GraphRef, got {type(graph).__name__}")
 
 
+class _HoldsOps:
+    """The buffers and handles of an op that holds other ops (its ``ops``)."""
+
+    __slots__ = ()
+    ops: tuple[Op, ...]
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """Every buffer the held ops touch, without repeats, in first-use order."""
+        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.refs()))
+
+    def written(self) -> tuple[GpuRef, ...]:
+        """Every buffer the held ops write, without repeats."""
+        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.writes()))
+
+    def handles(self) -> tuple[KernelRef | GraphRef, ...]:
+        """The kernels the held ops launch."""
+        return tuple(h for op in self.ops for h in op.handles())
+
+    def numbered(self, holds: str) -> enumerate[Op]:
+        """``enumerate(ops)``; ``InvalidArgument`` unless they are a non-empty tuple (the
+        message begins with ``holds``, as "a graph records")."""
+        require(isinstance(self.ops, tuple) and len(self.ops) > 0,
+                f"{holds} at least one op (pass a tuple of ops)")
+        return enumerate(self.ops)
+
+
 @dataclass(frozen=True, slots=True)
-class CaptureGraph(Op):
+class CaptureGraph(_HoldsOps, Op):
     """Record ``ops`` (in order, as one stream would run them) into a graph; answers a
     ``GraphRef``. Nothing runs at capture time; ``LaunchGraph`` replays the record."""
 
@@ -83,22 +109,9 @@ class CaptureGraph(Op):
     ops: tuple[Op, ...]
 
     def validate(self) -> None:
-        require(isinstance(self.ops, tuple) and len(self.ops) > 0,
-                "a graph records at least one op (pass a tuple of ops)")
-        for i, op in enumerate(self.ops):
+        for i, op in self.numbered("a graph records"):
             check_capturable(op, i)
 
-    def refs(self) -> tuple[GpuRef, ...]:
-        """Every buffer the recorded ops touch, without repeats, in first-use order."""
-        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.refs()))
-
-    def written(self) -> tuple[GpuRef, ...]:
-        """Every buffer the recorded ops write, without repeats."""
-        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.writes()))
-
-    def handles(self) -> tuple[KernelRef | GraphRef, ...]:
-        """The kernels the recorded ops launch."""
-        return tuple(h for op in self.ops for h in op.handles())
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +155,7 @@ class DestroyGraph(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class OpSequence(Op):
+class OpSequence(_HoldsOps, Op):
     """Run ``ops`` in order as one unit on the graph actor's stream, and answer the tuple of
     their results (None for the many that answer nothing).
 
@@ -159,20 +172,10 @@ class OpSequence(Op):
     ops: tuple[Op, ...]
 
     def validate(self) -> None:
-        require(isinstance(self.ops, tuple) and len(self.ops) > 0,
-                "a sequence holds at least one op (pass a tuple of ops)")
-        for i, op in enumerate(self.ops):
+        for i, op in self.numbered("a sequence holds"):
             check_sequenced(op, i)
             op.validate()
 
-    def refs(self) -> tuple[GpuRef, ...]:
-        """Every buffer the ops touch, without repeats, in first-use order."""
-        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.refs()))
-
     def writes(self) -> tuple[GpuRef, ...]:
         """Every buffer the ops write, without repeats."""
-        return tuple(dict.fromkeys(ref for op in self.ops for ref in op.writes()))
-
-    def handles(self) -> tuple[KernelRef | GraphRef, ...]:
-        """The kernels the ops launch."""
-        return tuple(h for op in self.ops for h in op.handles())
+        return self.written()
