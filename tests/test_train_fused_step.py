@@ -6,7 +6,8 @@ one download a replica answers the step. Checked here: the parameters of 1, 2 an
 replicas (thread host; one process-host case) against a NumPy float64 reference of
 SGD with momentum and Adam; a NaN or an infinity in a batch changes nothing, step
 count included (the next good step equals a run that never saw the bad batch); the
-``GradCheck`` op and the gated updates against NumPy; one download a replica a step.
+``GradCheck`` op and the gated updates against NumPy; one download a replica a step;
+each run of a replica's ops (between uploads and buckets) as one ``OpSequence``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 from atomr_accel import InvalidArgument, System
 from atomr_accel.core import DType
+from atomr_accel.core.ops._graph import OpSequence, may_sequence
 from atomr_accel.core.ops._train import AdamUpdate, GradCheck, SgdUpdate
 from atomr_accel.facade import Device
 from atomr_accel.train import (
@@ -345,4 +347,36 @@ def test_a_step_downloads_once_a_replica(system: System, replicas: int,
     monkeypatch.undo()
     assert downloads == [3] * replicas
     assert host_results == []
+    trainer.stop()
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_step_sends_each_run_of_a_replicas_ops_as_one_request(
+        system: System, replicas: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two uploads or two buckets, a replica's ops go as one ``OpSequence``: no
+    op that may go in a sequence goes alone, and the step's requests are few."""
+    trainer = DataParallelTrainer.spawn(system, MLP, loss=MSELoss(), optimizer=ADAM,
+                                        devices=devices(system, replicas))
+    x, y = batches(8, 1, seed=6)[0]
+    trainer.step(x, y)  # allocations on the first step
+    requests: list[Any] = []
+    run = Device.run_async
+
+    def counted_run(self: Device, op: Any, *args: Any, **kwargs: Any) -> Any:
+        requests.append(op)
+        return run(self, op, *args, **kwargs)
+
+    monkeypatch.setattr(Device, "run_async", counted_run)
+    loss = trainer.step(x, y).loss
+    monkeypatch.undo()
+    sequences = [op for op in requests if isinstance(op, OpSequence)]
+    alone = [op for op in requests if not isinstance(op, OpSequence)]
+    assert not [op for op in alone if may_sequence(op)]
+    assert sorted(type(op).__name__ for op in alone) == \
+        ["Download"] * replicas + ["Upload"] * 2 * replicas  # x and y, the stats
+    # A replica: zeroing, forward, loss and the last layer's backward, the first layer's
+    # backward, the check and the updates: five sequences holding 14 ops.
+    assert len(sequences) == 5 * replicas
+    assert sum(len(op.ops) for op in sequences) == 14 * replicas
+    assert math.isfinite(loss)
     trainer.stop()
