@@ -29,6 +29,7 @@ from atomr_accel.train import (
     Adam,
     DataParallelTrainer,
     Linear,
+    ModelReplica,
     MSELoss,
     Sequential,
     Tanh,
@@ -380,3 +381,16 @@ def test_a_step_sends_each_run_of_a_replicas_ops_as_one_request(
     assert sum(len(op.ops) for op in sequences) == 14 * replicas
     assert math.isfinite(loss)
     trainer.stop()
+
+
+def test_a_device_without_the_graph_library_trains_op_by_op(system: System) -> None:
+    """Sequences run on the graph library's actor; a device without it gets each op alone,
+    with the same numbers."""
+    x, y = batches(8, 1, seed=7)[0]
+    losses = []
+    for libraries in (None, ["blas", "train", "cudnn"]):
+        device = system.spawn_device(mock=True, libraries=libraries)
+        replica = ModelReplica.create(device, MLP, loss=MSELoss(), optimizer=ADAM,
+                                      dtype="f64", seed=3)
+        losses.append([replica.train_step(x, y) for _ in range(3)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=RTOL, atol=ATOL)

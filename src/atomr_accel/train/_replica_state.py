@@ -134,8 +134,9 @@ def _sequence_call(run: list[OpCall]) -> OpCall:
 
 def _sequenced(thunks: Sequence[Thunk]) -> tuple[list[Thunk], list[int]]:
     """``thunks`` with each run of two or more ``OpCall``s of one device (and time-out) made
-    one call of their ``OpSequence``; and how many results each call stands for (0: one
-    that is not a sequence)."""
+    one call of their ``OpSequence`` (where the device has the graph library, which runs
+    sequences); and how many results each call stands for (0: one that is not a
+    sequence)."""
     calls: list[Thunk] = []
     spans: list[int] = []
     run: list[OpCall] = []
@@ -150,7 +151,8 @@ def _sequenced(thunks: Sequence[Thunk]) -> tuple[list[Thunk], list[int]]:
         run.clear()
 
     for thunk in thunks:
-        if isinstance(thunk, OpCall) and may_sequence(thunk.op):
+        if isinstance(thunk, OpCall) and may_sequence(thunk.op) \
+                and OpSequence.library in thunk.device.config.libraries:
             if run and (run[0].device is not thunk.device or run[0].timeout != thunk.timeout):
                 close()
             run.append(thunk)
