@@ -140,7 +140,8 @@ class ModelReplica(ReplicaUpdates):
         """Instantiate ``model`` on ``device``: parameters (``parameters`` by torch-style
         name, or ``model.init_parameters(seed, dtype)``), zeroed gradients and optimizer
         state in device buffers. ``seed`` also seeds Dropout masks; ``timeout_secs``
-        bounds each device call (None: the system's ``op_timeout``)."""
+        bounds each device request, a run of ops sent as one ``OpSequence`` counting as one
+        (None: the system's ``op_timeout``)."""
         if not isinstance(device, Device):
             raise InvalidArgument(f"device must be a Device, got {type(device).__name__}")
         if not isinstance(model, Sequential):
