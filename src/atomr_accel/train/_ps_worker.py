@@ -174,10 +174,7 @@ class _WorkerActor(BlueprintActor):
         state: dict[str, Any] = unflatten_parameters(self._model, weights)
         state[STEP_KEY] = np.array(0, np.int64)
         await replica.load_state_dict_async(state)
-        await replica.zero_grad_async()
-        await replica.forward_async(x)
-        loss = await replica.loss_async(y)
-        await replica.backward_async()
+        loss = await replica.gradient_step_async(x, y)  # zero, forward, loss, backward
         gradient = flatten_parameters(self._model, await replica.gradients_async())
         return loss, gradient, version
 
