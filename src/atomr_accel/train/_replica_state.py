@@ -107,7 +107,9 @@ class OpCall:
 
 
 _CHECKED: dict[tuple[Op, ...], OpSequence] = {}
-"""Sequences validated before, by their ops: a trainer sends the same few every step."""
+"""Sequences validated before, by their ops: a trainer sends the same few every step.
+Ops compare by value (``1 == 1.0 == True``), so this suits ops made by the replicas from
+values they have checked already, not a caller's ops as given."""
 _CHECKED_MOST = 512
 
 
