@@ -14,11 +14,11 @@ earlier ops that wrote its buffers (``backends.cuda._backend``: events per
 buffer across streams), so a collective submitted from ``fn`` sees the whole
 gradient while backward goes on for the layers before it.
 
-**Order and awaiting.** Each method submits its ops back to back (one
-``run_async`` task each, created in order, so they reach the device in
-order) and awaits them together once; ``train_step_async`` does the whole
-step (zero, forward, loss, backward, update, the loss's download) in one such
-batch.
+**Order and awaiting.** Each method submits its ops back to back, in order, and
+awaits them together once; each run of ops between two uploads (or two buckets
+handed on) goes as one ``OpSequence`` request (``_replica_state.gather``).
+``train_step_async`` does the whole step (zero, forward, loss, backward, update,
+the loss's download) in one such batch.
 
 **Micro-batches.** ``forward_async(x, micro_batch=k)`` keeps what backward
 needs under the tag ``k`` (its own activation buffers), so several
