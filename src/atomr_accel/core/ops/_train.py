@@ -494,12 +494,8 @@ class GradCheck(Op):
     stats: GpuRef
 
     def refs(self) -> tuple[GpuRef, ...]:
-        """Every gradient buffer, then ``stats``."""
+        """Every gradient buffer (a tuple field, which ``Op.refs`` skips), then ``stats``."""
         return (*self.grads, self.stats)
-
-    def writes(self) -> tuple[GpuRef, ...]:
-        """``stats``."""
-        return (self.stats,)
 
     def validate(self) -> None:
         grads = self.grads
