@@ -20,7 +20,7 @@ from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
-from atomr_accel.core._op import Op, is_int, require, require_nonneg
+from atomr_accel.core._op import Op, is_int, require_nonneg
 from atomr_accel.core._ref import GpuRef
 
 __all__ = [
@@ -99,10 +99,13 @@ class CollectiveCall(PickleByFields):
 
     def validate(self, nranks: int) -> None:
         """Check the call's buffers against ``nranks`` (``InvalidArgument``)."""
-        require(isinstance(self.kind, CallKind), f"kind must be a CallKind, got {self.kind!r}")
-        require(isinstance(self.op, ReduceOp), f"op must be a ReduceOp, got {self.op!r}")
+        if not isinstance(self.kind, CallKind):  # (no message built on the common path)
+            raise InvalidArgument(f"kind must be a CallKind, got {self.kind!r}")
+        if not isinstance(self.op, ReduceOp):
+            raise InvalidArgument(f"op must be a ReduceOp, got {self.op!r}")
         require_nonneg(count=self.count, root=self.root)
-        require(self.root < nranks, f"root/peer {self.root} is not a rank of {nranks}")
+        if self.root >= nranks:
+            raise InvalidArgument(f"root/peer {self.root} is not a rank of {nranks}")
         for name in ("send", "recv"):
             ref = getattr(self, name)
             if ref is not None and not isinstance(ref, GpuRef):
