@@ -12,7 +12,7 @@ import mmap
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -28,6 +28,7 @@ from atomr_accel.core._errors import (
     Unrecoverable,
 )
 from atomr_accel.core._op import Op
+from atomr_accel.core.ops._collective import RunCollective
 from atomr_accel.core.ops._dlpack import ViewBuffer
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._libraries import LibraryAvailable
@@ -45,7 +46,7 @@ from atomr_accel.core.ops._memory import (
     Upload,
 )
 
-__all__ = ["ArrayBackend", "Backend", "Deferred", "Done", "Handler", "More"]
+__all__ = ["ArrayBackend", "Backend", "Deferred", "Done", "Handler", "More", "Rank"]
 
 T = TypeVar("T")
 
@@ -57,6 +58,10 @@ Done = Callable[[Any, BaseException | None], None]
 
 More = Callable[[], bool]
 """``more()``: whether the host has more ops to launch now (``Backend.flush`` stops early)."""
+
+Rank = tuple["Backend", RunCollective, int]
+"""One rank of a collective started with its peers (``Backend.start_ranks``): the rank's
+backend, its ``RunCollective`` and the stream it runs on."""
 
 
 class Deferred(abc.ABC):
@@ -94,6 +99,9 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     handlers: ClassVar[dict[type[Op], Handler]]
     recoverable_in_process: ClassVar[bool] = False
+    starts_ranks: ClassVar[bool] = False
+    """Whether ``start_ranks`` can start a collective's ranks on several contexts of this
+    process from one thread."""
     """True when a poisoned context can be rebuilt inside the same process (not CUDA)."""
     xp: Any = np
     """The array module of the buffers (NumPy, or CuPy on CUDA); shared handlers use it."""
@@ -253,6 +261,16 @@ class Backend(abc.ABC):
         """True when ``begin(op)`` only queues device work (no host work, no waiting), so an
         event loop's thread may call it. False on the CPU, where ops run at once."""
         return False
+
+    def start_ranks(self, parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any]:
+        """Start one collective's ranks, ``(backend, RunCollective, stream)`` on contexts of
+        this process that this thread holds (``self`` among them), as one launch: no rank
+        waits for another to be started. Each entry is what ``begin`` answers for its part,
+        or the exception its part raised (an interrupt of this thread included, for the
+        caller to raise once every part is accounted for). ``failed()`` is called once a
+        part has failed, before any peer could wait for it (the peers then abort).
+        Backends whose ``starts_ranks`` is False cannot."""
+        raise InvalidArgument(f"the {self.name} backend cannot start several ranks at once")
 
     def execute(self, op: Op, stream: int = 0) -> Any:
         """Run one op on ``stream`` and return its result (None for in-place ops)."""

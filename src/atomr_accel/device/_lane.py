@@ -23,7 +23,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.actor._deadlines import Deadlines
@@ -39,6 +39,7 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.core._op import Op, validated
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
+from atomr_accel.core.ops._collective import RunCollective
 from atomr_accel.core.ops._dlpack import AdoptArray
 from atomr_accel.core.ops._function import BuildResident, CallFunction, Kept
 from atomr_accel.core.ops._graph import CaptureGraph
@@ -63,6 +64,7 @@ __all__ = [
     "fatal_to",
     "finish",
     "prepare",
+    "send_ranks",
     "wait_any",
 ]
 
@@ -486,20 +488,27 @@ class Lane:
         self._put(gate, stream, pending, None)
         return pending
 
-    def _put(self, gate: Gate, stream: int, pending: Pending, post: InFlight | None) -> None:
+    def _put(self, gate: Gate, stream: int, pending: Pending, post: InFlight | None,
+             entered: bool = False) -> None:
         """Register ``pending`` and hand it to ``gate``'s host: with its reply posted on
         ``post`` where the host can (``ContextHost.send``), else to be answered by the
-        host's thread."""
+        host's thread (``entered``: registered and checked already)."""
         interrupt: BaseException | None = None
         try:  # registered inside: an interrupt anywhere after it fails the request
-            if self._enter(pending, gate.generation) and not (post is not None and gate.host.send(
-                    pending.op, stream, pending.ticket(gate.generation), post)):
-                self._hand(gate, stream, pending)
+            if entered or self._enter(pending, gate.generation):
+                self._dispatch(gate, stream, pending, post)
         except BaseException as exc:  # the host could not take it (shared memory, pickling)
             interrupt = interrupt_in(exc)  # or this thread was interrupted
             pending.fail(refusal_of(exc, pending.op) if interrupt is None else interrupt)
         if interrupt is not None:  # raised here, its context unchanged
             raise interrupt
+
+    def _dispatch(self, gate: Gate, stream: int, pending: Pending, post: InFlight | None
+                  ) -> None:
+        """Hand registered ``pending`` to ``gate``'s host (see ``_put``)."""
+        if not (post is not None and gate.host.send(
+                pending.op, stream, pending.ticket(gate.generation), post)):
+            self._hand(gate, stream, pending)
 
     async def run(self, op: Op, timeout: float | None, checked: bool = False) -> Any:
         """Run ``op`` and await it on the running loop; its result, or ``MISS``.
@@ -550,3 +559,39 @@ class Lane:
             finish(pending, generation, result, error, fatal)
 
         gate.host.launch(pending.op, stream, pending.ticket(generation), done)
+
+
+def send_ranks(lanes: Sequence[Lane], ops: Sequence[RunCollective], into: list[Any],
+               failed: Callable[[], object], checked: bool = False) -> bool:
+    """Put one collective's ranks (``ops[i]`` on ``lanes[i]``) in flight from this plain
+    thread as one launch where their hosts can (``ContextHost.send_ranks``); each rank's
+    ``InFlight`` joins ``into`` before anything is sent. False, with nothing registered or
+    sent, where any lane must take the actor path, an op fails its checks (``Lane.send``
+    then reports it) or the hosts cannot start them together now: send each then.
+    ``checked`` as ``prepare`` takes it."""
+    routes = [lane._route(op) for lane, op in zip(lanes, ops, strict=True)]
+    gates = [route for route in routes if route is not None]
+    if len(gates) < len(routes) or not gates:
+        return False
+    slots = [Slot() for _ in ops]
+    try:
+        pendings = [lane._request(op, slot, checked)
+                    for lane, op, slot in zip(lanes, ops, slots, strict=True)]
+        for lane, pending, (gate, _) in zip(lanes, pendings, gates, strict=True):
+            check_refs(pending.op, gate.generation, lane.state)
+    except GpuRuntimeError:
+        return False
+    flights = [InFlight(lane, gate, pending, slot)
+               for lane, pending, slot, (gate, _) in zip(lanes, pendings, slots, gates,
+                                                         strict=True)]
+    into.extend(flights)  # before anything is registered: an interrupt can lose none
+    for lane, pending in zip(lanes, pendings, strict=True):
+        lane.state.register(pending)
+    parts = [(gate.host, cast(RunCollective, flight.pending.op), stream,
+              flight.pending.ticket(gate.generation), flight)
+             for flight, (gate, stream) in zip(flights, gates, strict=True)]
+    if gates[0][0].host.send_ranks(parts, failed):
+        return True
+    for lane, flight, (gate, stream) in zip(lanes, flights, gates, strict=True):
+        lane._put(gate, stream, flight.pending, flight, entered=True)
+    return True

@@ -287,6 +287,9 @@ class Collective:
             CollectiveCall(CallKind.RECV, None, recv.ref, count, root=src) if r == dst else
             None for r in range(self.nranks))
         del checked_send, checked_recv
+        for call in calls:
+            if call is not None:
+                call.validate(self.nranks)
         planned = Planned(CallKind.SEND, calls, count * send.ref.dtype.itemsize)
         return self._submit(planned, timeout_secs)
 

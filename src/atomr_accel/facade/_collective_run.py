@@ -27,7 +27,7 @@ from atomr_accel.core._errors import (
     InvalidArgument,
 )
 from atomr_accel.core.ops._collective import CallKind, CollectiveCall, RunCollective
-from atomr_accel.device._lane import InFlight, Lane, wait_any
+from atomr_accel.device._lane import InFlight, Lane, send_ranks, wait_any
 from atomr_accel.device._state import Status
 from atomr_accel.device._world import WorldBroken, WorldState
 
@@ -46,7 +46,8 @@ Step = tuple[CollectiveCall | None, ...]
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """A collective checked and ready to run: its calls per rank and what it moves."""
+    """A collective checked and ready to run: its calls per rank (each validated) and what
+    it moves."""
 
     kind: CallKind
     step: Step
@@ -126,8 +127,10 @@ class WorldRun:
             generations = [d.generation for d in self.devices]
             flights: list[InFlight | GpuRuntimeError] = []  # a flight's made, then sent
             try:
-                for lane, (rank, op) in zip(lanes, ops, strict=True):
-                    _submit(lane, rank, op, flights)
+                if not send_ranks(lanes, [op for _, op in ops], flights,
+                                  lambda: state.abort(epoch), checked=True):
+                    for lane, (rank, op) in zip(lanes, ops, strict=True):
+                        _submit(lane, rank, op, flights)
             except BaseException as exc:  # this thread was interrupted
                 self._give_up(flights, epoch, exc)
                 raise
@@ -140,7 +143,8 @@ class WorldRun:
 
     def _ops(self, plans: list[Planned], epoch: int, timeout: float
              ) -> list[tuple[int, RunCollective]]:
-        """Each taking part rank's op: its calls of ``plans``, in order."""
+        """Each taking part rank's op: its calls of ``plans``, in order. Every call was
+        validated as it was planned, so the ops go out as checked (no second pass)."""
         ops = []
         for rank in range(len(self.devices)):
             calls = tuple(c for p in plans if (c := p.step[rank]) is not None)
@@ -155,7 +159,7 @@ class WorldRun:
         else through its device's actor (which waits for its context)."""
         fut: asyncio.Future[Any] = loop.create_future()
         try:
-            pending = self._state.members[rank].lane.submit(op, Reply(fut, loop))
+            pending = self._state.members[rank].lane.submit(op, Reply(fut, loop), checked=True)
         except GpuRuntimeError as exc:
             fut.set_exception(exc)
             return fut, None
@@ -329,7 +333,7 @@ def _submit(lane: Lane, rank: int, op: RunCollective,
     """Put rank ``rank``'s ``op`` in flight on its data plane (its flight joins ``flights``
     before it is sent); a refusal joins as its error."""
     try:
-        sent = lane.send(op, flights)
+        sent = lane.send(op, flights, checked=True)
     except GpuRuntimeError as exc:  # refused before a flight was made
         flights.append(exc)
         return

@@ -25,7 +25,7 @@ import errno
 import pickle
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -40,6 +40,7 @@ from atomr_accel.core._errors import (
     OutOfMemory,
 )
 from atomr_accel.core._op import Op
+from atomr_accel.core.ops._collective import RunCollective
 
 __all__ = [
     "FREE",
@@ -50,6 +51,7 @@ __all__ = [
     "Flight",
     "Outcome",
     "Posting",
+    "SentRank",
     "Ticket",
     "refusal_of",
     "settle",
@@ -203,6 +205,14 @@ class ContextHost(abc.ABC):
         caller putting ops in flight on several hosts at once (a collective's ranks)."""
         return False
 
+    def send_ranks(self, parts: Sequence[SentRank], failed: Callable[[], object]) -> bool:
+        """Start one collective's ranks, ``(host, RunCollective, stream, ticket, into)`` on
+        hosts of this process (``self`` among them), from this plain thread as one launch
+        (``Backend.start_ranks``); each rank's ``Flight`` is set on its ``into.posted``
+        for this thread to read. False where these hosts cannot now: nothing was claimed
+        (``send`` each then). ``failed()`` as ``Backend.start_ranks`` calls it."""
+        return False
+
     def submit(self, op: Op, stream: int = 0) -> asyncio.Future[Any]:
         """Queue ``op`` for no request in particular; the future (of the running loop)
         completes with its result or error."""
@@ -273,6 +283,11 @@ class Posting(Protocol):
     """Where ``ContextHost.send`` leaves the ``Flight`` of the op it sends."""
 
     posted: Flight | None
+
+
+SentRank = tuple["ContextHost", RunCollective, int, Ticket, Posting]
+"""One rank of ``ContextHost.send_ranks``: its host, op, stream, ticket, and where its
+``Flight`` goes."""
 
 
 class Box:

@@ -16,12 +16,14 @@ import os
 import queue
 import threading
 import time
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, cast
 
 from atomr_accel.backends._base import Backend
 from atomr_accel.backends._function import refuse_reentry
 from atomr_accel.backends._spin import SPIN_SECONDS, Busy, hold, owned_lock
 from atomr_accel.core._errors import (
+    CollectiveAborted,
     ContextPoisoned,
     GpuRuntimeError,
     InvalidArgument,
@@ -36,6 +38,7 @@ from atomr_accel.hosts._base import (
     ContextHost,
     Done,
     Outcome,
+    SentRank,
     Ticket,
     on_free_loop,
     settle,
@@ -243,6 +246,55 @@ class ThreadHost(ContextHost):
         except Exception as exc:
             return None, self._op_error(backend, op, exc)
 
+    def send_ranks(self, parts: Sequence[SentRank], failed: Callable[[], object]) -> bool:
+        """Start a collective's ranks on thread hosts of one backend kind from this thread,
+        holding every rank's context (each free, nothing queued), as one launch
+        (``Backend.start_ranks``): no context thread wakes up, and no rank waits for
+        another's thread. False when a context is busy, queued, closed or broken, or the
+        backend cannot: nothing was claimed."""
+        backend = self._backend
+        if backend is None or not backend.starts_ranks or not all(
+                isinstance(part[0], ThreadHost) and type(part[0]._backend) is type(backend)
+                for part in parts):
+            return False
+        try:
+            return _holding([cast(ThreadHost, part[0]) for part in parts],
+                            lambda: self._start_ranks(backend, parts, failed))
+        except Busy:
+            return False
+
+    @staticmethod
+    def _start_ranks(backend: Backend, parts: Sequence[SentRank],
+                     failed: Callable[[], object]) -> bool:
+        """``send_ranks`` with every rank's context held."""
+        hosts = [cast(ThreadHost, part[0]) for part in parts]
+        if any(host._closed or host._queued != host._taken or host._refusal(part[1]) is not None
+               for host, part in zip(hosts, parts, strict=True)):
+            return False
+        claimed = [part[3].claim() for part in parts]
+        if not all(claimed):  # a rank's request ended meanwhile: none starts, the peers fail
+            failed()
+            for part, ok in zip(parts, claimed, strict=True):
+                if ok:
+                    part[4].posted = _Answered((None, CollectiveAborted(
+                        "a peer rank's request ended before the collective started")))
+            return True
+        started = backend.start_ranks(
+            [(cast(Backend, host._backend), part[1], part[2])
+             for host, part in zip(hosts, parts, strict=True)], failed)
+        interrupt: BaseException | None = None
+        for host, part, entry in zip(hosts, parts, started, strict=True):
+            if not isinstance(entry, BaseException):
+                part[4].posted = _RankFlight(host, part[1], entry)
+                continue
+            interrupt = interrupt or interrupt_in(entry)
+            error = entry if interrupt_in(entry) is not None else host._classify(
+                cast(Backend, host._backend), part[1], entry)
+            part[4].posted = _Answered((None, error))
+        if interrupt is not None:  # every rank is accounted for: this thread's own now
+            raise interrupt
+        return True
+
     # -------------------------------------------------------------- faults
 
     def _refusal(self, op: Op) -> GpuRuntimeError | None:
@@ -300,3 +352,77 @@ class ThreadHost(ContextHost):
             await asyncio.to_thread(thread.join)
         await self._off.stop()
 
+
+def _holding(hosts: list[ThreadHost], body: Callable[[], bool], at: int = 0) -> bool:
+    """``body()`` with every host's context lock held (``Busy`` at once if one is taken)."""
+    if at == len(hosts):
+        return body()
+    with hold(hosts[at]._lock, wait=False):
+        return _holding(hosts, body, at + 1)
+
+
+class _RankFlight:
+    """A rank ``ThreadHost.send_ranks`` started: the thread that sent it polls its work
+    and reads its outcome."""
+
+    __slots__ = ("_host", "_op", "_started")
+
+    def __init__(self, host: ThreadHost, op: Op, started: Any) -> None:
+        self._host = host
+        self._op = op
+        self._started = started
+
+    def done(self) -> bool:
+        """Whether its work has finished (or failed: the outcome then says how)."""
+        try:
+            return cast(Backend, self._host._backend).finished(self._started)
+        except BaseException as exc:
+            if interrupt_in(exc) is not None:
+                raise
+            return True
+
+    def park(self, seconds: float) -> None:
+        """Sleep ``seconds`` (nothing wakes this thread earlier)."""
+        time.sleep(seconds)
+
+    def outcome(self) -> Outcome:
+        """Its result, or its error as the host classifies it."""
+        host = self._host
+        backend = cast(Backend, host._backend)
+        try:
+            return backend.wait(self._started, None), None
+        except BaseException as exc:
+            if interrupt_in(exc) is not None:
+                raise
+            return None, host._classify(backend, self._op, exc)
+
+    def abandon(self) -> None:
+        """Nobody reads it: the host's waiter thread settles it once it ends."""
+        self._host._off.wait(Started(self._op, self._started, _unheard, 0.0, 0))
+
+
+class _Answered:
+    """A rank that failed as it was started: its outcome is there."""
+
+    __slots__ = ("_outcome",)
+
+    def __init__(self, outcome: Outcome) -> None:
+        self._outcome = outcome
+
+    def done(self) -> bool:
+        """Always."""
+        return True
+
+    def park(self, seconds: float) -> None:
+        """Nothing to wait for."""
+
+    def outcome(self) -> Outcome:
+        """How the rank failed."""
+        return self._outcome
+
+    def abandon(self) -> None:
+        """Nothing to free."""
+
+
+def _unheard(result: Any, error: BaseException | None) -> None:
+    """The report of a rank nobody waits for any more."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from atomr_accel.backends._base import MEMORY_HANDLERS, Backend
+from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Rank
 from atomr_accel.backends._handlers import cpu, table
 from atomr_accel.backends._lazy import lazy_module
+from atomr_accel.backends.cpu import _collective as cpu_collective
 from atomr_accel.backends.cpu._ipc import SharedStorage
 from atomr_accel.backends.cpu._memory import host_memory
 from atomr_accel.backends.cpu._quiet import quiet
@@ -36,6 +38,7 @@ class CpuBackend(Backend):
 
     name: ClassVar[str] = "cpu"
     recoverable_in_process: ClassVar[bool] = True
+    starts_ranks: ClassVar[bool] = True
     scipy_fft: Any = lazy_module("scipy.fft")
     scipy_sparse: Any = lazy_module("scipy.sparse")
 
@@ -142,6 +145,11 @@ class CpuBackend(Backend):
     def bytes_allocated(self) -> int:
         """Bytes held by live buffers."""
         return self._used
+
+    def start_ranks(self, parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any]:
+        """The ranks advance in turn on this thread, each posting what it sends before any
+        waits for its peers (``_collective.py``)."""
+        return cpu_collective.start_ranks(parts, failed)
 
     def close(self) -> None:
         self.residents.clear()

@@ -33,13 +33,13 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from atomr_accel.backends._base import Backend
+from atomr_accel.backends._base import Backend, Rank
 from atomr_accel.backends._handlers import cpu
 from atomr_accel.backends._shm import SharedWord, remove_files
 from atomr_accel.backends._spin import wait_until
@@ -54,7 +54,7 @@ from atomr_accel.core.ops._collective import (
     RunCollective,
 )
 
-__all__ = ["unique_id", "worlds"]
+__all__ = ["start_ranks", "unique_id", "worlds"]
 
 
 def unique_id() -> bytes:
@@ -191,6 +191,13 @@ def _read(path: str, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
 
 @cpu.handles(RunCollective)
 def _run(backend: Backend, op: RunCollective) -> None:
+    joined, deadline = _joined(backend, op)
+    for call in op.calls:
+        _finish(backend, joined, call, op, _post(backend, joined, call, op), deadline)
+
+
+def _joined(backend: Backend, op: RunCollective) -> tuple[_Joined, float]:
+    """This rank's membership of ``op``'s epoch, and ``op``'s deadline."""
     joined = worlds(backend).get(op.world)
     if joined is None or joined.epoch != op.epoch:
         raise CollectiveAborted(f"device {backend.device_id} holds no communicator of world "
@@ -199,8 +206,72 @@ def _run(backend: Backend, op: RunCollective) -> None:
     deadline = time.perf_counter() + op.timeout
     if joined.local is None:
         joined.local = _all_here(joined, op, backend.device_id, deadline)
-    for call in op.calls:
-        _run_call(backend, joined, call, op, deadline)
+    return joined, deadline
+
+
+def start_ranks(parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any]:
+    """``CpuBackend.start_ranks``: the ranks advance in turn on this thread, each rank
+    posting what it sends before any rank waits, and a rank finishing a call once its
+    peers' posts are there. Entries: None, or the exception a rank raised; the first one
+    calls ``failed()``, and its peers then abort instead of waiting."""
+    started: list[Any] = [None] * len(parts)
+    going: list[_Going] = []
+    for index, (backend, op, _) in enumerate(parts):
+        try:
+            going.append(_Going(index, backend, op, *_joined(backend, op)))
+        except BaseException as exc:  # an interrupt too: every rank is accounted for
+            started[index] = exc
+    if going and len(going) < len(parts):
+        failed()
+    while going:
+        moved = False
+        for rank in list(going):
+            try:
+                done = rank.advance(stuck=False)
+            except BaseException as exc:
+                done, started[rank.index] = True, exc
+                failed()
+            moved = moved or rank.moved
+            if done:
+                going.remove(rank)
+        if going and not moved:  # each waits for a peer that is not coming: the first
+            try:  # aborts (the world left the epoch) or times out
+                going[0].advance(stuck=True)
+            except BaseException as exc:
+                started[going.pop(0).index] = exc
+                failed()
+    return started
+
+
+class _Going:
+    """One rank of ``start_ranks`` on its way through its calls."""
+
+    def __init__(self, index: int, backend: Backend, op: RunCollective, joined: _Joined,
+                 deadline: float) -> None:
+        self.index = index
+        self.backend = backend
+        self.op = op
+        self.joined = joined
+        self.deadline = deadline
+        self.call = 0
+        self.posted: _Posted | None = None
+        self.moved = False
+
+    def advance(self, stuck: bool) -> bool:
+        """Post the current call, then finish it if its peers' posts are there (``stuck``:
+        wait for them); whether every call is done."""
+        self.moved = False
+        calls = self.op.calls
+        while self.call < len(calls):
+            call = calls[self.call]
+            if self.posted is None:
+                self.posted = _post(self.backend, self.joined, call, self.op)
+                self.moved = True
+            if not (stuck or self.posted.arrived(self.joined)):
+                return False
+            _finish(self.backend, self.joined, call, self.op, self.posted, self.deadline)
+            self.call, self.posted, self.moved = self.call + 1, None, True
+        return True
 
 
 def _all_here(joined: _Joined, op: RunCollective, device_id: int, deadline: float) -> bool:
@@ -226,8 +297,26 @@ def _wait(joined: _Joined, arrived: Callable[[], bool], op: RunCollective, devic
         raise _aborted(op, device_id, "the world aborted it (a peer's context went down)")
 
 
-def _run_call(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCollective,
-              deadline: float) -> None:
+@dataclass(frozen=True)
+class _Posted:
+    """A call this rank has posted: the peers' names, the call's number among them, every
+    peer's post (by rank) and the dtype sent."""
+
+    peers: str
+    n: int
+    paths: dict[int, str]
+    dtype: np.dtype[Any]
+
+    def arrived(self, joined: _Joined) -> bool:
+        """Whether every peer's post is there."""
+        if joined.local:
+            return _MAILBOX.has(self.paths.values())
+        return all(os.path.exists(p) for p in self.paths.values())
+
+
+def _post(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCollective
+          ) -> _Posted:
+    """Post what this rank sends in ``call`` for its peers."""
     peers, ranks = _peers(call, joined.rank, op.nranks)
     n = joined.runs.get(peers, 0)
     joined.runs[peers] = n + 1
@@ -235,18 +324,25 @@ def _run_call(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCo
     own = backend.array(_ref_of(call))
     mine = own[:length] if call.send is not None else own[:0]
     paths = {r: joined.path(peers, n, r) for r in ranks}
-    data: dict[int, np.ndarray[Any, Any]]
     if joined.local:
         _MAILBOX.post(paths[joined.rank], mine)
-        _wait(joined, lambda: _MAILBOX.has(paths.values()), op, backend.device_id, deadline)
+    else:
+        _write(paths[joined.rank], mine)
+    return _Posted(peers, n, paths, mine.dtype)
+
+
+def _finish(backend: Backend, joined: _Joined, call: CollectiveCall, op: RunCollective,
+            posted: _Posted, deadline: float) -> None:
+    """Wait for the peers' posts of ``call``, then compute this rank's result."""
+    _wait(joined, lambda: posted.arrived(joined), op, backend.device_id, deadline)
+    peers, n, paths = posted.peers, posted.n, posted.paths
+    data: dict[int, np.ndarray[Any, Any]]
+    if joined.local:
         data = {r: _MAILBOX.take(p) for r, p in paths.items()}
         if n:
             _MAILBOX.discard(joined.path(peers, n - 1, joined.rank))
     else:
-        _write(paths[joined.rank], mine)
-        _wait(joined, lambda: all(os.path.exists(p) for p in paths.values()), op,
-              backend.device_id, deadline)
-        data = {r: _read(p, mine.dtype) for r, p in paths.items()}
+        data = {r: _read(p, posted.dtype) for r, p in paths.items()}
         if n:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(joined.path(peers, n - 1, joined.rank))

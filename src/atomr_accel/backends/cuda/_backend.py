@@ -15,6 +15,7 @@ import ctypes
 import mmap
 import os
 import signal
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import cupy as cp
@@ -27,13 +28,14 @@ from atomr_accel.backends._base import (
     Done,
     Handler,
     More,
+    Rank,
 )
 from atomr_accel.backends._handlers import cuda, table
 from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends._optional import unavailable
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import Lru
-from atomr_accel.backends.cpu import _blas as shared_blas
+from atomr_accel.backends.cuda import _collective as cuda_collective
 from atomr_accel.backends.cuda import _direct as direct
 from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
@@ -51,10 +53,6 @@ from atomr_accel.core._errors import (
     interrupt_in,
 )
 from atomr_accel.core._op import Op
-from atomr_accel.core.ops._blas import (
-    Nrm2,
-    Trsm,
-)
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._graph import OpSequence
 from atomr_accel.core.ops._memory import Advice, Attach, Location, Upload
@@ -121,11 +119,17 @@ extern "C" __global__ void atomr_poison(int* p) { p[threadIdx.x] = 42; }
 """
 
 
+Queued = tuple[Any, int, Any, set[int], set[int]]
+"""An op queued with no event recorded yet: (result, stream id, stream, buffers it touches,
+buffers it writes)."""
+
+
 class CudaBackend(Backend):
     """A context on one CUDA device; ``xp`` is CuPy, ``scipy_fft``/``scipy_sparse`` are cupyx's."""
 
     name: ClassVar[str] = "cuda"
     recoverable_in_process: ClassVar[bool] = False
+    starts_ranks: ClassVar[bool] = True
     handlers: ClassVar[dict[type[Op], Handler]] = {}  # filled below the class
 
     def __init__(self, device_id: int = 0, completion: str = DEFAULT_COMPLETION,
@@ -181,6 +185,12 @@ class CudaBackend(Backend):
     def _enqueue(self, op: Op, stream: int) -> tuple[Any, Any, Any]:
         """Queue ``op`` on ``stream`` behind the work it depends on; return (result, stream,
         event recorded after it). Host results (downloads, scalars) are already final."""
+        queued = self.enqueue_unrecorded(op, stream)
+        return queued[0], queued[2], self.record(queued)
+
+    def enqueue_unrecorded(self, op: Op, stream: int) -> Queued:
+        """Queue ``op`` on ``stream`` behind the work it depends on, recording no event yet
+        (``record`` does, once what the handler left pending, an NCCL group, is launched)."""
         s = self._streams.get(stream) or self.cuda_stream(stream)
         written = {ref.buffer_id for ref in op.writes()}
         touched = {ref.buffer_id for ref in op.refs()}
@@ -196,6 +206,13 @@ class CudaBackend(Backend):
         with s:
             self.stream = stream
             result = self.run_handler(op)
+        return result, stream, s, touched, written
+
+    def record(self, queued: Queued) -> Any:
+        """Record the event behind a queued op (this device current); its buffers remember
+        it; answers the event."""
+        _, stream, s, touched, written = queued
+        last_write, reads = self._last_write, self._reads
         event = Event(disable_timing=True)
         event.record(s)
         for buffer_id in touched:
@@ -204,7 +221,7 @@ class CudaBackend(Backend):
                 reads.pop(buffer_id, None)
             else:
                 reads.setdefault(buffer_id, {})[stream] = event
-        return result, s, event
+        return event
 
     def launch(self, op: Op, stream: int, done: Done) -> None:
         """Queue ``op`` and let the completion strategy report when it has finished."""
@@ -266,6 +283,16 @@ class CudaBackend(Backend):
                     raise
                 raise _classified(exc, started[0]) from exc
         return result
+
+    def start_ranks(self, parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any]:
+        """Every rank's calls in one NCCL group from this thread (``_collective.py``); a
+        rank's error classified as ``begin`` classifies it."""
+        started = cuda_collective.start_ranks(parts, failed)
+        for index, ((backend, op, _), entry) in enumerate(zip(parts, started, strict=True)):
+            if isinstance(entry, BaseException) and interrupt_in(entry) is None:
+                with cp.cuda.Device(backend.device_id):
+                    started[index] = _classified(entry, op, probe=True)
+        return started
 
     def queues_only(self, op: Op) -> bool:
         """True for ops whose handlers only queue device work (no host sync, no compile: the
@@ -532,33 +559,6 @@ def _unless_sticky(error: LibraryError, op: Op) -> GpuRuntimeError:
                                f"sticky CUDA error {status}")
     poisoned.__cause__ = error
     return poisoned
-
-
-@cuda.handles(Nrm2)
-def _nrm2(backend: CudaBackend, op: Nrm2) -> float:
-    x = shared_blas.vector_view(backend, op.operands()[0])
-    return float(cp.linalg.norm(x)) if x.size else 0.0
-
-
-@cuda.handles(Trsm)
-def _trsm(backend: CudaBackend, op: Trsm) -> None:
-    from cupyx.scipy.linalg import solve_triangular
-
-    a_spec, b_spec = op.operands()
-    a = shared_blas.matrix_view(backend, a_spec)
-    b = shared_blas.matrix_view(backend, b_spec)
-    if b.size == 0:
-        return
-    trans = (2 if op.conj else 1) if op.trans else 0
-    alpha = b.dtype.type(op.alpha)
-    lower, unit = not op.upper, op.unit_diag
-    if op.left:  # op(A) X = alpha B
-        x = solve_triangular(a, alpha * b, trans=trans, lower=lower, unit_diagonal=unit)
-    else:  # X op(A) = alpha B  <=>  op(A)^T X^T = alpha B^T, and (A^H)^T = conj(A)
-        matrix = a.conj() if trans == 2 else a
-        x = solve_triangular(matrix, (alpha * b).T, trans=1 if trans == 0 else 0,
-                             lower=lower, unit_diagonal=unit).T
-    b[...] = x
 
 
 @cuda.handles(InjectFault)

@@ -7,7 +7,8 @@ Every handler runs on the current stream (under capture, the one the capture bou
 beforehand). cuBLAS reads the scalars from host memory (CuPy leaves its handle in host
 pointer mode) and iamin writes its index there, which waits for the result. CuPy 14
 wraps no rot, swap or copy: those, and every call under capture, go through
-``call_cublas`` on the same library and handle. Every other BLAS op runs the shared
+``call_cublas`` on the same library and handle. nrm2 and trsm go through CuPy's
+``linalg.norm`` and cupyx's ``solve_triangular``; every other BLAS op runs the shared
 array-module handlers on CuPy.
 """
 
@@ -20,9 +21,19 @@ import numpy as np
 from cupy_backends.cuda.libs import cublas
 
 from atomr_accel.backends._handlers import cuda
+from atomr_accel.backends.cpu import _blas as shared_blas
 from atomr_accel.backends.cuda._direct import call_cublas
 from atomr_accel.core._dtype import DType
-from atomr_accel.core.ops._blas import Copy, Gemm, GemmStridedBatched, Iamin, Rot, Swap
+from atomr_accel.core.ops._blas import (
+    Copy,
+    Gemm,
+    GemmStridedBatched,
+    Iamin,
+    Nrm2,
+    Rot,
+    Swap,
+    Trsm,
+)
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
@@ -173,3 +184,30 @@ def iamin(backend: CudaBackend, op: Iamin) -> int:
     routine = getattr(cublas, _LEVEL1[op.x.dtype][3])
     routine(_handle(backend), op.n, backend.pointer(op.x.buffer_id), op.incx, index.ctypes.data)
     return int(index[0])
+
+
+@cuda.handles(Nrm2)
+def _nrm2(backend: CudaBackend, op: Nrm2) -> float:
+    x = shared_blas.vector_view(backend, op.operands()[0])
+    return float(cp.linalg.norm(x)) if x.size else 0.0
+
+
+@cuda.handles(Trsm)
+def _trsm(backend: CudaBackend, op: Trsm) -> None:
+    from cupyx.scipy.linalg import solve_triangular
+
+    a_spec, b_spec = op.operands()
+    a = shared_blas.matrix_view(backend, a_spec)
+    b = shared_blas.matrix_view(backend, b_spec)
+    if b.size == 0:
+        return
+    trans = (2 if op.conj else 1) if op.trans else 0
+    alpha = b.dtype.type(op.alpha)
+    lower, unit = not op.upper, op.unit_diag
+    if op.left:  # op(A) X = alpha B
+        x = solve_triangular(a, alpha * b, trans=trans, lower=lower, unit_diagonal=unit)
+    else:  # X op(A) = alpha B  <=>  op(A)^T X^T = alpha B^T, and (A^H)^T = conj(A)
+        matrix = a.conj() if trans == 2 else a
+        x = solve_triangular(matrix, (alpha * b).T, trans=1 if trans == 0 else 0,
+                             lower=lower, unit_diagonal=unit).T
+    b[...] = x

@@ -26,12 +26,13 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._base import Deferred
+from atomr_accel.backends._base import Deferred, Rank
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import per_backend
 from atomr_accel.core._dtype import DType
@@ -48,7 +49,7 @@ from atomr_accel.core.ops._collective import (
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["id_bytes", "unique_id"]
+__all__ = ["id_bytes", "start_ranks", "unique_id"]
 
 _log = logging.getLogger(__name__)
 
@@ -316,6 +317,62 @@ def _run(backend: CudaBackend, op: RunCollective) -> _Launched:
             raise _aborted(op, backend.device_id, held.why) from exc
         raise
     return launched
+
+
+def start_ranks(parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any]:
+    """``CudaBackend.start_ranks``: every rank's ``RunCollective`` queued inside one NCCL
+    group from this thread, as a single thread driving several devices does (no rank's
+    launch waits for a peer's thread), then each rank's event recorded behind the kernels
+    the group launched. Entries as ``begin`` answers them, ``(op, result, event)``, or the
+    exception a rank raised (unclassified). A rank that fails calls ``failed()`` before
+    the group is launched: a peer whose launch waits for it (NCCL connects lazily) is
+    aborted by the watchdog once the world leaves the epoch."""
+    nccl = _nccl()
+    queued: list[Any] = []
+    nccl.groupStart()
+    try:
+        for backend, op, stream in parts:
+            try:
+                with cp.cuda.Device(backend.device_id):
+                    queued.append(backend.enqueue_unrecorded(op, stream))  # type: ignore[attr-defined]
+            except BaseException as exc:  # an interrupt too: every rank is accounted for
+                queued.append(exc)
+        if any(isinstance(entry, BaseException) for entry in queued):
+            failed()
+    finally:
+        group_error = _end_group(nccl)
+    started: list[Any] = []
+    for (backend, op, _), entry in zip(parts, queued, strict=True):
+        if isinstance(entry, BaseException):
+            started.append(entry)
+        elif group_error is not None:
+            started.append(_unlaunched(entry[0], group_error))
+        else:
+            with cp.cuda.Device(backend.device_id):
+                started.append((op, entry[0], backend.record(entry)))  # type: ignore[attr-defined]
+    return started
+
+
+def _end_group(nccl: Any) -> Exception | None:
+    """``ncclGroupEnd``; the error it raised, if any."""
+    try:
+        nccl.groupEnd()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _unlaunched(result: Any, error: Exception) -> Exception:
+    """The error of a rank whose group failed to launch: its collective is no longer
+    watched; ``CollectiveAborted`` where its communicator was aborted meanwhile."""
+    if not isinstance(result, _Launched):
+        return error
+    _WATCHDOG.unwatch(result.token)
+    if result.held.aborted:
+        aborted = _aborted(result.op, result.device_id, result.held.why)
+        aborted.__cause__ = error
+        return aborted
+    return error
 
 
 def _aborted(op: RunCollective, device_id: int, why: str) -> CollectiveAborted:
