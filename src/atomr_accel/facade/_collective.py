@@ -47,6 +47,9 @@ __all__ = ["Collective", "CollectiveGroup", "CollectiveRank"]
 DEFAULT_TIMEOUT = 60.0
 """A collective's time-out when the call gives none and the system has no ``op_timeout``."""
 
+_KEPT_PLANS = 256
+"""How many plans a world keeps (all are dropped when it is full)."""
+
 def _reduce_op(op: object) -> ReduceOp:
     try:
         return ReduceOp(str(op)) if isinstance(op, str) else ReduceOp(op)  # type: ignore[arg-type]
@@ -72,6 +75,7 @@ class Collective:
         self._op_timeout = op_timeout
         self._system = system
         self._run = WorldRun(ref, state, devices)
+        self._plans: dict[tuple[Any, ...], Planned] = {}
         self._rendezvous = Rendezvous(self)
 
     # ------------------------------------------------------------ properties
@@ -139,6 +143,21 @@ class Collective:
     def _plan(self, kind: CallKind, send: list[GpuBuffer | None],
               recv: list[GpuBuffer | None], count: int, op: ReduceOp = ReduceOp.SUM,
               root: int = 0) -> Planned:
+        """The checked calls of one collective over checked buffers; the plan of a call
+        repeated on the same buffers (a training loop's) is kept and taken again."""
+        key = (kind, tuple(None if b is None else b.ref for b in send),
+               tuple(None if b is None else b.ref for b in recv), count, op, root)
+        planned = self._plans.get(key)
+        if planned is None:
+            planned = self._new_plan(kind, send, recv, count, op, root)
+            if len(self._plans) >= _KEPT_PLANS:
+                self._plans.clear()
+            self._plans[key] = planned
+        return planned
+
+    def _new_plan(self, kind: CallKind, send: list[GpuBuffer | None],
+                  recv: list[GpuBuffer | None], count: int, op: ReduceOp, root: int
+                  ) -> Planned:
         present = [b for b in (*send, *recv) if b is not None]
         dtypes = {b.ref.dtype for b in present}
         if len(dtypes) > 1:
