@@ -1,11 +1,11 @@
 """Collectives: ``Collective.all_reduce`` against raw NCCL through CuPy on the same GPUs.
 
-In one run, on the first two GPUs (f32, sum):
+In one run, on the first ``--gpus`` GPUs (2 unless said; f32, sum):
 
 * bus bandwidth of all_reduce at 256 MiB and 1 GiB, one call at a time (each
   waits for completion), ``busbw = 2 (n-1)/n * bytes / seconds`` as nccl-tests
-  counts it: raw NCCL (``NcclCommunicator.initAll``, both ranks' calls in one
-  group from this thread, then both streams synchronized), our world on thread
+  counts it: raw NCCL (``NcclCommunicator.initAll``, every rank's call in one
+  group from this thread, then every stream synchronized), our world on thread
   hosts, our world on process hosts;
 * the round trip of an 8-byte all_reduce (p50 and p99), raw NCCL + synchronize
   from Python against our blocking call on both hosts;
@@ -16,7 +16,7 @@ Goals: bus bandwidth >= 95% of raw NCCL at both sizes; the 8-byte
 round trip <= 1.5x raw; kill to next success <= 3 s. Keep NVLink multicast off
 (``NCCL_NVLS_ENABLE=0``) on shared machines.
 
-    python benchmarks/collective_bench.py [--json PATH] [--iters N]
+    python benchmarks/collective_bench.py [--json PATH] [--iters N] [--gpus N]
 """
 
 from __future__ import annotations
@@ -40,30 +40,31 @@ def busbw(nbytes: int, seconds: float, n: int = 2) -> float:
     return 2 * (n - 1) / n * nbytes / seconds / 1e9
 
 
-def raw_nccl(iters: int, small_iters: int) -> tuple[dict[str, float], list[float]]:
+def raw_nccl(iters: int, small_iters: int, n: int
+             ) -> tuple[dict[str, float], list[float]]:
     """Raw NCCL through CuPy: bandwidth per size (GB/s) and 8-byte round trips (seconds)."""
     import cupy as cp
     from cupy.cuda import nccl
 
-    comms = nccl.NcclCommunicator.initAll([0, 1])
+    comms = nccl.NcclCommunicator.initAll(list(range(n)))
     streams, bufs = [], {}
-    for dev in (0, 1):
+    for dev in range(n):
         with cp.cuda.Device(dev):
             streams.append(cp.cuda.Stream(non_blocking=True))
     for label, nbytes in {**SIZES, "8 B": 8}.items():
-        pair = []
-        for dev in (0, 1):
+        per_rank = []
+        for dev in range(n):
             with cp.cuda.Device(dev):
-                pair.append(cp.ones(nbytes // 4, dtype=cp.float32))
-        bufs[label] = pair
+                per_rank.append(cp.ones(nbytes // 4, dtype=cp.float32))
+        bufs[label] = per_rank
 
     def once(label: str) -> None:
-        pair = bufs[label]
+        per_rank = bufs[label]
         nccl.groupStart()
-        for rank in (0, 1):
-            ptr = pair[rank].data.ptr
-            comms[rank].allReduce(ptr, ptr, pair[rank].size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
-                                  streams[rank].ptr)
+        for rank in range(n):
+            ptr = per_rank[rank].data.ptr
+            comms[rank].allReduce(ptr, ptr, per_rank[rank].size, nccl.NCCL_FLOAT32,
+                                  nccl.NCCL_SUM, streams[rank].ptr)
         nccl.groupEnd()
         for stream in streams:
             stream.synchronize()
@@ -75,7 +76,7 @@ def raw_nccl(iters: int, small_iters: int) -> tuple[dict[str, float], list[float
         start = time.perf_counter()
         for _ in range(iters):
             once(label)
-        bandwidth[label] = busbw(nbytes, (time.perf_counter() - start) / iters)
+        bandwidth[label] = busbw(nbytes, (time.perf_counter() - start) / iters, n)
     for _ in range(20):
         once("8 B")
     trips = []
@@ -100,7 +101,7 @@ def ours(world: Collective, devices: list[Device], iters: int, small_iters: int
         start = time.perf_counter()
         for _ in range(iters):
             world.all_reduce(bufs)
-        bandwidth[label] = busbw(nbytes, (time.perf_counter() - start) / iters)
+        bandwidth[label] = busbw(nbytes, (time.perf_counter() - start) / iters, len(devices))
         for d, b in zip(devices, bufs, strict=True):
             d.free(b)
     small = [d.allocate(2, "f32") for d in devices]
@@ -129,7 +130,7 @@ def kill_to_success(world: Collective, devices: list[Device]) -> float:
                 bufs.append(b)
             world.all_reduce(bufs, timeout_secs=30)
             elapsed = time.perf_counter() - start
-            assert np.all(devices[0].copy_to_numpy(bufs[0]) == 2.0)
+            assert np.all(devices[0].copy_to_numpy(bufs[0]) == len(devices))
             return elapsed
         except Exception as exc:  # a buffer of the dead context, or the epoch it aborted
             print(f"  (after the kill: {type(exc).__name__}: {str(exc)[:100]})")
@@ -140,11 +141,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the results as JSON here")
     parser.add_argument("--iters", type=int, default=20, help="large all_reduces per size")
     parser.add_argument("--small-iters", type=int, default=300, help="8-byte round trips")
+    parser.add_argument("--gpus", type=int, default=2, help="ranks, one a GPU")
     add_quick(parser, iters=3, small_iters=20)
     args = parser.parse_args()
     require_cuda()
 
-    raw_bw, raw_trips = raw_nccl(args.iters, args.small_iters)
+    raw_bw, raw_trips = raw_nccl(args.iters, args.small_iters, args.gpus)
     results: dict[str, Any] = {"raw": {"busbw_gbs": raw_bw,
                                        "p50_us": percentile(raw_trips, 50) * 1e6,
                                        "p99_us": percentile(raw_trips, 99) * 1e6}}
@@ -152,7 +154,7 @@ def main() -> None:
         for host in ("thread", "process"):
             devices = [system.spawn_device(i, mock=False, isolation=host, libraries=["nccl"],
                                            standby=1 if host == "process" else 0)
-                       for i in range(2)]
+                       for i in range(args.gpus)]
             world = system.nccl_world(devices, name=f"bench-{host}", timeout_secs=30)
             bandwidth, trips = ours(world, devices, args.iters, args.small_iters)
             results[host] = {"busbw_gbs": bandwidth, "p50_us": percentile(trips, 50) * 1e6,
@@ -176,7 +178,8 @@ def main() -> None:
                      results["raw"]["p99_us"], ""])
     kills = results["process"]["kill_to_success_s"]
     rows.append(["SIGKILL -> next all_reduce (s)", "process", max(kills), "", "goal <= 3 s"])
-    print_table("all_reduce f32 sum on 2 GPUs: ours vs raw NCCL (CuPy), busbw GB/s unless said",
+    print_table(f"all_reduce f32 sum on {args.gpus} GPUs: ours vs raw NCCL (CuPy), busbw GB/s "
+                "unless said",
                 ["what", "host", "ours", "raw NCCL", "ratio"], rows)
     if args.json:
         write_json(args.json, results)

@@ -1,5 +1,5 @@
-"""Data-parallel training: scaling from 1 to 2 GPUs, ours and TorchModule beside PyTorch DDP,
-and the cost of recovering a killed replica.
+"""Data-parallel training: scaling from 1 to ``--gpus`` GPUs (2 unless said), ours and
+TorchModule beside PyTorch DDP, and the cost of recovering a killed replica.
 
 The model is an MLP of ``--layers`` Linear layers ``--width`` wide (ReLU between), f32,
 SGD with momentum 0.9, MSE toward random targets, ``--batch`` rows a GPU (the global
@@ -254,11 +254,13 @@ def main() -> None:
     parser.add_argument("--isolation", default="thread", choices=["thread", "process"],
                         help="the host of ours and TorchModule's devices")
     parser.add_argument("--skip", default="", help="comma list of: ddp, torchmodule, recovery")
+    parser.add_argument("--gpus", type=int, default=2,
+                        help="GPUs of the multi-GPU rows (at most the machine's)")
     add_quick(parser, width=512, layers=2, batch=128, steps=3, warmup=1, recovery_steps=3)
     args = parser.parse_args()
     require_cuda()
     skip = set(filter(None, args.skip.split(",")))
-    gpus = min(2, cuda_device_count())
+    gpus = min(args.gpus, cuda_device_count())
     if gpus < 1:
         raise SystemExit("train_bench needs a CUDA GPU")
     import torch
