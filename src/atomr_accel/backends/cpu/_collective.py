@@ -243,19 +243,21 @@ def start_ranks(parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any
     return started
 
 
+@dataclass
 class _Going:
     """One rank of ``start_ranks`` on its way through its calls."""
 
-    def __init__(self, index: int, backend: Backend, op: RunCollective, joined: _Joined,
-                 deadline: float) -> None:
-        self.index = index
-        self.backend = backend
-        self.op = op
-        self.joined = joined
-        self.deadline = deadline
-        self.call = 0
-        self.posted: _Posted | None = None
-        self.moved = False
+    index: int
+    backend: Backend
+    op: RunCollective
+    joined: _Joined
+    deadline: float
+    call: int = 0
+    """The call it is at."""
+    posted: _Posted | None = None
+    """That call, once posted."""
+    moved: bool = False
+    """Whether its last ``advance`` posted or finished a call."""
 
     def advance(self, stuck: bool) -> bool:
         """Post the current call, then finish it if its peers' posts are there (``stuck``:
