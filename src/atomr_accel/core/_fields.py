@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, SupportsIndex
 
-__all__ = ["PickleByFields", "field_values", "pickle_by_name", "reader_of"]
+__all__ = ["PickleByFields", "field_values", "immutable", "pickle_by_name", "reader_of"]
 
 _FieldReader = Callable[[object], tuple[object, ...]]
 _READERS: dict[type, _FieldReader] = {}
@@ -57,6 +57,24 @@ class PickleByFields:
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[type, tuple[object, ...]]:
         return type(self), field_values(self)
+
+
+_ATOMS = (int, float, complex, str, bytes, type(None), enum.Enum)
+
+
+def immutable(value: object) -> bool:
+    """Whether ``value`` is made only of parts that cannot change: numbers, strings, bytes,
+    None, enum members, and tuples, frozensets and frozen ``PickleByFields`` dataclasses
+    of such parts (an op of refs and numbers: yes; one holding a NumPy array: no)."""
+    if isinstance(value, _ATOMS):
+        return True
+    if isinstance(value, tuple | frozenset):
+        return all(immutable(item) for item in value)
+    if isinstance(value, PickleByFields):
+        params = getattr(type(value), "__dataclass_params__", None)
+        return params is not None and params.frozen and all(
+            immutable(item) for item in field_values(value))
+    return False
 
 
 def pickle_by_name(member: enum.Enum, proto: object) -> Any:

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Planned", "Step", "WorldRun", "raise_merged"]
 
+_KEPT_OPS = 256
+"""How many plans' ops a world keeps (all are dropped when it is full)."""
+
 WATCH_SECONDS = 0.01
 """How often a collective in flight looks whether a member's context went down."""
 
@@ -62,6 +65,8 @@ class WorldRun:
         self.ref = ref
         self._state = state
         self.devices = devices
+        self._kept: dict[int, tuple[Planned, int, float, list[tuple[int, RunCollective]]]] = {}
+        """``id(plan)`` -> the plan (held), the epoch and time-out, the ranks' ops."""
 
     async def execute(self, plans: list[Planned], timeout: float
                       ) -> list[GpuRuntimeError | None]:
@@ -72,7 +77,7 @@ class WorldRun:
             await self.ready(deadline)
         except GpuRuntimeError as exc:
             return [exc] * len(self.devices)
-        return await self._launch_and_watch(plans, deadline)
+        return await self._launch_and_watch(plans, deadline, timeout)
 
     async def execute_on_this_loop(self, plans: list[Planned], timeout: float
                                    ) -> list[GpuRuntimeError | None] | None:
@@ -81,22 +86,24 @@ class WorldRun:
         waiting for it is the system loop's (``execute``)."""
         if not self.serving():
             return None
-        return await self._launch_and_watch(plans, time.perf_counter() + timeout)
+        return await self._launch_and_watch(plans, time.perf_counter() + timeout, timeout)
 
     def serving(self) -> bool:
         """Whether the world serves its current members now."""
         state = self._state
         return state.error is None and state.status == "ready" and not state.changed()
 
-    async def _launch_and_watch(self, plans: list[Planned], deadline: float
+    async def _launch_and_watch(self, plans: list[Planned], deadline: float, timeout: float
                                 ) -> list[GpuRuntimeError | None]:
+        """Put the ranks' ops in flight from this loop and watch them until ``deadline``
+        (``timeout``: the call's, the ops' own bound, behind the watch's)."""
         state = self._state
         left = max(deadline - time.perf_counter(), 1e-3)
         loop = asyncio.get_running_loop()
         with state.launching:
             epoch = state.epoch
             generations = [d.generation for d in self.devices]
-            ops = self._ops(plans, epoch, left)
+            ops = self._ops(plans, epoch, timeout)
             flights = [self._on_loop(rank, op, loop) for rank, op in ops]
         results = await self._first_failure(flights, epoch, left)
         return self._conclude(plans, epoch, generations, self._by_rank(ops, results))
@@ -144,7 +151,23 @@ class WorldRun:
     def _ops(self, plans: list[Planned], epoch: int, timeout: float
              ) -> list[tuple[int, RunCollective]]:
         """Each taking part rank's op: its calls of ``plans``, in order. Every call was
-        validated as it was planned, so the ops go out as checked (no second pass)."""
+        validated as it was planned, so the ops go out as checked (no second pass). The
+        ops of a lone plan are kept: a call repeated on the same buffers, epoch and
+        time-out sends the same ops again (a process host pickles them once)."""
+        if len(plans) != 1:
+            return self._new_ops(plans, epoch, timeout)
+        planned = plans[0]
+        kept = self._kept.get(id(planned))
+        if kept is not None and kept[0] is planned and kept[1:3] == (epoch, timeout):
+            return kept[3]
+        ops = self._new_ops(plans, epoch, timeout)
+        if len(self._kept) >= _KEPT_OPS:
+            self._kept.clear()
+        self._kept[id(planned)] = (planned, epoch, timeout, ops)
+        return ops
+
+    def _new_ops(self, plans: list[Planned], epoch: int, timeout: float
+                 ) -> list[tuple[int, RunCollective]]:
         ops = []
         for rank in range(len(self.devices)):
             calls = tuple(c for p in plans if (c := p.step[rank]) is not None)

@@ -61,6 +61,7 @@ from atomr_accel.hosts._channel import (
     loads,
 )
 from atomr_accel.hosts._loop_poller import OffLoop, Started
+from atomr_accel.hosts._op_pickles import OpPickles
 from atomr_accel.hosts._request import Request
 from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec
 from atomr_accel.hosts._slot_flight import Posted, SlotFlight
@@ -102,6 +103,7 @@ class ProcessHost(ContextHost):
         self._lock = threading.Lock()
         """Guards the ring's order: the backlog, the requests in flight and the free slots."""
         self._backlog: collections.deque[Request] = collections.deque()
+        self._pickles = OpPickles()
         self._inflight: dict[int, Request] = {}
         self._free_slots: list[int] = []
         self._abandoned: set[int] = set()
@@ -356,8 +358,7 @@ class ProcessHost(ContextHost):
     def _encode(self, request: Request) -> bytes:
         channel = self._channel
         assert channel is not None
-        payload = pickle.dumps((request.op, request.stream, request.out),
-                               protocol=pickle.HIGHEST_PROTOCOL)
+        payload = self._pickles.dumps(request.op, request.stream, request.out)
         if len(payload) <= channel.largest:
             return payload
         request.spilled = Spilled.write(payload)
