@@ -36,7 +36,12 @@ from atomr_accel.backends._base import Deferred, Rank
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import per_backend
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import CollectiveAborted, DeviceUnavailable, LibraryUnavailable
+from atomr_accel.core._errors import (
+    CollectiveAborted,
+    DeviceUnavailable,
+    LibraryUnavailable,
+    interrupt_in,
+)
 from atomr_accel.core.ops._collective import (
     CallKind,
     CollectiveCall,
@@ -348,8 +353,13 @@ def start_ranks(parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any
         elif group_error is not None:
             started.append(_unlaunched(entry[0], group_error))
         else:
-            with cp.cuda.Device(backend.device_id):
-                started.append((op, entry[0], backend.record(entry)))  # type: ignore[attr-defined]
+            try:
+                with cp.cuda.Device(backend.device_id):
+                    event = backend.record(entry)  # type: ignore[attr-defined]
+            except BaseException as exc:  # a context gone bad: nothing will report the op
+                started.append(_unlaunched(entry[0], exc))
+                continue
+            started.append((op, entry[0], event))
     return started
 
 
@@ -362,13 +372,14 @@ def _end_group(nccl: Any) -> Exception | None:
     return None
 
 
-def _unlaunched(result: Any, error: Exception) -> Exception:
-    """The error of a rank whose group failed to launch: its collective is no longer
-    watched; ``CollectiveAborted`` where its communicator was aborted meanwhile."""
+def _unlaunched(result: Any, error: BaseException) -> BaseException:
+    """The error of a rank whose group failed to launch (or whose completion cannot be
+    watched): its collective is no longer watched; ``CollectiveAborted`` where its
+    communicator was aborted meanwhile (an interrupt stays what it is)."""
     if not isinstance(result, _Launched):
         return error
     _WATCHDOG.unwatch(result.token)
-    if result.held.aborted:
+    if result.held.aborted and interrupt_in(error) is None:
         aborted = _aborted(result.op, result.device_id, result.held.why)
         aborted.__cause__ = error
         return aborted
