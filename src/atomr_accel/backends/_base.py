@@ -99,10 +99,10 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     handlers: ClassVar[dict[type[Op], Handler]]
     recoverable_in_process: ClassVar[bool] = False
+    """True when a poisoned context can be rebuilt inside the same process (not CUDA)."""
     starts_ranks: ClassVar[bool] = False
     """Whether ``start_ranks`` can start a collective's ranks on several contexts of this
     process from one thread."""
-    """True when a poisoned context can be rebuilt inside the same process (not CUDA)."""
     xp: Any = np
     """The array module of the buffers (NumPy, or CuPy on CUDA); shared handlers use it."""
     scipy_fft: Any

@@ -50,6 +50,7 @@ DEFAULT_TIMEOUT = 60.0
 _KEPT_PLANS = 256
 """How many plans a world keeps (all are dropped when it is full)."""
 
+
 def _reduce_op(op: object) -> ReduceOp:
     try:
         return ReduceOp(str(op)) if isinstance(op, str) else ReduceOp(op)  # type: ignore[arg-type]
