@@ -59,12 +59,19 @@ class Lru(Generic[V]):
         value = self.find(key)
         if value is not None:
             return value
-        value = self._values[key] = make()
+        value = make()
+        self.put(key, value)
+        return value
+
+    def put(self, key: Hashable, value: V) -> None:
+        """Keep ``value`` under ``key`` (the most recently used), dropping the least
+        recently used value past ``size``."""
+        self._values[key] = value
+        self._values.move_to_end(key)
         if len(self._values) > self._size:
             old_key, old = self._values.popitem(last=False)
             if self._evicted is not None:
                 self._evicted(old_key, old)
-        return value
 
     def clear(self) -> None:
         """Drop every value (without telling ``evicted``)."""

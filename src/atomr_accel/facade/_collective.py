@@ -26,6 +26,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.actor import ActorRef
+from atomr_accel.backends._state import Lru
 from atomr_accel.core._errors import DTypeMismatch, GpuRefStale, GpuRuntimeError, InvalidArgument
 from atomr_accel.core.ops._collective import COLLECTIVE_DTYPES, CallKind, CollectiveCall, ReduceOp
 from atomr_accel.device._world import GetWorldStats, WorldState, WorldStats
@@ -48,7 +49,7 @@ DEFAULT_TIMEOUT = 60.0
 """A collective's time-out when the call gives none and the system has no ``op_timeout``."""
 
 _KEPT_PLANS = 256
-"""How many plans a world keeps (all are dropped when it is full)."""
+"""How many plans a world keeps (the least recently used go first)."""
 
 
 def _reduce_op(op: object) -> ReduceOp:
@@ -76,7 +77,7 @@ class Collective:
         self._op_timeout = op_timeout
         self._system = system
         self._run = WorldRun(ref, state, devices)
-        self._plans: dict[tuple[Any, ...], Planned] = {}
+        self._plans: Lru[Planned] = Lru(_KEPT_PLANS)
         self._rendezvous = Rendezvous(self)
 
     # ------------------------------------------------------------ properties
@@ -148,13 +149,7 @@ class Collective:
         repeated on the same buffers (a training loop's) is kept and taken again."""
         key = (kind, tuple(None if b is None else b.ref for b in send),
                tuple(None if b is None else b.ref for b in recv), count, op, root)
-        planned = self._plans.get(key)
-        if planned is None:
-            planned = self._new_plan(kind, send, recv, count, op, root)
-            if len(self._plans) >= _KEPT_PLANS:
-                self._plans.clear()
-            self._plans[key] = planned
-        return planned
+        return self._plans.get(key, lambda: self._new_plan(kind, send, recv, count, op, root))
 
     def _new_plan(self, kind: CallKind, send: list[GpuBuffer | None],
                   recv: list[GpuBuffer | None], count: int, op: ReduceOp, root: int

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from atomr_accel.actor import ActorRef, Reply
 from atomr_accel.backends._spin import wait_until
+from atomr_accel.backends._state import Lru
 from atomr_accel.core._errors import (
     CollectiveAborted,
     ContextPoisoned,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["Planned", "Step", "WorldRun", "raise_merged"]
 
 _KEPT_OPS = 256
-"""How many plans' ops a world keeps (all are dropped when it is full)."""
+"""How many plans' ops a world keeps (the least recently used go first)."""
 
 WATCH_SECONDS = 0.01
 """How often a collective in flight looks whether a member's context went down."""
@@ -65,7 +66,8 @@ class WorldRun:
         self.ref = ref
         self._state = state
         self.devices = devices
-        self._kept: dict[int, tuple[Planned, int, float, list[tuple[int, RunCollective]]]] = {}
+        self._kept: Lru[tuple[Planned, int, float, list[tuple[int, RunCollective]]]] = Lru(
+            _KEPT_OPS)
         """``id(plan)`` -> the plan (held), the epoch and time-out, the ranks' ops."""
 
     async def execute(self, plans: list[Planned], timeout: float
@@ -157,13 +159,11 @@ class WorldRun:
         if len(plans) != 1:
             return self._new_ops(plans, epoch, timeout)
         planned = plans[0]
-        kept = self._kept.get(id(planned))
+        kept = self._kept.find(id(planned))
         if kept is not None and kept[0] is planned and kept[1:3] == (epoch, timeout):
             return kept[3]
         ops = self._new_ops(plans, epoch, timeout)
-        if len(self._kept) >= _KEPT_OPS:
-            self._kept.clear()
-        self._kept[id(planned)] = (planned, epoch, timeout, ops)
+        self._kept.put(id(planned), (planned, epoch, timeout, ops))
         return ops
 
     def _new_ops(self, plans: list[Planned], epoch: int, timeout: float

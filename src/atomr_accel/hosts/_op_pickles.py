@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from atomr_accel.backends._state import Lru
 from atomr_accel.core._fields import immutable
 from atomr_accel.core._op import Op
 from atomr_accel.core.ops._collective import RunCollective
@@ -19,7 +20,7 @@ from atomr_accel.core.ops._graph import OpSequence
 __all__ = ["OpPickles"]
 
 KEPT = 256
-"""How many pickles a host keeps (all are dropped when it is full)."""
+"""How many pickles a host keeps (the least recently used go first)."""
 
 _REPEATED = (OpSequence, RunCollective)
 """The ops sent again as the same object; any other is pickled each time."""
@@ -29,19 +30,17 @@ class OpPickles:
     """``dumps`` of ``(op, stream, out)``, kept for repeated immutable ops (see module)."""
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[Op, int, bytes]] = {}
+        self._kept: Lru[tuple[Op, int, bytes]] = Lru(KEPT)
         """``id(op)`` -> the op (held, so its id is not reused), its stream, the pickle."""
 
     def dumps(self, op: Op, stream: int, out: Any) -> bytes:
         """The pickle of ``(op, stream, out)``."""
         if out is not None or type(op) not in _REPEATED:
             return pickle.dumps((op, stream, out), protocol=pickle.HIGHEST_PROTOCOL)
-        kept = self._kept.get(id(op))
+        kept = self._kept.find(id(op))
         if kept is not None and kept[0] is op and kept[1] == stream:
             return kept[2]
         payload = pickle.dumps((op, stream, None), protocol=pickle.HIGHEST_PROTOCOL)
         if immutable(op):
-            if len(self._kept) >= KEPT:
-                self._kept.clear()
-            self._kept[id(op)] = (op, stream, payload)
+            self._kept.put(id(op), (op, stream, payload))
         return payload

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from atomr_accel.backends._state import Lru
 from atomr_accel.blueprint import twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
@@ -106,11 +107,10 @@ class OpCall:
         return self.device.run_async(self.op, self.timeout, checked=self.checked)
 
 
-_CHECKED: dict[tuple[Op, ...], OpSequence] = {}
+_CHECKED: Lru[OpSequence] = Lru(512)
 """Sequences validated before, by their ops: a trainer sends the same few every step.
 Ops compare by value (``1 == 1.0 == True``), so this suits ops made by the replicas from
 values they have checked already, not a caller's ops as given."""
-_CHECKED_MOST = 512
 
 
 def _sequence_call(run: list[OpCall]) -> OpCall:
@@ -120,17 +120,9 @@ def _sequence_call(run: list[OpCall]) -> OpCall:
     first = run[0]
     ops = tuple(c.op for c in run)
     try:
-        sequence = _CHECKED.get(ops)
-    except TypeError:  # an op with an unhashable field: checked by the device each time
-        return OpCall(first.device, OpSequence(ops), first.timeout)
-    if sequence is None:
-        try:
-            sequence = validated(OpSequence(ops))
-        except InvalidArgument:
-            return OpCall(first.device, OpSequence(ops), first.timeout)
-        if len(_CHECKED) >= _CHECKED_MOST:
-            _CHECKED.clear()
-        _CHECKED[ops] = sequence
+        sequence = _CHECKED.get(ops, lambda: validated(OpSequence(ops)))
+    except (TypeError, InvalidArgument):  # an op with an unhashable field, or a malformed
+        return OpCall(first.device, OpSequence(ops), first.timeout)  # one: the device checks
     return OpCall(first.device, sequence, first.timeout, checked=True)
 
 
