@@ -287,8 +287,9 @@ class ThreadHost(ContextHost):
             if not isinstance(entry, BaseException):
                 part[4].posted = _RankFlight(host, part[1], entry)
                 continue
-            interrupt = interrupt or interrupt_in(entry)
-            error = entry if interrupt_in(entry) is not None else host._classify(
+            landed = interrupt_in(entry)
+            interrupt = interrupt or landed
+            error = entry if landed is not None else host._classify(
                 cast(Backend, host._backend), part[1], entry)
             part[4].posted = _Answered((None, error))
         if interrupt is not None:  # every rank is accounted for: this thread's own now

@@ -113,7 +113,6 @@ class CaptureGraph(_HoldsOps, Op):
             check_capturable(op, i)
 
 
-
 @dataclass(frozen=True, slots=True)
 class LaunchGraph(Op):
     """Replay a recorded graph on the graph actor's stream, ordered after earlier writers
