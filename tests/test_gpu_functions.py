@@ -53,6 +53,37 @@ async def test_cupy_and_torch_functions_match_direct_calls(isolation: str) -> No
 
 
 @pytest.mark.parametrize("isolation", HOSTS)
+@pytest.mark.parametrize("arrays", ["cupy", "torch"])
+async def test_large_host_arrays_arrive_on_the_device_whole(isolation: str, arrays: str) -> None:
+    """Large NumPy arguments (shared memory and one asynchronous copy from it on the process
+    host) in several layouts, with many calls in flight, against NumPy in float64."""
+    if arrays == "torch":
+        _torch()
+    rng = np.random.default_rng(17)
+    calls = [[rng.integers(0, 255, (160, 160, 3), dtype=np.uint8) for _ in range(16)]
+             + [rng.standard_normal((200, 96)), np.asfortranarray(rng.standard_normal((96, 90)))]
+             for _ in range(12)]
+
+    def reduce(items: list[Any]) -> list[float]:
+        if arrays == "torch":
+            assert all(x.is_cuda for x in items)
+            wide = [x.double() for x in items]
+        else:
+            assert all(hasattr(x, "__cuda_array_interface__") for x in items)
+            wide = [x.astype("float64") for x in items]
+        return [*(float(x.sum()) for x in wide), float((wide[-2] @ wide[-1][:, :1]).sum())]
+
+    async with await System.open_async("gpu-functions") as system:
+        dev = await system.spawn_device_async(isolation=isolation)
+        f = dev.function(reduce, arrays=arrays)
+        answers = await asyncio.gather(*(f.call_async(items) for items in calls))
+    for items, got in zip(calls, answers, strict=True):
+        want = [float(x.astype(np.float64).sum()) for x in items]
+        want.append(float((items[-2] @ items[-1][:, :1]).sum()))
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
 async def test_torch_views_buffers_without_a_copy(isolation: str) -> None:
     _torch()
     async with await System.open_async("gpu-functions") as system:

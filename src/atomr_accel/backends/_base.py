@@ -163,6 +163,11 @@ class Backend(abc.ABC):
         buffer and return its id: what a device function returns with ``keep=True``."""
         raise InvalidArgument(f"the {self.name} backend cannot keep arrays as buffers")
 
+    def copy_in(self, data: np.ndarray[Any, Any]) -> Any:
+        """A copy of host array ``data`` in this context, of its array module (ordered on
+        the current stream; ``data`` must stay as it is until the op completes)."""
+        return self.xp.array(data, copy=True)
+
     def user_error(self, exc: BaseException) -> GpuRuntimeError | None:
         """The typed error of what user code raised when it is the device's (a sticky fault,
         out of memory), None when it is the code's own (a ``FunctionFailed``)."""

@@ -31,6 +31,7 @@ from atomr_accel.core.ops._function import (
     BuildResident,
     CallFunction,
     FreeResident,
+    HostArrayArg,
     Kept,
     ResidentArg,
     UserCode,
@@ -88,8 +89,7 @@ class _Bridge:
 
     def upload(self, data: np.ndarray[Any, Any]) -> Any:
         """A copy of a host array in the context (on the device on CUDA)."""
-        copy = self.backend.xp.array(data, copy=True)
-        return self.view(copy)
+        return self.view(self.backend.copy_in(data))
 
 
 def _resolve(value: Any, op: CallFunction, bridge: _Bridge) -> Any:
@@ -100,6 +100,8 @@ def _resolve(value: Any, op: CallFunction, bridge: _Bridge) -> Any:
         return bridge.view(bridge.backend.array(ref.buffer_id))
     if kind is ResidentArg:
         return _resident(bridge.backend, value)
+    if kind is HostArrayArg:
+        return bridge.upload(op.args.arrays[value.index])
     if kind is np.ndarray:
         return bridge.upload(value)
     if kind is tuple or kind is list:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from atomr_accel.backends import capabilities
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._ref import GpuRef
@@ -25,6 +27,7 @@ from atomr_accel.core.ops._function import (
     BuildResident,
     CallFunction,
     FreeResident,
+    HostArrayArg,
     Packed,
     ResidentArg,
     UserCode,
@@ -72,14 +75,21 @@ def _array_kind(arrays: str, backend: str) -> str:
     return arrays
 
 
-class _Packer:
-    """Turns a call's arguments into what travels: buffers by index, residents by token."""
+_BESIDE = 64 << 10
+"""NumPy arguments this large travel beside the arguments' pickle (``HostArrayArg``)."""
 
-    __slots__ = ("buffers", "device")
+
+class _Packer:
+    """Turns a call's arguments into what travels: buffers by index, residents by token,
+    large NumPy arrays by index into ``arrays`` (the host carries them its own way: the
+    process host copies them into shared memory once instead of pickling them)."""
+
+    __slots__ = ("arrays", "buffers", "device")
 
     def __init__(self, device: Device) -> None:
         self.device = device
         self.buffers: list[GpuRef] = []
+        self.arrays: list[np.ndarray[Any, Any]] = []
 
     def pack(self, value: Any) -> Any:
         kind = type(value)
@@ -90,9 +100,12 @@ class _Packer:
         if isinstance(value, GpuBuffer | GpuRef):
             self.buffers.append(self.device.ref_of(value, "argument"))
             return BufferArg(len(self.buffers) - 1)
+        if kind is np.ndarray and value.nbytes >= _BESIDE and not value.dtype.hasobject:
+            self.arrays.append(value)
+            return HostArrayArg(len(self.arrays) - 1)
         if isinstance(value, Resident):
             return value.arg(self.device)
-        return value  # NumPy arrays too: the context uploads them
+        return value  # smaller NumPy arrays too: the context uploads them
 
 
 def _buffers_of(device: Device, value: Any) -> Any:
@@ -140,7 +153,8 @@ class DeviceFunction:
 
     def _op(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallFunction:
         packer = _Packer(self.device)
-        packed = Packed(packer.pack(args), packer.pack(kwargs) if kwargs else {})
+        packed = Packed(packer.pack(args), packer.pack(kwargs) if kwargs else {},
+                        arrays=tuple(packer.arrays))
         return CallFunction(self._code, packed, tuple(packer.buffers), self.arrays, self.keep,
                             self.pure)
 

@@ -6,9 +6,10 @@ through a shared-memory ring (``_channel.py``); a blocking caller waits for its
 reply in a slot of its own (``_slot_flight.py``), and so does an awaited call
 from an event loop other than the host's own (that loop polls the slot, see
 ``_loop_poller.py``); other requests are answered by a frame on the worker's
-stdout, read on the event loop that owns the host. Host payloads
-(uploads and downloads) travel through a shared-memory arena, never through
-pickles; copies of 1 MiB and more made for an event loop run off its thread.
+stdout, read on the event loop that owns the host. Host payloads (uploads,
+downloads, a device function's large NumPy arguments) travel through a shared-memory
+arena, never through pickles; copies of 1 MiB and more made for an event loop run off
+its thread.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -24,6 +26,7 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,6 +40,7 @@ from atomr_accel.core._errors import (
     interrupt_in,
 )
 from atomr_accel.core._op import Op
+from atomr_accel.core.ops._function import CallFunction
 from atomr_accel.core.ops._memory import Download, Upload
 from atomr_accel.hosts._base import (
     BackendSpec,
@@ -65,6 +69,7 @@ from atomr_accel.hosts._op_pickles import OpPickles
 from atomr_accel.hosts._request import Request
 from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec
 from atomr_accel.hosts._slot_flight import Posted, SlotFlight
+from atomr_accel.hosts._staged_arrays import stage
 from atomr_accel.hosts._wire import encode
 from atomr_accel.hosts._worker_start import WORKER_COMMAND, import_dirs, read_frame, worker_env
 
@@ -74,6 +79,13 @@ __all__ = ["ProcessHost"]
 
 _DEFAULT_ARENA = 64 << 20
 _OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
+
+Fill = Callable[[np.ndarray[Any, Any]], None]
+"""Copies a request's payload into its staged slice of the arena (given as an array)."""
+
+
+def _fill_flat(data: np.ndarray[Any, Any], region: np.ndarray[Any, Any]) -> None:
+    region[:] = data.reshape(-1)
 class ProcessHost(ContextHost):
     """Runs the context in a worker process (``python -m atomr_accel.hosts._worker``).
 
@@ -322,22 +334,31 @@ class ProcessHost(ContextHost):
         arena = self._arena
         assert arena is not None
         staged = out = None
-        data: np.ndarray[Any, Any] | None = None
+        fill: Fill | None = None
+        nbytes = 0
         if isinstance(op, Upload) and isinstance(op.data, np.ndarray):
             data = op.data
             staged = arena.take(data.nbytes, dtype_spec(data.dtype))
             op = dataclasses.replace(op, data=staged)
+            fill, nbytes = functools.partial(_fill_flat, data), data.nbytes
+        elif isinstance(op, CallFunction) and isinstance(op.args.arrays, tuple) \
+                and op.args.arrays:
+            arrays = op.args.arrays
+            placed = stage(arena, arrays)
+            staged = placed.piece
+            op = dataclasses.replace(op, args=op.args.with_arrays(placed))
+            fill, nbytes = functools.partial(placed.fill, arrays=arrays), staged.nbytes
         elif isinstance(op, Download):
             dtype = op.ref.dtype.numpy
             out = arena.take(op.count * dtype.itemsize, dtype_spec(dtype))
         request = Request(op, stream, ticket, done, staged, out, slot)
         try:
-            if data is not None and staged is not None:
-                if data.nbytes >= _OFF_LOOP and on_free_loop():
+            if fill is not None and staged is not None:
+                if nbytes >= _OFF_LOOP and on_free_loop():
                     loop = asyncio.get_running_loop()
-                    loop.run_in_executor(None, self._stage, request, data)
+                    loop.run_in_executor(None, self._stage, request, fill)
                     return request
-                self._array(staged)[:] = data.reshape(-1)
+                fill(self._array(staged))
             request.payload = self._encode(request)
         except BaseException:
             with self._lock:
@@ -345,11 +366,11 @@ class ProcessHost(ContextHost):
             raise
         return request
 
-    def _stage(self, request: Request, data: np.ndarray[Any, Any]) -> None:
-        """Copy an upload into shared memory off the event loop, then let it into the ring."""
+    def _stage(self, request: Request, fill: Fill) -> None:
+        """Copy a payload into shared memory off the event loop, then let it into the ring."""
         try:
             assert request.staged is not None
-            self._array(request.staged)[:] = data.reshape(-1)
+            fill(self._array(request.staged))
             request.payload = self._encode(request)
         except BaseException as exc:
             request.error = refusal_of(exc, request.op)

@@ -3,7 +3,8 @@
 Reads one start-up frame from stdin (the backend to build, the shared arena
 and the channel), then takes ops from the channel's ring in order, runs each
 on its backend and answers it in the caller's slot or as a frame on stdout.
-Host payloads arrive and leave through shared memory (``ShmSlice``). It exits
+Host payloads (uploads, downloads, a device function's large NumPy arguments) arrive
+and leave through shared memory (``ShmSlice``, ``StagedArrays``). It exits
 when the parent asks it to or goes away. Anything printed goes to stderr.
 """
 
@@ -27,10 +28,12 @@ from atomr_accel.backends._base import Backend
 from atomr_accel.backends._spin import SPIN_SECONDS, yield_now
 from atomr_accel.core._errors import ContextPoisoned, GpuRuntimeError
 from atomr_accel.core._op import Op
+from atomr_accel.core.ops._function import CallFunction
 from atomr_accel.core.ops._memory import Upload
 from atomr_accel.hosts._base import picklable, refusal_of, translate_error
 from atomr_accel.hosts._channel import NO_SLOT, Channel, loads
 from atomr_accel.hosts._shm import ShmSlice, map_path, remove_segment_files
+from atomr_accel.hosts._staged_arrays import StagedArrays
 from atomr_accel.hosts._wire import encode, read_frame
 
 _PARK = 0.05  # seconds between checks on the parent while parked
@@ -106,6 +109,10 @@ class _Worker:
             if isinstance(op, Upload) and isinstance(op.data, ShmSlice):
                 data, segment = self._view(op.data)
                 op = dataclasses.replace(op, data=data)
+            elif isinstance(op, CallFunction) and isinstance(op.args.arrays, StagedArrays):
+                region, segment = self._view(op.args.arrays.piece)
+                op = dataclasses.replace(op, args=op.args.with_arrays(
+                    op.args.arrays.views(region)))
         except Exception as exc:  # answer the request; never lose the worker over it
             self._answer(slot, request_id, False, picklable(refusal_of(exc, op)))
             return

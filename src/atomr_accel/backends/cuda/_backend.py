@@ -152,7 +152,7 @@ class CudaBackend(Backend):
         self._reads: dict[int, dict[int, Any]] = {}  # buffer id -> stream id -> event
         self._streams: dict[int, Any] = {}
         self._next_id = 1
-        self._registered: list[int] = []
+        self._registered: list[tuple[int, int]] = []  # page-locked regions: (address, end)
         self.exported: dict[int, Any] = {}
         """Buffer id -> the allocation of its own an IPC export moved it into (``_ipc.py``)."""
         self.opened: dict[int, bytes | None] = {}
@@ -431,6 +431,20 @@ class CudaBackend(Backend):
                 self.pointer(buffer_id) + offset * target.itemsize, data.ctypes.data,
                 data.nbytes, _HOST_TO_DEVICE, cp.cuda.get_current_stream().ptr)
 
+    def copy_in(self, data: np.ndarray[Any, Any]) -> Any:
+        """From a region this context page-locked (a process host's shared arena), one
+        asynchronous ``cudaMemcpyAsync`` with no staging copy on the host; else CuPy's."""
+        if not self._registered or not (data.flags.c_contiguous or data.flags.f_contiguous):
+            return cp.array(data, copy=True)
+        start = data.ctypes.data
+        if not any(low <= start and start + data.nbytes <= high for low, high in self._registered):
+            return cp.array(data, copy=True)
+        order = "C" if data.flags.c_contiguous else "F"
+        out = cp.empty(data.shape, data.dtype, order=order)
+        cp.cuda.runtime.memcpyAsync(out.data.ptr, data.ctypes.data, data.nbytes,
+                                    _HOST_TO_DEVICE, cp.cuda.get_current_stream().ptr)
+        return out
+
     def read(self, buffer_id: int, offset: int, length: int) -> Any:
         source = self.array(buffer_id)
         if offset or length != source.size:
@@ -463,7 +477,7 @@ class CudaBackend(Backend):
         """Page-lock a shared-memory region so copies from it are DMA (process host)."""
         address = ctypes.addressof(ctypes.c_char.from_buffer(region))
         cp.cuda.runtime.hostRegister(address, len(region), 0)
-        self._registered.append(address)
+        self._registered.append((address, address + len(region)))
 
     def synchronize(self) -> None:
         self._device.synchronize()
@@ -500,7 +514,7 @@ class CudaBackend(Backend):
         self._last_write.clear()
         self._reads.clear()
         try:
-            for address in self._registered:
+            for address, _ in self._registered:
                 cp.cuda.runtime.hostUnregister(address)
             cp.get_default_memory_pool().free_all_blocks()
         except Exception:

@@ -27,6 +27,7 @@ __all__ = [
     "BuildResident",
     "CallFunction",
     "FreeResident",
+    "HostArrayArg",
     "Kept",
     "Packed",
     "ResidentArg",
@@ -120,14 +121,26 @@ class Packed:
     """A function's arguments ``(args, kwargs)``: kept as they are in this process, pickled
     on their own when the op travels (plainly, else with cloudpickle) and unpickled where
     they are used (``unpack()``). An argument that cannot be pickled makes the op refuse to
-    travel (``InvalidArgument``, nothing sent)."""
+    travel (``InvalidArgument``, nothing sent).
 
-    __slots__ = ("_args", "_payload")
+    ``arrays`` are large host arrays the arguments name by ``HostArrayArg``: they travel
+    beside the pickle, each host its own way (the process host through shared memory, in
+    place of the tuple while the op is on its way: ``with_arrays``).
+    """
+
+    __slots__ = ("_args", "_payload", "arrays")
 
     def __init__(self, args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None,
-                 payload: bytes | None = None) -> None:
+                 payload: bytes | None = None, arrays: Any = ()) -> None:
         self._args = None if args is None else (args, kwargs or {})
         self._payload = payload
+        self.arrays = arrays
+
+    def with_arrays(self, arrays: Any) -> Packed:
+        """The same arguments with ``arrays`` in place of this one's."""
+        packed = Packed(None, None, self._payload, arrays)
+        packed._args = self._args
+        return packed
 
     def unpack(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` (unpickled here the first time; raises what unpickling raises)."""
@@ -141,12 +154,17 @@ class Packed:
         payload = self._payload
         if payload is None:
             payload = _dumps(self._args)
-        return (Packed, (None, None, payload))
+        return (Packed, (None, None, payload, self.arrays))
 
     def __eq__(self, other: object) -> bool:
         """Equal arguments once unpacked (False where they cannot be compared: arrays)."""
         if not isinstance(other, Packed):
             return NotImplemented
+        mine, theirs = self.arrays, other.arrays
+        if mine is not theirs and not (
+                isinstance(mine, tuple) and isinstance(theirs, tuple) and len(mine) == len(theirs)
+                and all(a is b for a, b in zip(mine, theirs, strict=True))):
+            return False  # the same arrays: the same objects
         try:
             return bool(self.unpack() == other.unpack())
         except Exception:
@@ -162,6 +180,14 @@ class Packed:
 @dataclass(frozen=True, slots=True)
 class BufferArg:
     """Stands for the ``index``-th buffer of a ``CallFunction`` among its arguments."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostArrayArg:
+    """Stands for the ``index``-th of a ``Packed``'s large host arrays among its arguments:
+    the context receives a copy of it (uploaded on CUDA)."""
 
     index: int
 
