@@ -2,9 +2,10 @@
 recovery when some requests take the context down.
 
 Part 1, throughput: ``--clients`` concurrent clients send uint8 images (224 x 224 x 3 on
-a GPU) to a ``DynamicBatchingServer`` (batches up to 64) whose batch function is a
-device function on a process-isolated device: a ResNet-50 (torchvision, random
-weights, float16, channels-last) held as a resident. Against it, a plain torch loop in
+a GPU) to a ``DynamicBatchingServer`` (batches up to 64, ``--concurrent-batches`` of them
+at once, default 2) whose batch function is a device function on a process-isolated
+device: a ResNet-50 (torchvision, random weights, float16, channels-last) held as a
+resident. Against it, a plain torch loop in
 this process over batches of 64 of the same images (stack, upload, convert, forward,
 argmax). Goal: at least 0.95x the plain loop's images/s; p50/p99 latency reported. Both
 paths are warmed first for every batch size they will see (cuDNN autotunes each new
@@ -20,7 +21,8 @@ Without a GPU (``--quick`` or no CUDA device) both parts run on the CPU backend 
 small NumPy model (8 x 8 images), the poisoned request killing its worker (the function
 is not ``pure`` there: a pure call would be re-run into the same death).
 
-    python benchmarks/functions_serving_bench.py [--quick] [--requests N] [--out PATH]
+    python benchmarks/functions_serving_bench.py [--quick] [--requests N] [--concurrent-batches K]
+        [--out PATH]
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class ReadyWatch:
 
 
 async def serve(cuda: bool, items: list[Any], clients: int, standby: int, pure: bool,
-                watch: bool) -> dict[str, Any]:
+                watch: bool, concurrent: int = 1) -> dict[str, Any]:
     """Send ``items`` from ``clients`` concurrent clients; answers, latencies and outages."""
     async with await System.open_async("serving-bench") as system:
         dev = await system.spawn_device_async(mock=not cuda, isolation="process",
@@ -155,7 +157,8 @@ async def serve(cuda: bool, items: list[Any], clients: int, standby: int, pure: 
         for size in range(1, BATCH + 1):  # cuDNN autotunes each batch size once: not timed
             await fn.call_async(model, clean[:size])
         server = DynamicBatchingServer.spawn(system, functools.partial(fn, model),
-                                             max_batch=BATCH, max_wait=0.002)
+                                             max_batch=BATCH, max_wait=0.002,
+                                             max_concurrent_batches=concurrent)
         watcher = None
         if watch:
             telemetry = await system.enable_telemetry_async(0)
@@ -196,6 +199,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=256)
     parser.add_argument("--poison-every", type=int, default=200)
     parser.add_argument("--cpu", action="store_true", help="the CPU backend even with a GPU")
+    parser.add_argument("--concurrent-batches", type=int, default=2,
+                        help="the server's max_concurrent_batches in part 1 (2, as "
+                             "docs/patterns.md advises for a device function: the next "
+                             "batch's images cross while the device computes)")
     parser.add_argument("--out", default="benchmarks/results/functions_serving_bench.json")
     add_quick(parser, requests=400, clients=32, cpu=True)
     args = parser.parse_args()
@@ -205,7 +212,8 @@ def main() -> None:
     images = [rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
               for _ in range(args.requests)]
     loop_rate, expected = plain_loop(cuda, images)
-    served = asyncio.run(serve(cuda, list(images), args.clients, 0, False, False))
+    served = asyncio.run(serve(cuda, list(images), args.clients, 0, False, False,
+                               args.concurrent_batches))
     rate = len(images) / served["seconds"]
     lat = served["latencies"]
     wrong = sum(a != e for a, e in zip(served["answers"], expected, strict=True))
@@ -215,7 +223,7 @@ def main() -> None:
 
         card = torch.cuda.get_device_name()
     print_table(f"throughput ({card}, {args.requests} requests, {args.clients} clients, "
-                f"batches up to {BATCH})",
+                f"batches up to {BATCH}, {args.concurrent_batches} at once)",
                 ["path", "images/s", "vs plain loop", "p50 ms", "p99 ms", "differing classes"],
                 [["plain torch loop" if cuda else "plain NumPy loop", loop_rate, "1.00x", "",
                   "", ""],
@@ -245,6 +253,7 @@ def main() -> None:
                   max(outages) * 1e3 if outages else "", faulty["readyz_codes"]]])
     write_json(args.out, {
         "card": card, "requests": args.requests, "clients": args.clients,
+        "concurrent_batches": args.concurrent_batches,
         "plain_loop_images_per_s": loop_rate, "served_images_per_s": rate,
         "ratio": rate / loop_rate, "p50_ms": percentile(lat, 50) * 1e3,
         "p99_ms": percentile(lat, 99) * 1e3, "differing_classes": wrong,

@@ -85,7 +85,10 @@ Fill = Callable[[np.ndarray[Any, Any]], None]
 
 
 def _fill_flat(data: np.ndarray[Any, Any], region: np.ndarray[Any, Any]) -> None:
+    """An upload's ``Fill``: its data, flattened."""
     region[:] = data.reshape(-1)
+
+
 class ProcessHost(ContextHost):
     """Runs the context in a worker process (``python -m atomr_accel.hosts._worker``).
 

@@ -39,6 +39,11 @@ from atomr_accel.hosts._wire import encode, read_frame
 _PARK = 0.05  # seconds between checks on the parent while parked
 
 
+def _launch_now() -> bool:
+    """``Backend.flush``'s ``more`` that stops it at once: report only what has finished."""
+    return True
+
+
 class _Worker:
     """Launches each op on the backend and answers it when the backend reports completion."""
 
@@ -117,7 +122,10 @@ class _Worker:
             self._answer(slot, request_id, False, picklable(refusal_of(exc, op)))
             return
         done = functools.partial(self._finish, slot, request_id, op, out_slice, segment)
-        self.backend.launch(op, stream, done)
+        backend = self.backend
+        if not backend.queues_only(op):  # it runs host code (a device function, say):
+            backend.flush(_launch_now)  # answer the ops that have finished first
+        backend.launch(op, stream, done)
 
     def serve(self) -> bool:
         """Answer requests until the parent is done; return True if the context was poisoned."""
