@@ -6,16 +6,24 @@ flight."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 from _ray_hosts import RAY
 
-from atomr_accel import FunctionFailed, System
+from atomr_accel import AskTimeout, FunctionFailed, System
+from atomr_accel.hosts._shm import SEGMENT_PREFIX, shm_dir
 
 pytestmark = pytest.mark.anyio
 HOSTS = ["thread", "process", RAY]
+
+
+def _files_of(pid: int) -> list[str]:
+    """The shared-memory files process ``pid`` left (a worker's unread replies)."""
+    return [name for name in os.listdir(shm_dir()) if name.startswith(f"{SEGMENT_PREFIX}{pid}-")]
 
 
 @pytest.mark.parametrize("isolation", HOSTS)
@@ -115,3 +123,57 @@ def test_a_failing_call_with_large_arrays_leaves_the_next_ones_whole(isolation: 
         with pytest.raises(FunctionFailed, match="refused"):
             f(bad)
         assert f(x) == float(x.sum())
+
+
+@pytest.mark.parametrize("isolation", HOSTS)
+async def test_large_results_come_back_whole_and_writable(isolation: str) -> None:
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((400, 300))
+    b = np.asfortranarray(rng.standard_normal((256, 128)).astype(np.float32))
+    c = rng.integers(0, 255, (128, 128, 3), dtype=np.uint8)
+
+    def results(x: np.ndarray[Any, Any], y: np.ndarray[Any, Any],
+                z: np.ndarray[Any, Any]) -> Any:
+        return {"a": x * 2.0, "pair": (y, z[::-1].copy()), "small": np.arange(4.0), "n": 3}
+
+    async with await System.open_async("large-arrays") as system:
+        dev = await system.spawn_device_async(mock=True, isolation=isolation)
+        got = await dev.function(results).call_async(a, b, c)
+        pid = (await dev.stats_async()).host_pid
+    np.testing.assert_array_equal(got["a"], a * 2.0)
+    np.testing.assert_array_equal(got["pair"][0], b)
+    np.testing.assert_array_equal(got["pair"][1], c[::-1])
+    np.testing.assert_array_equal(got["small"], np.arange(4.0))
+    assert got["n"] == 3 and got["pair"][0].dtype == np.float32
+    if isolation != "ray":  # Ray hands out its object store's arrays read-only
+        got["a"][0, 0] = 42.0  # the caller's own array
+        assert got["a"][0, 0] == 42.0
+    if pid is not None:
+        assert _files_of(pid) == []  # nothing of the worker's left behind
+
+
+def test_a_large_result_nobody_waits_for_leaves_nothing_behind() -> None:
+    with System.open("large-arrays") as system:
+        dev = system.spawn_device(mock=True, isolation="process")
+        pid = dev.stats().host_pid
+
+        def late(seconds: float) -> np.ndarray[Any, Any]:
+            import time
+
+            time.sleep(seconds)
+            return np.ones(100_000)
+
+        f = dev.function(late)
+        with pytest.raises(AskTimeout):
+            f(0.3, timeout_secs=0.05)  # its reply comes after the caller gave up
+        deadline = time.monotonic() + 10
+        while not _files_of(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the reply's buffers are written: nobody reads them
+        assert len(_files_of(pid)) == 1
+        for _ in range(50):  # a later call takes the slot back once answered, reply and all
+            assert f(0.0).sum() == 100_000
+            if not _files_of(pid):
+                break
+            time.sleep(0.01)
+        assert _files_of(pid) == []
+        assert dev.stats().host_pid == pid  # the same worker all along

@@ -22,7 +22,6 @@ import functools
 import itertools
 import logging
 import os
-import pickle
 import signal
 import threading
 import time
@@ -62,12 +61,13 @@ from atomr_accel.hosts._channel import (
     SKIPPED,
     Channel,
     Spilled,
-    loads,
 )
 from atomr_accel.hosts._loop_poller import OffLoop, Started
 from atomr_accel.hosts._op_pickles import OpPickles
+from atomr_accel.hosts._reply_buffers import discard as discard_reply
+from atomr_accel.hosts._reply_buffers import loads as load_reply
 from atomr_accel.hosts._request import Request
-from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec
+from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec, remove_segment_files
 from atomr_accel.hosts._slot_flight import Posted, SlotFlight
 from atomr_accel.hosts._staged_arrays import stage
 from atomr_accel.hosts._wire import encode
@@ -280,6 +280,8 @@ class ProcessHost(ContextHost):
         with self._lock:
             for slot in [s for s in self._abandoned if channel.slot_state(s) != PENDING]:
                 self._abandoned.discard(slot)
+                if channel.slot_state(slot) == DONE:
+                    discard_reply(channel.reply(slot))
                 request = next((r for r in self._inflight.values() if r.slot == slot), None)
                 if request is not None:
                     del self._inflight[request.id]
@@ -296,7 +298,7 @@ class ProcessHost(ContextHost):
         outcome: Outcome | None
         try:
             if state == DONE:
-                ok, payload = loads(channel.reply(slot))
+                ok, payload = load_reply(channel.reply(slot))
                 if ok and request.out is not None and payload is None:
                     payload = self._array(request.out).copy()
                 outcome = (payload, None) if ok else (None, payload)
@@ -480,6 +482,7 @@ class ProcessHost(ContextHost):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         code = await proc.wait()
+        remove_segment_files(proc.pid)  # the reply buffers it left unread
         lost = WorkerLost(
             f"context worker {self.pid} for {self.spec.name} device {self.spec.device_id} "
             f"died (exit code {code}){why}"
@@ -494,9 +497,10 @@ class ProcessHost(ContextHost):
         with self._lock:
             request = self._inflight.pop(request_id, None)
         if request is None:
+            discard_reply(reply)
             return
         try:
-            ok, payload = pickle.loads(reply)
+            ok, payload = load_reply(reply)
         except Exception as exc:  # e.g. no memory to unpickle it: answer this request only
             ok, payload = False, refusal_of(exc, request.op)
         try:

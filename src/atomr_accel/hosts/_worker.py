@@ -32,6 +32,7 @@ from atomr_accel.core.ops._function import CallFunction
 from atomr_accel.core.ops._memory import Upload
 from atomr_accel.hosts._base import picklable, refusal_of, translate_error
 from atomr_accel.hosts._channel import NO_SLOT, Channel, loads
+from atomr_accel.hosts._reply_buffers import dumps as dump_reply
 from atomr_accel.hosts._shm import ShmSlice, map_path, remove_segment_files
 from atomr_accel.hosts._staged_arrays import StagedArrays
 from atomr_accel.hosts._wire import encode, read_frame
@@ -65,7 +66,7 @@ class _Worker:
 
     def _answer(self, slot: int, request_id: int, ok: bool, payload: Any) -> None:
         try:
-            reply = pickle.dumps((ok, payload), pickle.HIGHEST_PROTOCOL)
+            reply = dump_reply((ok, payload))
         except Exception as exc:  # answer the request; never lose the worker over it
             failure = GpuRuntimeError(f"the result ({type(payload).__name__}) could not be "
                                       f"sent back: {exc}")
@@ -168,6 +169,7 @@ class _Worker:
             return False
         if not _alive(self.parent):
             remove_segment_files(self.parent)
+            remove_segment_files(os.getpid())  # replies no one will read
         return True
 
 
