@@ -5,11 +5,11 @@ Part 1, throughput: ``--clients`` concurrent clients send uint8 images (224 x 22
 a GPU) to a ``DynamicBatchingServer`` (batches up to 64, ``--concurrent-batches`` of them
 at once, default 2) whose batch function is a device function on a process-isolated
 device: a ResNet-50 (torchvision, random weights, float16, channels-last) held as a
-resident. Against it, a plain torch loop in
-this process over batches of 64 of the same images (stack, upload, convert, forward,
-argmax). Goal: at least 0.95x the plain loop's images/s; p50/p99 latency reported. Both
-paths are warmed first for every batch size they will see (cuDNN autotunes each new
-shape once: the plain loop sees only batches of 64, the server batches of 1 to 64).
+resident. Against it, a plain torch loop in this process over batches of 64 of the same
+images (stack, upload, convert, forward, argmax). Goal: at least 0.95x the plain loop's
+images/s; p50/p99 latency reported. Both paths are warmed first for every batch size
+they will see (cuDNN autotunes each new shape once: the plain loop sees only batches of
+64, the server batches of 1 to 64).
 
 Part 2, recovery: the same service on a device with ``standby=1`` and a ``pure``
 function, one request in ``--poison-every`` an illegal-address kernel. Every other
