@@ -4,7 +4,8 @@ Reads one start-up frame from stdin (the backend to build, the shared arena
 and the channel), then takes ops from the channel's ring in order, runs each
 on its backend and answers it in the caller's slot or as a frame on stdout.
 Host payloads (uploads, downloads, a device function's large NumPy arguments) arrive
-and leave through shared memory (``ShmSlice``, ``StagedArrays``). It exits
+and leave through shared memory (``ShmSlice``, ``StagedArrays``), and the large
+arrays of an answer leave in a file beside it (``_reply_buffers.py``). It exits
 when the parent asks it to or goes away. Anything printed goes to stderr.
 """
 
