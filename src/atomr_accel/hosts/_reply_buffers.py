@@ -45,24 +45,25 @@ class Beside:
 
 def dumps(value: Any) -> bytes:
     """``value`` pickled, its large buffers written beside it (the worker's side)."""
-    buffers: list[pickle.PickleBuffer] = []
+    chunks: list[memoryview] = []  # the out-of-band buffers' bytes, in the body's order
 
     def in_band(buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < _BESIDE:
+        raw = buffer.raw()
+        if raw.nbytes < _BESIDE:
             return True
-        buffers.append(buffer)
+        chunks.append(raw)
         return False
 
     body = pickle.dumps(value, 5, buffer_callback=in_band)
-    if not buffers:
+    if not chunks:
         return body
     places = []
     end = 0
-    for buffer in buffers:
-        places.append((end, buffer.raw().nbytes))
-        end += -(-buffer.raw().nbytes // _ALIGN) * _ALIGN
+    for chunk in chunks:
+        places.append((end, chunk.nbytes))
+        end += -(-chunk.nbytes // _ALIGN) * _ALIGN
     try:
-        path = _write_file([buffer.raw() for buffer in buffers], places)
+        path = _write_file(chunks, places)
     except OSError:  # shared memory is short: in the pickle, as before
         return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     return _MARK + pickle.dumps(Beside(body, path, end, tuple(places)),
