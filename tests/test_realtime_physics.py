@@ -412,6 +412,7 @@ def test_a_rebuilt_context_restarts_the_simulation(env: tuple[System, Device]) -
     cloth = ClothSimulationActor.spawn(system, 4, 4, device=device)
     ps.emit(np.ones((3, 3)), np.zeros((3, 3)))
     assert ps.step(0.01) == 3
+    assert cloth.positions().shape == (16, 3)  # the cloth has started on this context
     with pytest.raises(ContextPoisoned):
         device.inject_fault(FaultKind.POISON)
     for call in (lambda: ps.step(0.01), cloth.positions):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Self, TypeAlias
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Self, TypeAlias, TypeVar
 
 from atomr_accel.actor import POISON_PILL, ActorError, ActorRef, ActorStopped, ActorSystem, Props
 from atomr_accel.blueprint._checks import require_timeout
+from atomr_accel.blueprint._turns import Turns
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument, Unrecoverable, gpu_error_of
 from atomr_accel.facade import System
 from atomr_accel.facade._portal import Portal
 
 __all__ = ["BlueprintClient", "SystemLike", "spawn_actor"]
+
+T = TypeVar("T")
 
 SystemLike: TypeAlias = ActorSystem | System
 """Where a blueprint may be spawned: an ``ActorSystem`` or a facade ``System``."""
@@ -53,6 +57,8 @@ class BlueprintClient:
     """
 
     _system_name = ""
+    _turns: Turns[Any] | None = None
+    """The actor's ``Turns`` with blocking callers, where its blueprint offers them."""
 
     def __init__(self, ref: ActorRef) -> None:
         if not isinstance(ref, ActorRef):
@@ -63,14 +69,17 @@ class BlueprintClient:
         self._portal: Portal | None = None
 
     @classmethod
-    def _start(cls, system: SystemLike, props: Props, name: str | None) -> Self:
+    def _start(cls, system: SystemLike, props: Props, name: str | None,
+               turns: Turns[Any] | None = None) -> Self:
         """Spawn ``props`` in ``system`` (see ``spawn_actor``) and wrap the ref; a ``name``
-        that is neither a str nor None is an ``InvalidArgument``."""
+        that is neither a str nor None is an ``InvalidArgument``. ``turns``: the ones
+        the actor of ``props`` shares (``TurnActor``)."""
         if name is not None and not isinstance(name, str):
             raise InvalidArgument(f"name must be a str or None, got {name!r}")
         ref, portal = spawn_actor(system, props, name)
         client = cls(ref)
         client._portal = portal
+        client._turns = turns
         client._system_name = system.name
         if isinstance(system, System):
             system.adopt_blueprint(client)
@@ -90,8 +99,11 @@ class BlueprintClient:
         """Stop the blueprint after the mail already sent to it; returns at once.
 
         Requests still waiting inside it (queued, or running when it stops)
-        fail with ``ActorStopped``.
+        fail with ``ActorStopped``; a blocking call made after ``stop`` takes no
+        turn on its thread (``Turns``): it goes to the stopping actor.
         """
+        if self._turns is not None:
+            self._turns.stop()
         self.ref.tell(POISON_PILL)
 
     async def _ask(self, message: Any, timeout: float | None) -> Any:
@@ -117,6 +129,20 @@ class BlueprintClient:
                                 ) from exc
         except ActorError as exc:
             raise gpu_error_of(exc, self._system_name, what) from exc
+
+    def _on_turn(self, here: Callable[[Any], Awaitable[T]], message: Any, timeout_secs: object,
+                 what: str) -> Coroutine[Any, Any, T]:
+        """The coroutine answering ``message``: ``here(actor)`` on the calling thread when a
+        blocking call finds the actor idle (``Turns``), else the actor's answer to
+        ``message``; ``timeout_secs`` is checked now (``require_timeout``)."""
+        timeout = require_timeout(timeout_secs)
+
+        def ask(sent: object) -> Coroutine[Any, Any, T]:
+            return self._call(sent, timeout, what)
+
+        if self._turns is None:  # a client made from a ref, or a blueprint without turns
+            return ask(message)
+        return self._turns.run(here, ask, message)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.ref.path})"

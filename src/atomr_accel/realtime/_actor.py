@@ -31,10 +31,10 @@ import numpy as np
 from atomr_accel.actor import Props
 from atomr_accel.blueprint import (
     TIMEOUT,
-    BlueprintActor,
     BlueprintClient,
+    TurnActor,
+    Turns,
     require_system,
-    require_timeout,
     twin,
 )
 from atomr_accel.core._dtype import DType
@@ -55,13 +55,14 @@ class _Call:
 
 
 class Placement:
-    """The device of one actor, shared by its incarnations: None until the system places
-    the actor at its first start, then fixed."""
+    """What the incarnations of one actor share: its device (None until the system places
+    the actor at its first start, then fixed) and its ``Turns`` with blocking callers."""
 
-    __slots__ = ("device",)
+    __slots__ = ("device", "turns")
 
     def __init__(self, device: Device | None) -> None:
         self.device = device
+        self.turns: Turns[RealtimeActor] = Turns()
 
 
 class Buffers:
@@ -114,7 +115,7 @@ class Buffers:
                 await device.free_async(buffer)
 
 
-class RealtimeActor(BlueprintActor):
+class RealtimeActor(TurnActor):
     """Base of the realtime actors (see the module): its device, fixed at its first start,
     the buffers it owns there, and calls ``_Call(m, a)`` answered by ``on_<m>(*a)``.
 
@@ -123,30 +124,27 @@ class RealtimeActor(BlueprintActor):
     """
 
     def __init__(self, system: System, placement: Placement, bytes_needed: int = 0) -> None:
-        super().__init__()
+        super().__init__(placement.turns)
         self._system = system
         self._placement = placement
         self._bytes_needed = bytes_needed
         self._started = False
         self.buffers = Buffers()
 
-    async def receive(self, message: Any) -> Any:
-        """Answer ``message`` with ``handle``, once the actor is placed and started. A
-        ``GpuRefStale`` (the device's context was rebuilt, and the buffers went with it)
-        fails the call and restarts the actor from its initial state; another typed error
-        fails this call only, as does a host ``MemoryError`` (answered as ``OutOfMemory``)."""
-        try:
-            await self._ready()
-            return await self.handle(message)
-        except GpuRefStale:
-            raise
-        except GpuRuntimeError as exc:
-            self.context.defer_reply().set_exception(exc)
-        except MemoryError as exc:  # a host array of the state or of this call
+    def call_error(self, exc: Exception) -> Exception | None:
+        """A ``GpuRefStale`` (the device's context was rebuilt, and the buffers went with
+        it) restarts the actor from its initial state (None), as does an error that is
+        not typed; another typed error fails the call only, as does a host
+        ``MemoryError`` (answered as ``OutOfMemory``)."""
+        if isinstance(exc, GpuRefStale):
+            return None
+        if isinstance(exc, GpuRuntimeError):
+            return exc
+        if isinstance(exc, MemoryError):  # a host array of the state or of this call
             error = OutOfMemory(f"{type(self).__name__}: the host has no room for the "
                                 f"arrays this needs ({exc or 'MemoryError'})")
             error.__cause__ = exc
-            self.context.defer_reply().set_exception(error)
+            return error
         return None
 
     async def pre_start(self) -> None:
@@ -163,6 +161,7 @@ class RealtimeActor(BlueprintActor):
             self._placement.device = await self._system.place_async(self._bytes_needed)
         await self.start()
         self._started = True
+        self.turns.publish(self)
 
     async def start(self) -> None:
         """Set up the initial state on the device (subclasses: buffers laid out at start);
@@ -196,23 +195,31 @@ class RealtimeActor(BlueprintActor):
         await self.buffers.release(self.device, buffer)
 
     async def handle(self, message: Any) -> Any:
-        """Run ``on_<method>`` of a ``_Call``."""
+        """Run ``on_<method>`` of a ``_Call``, once the actor is placed and started."""
+        await self._ready()
         if type(message) is _Call:
-            return await getattr(self, f"on_{message.method}")(*message.args)
+            return await self.call(message)
         return await super().handle(message)
+
+    async def call(self, message: _Call) -> Any:
+        """Run ``on_<method>(*args)`` of ``message``, on the actor's turn or a caller's."""
+        return await getattr(self, f"on_{message.method}")(*message.args)
 
     async def on_device(self) -> Device:
         """Answer the device (the ``device`` call of every client)."""
         return self.device
 
     async def post_stop(self) -> None:
-        """Free every owned buffer."""
+        """Free every owned buffer, once a blocking caller's turn under way has ended."""
+        await super().post_stop()
         if self._placement.device is not None:
             await self.buffers.close(self._placement.device)
 
 
 class RealtimeClient(BlueprintClient):
-    """Base of the realtime clients: spawn an actor on a device, call its methods."""
+    """Base of the realtime clients: spawn an actor on a device, call its methods (a
+    blocking call on the calling thread when the actor is idle: ``Turns``)."""
+
 
     @classmethod
     def _spawn(cls, system: Any, actor: type[RealtimeActor], args: tuple[Any, ...],
@@ -226,13 +233,16 @@ class RealtimeClient(BlueprintClient):
                                    or all(d is not device for d in facade.devices)):
             raise InvalidArgument(f"device must be a Device of this system (spawn_device) or "
                                   f"None, got {device!r}")
-        return cls._start(facade, Props(actor, facade, Placement(device), *args), name)
+        placement = Placement(device)
+        return cls._start(facade, Props(actor, facade, placement, *args), name, placement.turns)
 
     def _run(self, method: str, args: tuple[Any, ...], timeout_secs: object,
              ) -> Coroutine[Any, Any, Any]:
-        """The coroutine asking the actor to run ``on_<method>(*args)``; ``timeout_secs`` is
-        checked now (``require_timeout``)."""
-        return self._call(_Call(method, args), require_timeout(timeout_secs), method)
+        """The coroutine running the actor's ``on_<method>(*args)``: on the calling thread
+        when a blocking call finds the actor idle (``Turns``), else asking the actor;
+        ``timeout_secs`` is checked now (``require_timeout``)."""
+        message = _Call(method, args)
+        return self._on_turn(lambda actor: actor.call(message), message, timeout_secs, method)
 
     def device_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, Device]:
         """The device this actor works on (the one the system placed it on if spawn named

@@ -1,0 +1,152 @@
+"""The caller's turn: a blocking call runs a blueprint actor's handler on the calling
+thread while the actor is idle, with the mailbox's exclusion, errors and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atomr_accel import InvalidArgument, System, Unrecoverable
+from atomr_accel.actor import Props
+from atomr_accel.blueprint import TIMEOUT, BlueprintClient, TurnActor, Turns, twin
+from atomr_accel.realtime import ParticleSystemActor
+
+UNLUCKY = 13
+"""The number whose addition is a bug in the tally (an untyped error: the actor restarts)."""
+
+
+class _TallyActor(TurnActor):
+    """A running total; answers ``(total, the thread that added)``."""
+
+    def __init__(self, turns: Turns[_TallyActor]) -> None:
+        super().__init__(turns)
+        self.total = 0
+
+    async def handle(self, message: int) -> tuple[int, str]:
+        return await self.add(message)
+
+    async def add(self, n: int) -> tuple[int, str]:
+        if n < 0:
+            raise InvalidArgument(f"cannot add {n}")
+        if n == UNLUCKY:
+            raise RuntimeError("a bug")
+        total = self.total + n
+        time.sleep(0)  # noqa: ASYNC251 - let other threads in between the read and the write
+        self.total = total
+        return total, threading.current_thread().name
+
+
+class Tally(BlueprintClient):
+    """The tally's client: ``add`` takes the caller's turn when it can."""
+
+    @classmethod
+    def spawn(cls, system: System) -> Tally:
+        turns: Turns[_TallyActor] = Turns()
+        return cls._start(system, Props(_TallyActor, turns), None, turns)
+
+    def add_async(self, n: int, timeout_secs: float = TIMEOUT,
+                  ) -> Coroutine[Any, Any, tuple[int, str]]:
+        return self._on_turn(lambda actor: actor.add(n), n, timeout_secs, "add")
+
+    add = twin(add_async)
+
+
+@pytest.fixture(scope="module")
+def system() -> Iterator[System]:
+    with System.open("turns") as opened:
+        yield opened
+
+
+def test_a_blocking_call_runs_on_the_calling_thread_an_awaited_one_on_the_actor(
+        system: System) -> None:
+    tally = Tally.spawn(system)
+    assert tally.add(2) == (2, threading.current_thread().name)
+    total, where = asyncio.run(tally.add_async(3))
+    assert total == 5
+    assert where != threading.current_thread().name  # the actor's, on the system's loop
+
+
+def test_many_threads_and_awaited_calls_each_get_the_whole_state(system: System) -> None:
+    tally = Tally.spawn(system)
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def adder(calls: int) -> None:
+        for _ in range(calls):
+            total, _ = tally.add(1)
+            with lock:
+                seen.append(total)
+
+    async def awaited(calls: int) -> None:
+        for _ in range(calls):
+            total, _ = await tally.add_async(1)
+            with lock:
+                seen.append(total)
+
+    threads = [threading.Thread(target=adder, args=(150,), name=f"add-{i}") for i in range(8)]
+    threads.append(threading.Thread(target=asyncio.run, args=(awaited(100),)))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(seen) == list(range(1, 8 * 150 + 100 + 1))  # no total seen twice
+    assert tally.add(0)[0] == 8 * 150 + 100
+
+
+def test_a_typed_error_on_a_turn_fails_the_call_and_keeps_the_state(system: System) -> None:
+    tally = Tally.spawn(system)
+    tally.add(4)
+    with pytest.raises(InvalidArgument):
+        tally.add(-1)
+    assert tally.add(1) == (5, threading.current_thread().name)
+
+
+def test_a_bug_on_a_turn_restarts_the_actor_as_one_met_by_the_actor_does(
+        system: System) -> None:
+    tally = Tally.spawn(system)
+    tally.add(7)
+    with pytest.raises(RuntimeError, match="a bug") as awaited:
+        asyncio.run(tally.add_async(UNLUCKY))
+    assert tally.add(0)[0] == 0  # restarted: the initial state
+    tally.add(7)
+    with pytest.raises(RuntimeError, match="a bug") as blocking:
+        tally.add(UNLUCKY)
+    assert type(blocking.value) is type(awaited.value)
+    assert tally.add(1) == (1, threading.current_thread().name)  # restarted, turns again
+
+
+def test_no_turn_is_taken_on_a_stopped_actor(system: System) -> None:
+    tally = Tally.spawn(system)
+    tally.add(1)
+    tally.stop()
+    with pytest.raises(Unrecoverable):
+        tally.add(1)
+
+
+def test_particles_stepped_and_emitted_from_many_threads_stay_whole(system: System) -> None:
+    device = system.spawn_device(mock=True)
+    particles = ParticleSystemActor.spawn(system, gravity_y=0.0, device=device, ground_y=-1e9)
+    rng = np.random.default_rng(3)
+    batches = [rng.standard_normal((5, 3)).astype(np.float32) for _ in range(8 * 20)]
+
+    def emitter(first: int) -> None:
+        for batch in batches[first::8]:
+            particles.emit(batch, np.zeros_like(batch))
+            particles.step(0.01)  # at rest, no gravity, no ground in reach: they stay
+
+    threads = [threading.Thread(target=emitter, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert particles.live_count() == 5 * len(batches)
+    got = particles.positions()
+    expected = np.concatenate(batches).astype(np.float64)
+    order = np.lexsort(got.T.astype(np.float64))
+    np.testing.assert_allclose(got[order], expected[np.lexsort(expected.T)], rtol=0, atol=0)
