@@ -14,6 +14,7 @@ import pytest
 
 from atomr_accel import InvalidArgument, System, Unrecoverable
 from atomr_accel.actor import Props
+from atomr_accel.agents import CpuVectorIndex, GpuVectorIndex
 from atomr_accel.blueprint import TIMEOUT, BlueprintClient, TurnActor, Turns, twin
 from atomr_accel.realtime import ParticleSystemActor
 
@@ -150,3 +151,42 @@ def test_particles_stepped_and_emitted_from_many_threads_stay_whole(system: Syst
     expected = np.concatenate(batches).astype(np.float64)
     order = np.lexsort(got.T.astype(np.float64))
     np.testing.assert_allclose(got[order], expected[np.lexsort(expected.T)], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "device"])
+def test_an_index_changed_from_many_threads_while_searched_holds_every_vector(
+        system: System, kind: str) -> None:
+    if kind == "cpu":
+        index: Any = CpuVectorIndex.spawn(system, 16, metric="ip")
+    else:
+        index = GpuVectorIndex.spawn(system, system.spawn_device(mock=True), 16, metric="ip")
+    rng = np.random.default_rng(11)
+    vectors = rng.standard_normal((8 * 30, 16))
+    failures: list[BaseException] = []
+
+    def inserter(first: int) -> None:
+        for row in range(first, len(vectors), 8):
+            index.insert(row, vectors[row])
+            if row % 3 == 0:
+                index.remove(row)
+                index.insert(row, vectors[row])
+
+    def searcher() -> None:
+        try:
+            for row in range(60):
+                found = index.search(vectors[row], 1)
+                assert len(found) <= 1
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=inserter, args=(i,)) for i in range(8)]
+    threads.append(threading.Thread(target=searcher))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert index.count() == len(vectors)
+    for row in range(len(vectors)):  # each vector is its own best match by inner product
+        best = vectors @ vectors[row]
+        assert index.search(vectors[row], 1)[0][0] == int(np.argmax(best))

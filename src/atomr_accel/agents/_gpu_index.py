@@ -165,6 +165,7 @@ class GpuVectorIndex(VectorIndex):
         make_store = functools.partial(DeviceStore, device, size, kind, _DTYPES[dtype])
         published = Published()
         client: GpuVectorIndex = cls._start(system, Props(_DeviceIndexActor, size, kind,
-                                                             make_store, published), name)
+                                                             make_store, published), name,
+                                            published.turns)
         client._setup(size, kind, published)
         return client

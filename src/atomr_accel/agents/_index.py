@@ -100,6 +100,6 @@ class CpuVectorIndex(VectorIndex):
         published = Published()
         props = Props(IndexActor, size, kind, functools.partial(HostStore, size, kind),
                       published)
-        client: CpuVectorIndex = cls._start(system, props, name)
+        client: CpuVectorIndex = cls._start(system, props, name, published.turns)
         client._setup(size, kind, published)
         return client

@@ -22,8 +22,9 @@ from atomr_accel.agents._vectors import (
 )
 from atomr_accel.blueprint import (
     TIMEOUT,
-    BlueprintActor,
     BlueprintClient,
+    TurnActor,
+    Turns,
     require_positive_int,
     require_timeout,
     twin,
@@ -92,7 +93,8 @@ class Published:
     """What an index actor shares with its client so that a blocking search can run on the
     caller's own thread, without a hop to the actor: the ``(store, slots)`` the actor works
     on (None once it has stopped) and ``epoch``, which the actor bumps before and after
-    every change (odd while one is under way).
+    every change (odd while one is under way). A blocking change runs on the caller's
+    thread too, on its turn (``turns``), and bumps it the same way.
 
     Such a search reads ``epoch``, searches, and keeps its answer only when ``epoch`` is
     still what it read, even: no change began or ended meanwhile, so the store's rows and
@@ -100,11 +102,12 @@ class Published:
     change that starts later is submitted later). Otherwise it asks the actor.
     """
 
-    __slots__ = ("epoch", "state")
+    __slots__ = ("epoch", "state", "turns")
 
     def __init__(self) -> None:
         self.epoch = 0
         self.state: tuple[Store, Slots] | None = None
+        self.turns: Turns[IndexActor] = Turns()
 
     @contextlib.contextmanager
     def changing(self) -> Iterator[None]:
@@ -132,8 +135,9 @@ class Published:
         return results if self.epoch == epoch else None
 
 
-class IndexActor(BlueprintActor):
-    """Holds the ids (``Slots``) and runs each request on its ``Store``, one at a time.
+class IndexActor(TurnActor):
+    """Holds the ids (``Slots``) and runs each request on its ``Store``, one at a time (a
+    blocking change on the caller's turn: ``TurnActor``).
 
     A restart (after an unexpected failure) starts empty, with a new store. Every
     change is bracketed by ``published.changing()`` (see ``Published``).
@@ -141,7 +145,7 @@ class IndexActor(BlueprintActor):
 
     def __init__(self, dim: int, metric: Metric, make_store: Callable[[], Store],
                  published: Published) -> None:
-        super().__init__()
+        super().__init__(published.turns)
         self.dim = dim
         self.metric = metric
         self.published = published
@@ -151,7 +155,9 @@ class IndexActor(BlueprintActor):
             published.state = (self.store, self.slots)
 
     async def post_stop(self) -> None:
-        """Withdraw the store from searches on callers' threads, then ``release`` it."""
+        """Withdraw the store from searches and turns on callers' threads, then ``release``
+        it."""
+        await super().post_stop()
         with self.published.changing():
             self.published.state = None
             await self.release()
@@ -170,6 +176,10 @@ class IndexActor(BlueprintActor):
             vectors = await self.store.read(count)
             write_index(message.path, self.metric, self.slots.held().copy(), vectors)
             return count
+        return await self.change(message)
+
+    async def change(self, message: Any) -> Any:
+        """Apply an insert, a remove or a load, bracketed by ``published.changing()``."""
         with self.published.changing():
             return await self._change(message)
 
@@ -256,7 +266,7 @@ class VectorIndex(BlueprintClient):
         """Store ``embedding`` (``dim`` numbers) under ``id``, replacing what ``id`` held."""
         ids = as_ids([id])
         matrix = as_matrix(embedding, self.dim, "embedding", self.metric, rows=False)
-        return self._call(_Insert(ids, matrix), require_timeout(timeout_secs), "insert")
+        return self._change(_Insert(ids, matrix), timeout_secs, "insert")
 
     insert = twin(insert_async)
 
@@ -267,14 +277,14 @@ class VectorIndex(BlueprintClient):
         rows = as_matrix(matrix, self.dim, "matrix", self.metric, rows=True)
         if len(rows) != len(id_list):
             raise InvalidArgument(f"insert_many got {len(id_list)} ids for {len(rows)} rows")
-        return self._call(_Insert(id_list, rows), require_timeout(timeout_secs), "insert_many")
+        return self._change(_Insert(id_list, rows), timeout_secs, "insert_many")
 
     insert_many = twin(insert_many_async)
 
     def remove_async(self, id: int, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Remove ``id`` and its vector; ``UnknownVectorId`` if the index does not hold it."""
         vector_id = as_ids([id])[0]
-        return self._call(_Remove(vector_id), require_timeout(timeout_secs), "remove")
+        return self._change(_Remove(vector_id), timeout_secs, "remove")
 
     remove = twin(remove_async)
 
@@ -323,9 +333,14 @@ class VectorIndex(BlueprintClient):
         and metric, else ``InvalidArgument``); return the number of vectors read."""
         if not isinstance(path, str | os.PathLike):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
-        return self._call(_Load(path), require_timeout(timeout_secs), "load")
+        return self._change(_Load(path), timeout_secs, "load")
 
     load = twin(load_async)
+
+    def _change(self, message: Any, timeout_secs: float, what: str) -> Coroutine[Any, Any, Any]:
+        """The coroutine applying the change ``message`` (``IndexActor.change``), on the
+        caller's turn where it can."""
+        return self._on_turn(lambda actor: actor.change(message), message, timeout_secs, what)
 
     def __len__(self) -> int:
         """How many ids the index holds (``count()``)."""
