@@ -14,7 +14,7 @@ import pytest
 
 from atomr_accel import InvalidArgument, System, Unrecoverable
 from atomr_accel.actor import Props
-from atomr_accel.agents import CpuVectorIndex, GpuVectorIndex
+from atomr_accel.agents import CpuVectorIndex, EmbeddingCache, GpuVectorIndex
 from atomr_accel.blueprint import TIMEOUT, BlueprintClient, TurnActor, Turns, twin
 from atomr_accel.realtime import ParticleSystemActor
 
@@ -53,7 +53,7 @@ class Tally(BlueprintClient):
 
     def add_async(self, n: int, timeout_secs: float = TIMEOUT,
                   ) -> Coroutine[Any, Any, tuple[int, str]]:
-        return self._on_turn(lambda actor: actor.add(n), n, timeout_secs, "add")
+        return self._on_turn(n, timeout_secs, "add")
 
     add = twin(add_async)
 
@@ -190,3 +190,22 @@ def test_an_index_changed_from_many_threads_while_searched_holds_every_vector(
     for row in range(len(vectors)):  # each vector is its own best match by inner product
         best = vectors @ vectors[row]
         assert index.search(vectors[row], 1)[0][0] == int(np.argmax(best))
+
+
+def test_an_embedding_cache_used_from_many_threads_counts_every_call(system: System) -> None:
+    cache = EmbeddingCache.spawn(system, 64, 4)
+    rows = {f"k{i}": np.arange(4, dtype=np.float32) + i for i in range(40)}
+
+    def user(first: int) -> None:
+        for i in range(first, 40, 8):
+            assert cache.get(f"k{i}") is None
+            cache.insert(f"k{i}", rows[f"k{i}"])
+            assert cache.get(f"k{i}") == rows[f"k{i}"].tolist()
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"], stats["inserts"], stats["entries"]) == (40, 40, 40, 40)

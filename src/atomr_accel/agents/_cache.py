@@ -13,8 +13,9 @@ from atomr_accel.actor import Props
 from atomr_accel.agents._cache_metrics import CacheCounters, register
 from atomr_accel.blueprint import (
     TIMEOUT,
-    BlueprintActor,
     BlueprintClient,
+    TurnActor,
+    Turns,
     require_positive_int,
     require_timeout,
     twin,
@@ -64,10 +65,10 @@ class _Stats:
     __slots__ = ()
 
 
-class _CacheActor(BlueprintActor):
-    def __init__(self, capacity_entries: int, capacity_bytes: int | None, dim: int,
-                 counters: CacheCounters) -> None:
-        super().__init__()
+class _CacheActor(TurnActor):
+    def __init__(self, turns: Turns[_CacheActor], capacity_entries: int,
+                 capacity_bytes: int | None, dim: int, counters: CacheCounters) -> None:
+        super().__init__(turns)
         self.entries: OrderedDict[Key, np.ndarray[Any, np.dtype[np.float32]]] = OrderedDict()
         self.capacity = capacity_entries
         row_bytes = 4 * dim
@@ -150,8 +151,10 @@ class EmbeddingCache(BlueprintClient):
             raise InvalidArgument(f"capacity_bytes={capacity_bytes} holds no embedding of "
                                   f"{embedding_dim} float32 numbers ({4 * embedding_dim} bytes)")
         counters = CacheCounters()
-        props = Props(_CacheActor, capacity_entries, capacity_bytes, embedding_dim, counters)
-        client: EmbeddingCache = cls._start(system, props, name)
+        turns: Turns[_CacheActor] = Turns()
+        props = Props(_CacheActor, turns, capacity_entries, capacity_bytes, embedding_dim,
+                      counters)
+        client: EmbeddingCache = cls._start(system, props, name, turns)
         client.dim = embedding_dim
         register(system.telemetry, client.path, counters)
         return client
@@ -165,7 +168,7 @@ class EmbeddingCache(BlueprintClient):
     get = twin(get_async)
 
     async def _first(self, message: _Get, timeout: float) -> list[float] | None:
-        rows: list[list[float] | None] = await self._call(message, timeout, "get")
+        rows: list[list[float] | None] = await self._on_turn(message, timeout, "get")
         return rows[0]
 
     def get_many_async(self, keys: Iterable[Key], timeout_secs: float = TIMEOUT,
@@ -174,7 +177,7 @@ class EmbeddingCache(BlueprintClient):
         if isinstance(keys, bytes | str):
             raise InvalidArgument("get_many takes a sequence of keys, not one key")
         message = _Get(tuple(_key(key) for key in keys))
-        return self._call(message, require_timeout(timeout_secs), "get_many")
+        return self._on_turn(message, timeout_secs, "get_many")
 
     get_many = twin(get_many_async)
 
@@ -182,12 +185,12 @@ class EmbeddingCache(BlueprintClient):
                      timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Store ``value`` (``embedding_dim`` numbers) for ``key`` as its most recent use."""
         message = _Insert(_key(key), _row(value, self.dim))
-        return self._call(message, require_timeout(timeout_secs), "insert")
+        return self._on_turn(message, timeout_secs, "insert")
 
     insert = twin(insert_async)
 
     def stats_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, dict[str, int]]:
         """Counters: hits, misses, evictions, inserts, entries, capacity_entries, bytes."""
-        return self._call(_Stats(), require_timeout(timeout_secs), "stats")
+        return self._on_turn(_Stats(), timeout_secs, "stats")
 
     stats = twin(stats_async)

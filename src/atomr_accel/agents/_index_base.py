@@ -176,10 +176,6 @@ class IndexActor(TurnActor):
             vectors = await self.store.read(count)
             write_index(message.path, self.metric, self.slots.held().copy(), vectors)
             return count
-        return await self.change(message)
-
-    async def change(self, message: Any) -> Any:
-        """Apply an insert, a remove or a load, bracketed by ``published.changing()``."""
         with self.published.changing():
             return await self._change(message)
 
@@ -266,7 +262,7 @@ class VectorIndex(BlueprintClient):
         """Store ``embedding`` (``dim`` numbers) under ``id``, replacing what ``id`` held."""
         ids = as_ids([id])
         matrix = as_matrix(embedding, self.dim, "embedding", self.metric, rows=False)
-        return self._change(_Insert(ids, matrix), timeout_secs, "insert")
+        return self._on_turn(_Insert(ids, matrix), timeout_secs, "insert")
 
     insert = twin(insert_async)
 
@@ -277,14 +273,14 @@ class VectorIndex(BlueprintClient):
         rows = as_matrix(matrix, self.dim, "matrix", self.metric, rows=True)
         if len(rows) != len(id_list):
             raise InvalidArgument(f"insert_many got {len(id_list)} ids for {len(rows)} rows")
-        return self._change(_Insert(id_list, rows), timeout_secs, "insert_many")
+        return self._on_turn(_Insert(id_list, rows), timeout_secs, "insert_many")
 
     insert_many = twin(insert_many_async)
 
     def remove_async(self, id: int, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, None]:
         """Remove ``id`` and its vector; ``UnknownVectorId`` if the index does not hold it."""
         vector_id = as_ids([id])[0]
-        return self._change(_Remove(vector_id), timeout_secs, "remove")
+        return self._on_turn(_Remove(vector_id), timeout_secs, "remove")
 
     remove = twin(remove_async)
 
@@ -313,7 +309,7 @@ class VectorIndex(BlueprintClient):
 
     def count_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, int]:
         """How many ids the index holds."""
-        return self._call(_Count(), require_timeout(timeout_secs), "count")
+        return self._on_turn(_Count(), timeout_secs, "count")
 
     count = twin(count_async)
 
@@ -323,7 +319,7 @@ class VectorIndex(BlueprintClient):
         the number of vectors written."""
         if not isinstance(path, str | os.PathLike):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
-        return self._call(_Save(path), require_timeout(timeout_secs), "save")
+        return self._on_turn(_Save(path), timeout_secs, "save")
 
     save = twin(save_async)
 
@@ -333,14 +329,9 @@ class VectorIndex(BlueprintClient):
         and metric, else ``InvalidArgument``); return the number of vectors read."""
         if not isinstance(path, str | os.PathLike):
             raise InvalidArgument(f"path must be a str or a path, got {path!r}")
-        return self._change(_Load(path), timeout_secs, "load")
+        return self._on_turn(_Load(path), timeout_secs, "load")
 
     load = twin(load_async)
-
-    def _change(self, message: Any, timeout_secs: float, what: str) -> Coroutine[Any, Any, Any]:
-        """The coroutine applying the change ``message`` (``IndexActor.change``), on the
-        caller's turn where it can."""
-        return self._on_turn(lambda actor: actor.change(message), message, timeout_secs, what)
 
     def __len__(self) -> int:
         """How many ids the index holds (``count()``)."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Self, TypeAlias, TypeVar
+from collections.abc import Coroutine
+from typing import Any, Self, TypeAlias
 
 from atomr_accel.actor import POISON_PILL, ActorError, ActorRef, ActorStopped, ActorSystem, Props
 from atomr_accel.blueprint._checks import require_timeout
@@ -14,8 +14,6 @@ from atomr_accel.facade import System
 from atomr_accel.facade._portal import Portal
 
 __all__ = ["BlueprintClient", "SystemLike", "spawn_actor"]
-
-T = TypeVar("T")
 
 SystemLike: TypeAlias = ActorSystem | System
 """Where a blueprint may be spawned: an ``ActorSystem`` or a facade ``System``."""
@@ -130,19 +128,19 @@ class BlueprintClient:
         except ActorError as exc:
             raise gpu_error_of(exc, self._system_name, what) from exc
 
-    def _on_turn(self, here: Callable[[Any], Awaitable[T]], message: Any, timeout_secs: object,
-                 what: str) -> Coroutine[Any, Any, T]:
-        """The coroutine answering ``message``: ``here(actor)`` on the calling thread when a
-        blocking call finds the actor idle (``Turns``), else the actor's answer to
-        ``message``; ``timeout_secs`` is checked now (``require_timeout``)."""
+    def _on_turn(self, message: Any, timeout_secs: object, what: str,
+                 ) -> Coroutine[Any, Any, Any]:
+        """The coroutine answering ``message``: the actor's ``handle`` run on the calling
+        thread when a blocking call finds the actor idle (``Turns``), else the actor's
+        answer; ``timeout_secs`` is checked now (``require_timeout``)."""
         timeout = require_timeout(timeout_secs)
 
-        def ask(sent: object) -> Coroutine[Any, Any, T]:
+        def ask(sent: object) -> Coroutine[Any, Any, Any]:
             return self._call(sent, timeout, what)
 
         if self._turns is None:  # a client made from a ref, or a blueprint without turns
             return ask(message)
-        return self._turns.run(here, ask, message)
+        return self._turns.run(message, ask)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.ref.path})"

@@ -25,8 +25,10 @@ mailbox gives:
   would.
 
 ``TurnActor`` is the actor side (an incarnation publishes itself once
-ready, withdraws before it stops or restarts); ``BlueprintClient._on_turn`` the
-client side; the realtime actors are built on both.
+ready, withdraws before it stops or restarts; a caller's turn runs its
+``handle``, as the actor's own turn does); ``BlueprintClient._on_turn`` the
+client side. The realtime actors, the vector indexes and the embedding cache
+are built on both.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ A = TypeVar("A", bound="TurnTaker")
 
 
 class TurnTaker(Protocol):
-    """An actor whose handlers a caller's turn may run."""
+    """An actor whose handler a caller's turn may run."""
+
+    async def handle(self, message: Any) -> Any:
+        """Answer ``message`` (on the actor's turn or a caller's)."""
 
     def call_error(self, exc: Exception) -> Exception | None:
         """What the caller gets when ``exc`` fails only its call; None when the actor must
@@ -153,18 +158,18 @@ class Turns(Generic[A]):
             with contextlib.suppress(RuntimeError):  # its loop has closed
                 loop.call_soon_threadsafe(_wake, waiter)
 
-    async def run(self, here: Callable[[A], Awaitable[T]],
-                  ask: Callable[[object], Awaitable[T]], message: object) -> T:
-        """``here(actor)`` on a caller's turn when this is a blocking call and a turn is
-        free; otherwise ``ask(message)`` (the actor answers it). An error that must
-        restart the actor is asked as ``Failed`` instead."""
+    async def run(self, message: object, ask: Callable[[object], Awaitable[T]]) -> T:
+        """``actor.handle(message)`` on a caller's turn when this is a blocking call and a
+        turn is free; otherwise ``ask(message)`` (the actor answers it). An error that
+        must restart the actor is asked as ``Failed`` instead."""
         actor = self._take() if in_blocking_call() else None
         if actor is None:
             with self.sent():
                 return await ask(message)
         failure: Exception | None = None
         try:
-            return await here(actor)
+            result: T = await actor.handle(message)
+            return result
         except Exception as exc:
             error = actor.call_error(exc)
             if error is exc:

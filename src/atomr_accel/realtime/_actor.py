@@ -198,12 +198,8 @@ class RealtimeActor(TurnActor):
         """Run ``on_<method>`` of a ``_Call``, once the actor is placed and started."""
         await self._ready()
         if type(message) is _Call:
-            return await self.call(message)
+            return await getattr(self, f"on_{message.method}")(*message.args)
         return await super().handle(message)
-
-    async def call(self, message: _Call) -> Any:
-        """Run ``on_<method>(*args)`` of ``message``, on the actor's turn or a caller's."""
-        return await getattr(self, f"on_{message.method}")(*message.args)
 
     async def on_device(self) -> Device:
         """Answer the device (the ``device`` call of every client)."""
@@ -241,8 +237,7 @@ class RealtimeClient(BlueprintClient):
         """The coroutine running the actor's ``on_<method>(*args)``: on the calling thread
         when a blocking call finds the actor idle (``Turns``), else asking the actor;
         ``timeout_secs`` is checked now (``require_timeout``)."""
-        message = _Call(method, args)
-        return self._on_turn(lambda actor: actor.call(message), message, timeout_secs, method)
+        return self._on_turn(_Call(method, args), timeout_secs, method)
 
     def device_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, Device]:
         """The device this actor works on (the one the system placed it on if spawn named
