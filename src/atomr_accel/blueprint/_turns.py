@@ -133,13 +133,15 @@ class Turns(Generic[A]):
     @contextlib.contextmanager
     def sent(self) -> Iterator[None]:
         """Bracket an ask to the actor: no caller takes a turn until it is answered."""
-        with self._lock:
-            self._sent += 1
+        self._count_sent(1)
         try:
             yield
         finally:
-            with self._lock:
-                self._sent -= 1
+            self._count_sent(-1)
+
+    def _count_sent(self, step: int) -> None:
+        with self._lock:
+            self._sent += step
 
     def _take(self) -> A | None:
         with self._lock:
