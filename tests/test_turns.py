@@ -17,6 +17,7 @@ from atomr_accel.actor import Props
 from atomr_accel.agents import CpuVectorIndex, EmbeddingCache, GpuVectorIndex
 from atomr_accel.blueprint import TIMEOUT, BlueprintClient, TurnActor, Turns, twin
 from atomr_accel.realtime import ParticleSystemActor
+from atomr_accel.train import AsyncParameterServer
 
 UNLUCKY = 13
 """The number whose addition is a bug in the tally (an untyped error: the actor restarts)."""
@@ -209,3 +210,33 @@ def test_an_embedding_cache_used_from_many_threads_counts_every_call(system: Sys
         thread.join()
     stats = cache.stats()
     assert (stats["hits"], stats["misses"], stats["inserts"], stats["entries"]) == (40, 40, 40, 40)
+
+
+def test_a_parameter_server_pushed_and_pulled_from_many_threads_counts_every_call(
+        system: System) -> None:
+    device = system.spawn_device(mock=True)
+    server = AsyncParameterServer.spawn(system, np.zeros(64, np.float32), lr=1.0,
+                                        max_staleness=10_000, device=device)
+    gradient = np.ones(64, np.float32)
+    versions: list[int] = []
+    lock = threading.Lock()
+
+    def worker(worker_id: int) -> None:
+        for _ in range(25):
+            _, version = server.pull_weights(worker_id)
+            new = server.push_gradient(worker_id, version, gradient)
+            with lock:
+                versions.append(new)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(versions) == list(range(1, 8 * 25 + 1))  # each push saw its own version
+    counters = server.counters()
+    assert (counters.version, counters.gradients_applied, counters.weights_pulled) == (
+        200, 200, 200)
+    weights, version = server.pull_weights(0)
+    assert version == 200
+    assert np.all(np.asarray(weights) < 0)  # every push moved the weights down

@@ -27,8 +27,8 @@ mailbox gives:
 ``TurnActor`` is the actor side (an incarnation publishes itself once
 ready, withdraws before it stops or restarts; a caller's turn runs its
 ``handle``, as the actor's own turn does); ``BlueprintClient._on_turn`` the
-client side. The realtime actors, the vector indexes and the embedding cache
-are built on both.
+client side. The realtime actors, the vector indexes, the embedding cache and
+the parameter server are built on both.
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ import numpy as np
 
 from atomr_accel.actor import Props
 from atomr_accel.blueprint import (
-    BlueprintActor,
     BlueprintClient,
+    TurnActor,
+    Turns,
     require_system,
     require_timeout,
     twin,
@@ -107,12 +108,14 @@ class _Kept:
     store: WeightStore | None = None
 
 
-class _ServerActor(BlueprintActor):
-    """Holds the weights and optimizer state on its device; answers pushes and pulls."""
+class _ServerActor(TurnActor):
+    """Holds the weights and optimizer state on its device; answers pushes and pulls (a
+    blocking one on the caller's turn once the store is on its device: ``TurnActor``)."""
 
-    def __init__(self, system: System, device: Device | None, initial: np.ndarray[Any, Any],
-                 optimizer: str, lr: float, max_staleness: int, kept: _Kept) -> None:
-        super().__init__()
+    def __init__(self, turns: Turns[_ServerActor], system: System, device: Device | None,
+                 initial: np.ndarray[Any, Any], optimizer: str, lr: float, max_staleness: int,
+                 kept: _Kept) -> None:
+        super().__init__(turns)
         self._system = system
         self._device = device
         self._initial = initial
@@ -130,7 +133,14 @@ class _ServerActor(BlueprintActor):
                 device = (await system.place_async(self._initial.nbytes * 4)
                           if system.devices else await system.spawn_device_async(mock=True))
             self._kept.store = WeightStore(device, self._optimizer, self._lr, self._initial)
+            self.turns.publish(self)
         return self._kept.store
+
+    async def pre_start(self) -> None:
+        """Take turns with blocking callers once the store is on its device (a restarted
+        server keeps it; a new one places it at its first request)."""
+        if self._kept.store is not None:
+            self.turns.publish(self)
 
     async def pre_restart(self, exc: BaseException, message: Any) -> None:
         """Keep the device state for the next incarnation (the default would free it)."""
@@ -162,7 +172,8 @@ class _ServerActor(BlueprintActor):
         return await super().handle(message)
 
     async def post_stop(self) -> None:
-        """Free the device buffers."""
+        """Free the device buffers, once a blocking caller's turn under way has ended."""
+        await super().post_stop()
         if self._kept.store is not None:
             await self._kept.store.close()
 
@@ -228,9 +239,10 @@ class AsyncParameterServer(BlueprintClient):
             raise InvalidArgument(f"device must be a Device of this system or None, got "
                                   f"{device!r}")
         initial = _float_vector(initial_weights, "initial_weights")
-        props = Props(_ServerActor, facade, device, initial, optimizer.lower(), float(lr),
-                      staleness, _Kept())
-        client = cls._start(facade, props, name)
+        turns: Turns[_ServerActor] = Turns()
+        props = Props(_ServerActor, turns, facade, device, initial, optimizer.lower(),
+                      float(lr), staleness, _Kept())
+        client = cls._start(facade, props, name, turns)
         client._shape = np.shape(initial_weights)
         client._as_list = not isinstance(initial_weights, np.ndarray)
         return client
@@ -253,13 +265,12 @@ class AsyncParameterServer(BlueprintClient):
         data = _float_vector(gradient, "gradient")
         if data.size != self.size:
             raise InvalidArgument(f"gradient has {data.size} numbers, the weights {self.size}")
-        return self._call(_Push(worker, version, data), require_timeout(timeout_secs),
-                          "push_gradient")
+        return self._on_turn(_Push(worker, version, data), timeout_secs, "push_gradient")
 
     push_gradient = twin(push_gradient_async)
 
     async def _pull(self, worker: int, timeout: float) -> tuple[Any, int]:
-        data, version = await self._call(_Pull(worker), timeout, "pull_weights")
+        data, version = await self._on_turn(_Pull(worker), timeout, "pull_weights")
         weights = data.reshape(self._shape)
         return (weights.tolist() if self._as_list else weights), int(version)
 
@@ -272,7 +283,7 @@ class AsyncParameterServer(BlueprintClient):
     pull_weights = twin(pull_weights_async)
 
     async def _stats(self, timeout: float) -> ParameterServerStats:
-        counters: ParameterServerCounters = await self._call(_Stats(), timeout, "stats")
+        counters: ParameterServerCounters = await self._on_turn(_Stats(), timeout, "stats")
         return ParameterServerStats(counters.version, counters.gradients_applied,
                                     counters.weights_pulled, counters.avg_staleness)
 
@@ -286,13 +297,13 @@ class AsyncParameterServer(BlueprintClient):
     def counters_async(self, timeout_secs: float = STATS_TIMEOUT,
                        ) -> Coroutine[Any, Any, ParameterServerCounters]:
         """Every counter: ``stats()``'s and the rejected and down-weighted pushes (ours)."""
-        return self._call(_Stats(), require_timeout(timeout_secs), "counters")
+        return self._on_turn(_Stats(), timeout_secs, "counters")
 
     counters = twin(counters_async)
 
     def device_async(self, timeout_secs: float = STATS_TIMEOUT) -> Coroutine[Any, Any, Device]:
         """The device that holds the weights (placed at the first request if spawn named
         none)."""
-        return self._call(_Device(), require_timeout(timeout_secs), "device")
+        return self._on_turn(_Device(), timeout_secs, "device")
 
     device = twin(device_async)
