@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr_accel import InvalidArgument, System, Unrecoverable
+from atomr_accel import (
+    ContextPoisoned,
+    FaultKind,
+    GpuRefStale,
+    InvalidArgument,
+    System,
+    Unrecoverable,
+)
 from atomr_accel.actor import Props
 from atomr_accel.agents import CpuVectorIndex, EmbeddingCache, GpuVectorIndex
 from atomr_accel.blueprint import TIMEOUT, BlueprintClient, TurnActor, Turns, twin
@@ -21,6 +28,10 @@ from atomr_accel.train import AsyncParameterServer
 
 UNLUCKY = 13
 """The number whose addition is a bug in the tally (an untyped error: the actor restarts)."""
+STALLED = 99
+"""The number whose addition waits for ``GO``, then is a bug (after setting ``INSIDE``)."""
+INSIDE = threading.Event()
+GO = threading.Event()
 
 
 class _TallyActor(TurnActor):
@@ -38,6 +49,10 @@ class _TallyActor(TurnActor):
             raise InvalidArgument(f"cannot add {n}")
         if n == UNLUCKY:
             raise RuntimeError("a bug")
+        if n == STALLED:
+            INSIDE.set()
+            GO.wait(10)
+            raise RuntimeError("a bug, late")
         total = self.total + n
         time.sleep(0)  # noqa: ASYNC251 - let other threads in between the read and the write
         self.total = total
@@ -120,7 +135,37 @@ def test_a_bug_on_a_turn_restarts_the_actor_as_one_met_by_the_actor_does(
     with pytest.raises(RuntimeError, match="a bug") as blocking:
         tally.add(UNLUCKY)
     assert type(blocking.value) is type(awaited.value)
-    assert tally.add(1) == (1, threading.current_thread().name)  # restarted, turns again
+    assert tally.add(1)[0] == 1  # restarted before it took another call
+    assert tally.add(1) == (2, threading.current_thread().name)  # and takes turns again
+
+
+def test_a_call_waiting_behind_a_failing_turn_is_answered_by_the_next_incarnation(
+        system: System) -> None:
+    tally = Tally.spawn(system)
+    tally.add(10)
+    INSIDE.clear()
+    GO.clear()
+    failed: list[BaseException] = []
+
+    def stalled() -> None:
+        try:
+            tally.add(STALLED)
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    turn = threading.Thread(target=stalled)
+    turn.start()
+    assert INSIDE.wait(10)  # the turn is under way on that thread
+    answers: list[tuple[int, str]] = []
+    waiting = threading.Thread(target=lambda: answers.append(asyncio.run(tally.add_async(5))))
+    waiting.start()
+    time.sleep(0.2)  # the awaited call reaches the actor, which waits for the turn
+    GO.set()
+    turn.join()
+    waiting.join()
+    assert [str(e) for e in failed] == ["a bug, late"]
+    assert answers[0][0] == 5  # handled after the restart the failure called for
+    assert tally.add(0)[0] == 5  # and its addition kept
 
 
 def test_no_turn_is_taken_on_a_stopped_actor(system: System) -> None:
@@ -240,3 +285,42 @@ def test_a_parameter_server_pushed_and_pulled_from_many_threads_counts_every_cal
     weights, version = server.pull_weights(0)
     assert version == 200
     assert np.all(np.asarray(weights) < 0)  # every push moved the weights down
+
+
+def test_a_context_poisoned_under_blocking_callers_restarts_the_actor_once_and_serves_on(
+        system: System) -> None:
+    device = system.spawn_device(mock=True)
+    particles = ParticleSystemActor.spawn(system, gravity_y=0.0, device=device, ground_y=-1e9)
+    particles.emit(np.ones((4, 3)), np.zeros((4, 3)))
+    seen: list[list[object]] = [[] for _ in range(4)]  # each thread's results, in order
+    done = threading.Event()
+
+    def stepper(mine: list[object]) -> None:
+        while not done.is_set():
+            try:
+                mine.append(particles.step(0.01))
+            except (GpuRefStale, ContextPoisoned) as exc:  # the poisoning caught a step
+                mine.append(exc)
+
+    threads = [threading.Thread(target=stepper, args=(mine,)) for mine in seen]
+    for thread in threads:
+        thread.start()
+    while sum(map(len, seen)) < 20:
+        time.sleep(0.001)
+    with pytest.raises(ContextPoisoned):
+        device.inject_fault(FaultKind.POISON)
+    before = sum(map(len, seen))
+    while sum(map(len, seen)) < before + 40:
+        time.sleep(0.001)
+    done.set()
+    for thread in threads:
+        thread.join()
+    results = [r for mine in seen for r in mine]
+    assert sum(isinstance(r, GpuRefStale) for r in results) == 1  # the actor restarted once
+    assert sum(isinstance(r, ContextPoisoned) for r in results) <= 1  # the one in flight
+    for mine in seen:  # 4 particles, then (past the restart) the initial, empty state
+        counts = [r for r in mine if isinstance(r, int)]
+        assert set(counts) <= {0, 4}
+        assert counts == sorted(counts, reverse=True)
+    assert particles.emit(np.ones((2, 3)), np.zeros((2, 3))) == 2
+    assert particles.step(0.01) == 2

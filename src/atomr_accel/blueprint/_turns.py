@@ -19,10 +19,12 @@ mailbox gives:
   next turn before any caller;
 * an error the actor would answer as the call's own (``call_error``) is raised
   to the caller and the state stays as it was; an error that would restart the
-  actor (a context rebuilt under its buffers, a bug) withdraws the actor from
-  turns and is handed to it as a message (``Failed``), so it meets the error
-  as its own: supervision restarts it, and the caller gets what an asker
-  would.
+  actor (a context rebuilt under its buffers, a bug) is raised to the caller as
+  an asker would get it, withdraws the actor from turns and is left for the
+  actor, which meets it as its own before it handles anything else: the next
+  message it takes (a ``Restart`` told at once, or a message that came first,
+  which it stashes for its next incarnation) raises it, and supervision
+  restarts the actor. No call is handled by a state the failure left behind.
 
 ``TurnActor`` is the actor side (an incarnation publishes itself once
 ready, withdraws before it stops or restarts; a caller's turn runs its
@@ -37,14 +39,14 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from atomr_accel.actor import ActorRef
 from atomr_accel.blueprint._actor import BlueprintActor
 from atomr_accel.core._errors import GpuRuntimeError
 from atomr_accel.facade._portal import in_blocking_call
 
-__all__ = ["Failed", "TurnActor", "TurnTaker", "Turns"]
+__all__ = ["Restart", "TurnActor", "TurnTaker", "Turns"]
 
 T = TypeVar("T")
 A = TypeVar("A", bound="TurnTaker")
@@ -61,19 +63,19 @@ class TurnTaker(Protocol):
         meet ``exc`` itself (restart)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """Tell the actor to raise ``error``: a caller's turn met it, and the actor must meet
-    it as its own."""
+class Restart:
+    """Tell the actor to meet the failure a caller's turn left for it (nothing once it
+    has)."""
 
-    error: Exception
+    __slots__ = ()
 
 
 class Turns(Generic[A]):
     """Who acts on one actor's state now: the actor on its event loop, or one blocking
     caller on its own thread (see the module)."""
 
-    __slots__ = ("_actor", "_actor_in", "_caller", "_lock", "_sent", "_stopped", "_waiters")
+    __slots__ = ("_actor", "_actor_in", "_caller", "_failure", "_lock", "_ref", "_sent",
+                 "_stopped", "_waiters")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -82,14 +84,23 @@ class Turns(Generic[A]):
         self._actor_in = 0
         self._sent = 0
         self._stopped = False
+        self._failure: Exception | None = None
+        self._ref: ActorRef | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
-    def publish(self, actor: A) -> None:
-        """Let callers take turns on ``actor`` (its incarnation is ready), unless ``stop``
-        has run."""
+    def publish(self, actor: A, ref: ActorRef) -> None:
+        """Let callers take turns on ``actor`` (its incarnation is ready; ``ref`` is its
+        ref), unless ``stop`` has run."""
         with self._lock:
+            self._ref = ref
             if not self._stopped:
                 self._actor = actor
+
+    def failure(self) -> Exception | None:
+        """The error a caller's turn left for the actor to meet, taken (None: none)."""
+        with self._lock:
+            failure, self._failure = self._failure, None
+            return failure
 
     def stop(self) -> None:
         """Take no more turns, on this incarnation or any later one (the actor was told
@@ -150,20 +161,23 @@ class Turns(Generic[A]):
             self._caller = True
             return self._actor
 
-    def _end(self, withdraw: bool) -> None:
+    def _end(self, failure: Exception | None) -> None:
         with self._lock:
-            if withdraw:
-                self._actor = None
+            if failure is not None:  # for the actor to meet; no turn until it restarts
+                self._failure, self._actor = failure, None
             self._caller = False
             waiters, self._waiters = self._waiters, []
+            ref = self._ref
         for loop, waiter in waiters:
             with contextlib.suppress(RuntimeError):  # its loop has closed
                 loop.call_soon_threadsafe(_wake, waiter)
+        if failure is not None and ref is not None:
+            ref.tell(Restart())
 
     async def run(self, message: object, ask: Callable[[object], Awaitable[T]]) -> T:
         """``actor.handle(message)`` on a caller's turn when this is a blocking call and a
         turn is free; otherwise ``ask(message)`` (the actor answers it). An error that
-        must restart the actor is asked as ``Failed`` instead."""
+        must restart the actor is left for it (see the module) and raised here."""
         actor = self._take() if in_blocking_call() else None
         if actor is None:
             with self.sent():
@@ -174,16 +188,14 @@ class Turns(Generic[A]):
             return result
         except Exception as exc:
             error = actor.call_error(exc)
+            if error is None:
+                failure = exc
+                raise
             if error is exc:
                 raise
-            if error is not None:
-                raise error from exc
-            failure = exc
+            raise error from exc
         finally:
-            self._end(withdraw=failure is not None)
-        assert failure is not None
-        with self.sent():
-            return await ask(Failed(failure))
+            self._end(failure)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -207,17 +219,27 @@ class TurnActor(BlueprintActor):
         self.turns = turns
 
     async def pre_start(self) -> None:
-        """Let callers take turns on this incarnation."""
-        self.turns.publish(self)
+        """Let callers take turns on this incarnation (``publish_turns``)."""
+        self.publish_turns()
+
+    def publish_turns(self) -> None:
+        """Let callers take turns on this incarnation from now on."""
+        self.turns.publish(self, self.context.self_ref)
 
     async def receive(self, message: Any) -> Any:
-        """Answer ``message`` with ``handle`` once no caller's turn is under way; raise the
-        error of a ``Failed``."""
+        """Answer ``message`` with ``handle`` once no caller's turn is under way; first
+        meet a failure a caller's turn left (``Turns``): raise it, the message stashed
+        for the next incarnation."""
         turns = self.turns
         await turns.enter()
         try:
-            if type(message) is Failed:
-                raise message.error
+            failure = turns.failure()
+            if failure is not None:
+                if type(message) is not Restart:
+                    self.context.stash()  # the next incarnation handles it
+                raise failure
+            if type(message) is Restart:  # another message met the failure first
+                return None
             return await self.handle(message)
         except Exception as exc:
             error = self.call_error(exc)

@@ -161,7 +161,7 @@ class RealtimeActor(TurnActor):
             self._placement.device = await self._system.place_async(self._bytes_needed)
         await self.start()
         self._started = True
-        self.turns.publish(self)
+        self.publish_turns()
 
     async def start(self) -> None:
         """Set up the initial state on the device (subclasses: buffers laid out at start);

@@ -133,14 +133,14 @@ class _ServerActor(TurnActor):
                 device = (await system.place_async(self._initial.nbytes * 4)
                           if system.devices else await system.spawn_device_async(mock=True))
             self._kept.store = WeightStore(device, self._optimizer, self._lr, self._initial)
-            self.turns.publish(self)
+            self.publish_turns()
         return self._kept.store
 
     async def pre_start(self) -> None:
         """Take turns with blocking callers once the store is on its device (a restarted
         server keeps it; a new one places it at its first request)."""
         if self._kept.store is not None:
-            self.turns.publish(self)
+            self.publish_turns()
 
     async def pre_restart(self, exc: BaseException, message: Any) -> None:
         """Keep the device state for the next incarnation (the default would free it)."""
