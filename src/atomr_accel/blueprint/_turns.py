@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
@@ -90,9 +91,11 @@ class Turns(Generic[A]):
 
     def publish(self, actor: A, ref: ActorRef) -> None:
         """Let callers take turns on ``actor`` (its incarnation is ready; ``ref`` is its
-        ref), unless ``stop`` has run."""
+        ref), unless ``stop`` has run. A failure left for an earlier incarnation is
+        dropped: its state went with it."""
         with self._lock:
             self._ref = ref
+            self._failure = None
             if not self._stopped:
                 self._actor = actor
 
@@ -198,6 +201,17 @@ class Turns(Generic[A]):
             self._end(failure)
 
 
+def _again(error: Exception) -> Exception:
+    """A copy of ``error`` for the actor to raise (the caller holds and raised the original):
+    the same type and arguments, so supervision decides as it would on the original."""
+    try:
+        again = copy.copy(error)
+    except Exception:  # an exception that cannot be copied: the original, then
+        return error
+    again.__traceback__ = None
+    return again
+
+
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -237,7 +251,7 @@ class TurnActor(BlueprintActor):
             if failure is not None:
                 if type(message) is not Restart:
                     self.context.stash()  # the next incarnation handles it
-                raise failure
+                raise _again(failure) from failure
             if type(message) is Restart:  # another message met the failure first
                 return None
             return await self.handle(message)
