@@ -8,7 +8,6 @@ import asyncio
 import functools
 import os
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -184,24 +183,3 @@ async def test_a_partial_of_a_device_function_binds_a_resident_and_still_isolate
                                        return_exceptions=True)
         assert answers[0] == 102 and answers[2:] == [104, 106]
         assert isinstance(answers[1], WorkerLost)
-
-
-def slowly_doubled(items: list[int]) -> list[int]:
-    time.sleep(0.2)
-    return [x * 2 for x in items]
-
-
-@pytest.mark.parametrize("in_context", [True, False])
-async def test_a_device_function_gets_two_batches_in_flight_by_default_a_plain_callable_one(
-        in_context: bool) -> None:
-    async with await System.open_async("in-flight") as system:
-        dev = await system.spawn_device_async(mock=True, isolation="process")
-        model = dev.function(slowly_doubled) if in_context else slowly_doubled
-        server = DynamicBatchingServer.spawn(system, model, max_batch=2, max_wait=0.001)
-        calls = [asyncio.ensure_future(server.submit(x, timeout=30)) for x in range(8)]
-        most = 0
-        while not all(call.done() for call in calls):
-            most = max(most, (await server.stats()).running_batches)
-            await asyncio.sleep(0.01)
-        assert [call.result() for call in calls] == [x * 2 for x in range(8)]
-        assert most == (2 if in_context else 1)
