@@ -17,15 +17,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
-import functools
 import itertools
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,8 +36,7 @@ from atomr_accel.core._errors import (
     interrupt_in,
 )
 from atomr_accel.core._op import Op
-from atomr_accel.core.ops._function import CallFunction
-from atomr_accel.core.ops._memory import Download, Upload
+from atomr_accel.core.ops._memory import Download
 from atomr_accel.hosts._base import (
     BackendSpec,
     Box,
@@ -64,12 +60,12 @@ from atomr_accel.hosts._channel import (
 )
 from atomr_accel.hosts._loop_poller import OffLoop, Started
 from atomr_accel.hosts._op_pickles import OpPickles
+from atomr_accel.hosts._payloads import Fill, place
 from atomr_accel.hosts._reply_buffers import discard as discard_reply
 from atomr_accel.hosts._reply_buffers import loads as load_reply
 from atomr_accel.hosts._request import Request
-from atomr_accel.hosts._shm import SharedArena, ShmSlice, dtype_spec, remove_segment_files
+from atomr_accel.hosts._shm import SharedArena, ShmSlice, remove_segment_files
 from atomr_accel.hosts._slot_flight import Posted, SlotFlight
-from atomr_accel.hosts._staged_arrays import stage
 from atomr_accel.hosts._wire import encode
 from atomr_accel.hosts._worker_start import WORKER_COMMAND, import_dirs, read_frame, worker_env
 
@@ -79,15 +75,6 @@ __all__ = ["ProcessHost"]
 
 _DEFAULT_ARENA = 64 << 20
 _OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
-
-Fill = Callable[[np.ndarray[Any, Any]], None]
-"""Copies a request's payload into its staged slice of the arena (given as an array)."""
-
-
-def _fill_flat(data: np.ndarray[Any, Any], region: np.ndarray[Any, Any]) -> None:
-    """An upload's ``Fill``: its data, flattened."""
-    region[:] = data.reshape(-1)
-
 
 class ProcessHost(ContextHost):
     """Runs the context in a worker process (``python -m atomr_accel.hosts._worker``).
@@ -338,28 +325,12 @@ class ProcessHost(ContextHost):
         would wait for runs on an executor thread; the request waits in order)."""
         arena = self._arena
         assert arena is not None
-        staged = out = None
-        fill: Fill | None = None
-        nbytes = 0
-        if isinstance(op, Upload) and isinstance(op.data, np.ndarray):
-            data = op.data
-            staged = arena.take(data.nbytes, dtype_spec(data.dtype))
-            op = dataclasses.replace(op, data=staged)
-            fill, nbytes = functools.partial(_fill_flat, data), data.nbytes
-        elif isinstance(op, CallFunction) and isinstance(op.args.arrays, tuple) \
-                and op.args.arrays:
-            arrays = op.args.arrays
-            placed = stage(arena, arrays)
-            staged = placed.piece
-            op = dataclasses.replace(op, args=op.args.with_arrays(placed))
-            fill, nbytes = functools.partial(placed.fill, arrays=arrays), staged.nbytes
-        elif isinstance(op, Download):
-            dtype = op.ref.dtype.numpy
-            out = arena.take(op.count * dtype.itemsize, dtype_spec(dtype))
-        request = Request(op, stream, ticket, done, staged, out, slot)
+        placed = place(arena, op)
+        op, staged, fill = placed.op, placed.staged, placed.fill
+        request = Request(op, stream, ticket, done, staged, placed.out, slot)
         try:
             if fill is not None and staged is not None:
-                if nbytes >= _OFF_LOOP and on_free_loop():
+                if placed.nbytes >= _OFF_LOOP and on_free_loop():
                     loop = asyncio.get_running_loop()
                     loop.run_in_executor(None, self._stage, request, fill)
                     return request
