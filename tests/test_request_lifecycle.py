@@ -100,13 +100,17 @@ async def test_a_buffer_collected_after_a_rebuild_frees_nothing_new(isolation: s
 
 
 def _callers(dev: Device, count: int, stop: threading.Event, seen: Counter[str],
-             lock: threading.Lock) -> list[threading.Thread]:
+             lock: threading.Lock, closed: threading.Event) -> list[threading.Thread]:
+    """Threads calling ``dev`` until ``stop``, counting outcomes in ``seen``; once ``closed``
+    is set, only the calls begun after it count (one that ended before the system closed
+    may be counted late, its thread preempted)."""
     buf = dev.allocate_f32(1 << 14)
     calls: list[Callable[[], object]] = [
         dev.stats, lambda: dev.copy_to_numpy(buf), lambda: dev.blas().asum(1 << 14, buf)]
 
     def caller(i: int) -> None:
         while not stop.is_set():
+            late = closed.is_set()
             try:
                 calls[i % len(calls)]()
                 outcome = "ok"
@@ -114,7 +118,8 @@ def _callers(dev: Device, count: int, stop: threading.Event, seen: Counter[str],
                 outcome = type(exc).__name__ if isinstance(exc, GpuRuntimeError) else \
                     f"untyped {type(exc).__name__}"
             with lock:
-                seen[outcome] += 1
+                if late or not closed.is_set():
+                    seen[outcome] += 1
 
     threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(count)]
     for thread in threads:
@@ -127,10 +132,12 @@ def test_close_answers_every_blocked_caller_with_system_closed(isolation: str) -
     system = System.open("t")
     dev = system.spawn_device(mock=True, isolation=isolation)
     stop, seen, lock = threading.Event(), Counter[str](), threading.Lock()
-    threads = _callers(dev, 6, stop, seen, lock)
+    closed = threading.Event()
+    threads = _callers(dev, 6, stop, seen, lock, closed)
     time.sleep(0.2)
     system.close()
     with lock:
+        closed.set()
         seen.clear()  # from here on every call must fail with SystemClosed
     time.sleep(0.1)
     stop.set()
