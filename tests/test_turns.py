@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Coroutine, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -176,8 +176,10 @@ def test_no_turn_is_taken_on_a_stopped_actor(system: System) -> None:
         tally.add(1)
 
 
-def test_particles_stepped_and_emitted_from_many_threads_stay_whole(system: System) -> None:
-    device = system.spawn_device(mock=True)
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_particles_stepped_and_emitted_from_many_threads_stay_whole(
+        system: System, isolation: Literal["thread", "process"]) -> None:
+    device = system.spawn_device(mock=True, isolation=isolation)
     particles = ParticleSystemActor.spawn(system, gravity_y=0.0, device=device, ground_y=-1e9)
     rng = np.random.default_rng(3)
     batches = [rng.standard_normal((5, 3)).astype(np.float32) for _ in range(8 * 20)]
