@@ -19,14 +19,13 @@ from atomr_accel.blueprint._checks import (
     require_wait,
 )
 from atomr_accel.blueprint._client import BlueprintClient, SystemLike, spawn_actor
-from atomr_accel.blueprint._turns import Restart, TurnActor, Turns, TurnTaker
+from atomr_accel.blueprint._turns import TurnActor, Turns, TurnTaker
 from atomr_accel.blueprint._twin import twin, twins_with_old_name
 
 __all__ = [
     "TIMEOUT",
     "BlueprintActor",
     "BlueprintClient",
-    "Restart",
     "SystemLike",
     "TurnActor",
     "TurnTaker",

@@ -22,7 +22,7 @@ mailbox gives:
   actor (a context rebuilt under its buffers, a bug) is raised to the caller as
   an asker would get it, withdraws the actor from turns and is left for the
   actor, which meets it as its own before it handles anything else: the next
-  message it takes (a ``Restart`` told at once, or a message that came first,
+  message it takes (a restart message told at once, or a message that came first,
   which it stashes for its next incarnation) raises it, and supervision
   restarts the actor. No call is handled by a state the failure left behind.
 
@@ -47,7 +47,7 @@ from atomr_accel.blueprint._actor import BlueprintActor
 from atomr_accel.core._errors import GpuRuntimeError
 from atomr_accel.facade._portal import in_blocking_call
 
-__all__ = ["Restart", "TurnActor", "TurnTaker", "Turns"]
+__all__ = ["TurnActor", "TurnTaker", "Turns"]
 
 T = TypeVar("T")
 A = TypeVar("A", bound="TurnTaker")
@@ -64,7 +64,7 @@ class TurnTaker(Protocol):
         meet ``exc`` itself (restart)."""
 
 
-class Restart:
+class _Restart:
     """Tell the actor to meet the failure a caller's turn left for it (nothing once it
     has)."""
 
@@ -175,7 +175,7 @@ class Turns(Generic[A]):
             with contextlib.suppress(RuntimeError):  # its loop has closed
                 loop.call_soon_threadsafe(_wake, waiter)
         if failure is not None and ref is not None:
-            ref.tell(Restart())
+            ref.tell(_Restart())
 
     async def run(self, message: object, ask: Callable[[object], Awaitable[T]]) -> T:
         """``actor.handle(message)`` on a caller's turn when this is a blocking call and a
@@ -249,10 +249,10 @@ class TurnActor(BlueprintActor):
         try:
             failure = turns.failure()
             if failure is not None:
-                if type(message) is not Restart:
+                if type(message) is not _Restart:
                     self.context.stash()  # the next incarnation handles it
                 raise _again(failure) from failure
-            if type(message) is Restart:  # another message met the failure first
+            if type(message) is _Restart:  # another message met the failure first
                 return None
             return await self.handle(message)
         except Exception as exc:
