@@ -30,8 +30,12 @@ UNLUCKY = 13
 """The number whose addition is a bug in the tally (an untyped error: the actor restarts)."""
 STALLED = 99
 """The number whose addition waits for ``GO``, then is a bug (after setting ``INSIDE``)."""
+PAUSED = 98
+"""The number whose addition waits for ``GO`` (after setting ``INSIDE``), then adds it."""
 INSIDE = threading.Event()
 GO = threading.Event()
+STOPPED = threading.Event()
+"""Set by a tally actor's ``post_stop`` once it has run."""
 
 
 class _TallyActor(TurnActor):
@@ -49,14 +53,19 @@ class _TallyActor(TurnActor):
             raise InvalidArgument(f"cannot add {n}")
         if n == UNLUCKY:
             raise RuntimeError("a bug")
-        if n == STALLED:
+        if n in (STALLED, PAUSED):
             INSIDE.set()
             GO.wait(10)
-            raise RuntimeError("a bug, late")
+            if n == STALLED:
+                raise RuntimeError("a bug, late")
         total = self.total + n
         time.sleep(0)  # noqa: ASYNC251 - let other threads in between the read and the write
         self.total = total
         return total, threading.current_thread().name
+
+    async def post_stop(self) -> None:
+        await super().post_stop()
+        STOPPED.set()
 
 
 class Tally(BlueprintClient):
@@ -166,6 +175,26 @@ def test_a_call_waiting_behind_a_failing_turn_is_answered_by_the_next_incarnatio
     assert [str(e) for e in failed] == ["a bug, late"]
     assert answers[0][0] == 5  # handled after the restart the failure called for
     assert tally.add(0)[0] == 5  # and its addition kept
+
+
+def test_an_actor_stopped_during_a_turn_ends_after_it(system: System) -> None:
+    tally = Tally.spawn(system)
+    tally.add(1)
+    INSIDE.clear()
+    GO.clear()
+    STOPPED.clear()
+    answers: list[tuple[int, str]] = []
+    turn = threading.Thread(target=lambda: answers.append(tally.add(PAUSED)))
+    turn.start()
+    assert INSIDE.wait(10)  # the turn is under way on that thread
+    tally.stop()
+    assert not STOPPED.wait(0.3)  # the actor's stop waits for the turn
+    GO.set()
+    turn.join()
+    assert answers == [(1 + PAUSED, turn.name)]  # the turn finished on its thread
+    assert STOPPED.wait(10)  # and then the actor stopped
+    with pytest.raises(Unrecoverable):
+        tally.add(1)
 
 
 def test_no_turn_is_taken_on_a_stopped_actor(system: System) -> None:
