@@ -32,14 +32,13 @@ Fill = Callable[[np.ndarray[Any, Any]], None]
 @dataclass(frozen=True, slots=True)
 class Payloads:
     """``op`` as it crosses (its payloads replaced by arena slices), the slice its payload
-    is copied into (``staged``, by ``fill``, ``nbytes`` bytes) and the one its answer
-    comes back in (``out``)."""
+    is copied into (``staged``, by ``fill``) and the one its answer comes back in
+    (``out``)."""
 
     op: Op
     staged: ShmSlice | None = None
     out: ShmSlice | None = None
     fill: Fill | None = None
-    nbytes: int = 0
 
 
 def place(arena: SharedArena, op: Op) -> Payloads:
@@ -50,13 +49,12 @@ def place(arena: SharedArena, op: Op) -> Payloads:
         data = op.data
         staged = arena.take(data.nbytes, dtype_spec(data.dtype))
         return Payloads(dataclasses.replace(op, data=staged), staged,
-                        fill=functools.partial(_fill_flat, data), nbytes=data.nbytes)
+                        fill=functools.partial(_fill_flat, data))
     if isinstance(op, CallFunction) and isinstance(op.args.arrays, tuple) and op.args.arrays:
         arrays = op.args.arrays
         placed = stage(arena, arrays)
         return Payloads(dataclasses.replace(op, args=op.args.with_arrays(placed)), placed.piece,
-                        fill=functools.partial(placed.fill, arrays=arrays),
-                        nbytes=placed.piece.nbytes)
+                        fill=functools.partial(placed.fill, arrays=arrays))
     if isinstance(op, Download):
         dtype = op.ref.dtype.numpy
         return Payloads(op, out=arena.take(op.count * dtype.itemsize, dtype_spec(dtype)))

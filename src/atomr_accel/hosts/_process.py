@@ -76,6 +76,7 @@ __all__ = ["ProcessHost"]
 _DEFAULT_ARENA = 64 << 20
 _OFF_LOOP = 1 << 20  # payload copies this large leave an event loop's thread
 
+
 class ProcessHost(ContextHost):
     """Runs the context in a worker process (``python -m atomr_accel.hosts._worker``).
 
@@ -330,7 +331,7 @@ class ProcessHost(ContextHost):
         request = Request(op, stream, ticket, done, staged, placed.out, slot)
         try:
             if fill is not None and staged is not None:
-                if placed.nbytes >= _OFF_LOOP and on_free_loop():
+                if staged.nbytes >= _OFF_LOOP and on_free_loop():
                     loop = asyncio.get_running_loop()
                     loop.run_in_executor(None, self._stage, request, fill)
                     return request
