@@ -290,3 +290,81 @@ def test_bad_input_on_cuda_is_typed_and_the_device_serves(devices: tuple[Device,
     data = data_for(12, DType.F32)
     _, got, _ = forward(cuda, DType.F32, data, "relu", False)
     assert error("after bad input", got, np.maximum(data["a"] @ data["b"], 0)) < TOL[DType.F32]
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16], ids=str)
+@pytest.mark.parametrize("epilogue", ["bgrada", "bgradb", "drelu_bgrad"])
+@pytest.mark.parametrize("trans", [(False, False), (False, True), (True, True)], ids=str)
+def test_backward_transposes_match_cpu(devices: tuple[Device, Device], epilogue: str,
+                                       trans: tuple[bool, bool], dtype: DType) -> None:
+    """Every storage of A and B under the bias-gradient epilogues (cuBLASLt's BGRADB takes
+    its B transposed; where it has no algorithm the gradient is summed apart)."""
+    trans_a, trans_b = trans
+    data = data_for(120 + BACKWARD.index(epilogue), dtype)
+    z = rand(np.random.default_rng(121), (M, N), dtype)
+    results = []
+    for dev, dt in zip(devices, (dtype, DType.F64), strict=True):
+        a = upload(dev, data["a"].T if trans_a else data["a"], dt)
+        b = upload(dev, data["b"].T if trans_b else data["b"], dt)
+        d = upload(dev, data["c"], dt)
+        options: dict[str, Any] = {"trans_a": trans_a, "trans_b": trans_b, "beta": 0.5}
+        if epilogue == "drelu_bgrad":
+            mask = np.zeros((M, relu_aux_ld(N)), dtype=np.uint8)
+            mask[:, : -(-N // 8)] = np.packbits(z > 0, axis=1, bitorder="little")
+            options["aux"] = upload(dev, mask, DType.U8)
+        grad = dev.allocate(M if epilogue == "bgrada" else N, dt)
+        ran = dev.blaslt().matmul_backward(a, b, d, M, N, K, epilogue, bias_grad=grad,
+                                           **options)
+        results.append((ran, download(dev, d).reshape(M, N), download(dev, grad)))
+    (ran, got, got_grad), (_, want, want_grad) = results
+    assert ran == "nvmath"
+    name = f"{epilogue} trans_a={trans_a} trans_b={trans_b} {dtype}"
+    assert error(f"backward {name}", got, want) < TOL[dtype]
+    assert error(f"bias_grad {name}", got_grad, want_grad) < 4 * TOL[dtype]
+
+
+@pytest.mark.parametrize("epilogue", ["bias_relu", "bias_gelu"])
+def test_forward_aux_with_transposes_matches_cpu(devices: tuple[Device, Device],
+                                                 epilogue: str) -> None:
+    """The aux layout does not depend on how A and B are stored."""
+    cuda, cpu = devices
+    data = data_for(130 + FORWARD.index(epilogue), DType.F32)
+    options = {"trans_a": True, "trans_b": True, "alpha": 0.75}
+    _, got, got_aux = forward(cuda, DType.F32, data, epilogue, True, **options)
+    _, want, want_aux = forward(cpu, DType.F64, data, epilogue, True, **options)
+    assert got_aux is not None and want_aux is not None
+    assert error(f"forward+aux transposed {epilogue} f32", got, want) < tol(DType.F32, epilogue)
+    if "relu" in epilogue:
+        ld = relu_aux_ld(N)
+        bits_got = np.unpackbits(got_aux.reshape(M, ld), axis=1, count=N, bitorder="little")
+        bits_want = np.unpackbits(want_aux.reshape(M, ld), axis=1, count=N, bitorder="little")
+        assert float(np.mean(bits_got != bits_want)) < 0.005
+    else:
+        ld = gelu_aux_ld(N)
+        z_got = got_aux.astype(np.float64).reshape(M, ld)[:, :N]
+        z_want = want_aux.reshape(M, ld)[:, :N]
+        assert error(f"gelu aux transposed {epilogue} f32", z_got, z_want) < TOL[DType.F32]
+
+
+def test_one_plan_follows_new_scalars_and_buffers(devices: tuple[Device, Device]) -> None:
+    """Calls of one shape and epilogue that change alpha, beta, the bias and the aux buffer
+    between them each see their own (a cached plan re-pointed, never stale)."""
+    cuda, _ = devices
+    data = data_for(140, DType.F32)
+    a, b = upload(cuda, data["a"], DType.F32), upload(cuda, data["b"], DType.F32)
+    product = data["a"] @ data["b"]
+    blaslt = cuda.blaslt()
+    for i, (alpha, beta) in enumerate([(1.0, 0.0), (0.5, 0.25), (0.5, 0.25), (-2.0, 1.0),
+                                       (1.0, 0.0)]):
+        bias_values = data["bias"] * (i + 1)
+        bias = upload(cuda, bias_values, DType.F32)
+        d = upload(cuda, data["c"], DType.F32)
+        aux = cuda.allocate(aux_len("bias_gelu", M, N), DType.F32)
+        blaslt.matmul(a, b, d, M, N, K, "bias_gelu", bias=bias, aux=aux, alpha=alpha,
+                      beta=beta)
+        z = alpha * product + beta * data["c"] + bias_values
+        gelu = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+        got = download(cuda, d).reshape(M, N)
+        assert error(f"plan reuse {i} f32", got, gelu) < GELU_F32_TOL
+        z_got = download(cuda, aux).reshape(M, gelu_aux_ld(N))[:, :N]
+        assert error(f"plan reuse aux {i} f32", z_got, z) < TOL[DType.F32]
