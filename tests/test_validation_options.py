@@ -19,6 +19,7 @@ from test_op_validation_speed import EXAMPLES
 
 from atomr_accel import Device, InvalidArgument, System
 from atomr_accel.core._op import checked
+from atomr_accel.core.ops._blas import Gemm
 
 HOSTS = ["thread", "process"]
 
@@ -94,3 +95,31 @@ def test_every_bool_and_enum_option_of_every_op_is_checked(op: object) -> None:
             continue
         with pytest.raises(InvalidArgument, match=message):
             checked(dataclasses.replace(op, **{field.name: wrong}))  # type: ignore[type-var]
+
+
+def test_an_op_checked_again_is_the_same_object_and_a_refusal_is_never_remembered(
+        dev: Device) -> None:
+    """``checked`` remembers an op of plain parts: an equal op of values of the same exact
+    types is the op it made; a value of another type that compares equal (``True`` for
+    ``1``, ``1+0j`` for ``1.0``) is checked on its own, and an op refused once is refused
+    every time."""
+    a, b, c = (dev.allocate_f32(4) for _ in range(3))
+    blas = dev.blas()
+    first = checked(Gemm(a.ref, b.ref, c.ref, 2, 2, 2, alpha=1.0))
+    assert checked(Gemm(a.ref, b.ref, c.ref, 2, 2, 2, alpha=1.0)) is first
+    assert checked(Gemm(a.ref, b.ref, c.ref, 2, 2, 2, alpha=2.0)) is not first
+    for _ in range(2):
+        with pytest.raises(InvalidArgument, match="must be a real number"):
+            checked(Gemm(a.ref, b.ref, c.ref, 2, 2, 2, alpha=1 + 0j))
+        with pytest.raises(InvalidArgument, match="must be a real number"):
+            checked(Gemm(a.ref, b.ref, c.ref, 2, 2, 2, alpha=True))  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="must be True or False"):
+            checked(Gemm(a.ref, b.ref, c.ref, 2, 2, 2, trans_a=1))  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="leading dimension"):
+            blas.gemm(a, b, c, 2, 2, 2, lda=1)
+    data = np.arange(4.0, dtype=np.float32)
+    dev.copy_from_numpy(a, data)
+    dev.copy_from_numpy(b, np.eye(2, dtype=np.float32).reshape(-1))
+    for scale in (1.0, 3.0, 1.0):  # the remembered op runs with this call's values
+        blas.gemm(a, b, c, 2, 2, 2, alpha=scale)
+        np.testing.assert_array_equal(dev.copy_to_numpy(c), scale * data)

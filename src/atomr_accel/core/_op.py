@@ -17,6 +17,7 @@ field plain ``float``, then runs the op's own ``validate``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import operator
@@ -36,6 +37,7 @@ __all__ = [
     "checked",
     "is_int",
     "positive_ints",
+    "remembered",
     "require",
     "require_dtype",
     "require_len",
@@ -301,32 +303,71 @@ def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
     return None
 
 
+_SCALARS: frozenset[type] = frozenset({int, float, complex, bool, str, type(None), GpuRef})
+"""The exact value types an op the memo keeps may hold (with its fields' enums)."""
+
+
+def _atom_types(hints: Mapping[str, Any]) -> frozenset[type] | None:
+    """The exact types a remembered op's values may have: ``_SCALARS`` and the enums the
+    fields declare; None when a field may hold anything else (that op is never kept)."""
+    enums: set[type] = set()
+    for hint in hints.values():
+        parts = typing.get_args(hint) if typing.get_origin(hint) in (
+            types.UnionType, typing.Union) else (hint,)
+        for part in parts:
+            if isinstance(part, type) and issubclass(part, enum.Enum):
+                enums.add(part)
+            elif part not in _SCALARS:
+                return None
+    return _SCALARS | enums
+
+
 class _Fields:
     """The declared-type checks of one dataclass: its checked fields and their rules."""
 
-    __slots__ = ("fixes", "names", "plain", "read")
+    __slots__ = ("atoms", "fixes", "names", "plain", "read", "read_all")
 
     def __init__(self, cls: type) -> None:
         hints = typing.get_type_hints(cls)
-        rules = [(f.name, rule) for f in dataclasses.fields(cls)
-                 if (rule := _rule(hints[f.name])) is not None]
+        fields = dataclasses.fields(cls)
+        rules = [(f.name, rule) for f in fields if (rule := _rule(hints[f.name])) is not None]
         self.names = tuple(name for name, _ in rules)
         self.plain = tuple(rule[0] for _, rule in rules)
         self.fixes = tuple(rule[1] for _, rule in rules)
         self.read = reader_of(self.names)
+        self.read_all = reader_of([f.name for f in fields])
+        self.atoms = _atom_types({f.name: hints[f.name] for f in fields})
 
 
 _FIELDS: dict[type, _Fields] = {}
 _holds = tuple.__contains__
 
 
-def _fixed(obj: T) -> T:
-    """``obj`` with each checked field as its declared type says (the same object when
-    every field already is); raises ``InvalidArgument`` for a wrong option."""
-    cls = type(obj)
+def _declared(cls: type) -> _Fields:
     declared = _FIELDS.get(cls)
     if declared is None:
         declared = _FIELDS[cls] = _Fields(cls)
+    return declared
+
+
+MEMO_SIZE = 1024
+"""How many checked ops ``checked`` remembers (the oldest goes first)."""
+
+_MEMO: dict[tuple[type, tuple[object, ...], tuple[type, ...]], Any] = {}
+"""``(class, field values, their exact types)`` -> the op ``checked`` made of them."""
+
+
+def _remember(key: tuple[type, tuple[object, ...], tuple[type, ...]], op: Any) -> None:
+    if len(_MEMO) >= MEMO_SIZE:
+        with contextlib.suppress(StopIteration, KeyError, RuntimeError):  # another thread's
+            del _MEMO[next(iter(_MEMO))]
+    _MEMO[key] = op
+
+
+def _fixed(obj: T) -> T:
+    """``obj`` with each checked field as its declared type says (the same object when
+    every field already is); raises ``InvalidArgument`` for a wrong option."""
+    declared = _declared(type(obj))
     values = declared.read(obj)
     if all(map(_holds, declared.plain, map(type, values))):
         return obj  # every value is of a type that needs no look: the common case
@@ -345,10 +386,36 @@ def checked(op: T) -> T:
     docstring): a wrong bool, enum or str option is an ``InvalidArgument``
     naming the choices, and integer-likes become ints, in a copy of the op when
     any field changes. Then ``validate`` runs. Raises ``InvalidArgument``.
+
+    An op made only of numbers, strings, enum members and ``GpuRef``s is checked
+    once: the op made of equal values of the same exact types is answered from a
+    memo (the same object, so a process host pickles it once), since its checks
+    read nothing but those values. A refused op is never remembered.
     """
-    op = _fixed(op)
-    op.validate()  # type: ignore[attr-defined]
-    return op
+    cls = type(op)
+    declared = _declared(cls)
+    key = None
+    if declared.atoms is not None:
+        values = declared.read_all(op)
+        kinds = tuple(map(type, values))
+        if declared.atoms.issuperset(kinds):
+            key = (cls, values, kinds)
+            made: T | None = _MEMO.get(key)
+            if made is not None:
+                return made
+    made = _fixed(op)
+    made.validate()  # type: ignore[attr-defined]
+    if key is not None:
+        _remember(key, made)
+    return made
+
+
+def remembered(op: object) -> bool:
+    """Whether ``checked`` keeps ``op``'s kind in its memo: made only of numbers, strings,
+    enum members and ``GpuRef``s (so it cannot change)."""
+    declared = _declared(type(op))
+    return declared.atoms is not None and declared.atoms.issuperset(
+        map(type, declared.read_all(op)))
 
 
 def validated(op: T) -> T:
