@@ -56,6 +56,7 @@ from atomr_accel.facade._portal import (
     in_blocking_call,
     in_worker_thread,
     on_asyncio,
+    wait_here,
 )
 
 if TYPE_CHECKING:
@@ -246,7 +247,31 @@ class Device(DeviceApi):
         with lane.detour():
             return await self._ask(op, timeout, "device call")
 
-    run = blocking(run_async)
+    def run(self, op: Op, timeout_secs: float | None = None, *, checked: bool = False) -> Any:
+        """Run any op on this device and return its result, waiting on this thread.
+
+        The blocking twin of ``run_async`` (same arguments, same result); never call it
+        on the system's own event loop.
+        """
+        if not isinstance(op, Op):
+            raise InvalidArgument(f"run() takes an op, got {op!r}")
+        return self._call_now(op, timeout_secs, checked=checked)
+
+    def _call_now(self, op: Op, timeout_secs: float | None, *, checked: bool = True) -> Any:
+        """Run ``op`` (checked already, unless ``checked=False``) and wait for it on this
+        thread: straight on the data plane while it is open (no coroutine), else as
+        ``run_async`` does."""
+        self._portal.check_blocking()
+        try:
+            result = self._state.lane.call(
+                op, self._op_timeout if timeout_secs is None else timeout_secs, checked)
+        except GpuRuntimeError:
+            raise
+        except ActorError as exc:
+            raise gpu_error_of(exc, self._system, "device call") from exc
+        if result is not MISS:
+            return result
+        return wait_here(self._portal, self.run_async(op, timeout_secs, checked=checked))
 
     def _ref(self, buffer: BufferLike, name: str, dtypes: Iterable[DType] | None = None) -> GpuRef:
         return typed_ref(self.ref_of(buffer, name), name, dtypes)
@@ -254,6 +279,10 @@ class Device(DeviceApi):
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
         return self.run_async(validated(op), timeout_secs, checked=True)
+
+    def _call(self, op: Op, timeout_secs: float | None) -> Any:
+        """Check ``op`` now and run it, waiting on this thread (the blocking methods)."""
+        return self._call_now(validated(op), timeout_secs)
 
     def ref_of(self, buffer: BufferLike, name: str = "buffer") -> GpuRef:
         """The ``GpuRef`` of a buffer of this device (``InvalidArgument`` otherwise)."""

@@ -3,7 +3,9 @@
 For each ``Form`` this module writes the source of ``name_async`` (as
 ``dataclasses`` writes ``__init__``: a plain function with the real
 signature, so a call costs what a hand-written method costs), compiles it, and
-makes its blocking twin with ``blocking``. ``Generated`` subclasses, one per
+the source of its blocking twin ``name``, which hands the op to the handle's ``_call``
+(the handles wait for it on the calling thread, without a coroutine). ``Generated``
+subclasses, one per
 handle, receive every method declared for their handle. ``render_stub``
 writes the typed stub (``_api.pyi``) that mypy and IDEs read.
 """
@@ -27,7 +29,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.facade._portal import blocking
+from atomr_accel.facade._portal import Portal, twin_of, wait_here
 
 __all__ = ["Generated", "Method", "declared_ops", "methods_for", "render_stub"]
 
@@ -136,8 +138,8 @@ def _args(op: type[Op], form: Form, hints: dict[str, Any]) -> list[_Arg]:
 
 
 def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
-            checked_buffer: str | None, form: Form) -> tuple[str, dict[str, Any]]:
-    """The source of ``name`` and the names it uses."""
+            checked_buffer: str | None, form: Form, run: str) -> tuple[str, dict[str, Any]]:
+    """The source of ``name``, which hands its op to ``self.<run>``, and the names it uses."""
     space: dict[str, Any] = {"_op": op}
     head, body = ["self"], []
     star = False
@@ -204,7 +206,7 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
             field = param.fields[0]
             body.append(f"if f_{field} is None:\n        f_{field} = _f{i}({uses})")
     call = ", ".join(f"f_{field}" for field in fields)  # positional: the cheapest
-    body.append(f"return self._submit(_op({call}), timeout_secs)")
+    body.append(f"return self.{run}(_op({call}), timeout_secs)")
     lines = "\n    ".join(body)
     return f"def {name}({', '.join(head)}):\n    {lines}\n", space
 
@@ -252,12 +254,15 @@ def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
     args = _args(op, form, hints)
     name = form.name if dtype is None or not form.suffixed else f"{form.name}_{dtype.value}"
     buffers = [a.param.fields[0] for a in args if _is_buffer(hints[a.param.fields[0]])]
-    source, space = _source(f"{name}_async", op, args, hints,
-                            buffers[0] if dtype is not None and buffers else None, form)
-    if dtype is not None:
-        space["_dtypes"] = (dtype,)
-    exec(compile(source, f"<atomr_accel api {op.__name__}.{name}>", "exec"), space)
-    run_async: Callable[..., Any] = space[f"{name}_async"]
+    made: dict[str, Callable[..., Any]] = {}
+    for made_name, via in ((f"{name}_async", "_submit"), (name, "_call")):
+        source, space = _source(made_name, op, args, hints,
+                                buffers[0] if dtype is not None and buffers else None, form, via)
+        if dtype is not None:
+            space["_dtypes"] = (dtype,)
+        exec(compile(source, f"<atomr_accel api {op.__name__}.{made_name}>", "exec"), space)
+        made[made_name] = space[made_name]
+    run_async = made[f"{name}_async"]
     run_async.__qualname__ = f"{form.handle or op.library}.{name}_async"
     run_async.__module__ = __name__
     run_async.__doc__ = _doc(op, form, dtype)
@@ -278,7 +283,8 @@ def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
     signature = inspect.Signature(params, return_annotation=form.returns)
     run_async.__signature__ = signature.replace(  # type: ignore[attr-defined]
         return_annotation=f"Coroutine[Any, Any, {form.returns}]")
-    run = blocking(run_async)
+    run = twin_of(made[name], run_async)
+    run.__module__ = __name__
     run.__signature__ = signature  # type: ignore[attr-defined]
     return Method(name, run_async, run, signature, form.returns, op)
 
@@ -314,10 +320,17 @@ class Generated:
     """Base of the method sets: a subclass made with ``handle="blas"`` receives every
     method declared for that handle (``name_async`` and ``name``). The class that uses a
     set provides ``_ref(buffer, name, dtypes)`` (a buffer's ``GpuRef``, checked) and
-    ``_submit(op, timeout_secs)`` (the awaitable of the op's result, the op checked first);
-    it must come before the set in its bases."""
+    ``_submit(op, timeout_secs)`` (the awaitable of the op's result, the op checked first),
+    and may provide ``_call(op, timeout_secs)`` (the result, waited for on the calling
+    thread); it must come before the set in its bases."""
 
     handle: ClassVar[str] = ""
+    _portal: Portal
+    _submit: Callable[[Op, float | None], Any]
+
+    def _call(self, op: Op, timeout_secs: float | None) -> Any:
+        """Run ``op`` through ``_submit`` and wait for it on this thread (blocking twins)."""
+        return wait_here(self._portal, self._submit(op, timeout_secs))
 
     def __init_subclass__(cls, handle: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -368,4 +381,5 @@ def render_stub(classes: list[type[Generated]], header: str,
                          f"Coroutine[Any, Any, {method.returns}]: ...")
             lines.append(f"    def {method.name}({params}) -> {method.returns}: ...")
         lines.append("    def _submit(self, op: Op, timeout_secs: float | None) -> Any: ...")
+        lines.append("    def _call(self, op: Op, timeout_secs: float | None) -> Any: ...")
     return "\n".join(lines) + "\n"

@@ -95,8 +95,12 @@ class GraphRecorder:
         ``timeout_secs`` has nothing to bound."""
         self.ops.append(check_capturable(op, len(self.ops)))
 
+    def _call_now(self, op: Op, timeout_secs: float | None, *, checked: bool = True) -> None:
+        """Record ``op``, as ``run_async`` does (the handles' blocking methods)."""
+        self.ops.append(check_capturable(op, len(self.ops)))
+
     def _as_device(self) -> Device:
-        return cast("Device", self)  # handles need only ref_of, run_async and _portal
+        return cast("Device", self)  # handles need only ref_of, run_async, _call_now, _portal
 
     def blas(self) -> Blas:
         """BLAS calls to record."""

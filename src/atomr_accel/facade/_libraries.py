@@ -34,7 +34,7 @@ from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._api import BlasApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi
 from atomr_accel.facade._buffers import GpuBuffer, typed_ref
 from atomr_accel.facade._host_arrays import host_array
-from atomr_accel.facade._portal import blocking
+from atomr_accel.facade._portal import blocking, wait_here
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
@@ -84,6 +84,10 @@ class Library:
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
         return self._run(validated(op), timeout_secs, checked=True)
+
+    def _call(self, op: Op, timeout_secs: float | None) -> Any:
+        """Check ``op`` now and run it, waiting on this thread (the blocking methods)."""
+        return self.device._call_now(validated(op), timeout_secs)
 
 
 _F32 = (DType.F32,)
@@ -418,6 +422,10 @@ class RngGenerator(Library, RngApi):
                                                generator=self.generator))
             self.offset = start + op.count
         return self._fill(op, start, timeout_secs)
+
+    def _call(self, op: Op, timeout_secs: float | None) -> Any:
+        """Reserve and run the fill as ``_submit`` does, waiting on this thread."""
+        return wait_here(self._portal, self._submit(op, timeout_secs))
 
     async def _fill(self, op: RngFill, start: int, timeout_secs: float | None) -> None:
         """Run the fill; hand its range back if it failed and no later fill reserved past it."""

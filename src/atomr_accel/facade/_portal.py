@@ -24,7 +24,7 @@ from atomr_accel.backends._spin import Latch
 from atomr_accel.core._errors import SystemClosed
 
 __all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call", "in_worker_thread",
-           "on_asyncio"]
+           "on_asyncio", "twin_of", "wait_here"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -79,18 +79,25 @@ class Portal:
     def _closed_error(self) -> SystemClosed:
         return SystemClosed("facade", "call")
 
-    def _check_caller(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Refuse a blocking call on this portal's own loop (it would wait for itself); on
-        any other thread, a foreign event loop's included, it blocks that thread."""
+    def check_blocking(self) -> None:
+        """Refuse a blocking call on this portal's own loop (it would wait for itself) and
+        after ``close`` (``SystemClosed``); on any other thread, a foreign event loop's
+        included, it blocks that thread."""
         if asyncio._get_running_loop() is self.loop:
-            coro.close()
             raise RuntimeError(
                 "a blocking atomr-accel call was made on the system's own event loop; "
                 "await its *_async twin instead"
             )
         if self._shut or self.loop.is_closed():
-            coro.close()
             raise self._closed_error()
+
+    def _check_caller(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """``check_blocking``, closing ``coro`` when it refuses."""
+        try:
+            self.check_blocking()
+        except BaseException:
+            coro.close()
+            raise
 
     def _submit(self, coro: Coroutine[Any, Any, T], notify: Callable[[], None]) -> _Run[T]:
         """Start ``coro`` on the loop; ``notify()`` runs there once it has ended."""
@@ -284,15 +291,23 @@ def blocking(async_method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T
     @functools.wraps(async_method)
     def method(*args: P.args, **kwargs: P.kwargs) -> T:
         portal: Portal = args[0]._portal  # type: ignore[attr-defined]
-        coro = async_method(*args, **kwargs)
-        try:
-            return portal.run_blocking(coro)
-        except BaseException:
-            coro.close()  # an interrupt before it ran: no "never awaited" warning
-            raise
+        return wait_here(portal, async_method(*args, **kwargs))
 
-    name = async_method.__name__.removesuffix("_async")
-    method.__name__ = name
+    return twin_of(method, async_method)
+
+
+def wait_here(portal: Portal, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` (a facade coroutine) to its end on this plain thread, in blocking mode."""
+    try:
+        return portal.run_blocking(coro)
+    except BaseException:
+        coro.close()  # an interrupt before it ran: no "never awaited" warning
+        raise
+
+
+def twin_of(method: Callable[P, T], async_method: Callable[..., Any]) -> Callable[P, T]:
+    """Name and document ``method`` as the blocking twin of ``async_method``."""
+    method.__name__ = async_method.__name__.removesuffix("_async")
     method.__qualname__ = async_method.__qualname__.removesuffix("_async")
     summary = (async_method.__doc__ or "").strip()
     method.__doc__ = f"{summary}\n\nBlocking twin of ``{async_method.__name__}``; it blocks the " \
