@@ -17,7 +17,7 @@ from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._blas import Scal
 from atomr_accel.core.ops._graph import OpSequence
 from atomr_accel.core.ops._topk import ScoreTopK
-from atomr_accel.hosts._op_pickles import OpPickles
+from atomr_accel.hosts._op_pickles import OpPickles, ReadOps
 
 
 def test_a_sequence_holding_a_host_array_sent_again_sees_the_array_as_it_is_now() -> None:
@@ -58,3 +58,17 @@ def test_only_ops_made_of_parts_that_cannot_change_are_kept() -> None:
     after = pickles.dumps(holding, 4, None)
     assert before != after
     assert np.all(pickle.loads(after)[0].ops[0].queries == 5.0)
+
+
+def test_a_worker_reads_a_repeated_op_once_and_every_other_payload_each_time() -> None:
+    ref = GpuRef(0, 3, DType.F32, 8, 1, 7)
+    reads = ReadOps()
+    payload = OpPickles().dumps(validated(Scal(8, 2.0, ref)), 4, None)
+    first = reads(payload)
+    assert first == (Scal(8, 2.0, ref), 4, None)
+    assert reads(bytes(payload)) is first  # the same bytes: the op read before
+    holding = pickle.dumps((ScoreTopK(np.ones((1, 2), np.float32), ref, 4, 2, 1, None, None,
+                                      1.0), 4, None))
+    assert reads(holding) is not reads(holding)  # an op holding an array: read each time
+    other = reads(OpPickles().dumps(Scal(8, 3.0, ref), 4, None))
+    assert other[0].alpha == 3.0 and reads(payload) is first

@@ -32,7 +32,8 @@ from atomr_accel.core._op import Op
 from atomr_accel.core.ops._function import CallFunction
 from atomr_accel.core.ops._memory import Upload
 from atomr_accel.hosts._base import picklable, refusal_of, translate_error
-from atomr_accel.hosts._channel import NO_SLOT, Channel, loads
+from atomr_accel.hosts._channel import NO_SLOT, Channel
+from atomr_accel.hosts._op_pickles import ReadOps
 from atomr_accel.hosts._reply_buffers import dumps as dump_reply
 from atomr_accel.hosts._shm import ShmSlice, map_path, remove_segment_files
 from atomr_accel.hosts._staged_arrays import StagedArrays
@@ -59,6 +60,7 @@ class _Worker:
         self.parent = os.getppid()
         self.poisoned: GpuRuntimeError | None = None  # sticky: once poisoned, run nothing more
         self._lock = threading.Lock()  # completions may answer from other threads
+        self._read = ReadOps()
 
     def _view(self, piece: ShmSlice) -> tuple[np.ndarray[Any, Any], mmap.mmap | None]:
         mm = self.arena if piece.path is None else map_path(piece.path, piece.nbytes)
@@ -108,7 +110,7 @@ class _Worker:
     def _run(self, slot: int, request_id: int, payload: bytes) -> None:
         op = Op()
         try:
-            op, stream, out_slice = loads(payload)
+            op, stream, out_slice = self._read(payload)
             if self.poisoned is not None:
                 self._answer(slot, request_id, False, self.poisoned)
                 return
