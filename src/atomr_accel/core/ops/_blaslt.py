@@ -263,6 +263,7 @@ class FusedMatmul(_Common, Op):
     """
 
     library: ClassVar[str] = "blaslt"
+    queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("d", "aux")
     api = _forms("matmul", Param("epilogue", "none", parse=_forward_epilogue,
                                  annotation="str"))
