@@ -11,7 +11,8 @@ stream is that same stream (``torch.cuda.ExternalStream``), so the function's
 GPU work is ordered with the ops on its buffers and the op's completion event
 follows it. Whatever user code raises becomes a ``FunctionFailed``, except the
 errors the backend classifies (``Backend.user_error``: a sticky CUDA error is
-``ContextPoisoned``, running out of memory ``OutOfMemory``).
+``ContextPoisoned``, running out of memory ``OutOfMemory``) and those two errors
+raised by the code itself.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from atomr_accel.core._dtype import DType
-from atomr_accel.core._errors import FunctionFailed, GpuRuntimeError, InvalidArgument
+from atomr_accel.core._errors import (
+    ContextPoisoned,
+    FunctionFailed,
+    GpuRuntimeError,
+    InvalidArgument,
+    OutOfMemory,
+)
 from atomr_accel.core.ops._function import (
     BufferArg,
     BuildResident,
@@ -54,8 +61,12 @@ def refuse_reentry() -> None:
 
 
 def failure_of(exc: BaseException, name: str, backend: Backend) -> GpuRuntimeError:
-    """The typed error of what user code ``name`` raised: the backend's classification
-    (a sticky CUDA error, out of memory), else ``FunctionFailed`` with its traceback."""
+    """The typed error of what user code ``name`` raised: ``ContextPoisoned`` or
+    ``OutOfMemory`` as the code raised them (code that knows its library's sticky faults,
+    a JAX or Triton error, says so), the backend's classification (a sticky CUDA error
+    of CuPy or torch, out of memory), else ``FunctionFailed`` with its traceback."""
+    if isinstance(exc, ContextPoisoned | OutOfMemory):
+        return exc
     classified = backend.user_error(exc)
     if classified is not None:
         classified.__cause__ = exc
