@@ -8,6 +8,7 @@ import asyncio
 import functools
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -183,3 +184,36 @@ async def test_a_partial_of_a_device_function_binds_a_resident_and_still_isolate
                                        return_exceptions=True)
         assert answers[0] == 102 and answers[2:] == [104, 106]
         assert isinstance(answers[1], WorkerLost)
+
+
+def sticky_poisoned_by_negatives(items: list[int]) -> list[int]:
+    """A model whose bad input poisons the context as a sticky CUDA fault does: its own call
+    and every later one on that context fail with ``ContextPoisoned`` (the worker lives on
+    until it is replaced). Each call takes long enough that two batches overlap."""
+    time.sleep(0.05)
+    if any(x < 0 for x in items):
+        raise ContextPoisoned("an illegal address (as CUDA error 700 would say)")
+    return [x * 2 for x in items]
+
+
+async def test_with_two_batches_in_flight_only_the_request_that_kills_the_context_fails(
+        ) -> None:
+    """The batch in flight beside the one that took the context down fails with it, though
+    none of its requests did it: its requests are run again, not failed, and the search
+    for the culprit runs alone, so no innocent request of another batch is lost."""
+    async with await System.open_async("isolate") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", max_restarts=30)
+        server = DynamicBatchingServer.spawn(
+            system, dev.function(sticky_poisoned_by_negatives), max_batch=4, max_wait=0.01,
+            max_concurrent_batches=2)
+        items = [3, 1, -4, 1, 5, 9, 2, -6, 5, 3, 5, 8, 9, 7, -9, 3]
+        answers = await asyncio.gather(*(server.submit(x, timeout=120) for x in items),
+                                       return_exceptions=True)
+        for x, answer in zip(items, answers, strict=True):
+            if x < 0:
+                assert isinstance(answer, ContextPoisoned), answer
+            else:
+                assert answer == x * 2, (x, answer)
+        stats = await server.stats()
+        assert (stats.completed, stats.failed) == (13, 3)
+        assert await server.submit(21, timeout=60) == 42

@@ -105,6 +105,16 @@ class _BatchingActor(BlueprintActor):
         self.max_concurrent = max_concurrent_batches
         self.loop = asyncio.get_running_loop()
         self.running = 0
+        self.calling = 0
+        """Batches whose first call of the batch function is under way."""
+        self.isolating = 0
+        """Batches that took the context down (or fell with it), waiting to be run again
+        alone; no batch starts meanwhile."""
+        self._quiet = asyncio.Event()
+        """Set while no first call is under way."""
+        self._quiet.set()
+        self._alone = asyncio.Lock()
+        """Held by the one batch being run again alone."""
         self.armed_for: float | None = None
         self.batches = self.completed = self.failed = 0
         self.rejected = self.dropped = self.expired = self.timer_sets = 0
@@ -150,7 +160,7 @@ class _BatchingActor(BlueprintActor):
         """Start every batch that is due and may run now, then re-arm the one timer."""
         queue = self.queue
         now = self.loop.time()
-        while self.running < self.max_concurrent and len(queue):
+        while self.running < self.max_concurrent and not self.isolating and len(queue):
             deadline = queue.deadline()
             timer_says = fired is not None and deadline is not None and deadline <= fired
             if not (timer_says or queue.is_due(now)):
@@ -171,7 +181,8 @@ class _BatchingActor(BlueprintActor):
 
     def _arm(self, now: float) -> None:
         """Keep exactly one timer, set for the oldest request's deadline (none while busy)."""
-        deadline = self.queue.deadline() if self.running < self.max_concurrent else None
+        deadline = self.queue.deadline() \
+            if self.running < self.max_concurrent and not self.isolating else None
         if deadline == self.armed_for:
             return
         self.armed_for = deadline
@@ -186,13 +197,15 @@ class _BatchingActor(BlueprintActor):
         items = [r.item for r in batch]
         try:
             try:
-                outcomes: list[Outcome] = [(True, v) for v in await self._values(items)]
+                outcomes: list[Outcome] = [(True, v) for v in await self._first(items)]
             except ContextPoisoned as exc:
-                if in_context(self.batch_fn) is None or len(batch) == 1:
-                    raise
-                log.warning("a batch of %d took its device down (%s): isolating the request "
-                            "that did", len(batch), exc)
-                outcomes = await isolate(self._values, items)
+                if in_context(self.batch_fn) is None or (
+                        len(batch) == 1 and self.max_concurrent == 1):
+                    raise  # (a lone request that ran alone did it)
+                log.warning("a batch of %d fell with its device's context (%s): running it "
+                            "again alone to find the request that took it down", len(batch),
+                            exc)
+                outcomes = await self._alone_again(items)
         except asyncio.CancelledError:
             error = self.stopped_error()
             for request in batch:
@@ -207,6 +220,29 @@ class _BatchingActor(BlueprintActor):
                 request.reply.set_exception(value)
         answered = sum(ok for ok, _ in outcomes)
         self.context.self_ref.tell(_BatchDone(answered, len(batch) - answered))
+
+    async def _first(self, items: list[Any]) -> list[Any]:
+        """``_values``, counted among the first calls under way."""
+        self.calling += 1
+        self._quiet.clear()
+        try:
+            return await self._values(items)
+        finally:
+            self.calling -= 1
+            if not self.calling:
+                self._quiet.set()
+
+    async def _alone_again(self, items: list[Any]) -> list[Outcome]:
+        """Run a batch that fell with the context again, in groups (``isolate``), while no
+        other batch of this server runs: a batch in flight beside the one that took the
+        context down fails with it, and only runs alone tell which request did it."""
+        self.isolating += 1
+        try:
+            async with self._alone:
+                await self._quiet.wait()  # the batches in flight have ended (or wait here)
+                return await isolate(self._values, items)
+        finally:
+            self.isolating -= 1
 
     async def _values(self, items: list[Any]) -> list[Any]:
         """One result per item of ``items``, from one call of the batch function."""
@@ -245,7 +281,10 @@ class DynamicBatchingServer(BlueprintClient):
       it and fails the oldest waiting request with ``RequestDropped``.
     * At most ``max_concurrent_batches`` batches run at once (default 1: batches
       never overlap, which suits one model on one device); requests keep
-      queueing meanwhile and the next batch starts when one finishes.
+      queueing meanwhile and the next batch starts when one finishes. With more
+      than one, a batch in flight beside the one that took the context down
+      fails with it; every batch that fell so is run again alone (no other batch
+      starts meanwhile), so only the request that did it fails.
     * A request whose caller's ask has timed out is skipped when its batch is
       formed (counted as ``expired``).
     """
