@@ -14,10 +14,12 @@ import pytest
 from _ray_hosts import RAY
 
 from atomr_accel import (
+    ContextPoisoned,
     DeviceFunction,
     FunctionFailed,
     GpuBuffer,
     InvalidArgument,
+    OutOfMemory,
     System,
 )
 
@@ -121,6 +123,29 @@ async def test_user_errors_are_function_failed_and_the_device_keeps_serving(
         assert counted["throw"].calls == 3 and counted["throw"].failures == 3
         assert counted["bad_lookup"].failures == 1 and counted["<lambda>"].failures == 0
         assert [r.name for r in stats.functions.residents] == ["cache"]
+
+
+async def test_code_that_says_its_context_is_poisoned_gets_it_rebuilt() -> None:
+    """A device function that raises ``ContextPoisoned`` itself (its library's sticky fault,
+    which only the code knows) fails with it, and the device serves again on a new context
+    (a new worker); one that raises ``OutOfMemory`` fails with that and changes nothing."""
+    async with await System.open_async("functions") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process", max_restarts=5)
+
+        def poisoned() -> None:
+            raise ContextPoisoned("an XlaRuntimeError: illegal address")
+
+        def full() -> None:
+            raise OutOfMemory("a Triton launch found no room")
+
+        pid = (await dev.stats_async()).host_pid
+        with pytest.raises(OutOfMemory, match="no room"):
+            await dev.function(full).call_async()
+        assert (await dev.stats_async()).host_pid == pid
+        with pytest.raises(ContextPoisoned, match="illegal address"):
+            await dev.function(poisoned).call_async()
+        assert await dev.function(os.getpid).call_async() != pid
+        assert (await dev.stats_async()).restarts == 1
 
 
 @pytest.mark.parametrize("isolation", ["process", RAY])
