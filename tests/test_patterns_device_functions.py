@@ -217,3 +217,24 @@ async def test_with_two_batches_in_flight_only_the_request_that_kills_the_contex
         stats = await server.stats()
         assert (stats.completed, stats.failed) == (13, 3)
         assert await server.submit(21, timeout=60) == 42
+
+
+def slowly_doubled(items: list[int]) -> list[int]:
+    time.sleep(0.2)
+    return [x * 2 for x in items]
+
+
+@pytest.mark.parametrize("in_context", [True, False])
+async def test_a_device_function_gets_two_batches_in_flight_by_default_a_plain_callable_one(
+        in_context: bool) -> None:
+    async with await System.open_async("in-flight") as system:
+        dev = await system.spawn_device_async(mock=True, isolation="process")
+        model = dev.function(slowly_doubled) if in_context else slowly_doubled
+        server = DynamicBatchingServer.spawn(system, model, max_batch=2, max_wait=0.001)
+        calls = [asyncio.ensure_future(server.submit(x, timeout=30)) for x in range(8)]
+        most = 0
+        while not all(call.done() for call in calls):
+            most = max(most, (await server.stats()).running_batches)
+            await asyncio.sleep(0.01)
+        assert [call.result() for call in calls] == [x * 2 for x in range(8)]
+        assert most == (2 if in_context else 1)

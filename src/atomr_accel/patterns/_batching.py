@@ -279,9 +279,12 @@ class DynamicBatchingServer(BlueprintClient):
     * At most ``queue_capacity`` requests wait. When full, ``overflow="reject"``
       fails the new request with ``RequestRejected``; ``"drop_oldest"`` queues
       it and fails the oldest waiting request with ``RequestDropped``.
-    * At most ``max_concurrent_batches`` batches run at once (default 1: batches
-      never overlap, which suits one model on one device); requests keep
-      queueing meanwhile and the next batch starts when one finishes. With more
+    * At most ``max_concurrent_batches`` batches run at once; requests keep
+      queueing meanwhile and the next batch starts when one finishes. The
+      default (None) is 2 for a device function (``Device.function``, which
+      runs one call at a time in its context, in order: the next batch's
+      inputs travel while the device computes) and 1 for any other callable
+      (batches never overlap, which suits one model on one device). With more
       than one, a batch in flight beside the one that took the context down
       fails with it; every batch that fell so is run again alone (no other batch
       starts meanwhile), so only the request that did it fails.
@@ -292,11 +295,13 @@ class DynamicBatchingServer(BlueprintClient):
     @staticmethod
     def props(batch_fn: BatchFn, *, max_batch: int, max_wait: float,
               queue_capacity: int = 1024, overflow: OverflowPolicy = "reject",
-              max_concurrent_batches: int = 1) -> Props:
+              max_concurrent_batches: int | None = None) -> Props:
         """Props for the server actor (arguments as in ``spawn``); checks them now."""
         if not callable(batch_fn):
             raise InvalidArgument(f"batch_fn must be callable, got {batch_fn!r}")
         BatchQueue[Any](max_batch, max_wait, queue_capacity, overflow)  # validates
+        if max_concurrent_batches is None:
+            max_concurrent_batches = 1 if in_context(batch_fn) is None else 2
         require_positive_int("max_concurrent_batches", max_concurrent_batches)
         return Props(_BatchingActor, batch_fn, max_batch, max_wait, queue_capacity, overflow,
                      max_concurrent_batches)
@@ -304,12 +309,12 @@ class DynamicBatchingServer(BlueprintClient):
     @classmethod
     def spawn(cls, system: SystemLike, batch_fn: BatchFn, *, max_batch: int, max_wait: float,
               queue_capacity: int = 1024, overflow: OverflowPolicy = "reject",
-              max_concurrent_batches: int = 1, name: str | None = None,
+              max_concurrent_batches: int | None = None, name: str | None = None,
               ) -> DynamicBatchingServer:
         """Start a server in ``system`` and return its client.
 
         ``spawn(system, batch_fn, *, max_batch, max_wait, queue_capacity=1024,
-        overflow="reject", max_concurrent_batches=1, name=None)`` serves
+        overflow="reject", max_concurrent_batches=None, name=None)`` serves
         ``batch_fn`` and returns this class's client. Raises
         ``InvalidArgument`` for a bad setting (``max_batch`` < 1, a negative
         ``max_wait``, an unknown ``overflow``, ...)."""
