@@ -72,3 +72,15 @@ def test_a_worker_reads_a_repeated_op_once_and_every_other_payload_each_time() -
     assert reads(holding) is not reads(holding)  # an op holding an array: read each time
     other = reads(OpPickles().dumps(Scal(8, 3.0, ref), 4, None))
     assert other[0].alpha == 3.0 and reads(payload) is first
+
+
+def test_a_worker_stops_keeping_a_kind_of_op_whose_payloads_keep_changing() -> None:
+    from atomr_accel.core._op import HitRate
+
+    ref = GpuRef(0, 3, DType.F32, 8, 1, 7)
+    reads = ReadOps()
+    for i in range(2 * HitRate.TRIAL + 1):
+        reads(pickle.dumps((Scal(8, float(i), ref), 4, None)))
+    payload = pickle.dumps((Scal(8, -1.0, ref), 4, None))
+    assert reads(payload) is not reads(payload)  # resting: read each time
+    assert reads(payload)[0] == Scal(8, -1.0, ref)

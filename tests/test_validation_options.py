@@ -123,3 +123,23 @@ def test_an_op_checked_again_is_the_same_object_and_a_refusal_is_never_remembere
     for scale in (1.0, 3.0, 1.0):  # the remembered op runs with this call's values
         blas.gemm(a, b, c, 2, 2, 2, alpha=scale)
         np.testing.assert_array_equal(dev.copy_to_numpy(c), scale * data)
+
+
+def test_a_kind_of_op_whose_values_keep_changing_is_not_remembered_for_a_while() -> None:
+    """``checked`` stops looking ops of a kind up once a whole trial of them found nothing
+    (an RNG fill's offset changes every call); another kind is remembered as before."""
+    from atomr_accel.core._dtype import DType
+    from atomr_accel.core._op import HitRate, remembered
+    from atomr_accel.core._ref import GpuRef
+    from atomr_accel.core.ops._blas_vectors import Axpy, Scal
+
+    x, y = GpuRef(0, 91, DType.F64, 8, 1, 5), GpuRef(0, 92, DType.F64, 8, 1, 5)
+    assert remembered(Axpy(8, 0.5, x, y))
+    for i in range(2 * HitRate.TRIAL + 1):
+        checked(Axpy(8, 1.0 + i, x, y))
+    assert not remembered(Axpy(8, 0.5, x, y))
+    assert checked(Axpy(8, 0.5, x, y)) is not checked(Axpy(8, 0.5, x, y))  # resting
+    with pytest.raises(InvalidArgument):
+        checked(Axpy(8, 1j, x, y))  # still checked
+    scal = checked(Scal(8, 2.0, x))
+    assert checked(Scal(8, 2.0, x)) is scal and remembered(scal)

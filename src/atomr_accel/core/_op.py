@@ -17,7 +17,6 @@ field plain ``float``, then runs the op's own ``validate``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import operator
@@ -34,6 +33,7 @@ from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = [
     "Op",
+    "HitRate",
     "checked",
     "is_int",
     "positive_ints",
@@ -325,7 +325,7 @@ def _atom_types(hints: Mapping[str, Any]) -> frozenset[type] | None:
 class _Fields:
     """The declared-type checks of one dataclass: its checked fields and their rules."""
 
-    __slots__ = ("atoms", "fixes", "names", "plain", "read", "read_all")
+    __slots__ = ("atoms", "fixes", "names", "plain", "rate", "read", "read_all")
 
     def __init__(self, cls: type) -> None:
         hints = typing.get_type_hints(cls)
@@ -337,6 +337,7 @@ class _Fields:
         self.read = reader_of(self.names)
         self.read_all = reader_of([f.name for f in fields])
         self.atoms = _atom_types({f.name: hints[f.name] for f in fields})
+        self.rate = HitRate()
 
 
 _FIELDS: dict[type, _Fields] = {}
@@ -350,8 +351,45 @@ def _declared(cls: type) -> _Fields:
     return declared
 
 
+class HitRate:
+    """Whether a cache of one kind of value is worth its lookups: judged every ``TRIAL``
+    lookups, it rests for the next ``REST`` values (looks nothing up, keeps nothing) when
+    fewer than one in ``1 / WORTH`` found what it looked for. A kind whose values differ
+    every time (an RNG fill's offset) so costs its cache almost nothing. Counted without a
+    lock: a count lost to a race only shifts a judgement."""
+
+    __slots__ = ("hits", "looks", "rest")
+    TRIAL = 256
+    REST = 4096
+    WORTH = 0.125
+
+    def __init__(self) -> None:
+        self.hits = self.looks = self.rest = 0
+
+    def resting(self) -> bool:
+        """Whether to skip the cache for this value (counts the rest down)."""
+        if self.rest:
+            self.rest -= 1
+            return True
+        return False
+
+    def hit(self) -> None:
+        """A lookup found its value."""
+        self.looks += 1
+        self.hits += 1
+
+    def miss(self) -> None:
+        """A lookup found nothing (judges the trial once it is full)."""
+        self.looks += 1
+        if self.looks >= self.TRIAL:
+            if self.hits < self.looks * self.WORTH:
+                self.rest = self.REST
+            self.hits = self.looks = 0
+
+
 MEMO_SIZE = 1024
-"""How many checked ops ``checked`` remembers (the oldest goes first)."""
+"""How many checked ops ``checked`` remembers; past it, it forgets them all (dropping the
+oldest one by one would cost a scan of a dict's dead slots per op)."""
 
 _MEMO: dict[tuple[type, tuple[object, ...], tuple[type, ...]], Any] = {}
 """``(class, field values, their exact types)`` -> the op ``checked`` made of them."""
@@ -359,8 +397,7 @@ _MEMO: dict[tuple[type, tuple[object, ...], tuple[type, ...]], Any] = {}
 
 def _remember(key: tuple[type, tuple[object, ...], tuple[type, ...]], op: Any) -> None:
     if len(_MEMO) >= MEMO_SIZE:
-        with contextlib.suppress(StopIteration, KeyError, RuntimeError):  # another thread's
-            del _MEMO[next(iter(_MEMO))]
+        _MEMO.clear()
     _MEMO[key] = op
 
 
@@ -390,19 +427,22 @@ def checked(op: T) -> T:
     An op made only of numbers, strings, enum members and ``GpuRef``s is checked
     once: the op made of equal values of the same exact types is answered from a
     memo (the same object, so a process host pickles it once), since its checks
-    read nothing but those values. A refused op is never remembered.
+    read nothing but those values. A refused op is never remembered, and a kind of op
+    whose values keep changing is not looked up for a while (``HitRate``).
     """
     cls = type(op)
     declared = _declared(cls)
     key = None
-    if declared.atoms is not None:
+    if declared.atoms is not None and not declared.rate.resting():
         values = declared.read_all(op)
         kinds = tuple(map(type, values))
         if declared.atoms.issuperset(kinds):
             key = (cls, values, kinds)
             made: T | None = _MEMO.get(key)
             if made is not None:
+                declared.rate.hit()
                 return made
+            declared.rate.miss()
     made = _fixed(op)
     made.validate()  # type: ignore[attr-defined]
     if key is not None:
@@ -411,10 +451,11 @@ def checked(op: T) -> T:
 
 
 def remembered(op: object) -> bool:
-    """Whether ``checked`` keeps ``op``'s kind in its memo: made only of numbers, strings,
-    enum members and ``GpuRef``s (so it cannot change)."""
+    """Whether ``checked`` keeps ops of ``op``'s kind in its memo now (not resting), and
+    ``op`` is made only of numbers, strings, enum members and ``GpuRef``s (so it cannot
+    change)."""
     declared = _declared(type(op))
-    return declared.atoms is not None and declared.atoms.issuperset(
+    return declared.atoms is not None and not declared.rate.rest and declared.atoms.issuperset(
         map(type, declared.read_all(op)))
 
 

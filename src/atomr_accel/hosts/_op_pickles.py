@@ -16,7 +16,7 @@ from typing import Any
 
 from atomr_accel.backends._state import Lru
 from atomr_accel.core._fields import immutable
-from atomr_accel.core._op import Op, remembered
+from atomr_accel.core._op import HitRate, Op, remembered
 from atomr_accel.core.ops._collective import RunCollective
 from atomr_accel.core.ops._graph import OpSequence
 from atomr_accel.hosts._channel import Spilled, loads
@@ -61,10 +61,12 @@ class OpPickles:
 
 class ReadOps:
     """A worker's reading of request payloads (``loads``), keeping the ``(op, stream, out)``
-    read from a short payload of a repeatable op, spilled ones aside (see module)."""
+    read from a short payload of a repeatable op, spilled ones aside (see module); a kind
+    of op whose payloads keep changing is not kept for a while (``HitRate``)."""
 
     def __init__(self) -> None:
         self._read: Lru[tuple[Op, int, Any]] = Lru(KEPT)
+        self._rates: dict[type, HitRate] = {}
 
     def __call__(self, payload: bytes) -> tuple[Op, int, Any]:
         """``(op, stream, out)`` of ``payload``."""
@@ -73,12 +75,22 @@ class ReadOps:
             return read
         kept = self._read.find(payload)
         if kept is not None:
+            self._rate(type(kept[0])).hit()
             return kept
         value = pickle.loads(payload)
         if isinstance(value, Spilled):  # its bytes name a segment, read once
             read = pickle.loads(value.read())
             return read
-        if value[2] is None and repeatable(value[0]):
-            self._read.put(payload, value)
+        rate = self._rate(type(value[0]))
+        if not rate.resting():
+            rate.miss()
+            if value[2] is None and repeatable(value[0]):
+                self._read.put(payload, value)
         read = value
         return read
+
+    def _rate(self, kind: type) -> HitRate:
+        rate = self._rates.get(kind)
+        if rate is None:
+            rate = self._rates[kind] = HitRate()
+        return rate
