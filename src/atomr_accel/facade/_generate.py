@@ -2,11 +2,11 @@
 
 For each ``Form`` this module writes the source of ``name_async`` (as
 ``dataclasses`` writes ``__init__``: a plain function with the real
-signature, so a call costs what a hand-written method costs), compiles it, and
-the source of its blocking twin ``name``, which hands the op to the handle's ``_call``
-(the handles wait for it on the calling thread, without a coroutine). ``Generated``
-subclasses, one per
-handle, receive every method declared for their handle. ``render_stub``
+signature, so a call costs what a hand-written method costs) and compiles it.
+Its blocking twin ``name`` is the same code handing the op to the handle's
+``_call`` instead of ``_submit`` (the handles wait for it on the calling
+thread, without a coroutine). ``Generated`` subclasses, one per handle,
+receive every method declared for their handle. ``render_stub``
 writes the typed stub (``_api.pyi``) that mypy and IDEs read.
 """
 
@@ -137,9 +137,23 @@ def _args(op: type[Op], form: Form, hints: dict[str, Any]) -> list[_Arg]:
     return args
 
 
+def _calling(run_async: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """The blocking twin ``name`` of generated ``run_async``: the same code with its one
+    attribute ``_submit`` read as ``_call`` (compiling a second source would double the
+    methods' share of ``import atomr_accel``)."""
+    code = run_async.__code__
+    assert code.co_names.count("_submit") == 1, code.co_names
+    twin = types.FunctionType(
+        code.replace(co_names=tuple("_call" if n == "_submit" else n for n in code.co_names),
+                     co_name=name, co_qualname=name),
+        run_async.__globals__, name, run_async.__defaults__, run_async.__closure__)
+    twin.__kwdefaults__ = run_async.__kwdefaults__
+    return twin
+
+
 def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
-            checked_buffer: str | None, form: Form, run: str) -> tuple[str, dict[str, Any]]:
-    """The source of ``name``, which hands its op to ``self.<run>``, and the names it uses."""
+            checked_buffer: str | None, form: Form) -> tuple[str, dict[str, Any]]:
+    """The source of ``name`` and the names it uses."""
     space: dict[str, Any] = {"_op": op}
     head, body = ["self"], []
     star = False
@@ -206,7 +220,7 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
             field = param.fields[0]
             body.append(f"if f_{field} is None:\n        f_{field} = _f{i}({uses})")
     call = ", ".join(f"f_{field}" for field in fields)  # positional: the cheapest
-    body.append(f"return self.{run}(_op({call}), timeout_secs)")
+    body.append(f"return self._submit(_op({call}), timeout_secs)")
     lines = "\n    ".join(body)
     return f"def {name}({', '.join(head)}):\n    {lines}\n", space
 
@@ -254,15 +268,12 @@ def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
     args = _args(op, form, hints)
     name = form.name if dtype is None or not form.suffixed else f"{form.name}_{dtype.value}"
     buffers = [a.param.fields[0] for a in args if _is_buffer(hints[a.param.fields[0]])]
-    made: dict[str, Callable[..., Any]] = {}
-    for made_name, via in ((f"{name}_async", "_submit"), (name, "_call")):
-        source, space = _source(made_name, op, args, hints,
-                                buffers[0] if dtype is not None and buffers else None, form, via)
-        if dtype is not None:
-            space["_dtypes"] = (dtype,)
-        exec(compile(source, f"<atomr_accel api {op.__name__}.{made_name}>", "exec"), space)
-        made[made_name] = space[made_name]
-    run_async = made[f"{name}_async"]
+    source, space = _source(f"{name}_async", op, args, hints,
+                            buffers[0] if dtype is not None and buffers else None, form)
+    if dtype is not None:
+        space["_dtypes"] = (dtype,)
+    exec(compile(source, f"<atomr_accel api {op.__name__}.{name}>", "exec"), space)
+    run_async: Callable[..., Any] = space[f"{name}_async"]
     run_async.__qualname__ = f"{form.handle or op.library}.{name}_async"
     run_async.__module__ = __name__
     run_async.__doc__ = _doc(op, form, dtype)
@@ -283,7 +294,7 @@ def _method(op: type[Op], form: Form, dtype: DType | None) -> Method:
     signature = inspect.Signature(params, return_annotation=form.returns)
     run_async.__signature__ = signature.replace(  # type: ignore[attr-defined]
         return_annotation=f"Coroutine[Any, Any, {form.returns}]")
-    run = twin_of(made[name], run_async)
+    run = twin_of(_calling(run_async, name), run_async)
     run.__module__ = __name__
     run.__signature__ = signature  # type: ignore[attr-defined]
     return Method(name, run_async, run, signature, form.returns, op)
