@@ -248,11 +248,8 @@ class Device(DeviceApi):
             return await self._ask(op, timeout, "device call")
 
     def run(self, op: Op, timeout_secs: float | None = None, *, checked: bool = False) -> Any:
-        """Run any op on this device and return its result, waiting on this thread.
-
-        The blocking twin of ``run_async`` (same arguments, same result); never call it
-        on the system's own event loop.
-        """
+        """Blocking twin of ``run_async``: the op's result, waited for on this thread (never
+        call it on the system's own event loop)."""
         if not isinstance(op, Op):
             raise InvalidArgument(f"run() takes an op, got {op!r}")
         return self._call_now(op, timeout_secs, checked=checked)
