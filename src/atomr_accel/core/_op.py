@@ -401,6 +401,17 @@ def _remember(key: tuple[type, tuple[object, ...], tuple[type, ...]], op: Any) -
     _MEMO[key] = op
 
 
+def _memo_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
+                                                      tuple[type, ...]] | None:
+    """``op``'s key in the memo: its class, values and their exact types; None when it may
+    hold anything but numbers, strings, enum members and ``GpuRef``s."""
+    if declared.atoms is None:
+        return None
+    values = declared.read_all(op)
+    kinds = tuple(map(type, values))
+    return (type(op), values, kinds) if declared.atoms.issuperset(kinds) else None
+
+
 def _fixed(obj: T) -> T:
     """``obj`` with each checked field as its declared type says (the same object when
     every field already is); raises ``InvalidArgument`` for a wrong option."""
@@ -430,19 +441,14 @@ def checked(op: T) -> T:
     read nothing but those values. A refused op is never remembered, and a kind of op
     whose values keep changing is not looked up for a while (``HitRate``).
     """
-    cls = type(op)
-    declared = _declared(cls)
-    key = None
-    if declared.atoms is not None and not declared.rate.resting():
-        values = declared.read_all(op)
-        kinds = tuple(map(type, values))
-        if declared.atoms.issuperset(kinds):
-            key = (cls, values, kinds)
-            made: T | None = _MEMO.get(key)
-            if made is not None:
-                declared.rate.hit()
-                return made
-            declared.rate.miss()
+    declared = _declared(type(op))
+    key = None if declared.rate.resting() else _memo_key(declared, op)
+    if key is not None:
+        made: T | None = _MEMO.get(key)
+        if made is not None:
+            declared.rate.hit()
+            return made
+        declared.rate.miss()
     made = _fixed(op)
     made.validate()  # type: ignore[attr-defined]
     if key is not None:
@@ -455,8 +461,7 @@ def remembered(op: object) -> bool:
     ``op`` is made only of numbers, strings, enum members and ``GpuRef``s (so it cannot
     change)."""
     declared = _declared(type(op))
-    return declared.atoms is not None and not declared.rate.rest and declared.atoms.issuperset(
-        map(type, declared.read_all(op)))
+    return not declared.rate.rest and _memo_key(declared, op) is not None
 
 
 def validated(op: T) -> T:

@@ -33,8 +33,9 @@ from atomr_accel.core.ops._rng import Generator, RngFill
 from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._api import BlasApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi
 from atomr_accel.facade._buffers import GpuBuffer, typed_ref
+from atomr_accel.facade._generate import Generated
 from atomr_accel.facade._host_arrays import host_array
-from atomr_accel.facade._portal import blocking, wait_here
+from atomr_accel.facade._portal import blocking
 
 if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
@@ -423,9 +424,7 @@ class RngGenerator(Library, RngApi):
             self.offset = start + op.count
         return self._fill(op, start, timeout_secs)
 
-    def _call(self, op: Op, timeout_secs: float | None) -> Any:
-        """Reserve and run the fill as ``_submit`` does, waiting on this thread."""
-        return wait_here(self._portal, self._submit(op, timeout_secs))
+    _call = Generated._call  # through _submit, which reserves the fill's range
 
     async def _fill(self, op: RngFill, start: int, timeout_secs: float | None) -> None:
         """Run the fill; hand its range back if it failed and no later fill reserved past it."""

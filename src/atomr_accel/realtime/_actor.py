@@ -216,7 +216,6 @@ class RealtimeClient(BlueprintClient):
     """Base of the realtime clients: spawn an actor on a device, call its methods (a
     blocking call on the calling thread when the actor is idle: ``Turns``)."""
 
-
     @classmethod
     def _spawn(cls, system: Any, actor: type[RealtimeActor], args: tuple[Any, ...],
                name: str | None, device: Any, nbytes: int = 0) -> Self:
