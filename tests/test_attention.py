@@ -492,6 +492,44 @@ def test_gpu_masks_and_composed_path_vs_cpu(gpu: tuple[Any, Any], dtype: DType,
 
 
 @pytest.mark.gpu
+def test_gpu_attention_awaited_again_computes_each_calls_data(gpu: tuple[Any, Any]) -> None:
+    """A forward and backward that ran once are launched from the caller's event loop (their
+    graphs are built): three rounds, 3 calls in flight each on its own data, new data each
+    round, against the CPU backend in float64."""
+    import asyncio
+
+    cuda, cpu = gpu
+    rng = np.random.default_rng(12)
+    dtype, (b, hq, hkv, s, d) = DType.F16, (2, 4, 2, 64, 64)
+    fa = cuda.flashattn()
+    shapes = [(b, h, s, d) for h in (hq, hkv, hkv, hq)]
+    sets = [[cuda.allocate(int(np.prod(shape)), dtype) for shape in shapes] for _ in range(3)]
+    outs = [(cuda.allocate(b * hq * s * d, dtype), cuda.allocate_f32(b * hq * s),
+             [cuda.allocate(int(np.prod(shape)), dtype) for shape in shapes[:3]]) for _ in sets]
+
+    async def one_round() -> list[str]:
+        paths = await asyncio.gather(*(fa.forward_async(
+            q, k, v, o, b, hq, hkv, s, s, d, stats=stats, causal=True)
+            for (q, k, v, _), (o, stats, _) in zip(sets, outs, strict=True)))
+        return paths + await asyncio.gather(*(fa.backward_async(
+            q, k, v, o, do, stats, *grads, b, hq, hkv, s, s, d, causal=True)
+            for (q, k, v, do), (o, stats, grads) in zip(sets, outs, strict=True)))
+
+    for _ in range(3):
+        datas = [[rand(rng, *shape).astype(dtype.numpy).astype(np.float64) for shape in shapes]
+                 for _ in sets]
+        for bufs, data in zip(sets, datas, strict=True):
+            for buf, x in zip(bufs, data, strict=True):
+                cuda.copy_from_numpy(buf, x.reshape(-1).astype(dtype.numpy))
+        assert set(asyncio.run(one_round())) == {"cudnn-graph"}
+        for data, (o, _, grads) in zip(datas, outs, strict=True):
+            want, _ = reference_cpu(cpu, *data, b, hq, hkv, s, d, True)
+            close(get(cuda, o, data[0].shape), want[0], GPU_TOL[dtype])
+            for buf, x, g in zip(grads, data[:3], want[1:], strict=True):
+                close(get(cuda, buf, x.shape), g, 2 * GPU_TOL[dtype])
+
+
+@pytest.mark.gpu
 def test_gpu_paged_and_ragged_equal_the_reference(gpu: tuple[Any, Any]) -> None:
     cuda = gpu[0]
     rng = np.random.default_rng(10)

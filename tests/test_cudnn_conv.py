@@ -633,6 +633,38 @@ def test_gpu_conv2d_blend_and_refusals(gpu: Device) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_gpu_conv2d_awaited_again_computes_each_calls_data(gpu: Device, alpha: float) -> None:
+    """A convolution that ran once is launched from the caller's event loop (its graph is
+    built): 4 ops in flight at a time, each on its own image, three rounds with new images
+    each round, plain and blended, each against the reference in float64."""
+    import asyncio
+
+    rng = np.random.default_rng(8)
+    x, w, _, y_shape, opts = _conv_case(CONV_CASES[0], rng, DType.F32)
+    bw = put(gpu, w, DType.F32)
+    bxs = [gpu.allocate(x.size, DType.F32) for _ in range(4)]
+    bys = [gpu.allocate(math.prod(y_shape), DType.F32) for _ in range(4)]
+    cudnn = gpu.cudnn()
+
+    async def one_round() -> list[str]:
+        return await asyncio.gather(*(cudnn.conv2d_fwd_async(
+            bx, bw, by, x.shape, w.shape, y_shape, **opts, alpha=alpha, beta=1.0 - alpha)
+            for bx, by in zip(bxs, bys, strict=True)))
+
+    for _ in range(3):
+        images = [rounded(rng, x.shape, DType.F32) for _ in bxs]
+        olds = [rounded(rng, y_shape, DType.F32) for _ in bys]
+        for buf, data in (*zip(bxs, images, strict=True), *zip(bys, olds, strict=True)):
+            gpu.copy_from_numpy(buf, data.reshape(-1).astype(np.float32))
+        paths = asyncio.run(one_round())
+        assert set(paths) == {"cudnn-graph" if alpha == 1.0 else "cudnn-graph+cupy"}
+        for image, old, by in zip(images, olds, bys, strict=True):
+            want = alpha * conv_ref(image, w, **opts) + (1.0 - alpha) * old
+            close(get(gpu, by, y_shape), want, 5e-3)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_gpu_conv2d_autotune(gpu: Device, dev: Device, dtype: DType, alpha: float) -> None:

@@ -125,6 +125,35 @@ def test_an_op_checked_again_is_the_same_object_and_a_refusal_is_never_remembere
         np.testing.assert_array_equal(dev.copy_to_numpy(c), scale * data)
 
 
+def test_an_op_with_shape_tuples_is_remembered_only_when_they_hold_plain_ints(
+        dev: Device) -> None:
+    """A convolution (its shapes, pad and stride are tuples of ints) checked again is the op
+    checked before; a tuple holding a NumPy integer is checked on its own (and made plain),
+    and one holding a bool or a float, equal to the remembered one, is refused every time."""
+    from atomr_accel.core.ops._dnn import Conv2dForward
+
+    x, w, y = dev.allocate_f32(2 * 3 * 5 * 5), dev.allocate_f32(4 * 3 * 3 * 3), \
+        dev.allocate_f32(2 * 4 * 5 * 5)
+
+    def conv(pad: tuple[object, ...] = (1, 1), y_shape: tuple[int, ...] = (2, 4, 5, 5)
+             ) -> Conv2dForward:
+        return Conv2dForward(x.ref, w.ref, y.ref, (2, 3, 5, 5), (4, 3, 3, 3), y_shape,
+                             pad=pad)  # type: ignore[arg-type]
+
+    first = checked(conv())
+    assert checked(conv()) is first
+    made = checked(conv(pad=(np.int64(1), 1)))
+    assert made is not first and made == first
+    assert [type(v) for v in made.pad] == [int, int]
+    for _ in range(2):  # equal to (1, 1), and refused each time
+        with pytest.raises(InvalidArgument, match="pad must be two ints"):
+            checked(conv(pad=(True, 1)))
+        with pytest.raises(InvalidArgument, match="pad must be two ints"):
+            checked(conv(pad=(1.0, 1)))
+        with pytest.raises(InvalidArgument, match="y_shape"):
+            checked(conv(y_shape=(2, 4, 4, 4)))
+
+
 def test_a_kind_of_op_whose_values_keep_changing_is_not_remembered_for_a_while() -> None:
     """``checked`` stops looking ops of a kind up once a whole trial of them found nothing
     (an RNG fill's offset changes every call); another kind is remembered as before."""

@@ -304,28 +304,43 @@ def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
 
 
 _SCALARS: frozenset[type] = frozenset({int, float, complex, bool, str, type(None), GpuRef})
-"""The exact value types an op the memo keeps may hold (with its fields' enums)."""
+"""The exact value types an op the memo keeps may hold (with its fields' enums, and tuples
+of plain ints where a field declares a tuple of ints)."""
+
+_INTS = frozenset({int})
 
 
-def _atom_types(hints: Mapping[str, Any]) -> frozenset[type] | None:
-    """The exact types a remembered op's values may have: ``_SCALARS`` and the enums the
-    fields declare; None when a field may hold anything else (that op is never kept)."""
-    enums: set[type] = set()
-    for hint in hints.values():
+def _int_tuple(hint: Any) -> bool:
+    """Whether ``hint`` declares a tuple of ints (``tuple[int, ...]``, ``tuple[int, int]``)."""
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is tuple and bool(args) and all(
+        a is int or a is Ellipsis for a in args)
+
+
+def _atom_types(hints: Mapping[str, Any]) -> tuple[frozenset[type], tuple[int, ...]] | None:
+    """The exact types a remembered op's values may have (``_SCALARS``, the enums the fields
+    declare, ``tuple`` where one declares a tuple of ints) and the positions of those tuple
+    fields; None when a field may hold anything else (that op is never kept)."""
+    extra: set[type] = set()
+    tuples: list[int] = []
+    for position, hint in enumerate(hints.values()):
         parts = typing.get_args(hint) if typing.get_origin(hint) in (
             types.UnionType, typing.Union) else (hint,)
         for part in parts:
             if isinstance(part, type) and issubclass(part, enum.Enum):
-                enums.add(part)
+                extra.add(part)
+            elif _int_tuple(part):
+                extra.add(tuple)
+                tuples.append(position)
             elif part not in _SCALARS:
                 return None
-    return _SCALARS | enums
+    return _SCALARS | extra, tuple(tuples)
 
 
 class _Fields:
     """The declared-type checks of one dataclass: its checked fields and their rules."""
 
-    __slots__ = ("atoms", "fixes", "names", "plain", "rate", "read", "read_all")
+    __slots__ = ("atoms", "fixes", "names", "plain", "rate", "read", "read_all", "tuples")
 
     def __init__(self, cls: type) -> None:
         hints = typing.get_type_hints(cls)
@@ -336,7 +351,9 @@ class _Fields:
         self.fixes = tuple(rule[1] for _, rule in rules)
         self.read = reader_of(self.names)
         self.read_all = reader_of([f.name for f in fields])
-        self.atoms = _atom_types({f.name: hints[f.name] for f in fields})
+        kept = _atom_types({f.name: hints[f.name] for f in fields})
+        self.atoms: frozenset[type] | None = None if kept is None else kept[0]
+        self.tuples: tuple[int, ...] = () if kept is None else kept[1]
         self.rate = HitRate()
 
 
@@ -404,12 +421,18 @@ def _remember(key: tuple[type, tuple[object, ...], tuple[type, ...]], op: Any) -
 def _memo_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
                                                       tuple[type, ...]] | None:
     """``op``'s key in the memo: its class, values and their exact types; None when it may
-    hold anything but numbers, strings, enum members and ``GpuRef``s."""
+    hold anything but numbers, strings, enum members, ``GpuRef``s and tuples of plain ints."""
     if declared.atoms is None:
         return None
     values = declared.read_all(op)
     kinds = tuple(map(type, values))
-    return (type(op), values, kinds) if declared.atoms.issuperset(kinds) else None
+    if not declared.atoms.issuperset(kinds):
+        return None
+    for position in declared.tuples:
+        value = values[position]
+        if type(value) is tuple and not _INTS.issuperset(map(type, value)):
+            return None  # a bool or a NumPy integer inside: equal to ints, not the same
+    return type(op), values, kinds
 
 
 def _fixed(obj: T) -> T:
@@ -435,11 +458,12 @@ def checked(op: T) -> T:
     naming the choices, and integer-likes become ints, in a copy of the op when
     any field changes. Then ``validate`` runs. Raises ``InvalidArgument``.
 
-    An op made only of numbers, strings, enum members and ``GpuRef``s is checked
-    once: the op made of equal values of the same exact types is answered from a
-    memo (the same object, so a process host pickles it once), since its checks
-    read nothing but those values. A refused op is never remembered, and a kind of op
-    whose values keep changing is not looked up for a while (``HitRate``).
+    An op made only of numbers, strings, enum members, ``GpuRef``s and tuples of
+    plain ints is checked once: the op made of equal values of the same exact types
+    is answered from a memo (the same object, so a process host pickles it once),
+    since its checks read nothing but those values. A refused op is never remembered,
+    and a kind of op whose values keep changing is not looked up for a while
+    (``HitRate``).
     """
     declared = _declared(type(op))
     key = None if declared.rate.resting() else _memo_key(declared, op)
@@ -458,8 +482,8 @@ def checked(op: T) -> T:
 
 def remembered(op: object) -> bool:
     """Whether ``checked`` keeps ops of ``op``'s kind in its memo now (not resting), and
-    ``op`` is made only of numbers, strings, enum members and ``GpuRef``s (so it cannot
-    change)."""
+    ``op`` is made only of numbers, strings, enum members, ``GpuRef``s and tuples of plain
+    ints (so it cannot change)."""
     declared = _declared(type(op))
     return not declared.rate.rest and _memo_key(declared, op) is not None
 

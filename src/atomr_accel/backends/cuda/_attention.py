@@ -261,35 +261,53 @@ def _lengths(backend: Any, op: Attention, cfg: Config) -> list[Any]:
     return arrays
 
 
+def _ready(backend: Any, op: Attention, backward: bool) -> tuple[graphs.Built, Config] | None:
+    """The op's built graph and configuration (kept for the op once it ran: ``Prepared``),
+    or None when the composed path runs it."""
+    ready: tuple[graphs.Built, Config] | None = graphs.prepared_of(backend).find(op)
+    if ready is not None:
+        return ready
+    graphs.frontend()
+    cfg = config_of(op, backward)
+    if cfg is None or not _builds(backend, cfg):
+        return None
+    return graphs.cache_of(backend).get(cfg, lambda handle: _build(cfg, handle)), cfg
+
+
+def _launch(backend: Any, op: Attention, ready: tuple[graphs.Built, Config],
+            buffers: tuple[GpuRef | None, ...]) -> str:
+    """Run the graph on ``buffers`` and the lengths it takes; keep what the op needs to run
+    again, queue-only unless it reads a paged cache's table back to check it."""
+    built, cfg = ready
+    arrays: list[Any] = [_ptr(backend, r) for r in buffers]
+    held = _lengths(backend, op, cfg)  # alive until the graph is queued
+    graphs.launch(backend, built, arrays + [int(a.data.ptr) for a in held])
+    checks = cfg.paged is not None and getattr(op, "check_table", False)
+    graphs.prepared_of(backend).keep(op, ready, queues=not checks)
+    return _GRAPH
+
+
+graphs.prepares(SdpaForward, MultiHeadAttnForward, SdpaBackward, MultiHeadAttnBackward)
+
+
 @cuda.handles(SdpaForward, MultiHeadAttnForward)
 def sdpa_forward(backend: Any, op: SdpaForward | MultiHeadAttnForward) -> str:
     """Run cuDNN's SDPA graph where it applies, else the composed path; answer which ran."""
-    graphs.frontend()
-    cfg = config_of(op, backward=False)
-    if cfg is None or not _builds(backend, cfg):
+    ready = _ready(backend, op, backward=False)
+    if ready is None:
         return shared.sdpa_forward(backend, op)
-    arrays: list[Any] = [_ptr(backend, r) for r in (op.q, op.k, op.v, op.o)]
-    if cfg.stats:
-        arrays.append(_ptr(backend, op.stats))
-    held = _lengths(backend, op, cfg)  # alive until the graph is queued
-    graphs.run(backend, cfg, lambda handle: _build(cfg, handle),
-               arrays + [int(a.data.ptr) for a in held])
-    return _GRAPH
+    stats = (op.stats,) if ready[1].stats else ()
+    return _launch(backend, op, ready, (op.q, op.k, op.v, op.o, *stats))
 
 
 @cuda.handles(SdpaBackward, MultiHeadAttnBackward)
 def sdpa_backward(backend: Any, op: SdpaBackward | MultiHeadAttnBackward) -> str:
     """Run cuDNN's SDPA backward graph where it applies, else the composed path."""
-    graphs.frontend()
-    cfg = config_of(op, backward=True)
-    if cfg is None or not _builds(backend, cfg):
+    ready = _ready(backend, op, backward=True)
+    if ready is None:
         return shared.sdpa_backward(backend, op)
-    arrays: list[Any] = [_ptr(backend, r) for r in (op.q, op.k, op.v, op.o, op.stats, op.do,
-                                                    op.dq, op.dk, op.dv)]
-    held = _lengths(backend, op, cfg)  # alive until the graph is queued
-    graphs.run(backend, cfg, lambda handle: _build(cfg, handle),
-               arrays + [int(a.data.ptr) for a in held])
-    return _GRAPH
+    return _launch(backend, op, ready, (op.q, op.k, op.v, op.o, op.stats, op.do, op.dq,
+                                        op.dk, op.dv))
 
 
 _support_of: Callable[[Any], dict[SdpaSupport, str]] = per_backend(dict)

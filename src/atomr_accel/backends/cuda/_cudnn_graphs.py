@@ -20,11 +20,16 @@ frontend without those internals) takes the public ``execute``.
 Handles are per thread (a blocking caller's thread may run an op as well as
 the host's), each pointed at the stream of the op it runs.
 
+A handler may also keep, per op, what it derived from the op (``Prepared``):
+the next run of that op launches its graph (``launch``) without deriving it
+again, and, since nothing is left to build, may be queued from an event loop.
+
 ``data_type(dtype)`` maps our dtypes to the frontend's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -39,7 +44,8 @@ from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 
-__all__ = ["Built", "GraphCache", "cache_of", "data_type", "frontend", "run"]
+__all__ = ["Built", "GraphCache", "Prepared", "cache_of", "data_type", "frontend", "launch",
+           "prepared_of", "prepares", "run"]
 
 
 def frontend() -> Any:
@@ -150,6 +156,55 @@ cache_of = per_backend(GraphCache)
 """The graph cache of a backend (one per context; it goes with the backend)."""
 
 
+class Prepared:
+    """What graph handlers derived from the ops they ran on one backend (the built graph,
+    the operands' buffers), by op. A repeated op (``checked`` answers an equal op with the
+    same object) skips the derivation and the cache's lookup; one kept with ``queues``
+    (its graph built, and its run only queueing device work) may be launched from an
+    event loop (the backend's ``queues_only``). Past ``SIZE`` ops it forgets them all."""
+
+    SIZE = 256
+
+    def __init__(self) -> None:
+        self._made: dict[Hashable, tuple[Any, bool]] = {}
+
+    def find(self, op: Hashable) -> Any:
+        """What was kept for ``op``, or None."""
+        try:
+            held = self._made.get(op)
+        except TypeError:  # a field holds something unhashable: never kept
+            return None
+        return None if held is None else held[0]
+
+    def keep(self, op: Hashable, made: Any, queues: bool) -> None:
+        """Keep ``made`` for ``op``; ``queues``: its next runs only queue device work."""
+        if len(self._made) >= self.SIZE:
+            self._made.clear()
+        with contextlib.suppress(TypeError):  # unhashable: never kept
+            self._made[op] = (made, queues)
+
+    def queues(self, op: Hashable) -> bool:
+        """Whether ``op`` was kept as one whose run only queues device work."""
+        try:
+            held = self._made.get(op)
+        except TypeError:
+            return False
+        return held is not None and held[1]
+
+
+prepared_of = per_backend(Prepared)
+"""The prepared ops of a backend (one per context; they go with the backend)."""
+
+PREPARING: set[type] = set()
+"""The op classes whose handlers keep what they derive in ``Prepared`` (``prepares``)."""
+
+
+def prepares(*kinds: type) -> None:
+    """Say that the handlers of ``kinds`` keep their ops in ``Prepared``, so the backend
+    asks it whether such an op only queues work."""
+    PREPARING.update(kinds)
+
+
 def _address(array: Any) -> int:
     return array if type(array) is int else int(array.data.ptr)
 
@@ -158,8 +213,14 @@ def run(backend: Any, key: Hashable, build: Callable[[Any], Built],
         arrays: Sequence[Any]) -> Built:
     """Execute the graph under ``key`` (built by ``build`` on a miss) on ``arrays``, on the
     current stream; return the built graph."""
+    built = cache_of(backend).get(key, build)
+    launch(backend, built, arrays)
+    return built
+
+
+def launch(backend: Any, built: Built, arrays: Sequence[Any]) -> None:
+    """Execute ``built`` (a graph of ``backend``'s) on ``arrays``, on the current stream."""
     cache = cache_of(backend)
-    built = cache.get(key, build)
     if len(arrays) != len(built.tensors):
         raise InvalidArgument(f"the graph takes {len(built.tensors)} tensors, got {len(arrays)}")
     stream = cp.cuda.get_current_stream().ptr
@@ -172,14 +233,13 @@ def run(backend: Any, key: Hashable, build: Callable[[Any], Built],
         if built.direct:
             try:  # the first direct launch: a frontend whose internals differ refuses it
                 _launch(built, arrays, workspace, cache)
-                return built
+                return
             except (TypeError, AttributeError):
                 built.direct = False
     if built.direct:
         _launch(built, arrays, workspace, cache)
-        return built
+        return
     built.graph.execute(dict(zip(built.tensors, arrays, strict=True)), workspace, handle=handle)
-    return built
 
 
 def _launch(built: Built, arrays: Sequence[Any], workspace: Any, cache: GraphCache) -> None:

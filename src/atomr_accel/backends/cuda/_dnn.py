@@ -1,8 +1,9 @@
 """cuDNN-shaped convolutions, pooling, softmax, activations, LRN and dropout on CUDA.
 
 Convolutions run as cuDNN frontend graphs (``conv_fprop``, ``conv_dgrad``,
-``conv_wgrad``) through ``_cudnn_graphs.run``: one graph per shape, dtype,
-layout and option set, built on first use and cached per context. The
+``conv_wgrad``) through ``_cudnn_graphs``: one graph per shape, dtype,
+layout and option set, built on first use and cached per context; a repeated
+op (``Prepared``) launches its graph without deriving it again. The
 graph reads and writes the buffers in place by address; each tensor is
 described by its logical ``(N, C, H, W)`` dims and the strides of its stored
 layout, which is how cuDNN itself tells NCHW from NHWC. Data are f16, bf16
@@ -28,8 +29,7 @@ dropout mask is then bit-identical to the CPU backend's.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cupy as cp
 
@@ -38,7 +38,15 @@ from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu import _dnn as shared
 from atomr_accel.backends.cuda._completion import Event
-from atomr_accel.backends.cuda._cudnn_graphs import Built, data_type, frontend, run
+from atomr_accel.backends.cuda._cudnn_graphs import (
+    Built,
+    cache_of,
+    data_type,
+    frontend,
+    launch,
+    prepared_of,
+    prepares,
+)
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
@@ -139,43 +147,30 @@ def _check_dtype(dtype: DType) -> None:
         raise InvalidArgument(f"cuDNN convolutions run f16, bf16 or f32 on CUDA, not {dtype}")
 
 
-Describe = Callable[[Any], tuple[Any, Any, Any]]
-"""Adds a convolution's two inputs and its output (described) to a graph."""
+ConvOp = Conv2dForward | Conv2dBackwardData | Conv2dBackwardFilter
 
 
-def _conv(backend: Any, kind: str, op: Conv2dForward | Conv2dBackwardData | Conv2dBackwardFilter,
-          describe: Describe, inputs: tuple[GpuRef, GpuRef], out: GpuRef,
-          out_shape: tuple[int, ...]) -> str:
-    """Run a convolution graph on the inputs' addresses into ``out`` (through a scratch
-    array blended on CuPy unless ``alpha = 1, beta = 0``); answer the path."""
-    geo, dtype = op.geometry, out.dtype
-    _check_dtype(dtype)
-    addresses = [backend.pointer(ref.buffer_id) for ref in inputs]
-    blend = not (op.alpha == 1 and op.beta == 0)
-    if blend:
-        count = math.prod(out_shape)
-        target = backend.array(out.buffer_id)[:count]
-        scratch = cp.empty(count, dtype=target.dtype)
+class _Operands(NamedTuple):
+    """A convolution's two inputs and its output, the output's element count (``size``),
+    and whether it blends (``alpha, beta`` other than ``1, 0``: the graph then writes a
+    scratch array)."""
+
+    inputs: tuple[GpuRef, GpuRef]
+    out: GpuRef
+    size: int
+    blend: bool
+
+    def addresses(self, backend: Any) -> tuple[list[int], Any]:
+        """The graph's operands: the inputs' addresses, then the output's or (blending) a
+        new scratch array's, which comes back too (None when not blending)."""
+        pointer = backend.pointer
+        addresses = [pointer(ref.buffer_id) for ref in self.inputs]
+        if not self.blend:
+            addresses.append(pointer(self.out.buffer_id))
+            return addresses, None
+        scratch = cp.empty(self.size, dtype=backend.array(self.out.buffer_id).dtype)
         addresses.append(scratch.data.ptr)
-    else:
-        addresses.append(backend.pointer(out.buffer_id))
-
-    def build(handle: Any) -> Built:
-        graph = _graph(handle, dtype)
-        tensors = describe(graph)
-        _plan(graph, tensors, addresses if op.autotune else None, handle)
-        return Built(graph, tensors)
-
-    key = (kind, geo.x_shape, geo.w_shape, geo.y_shape, geo.pad, geo.stride, geo.dilation,
-           geo.groups, op.layout, dtype, op.autotune)
-    run(backend, key, build, addresses)
-    if not blend:
-        return "cudnn-graph"
-    blended = op.alpha * scratch.astype(cp.float32)
-    if op.beta != 0:
-        blended += op.beta * target.astype(cp.float32)
-    target[...] = blended.astype(target.dtype)
-    return "cudnn-graph+cupy"
+        return addresses, scratch
 
 
 def _options(geo: ConvGeometry) -> dict[str, Any]:
@@ -192,23 +187,57 @@ _NODES: dict[type[Op], tuple[str, str, str]] = {
 op's two inputs, in field order."""
 
 
-@cuda.handles(Conv2dForward, Conv2dBackwardData, Conv2dBackwardFilter)
-def conv2d(backend: Any, op: Conv2dForward | Conv2dBackwardData | Conv2dBackwardFilter) -> str:
-    """``out = alpha * f(a, b) + beta * out`` with cuDNN's ``conv_fprop`` (``y`` from x and
-    w), ``conv_dgrad`` (``dx`` from dy and w) or ``conv_wgrad`` (``dw`` from x and dy)."""
+def _prepare(backend: Any, op: ConvOp) -> tuple[Built, _Operands]:
+    """The op's graph (built on a miss, autotuned on the op's own buffers when it asks) and
+    its operands."""
     geo, layout = op.geometry, op.layout
     a, b, out = op.images(geo)
     dtype, (kind, a_arg, b_arg) = a.ref.dtype, _NODES[type(op)]
+    _check_dtype(out.ref.dtype)
+    operands = _Operands((a.ref, b.ref), out.ref, math.prod(out.shape),
+                         not (op.alpha == 1 and op.beta == 0))
 
-    def describe(g: Any) -> tuple[Any, Any, Any]:
-        first = _tensor(g, a.name, a.shape, layout, dtype)
-        second = _tensor(g, b.name, b.shape, layout, dtype)
-        node = getattr(g, f"conv_{kind}")
+    def build(handle: Any) -> Built:
+        graph = _graph(handle, dtype)
+        first = _tensor(graph, a.name, a.shape, layout, dtype)
+        second = _tensor(graph, b.name, b.shape, layout, dtype)
+        node = getattr(graph, f"conv_{kind}")
         result = node(**{a_arg: first, b_arg: second}, name=kind, **_options(geo))
         _output(result, out.shape, layout, dtype)
-        return first, second, result
+        tensors = (first, second, result)
+        _plan(graph, tensors, operands.addresses(backend)[0] if op.autotune else None, handle)
+        return Built(graph, tensors)
 
-    return _conv(backend, kind, op, describe, (a.ref, b.ref), out.ref, out.shape)
+    key = (kind, geo.x_shape, geo.w_shape, geo.y_shape, geo.pad, geo.stride, geo.dilation,
+           geo.groups, layout, dtype, op.autotune)
+    return cache_of(backend).get(key, build), operands
+
+
+prepares(Conv2dForward, Conv2dBackwardData, Conv2dBackwardFilter)
+
+
+@cuda.handles(Conv2dForward, Conv2dBackwardData, Conv2dBackwardFilter)
+def conv2d(backend: Any, op: ConvOp) -> str:
+    """``out = alpha * f(a, b) + beta * out`` with cuDNN's ``conv_fprop`` (``y`` from x and
+    w), ``conv_dgrad`` (``dx`` from dy and w) or ``conv_wgrad`` (``dw`` from x and dy).
+    A repeated op launches its graph straight away (and only queues work: ``Prepared``);
+    a blend other than ``alpha = 1, beta = 0`` runs into a scratch array blended on CuPy."""
+    prepared = prepared_of(backend)
+    ready: tuple[Built, _Operands] | None = prepared.find(op)
+    if ready is None:
+        ready = _prepare(backend, op)
+    built, operands = ready
+    addresses, scratch = operands.addresses(backend)
+    launch(backend, built, addresses)
+    prepared.keep(op, ready, queues=True)
+    if scratch is None:
+        return "cudnn-graph"
+    target = backend.array(operands.out.buffer_id)[:operands.size]
+    blended = op.alpha * scratch.astype(cp.float32)
+    if op.beta != 0:
+        blended += op.beta * target.astype(cp.float32)
+    target[...] = blended.astype(target.dtype)
+    return "cudnn-graph+cupy"
 
 
 def _on_cupy(handler: Handler) -> Handler:
