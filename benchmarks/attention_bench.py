@@ -2,7 +2,7 @@
 
 1. Forward and backward, bf16, batch 8, 16 heads, head_dim 128, sequence 1k-8k
    (16k with ``--long``), causal and not: our device call (async calls
-   pipelined, wall time per call) against
+   pipelined, wall time per call, the median of 5 bursts) against
    ``torch.nn.functional.scaled_dot_product_attention`` under
    ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)`` (CUDA events). TFLOP/s count
    ``4 * b * h * s * s * d`` for the forward, half of it when causal, and 2.5x
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,28 +48,41 @@ def fill(dev: Any, n: int, rng: np.random.Generator) -> tuple[Any, str]:
     return buf, "random"
 
 
+BURSTS = 5
+"""How many bursts ``per_call`` times (a burst lasts 4 to 60 ms: one alone is at the mercy of
+a stray pause)."""
+
+
 def per_call(make: Callable[[], Any], reps: int) -> float:
-    """Seconds per call of ``reps`` async calls in flight together (after one warm call)."""
+    """Seconds per call of ``reps`` async calls in flight together: the median over
+    ``BURSTS`` bursts (after one warm call)."""
 
     async def run() -> float:
         await make()
-        start = time.perf_counter()
-        await asyncio.gather(*(make() for _ in range(reps)))
-        return (time.perf_counter() - start) / reps
+        times = []
+        for _ in range(BURSTS):
+            start = time.perf_counter()
+            await asyncio.gather(*(make() for _ in range(reps)))
+            times.append((time.perf_counter() - start) / reps)
+        return statistics.median(times)
 
     return asyncio.run(run())
 
 
 def torch_seconds(torch: Any, fn: Callable[[], Any], reps: int) -> float:
-    """Seconds per call of ``fn`` on the current stream (CUDA events, after a warm call)."""
+    """Seconds per call of ``fn`` on the current stream: the median over ``BURSTS`` bursts
+    of ``reps`` calls (CUDA events, after a warm call)."""
     fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) / 1e3 / reps
+    times = []
+    for _ in range(BURSTS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)) / 1e3 / reps)
+    return statistics.median(times)
 
 
 def direct_cudnn(torch: Any, s: int, causal: bool, reps: int) -> tuple[float, float]:
