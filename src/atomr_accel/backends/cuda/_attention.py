@@ -261,29 +261,34 @@ def _lengths(backend: Any, op: Attention, cfg: Config) -> list[Any]:
     return arrays
 
 
-def _ready(backend: Any, op: Attention, backward: bool) -> tuple[graphs.Built, Config] | None:
+Ready = tuple[graphs.Built, Config, bool]
+"""An op's built graph, its configuration, and whether it was kept already (``Prepared``)."""
+
+
+def _ready(backend: Any, op: Attention, backward: bool) -> Ready | None:
     """The op's built graph and configuration (kept for the op once it ran: ``Prepared``),
     or None when the composed path runs it."""
-    ready: tuple[graphs.Built, Config] | None = graphs.prepared_of(backend).find(op)
-    if ready is not None:
-        return ready
+    kept: tuple[graphs.Built, Config] | None = graphs.prepared_of(backend).find(op)
+    if kept is not None:
+        return (*kept, True)
     graphs.frontend()
     cfg = config_of(op, backward)
     if cfg is None or not _builds(backend, cfg):
         return None
-    return graphs.cache_of(backend).get(cfg, lambda handle: _build(cfg, handle)), cfg
+    return graphs.cache_of(backend).get(cfg, lambda handle: _build(cfg, handle)), cfg, False
 
 
-def _launch(backend: Any, op: Attention, ready: tuple[graphs.Built, Config],
-            buffers: tuple[GpuRef | None, ...]) -> str:
+def _launch(backend: Any, op: Attention, ready: Ready, buffers: tuple[GpuRef | None, ...]
+            ) -> str:
     """Run the graph on ``buffers`` and the lengths it takes; keep what the op needs to run
     again, queue-only unless it reads a paged cache's table back to check it."""
-    built, cfg = ready
+    built, cfg, kept = ready
     arrays: list[Any] = [_ptr(backend, r) for r in buffers]
     held = _lengths(backend, op, cfg)  # alive until the graph is queued
     graphs.launch(backend, built, arrays + [int(a.data.ptr) for a in held])
-    checks = cfg.paged is not None and getattr(op, "check_table", False)
-    graphs.prepared_of(backend).keep(op, ready, queues=not checks)
+    if not kept:
+        checks = cfg.paged is not None and getattr(op, "check_table", False)
+        graphs.prepared_of(backend).keep(op, (built, cfg), queues=not checks)
     return _GRAPH
 
 

@@ -29,7 +29,6 @@ again, and, since nothing is left to build, may be queued from an event loop.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -158,38 +157,33 @@ cache_of = per_backend(GraphCache)
 
 class Prepared:
     """What graph handlers derived from the ops they ran on one backend (the built graph,
-    the operands' buffers), by op. A repeated op (``checked`` answers an equal op with the
-    same object) skips the derivation and the cache's lookup; one kept with ``queues``
-    (its graph built, and its run only queueing device work) may be launched from an
-    event loop (the backend's ``queues_only``). Past ``SIZE`` ops it forgets them all."""
+    the operands' buffers), by op object: ``checked`` answers an equal op of plain parts
+    with the same object, so a repeated op skips the derivation and the cache's lookup;
+    one kept with ``queues`` (its graph built, and its run only queueing device work) may
+    be launched from an event loop (the backend's ``queues_only``). An op is kept by its
+    ``id`` and held, so the id cannot pass to another object while it is kept. Past
+    ``SIZE`` ops it forgets them all."""
 
     SIZE = 256
 
     def __init__(self) -> None:
-        self._made: dict[Hashable, tuple[Any, bool]] = {}
+        self._made: dict[int, tuple[object, Any, bool]] = {}
 
-    def find(self, op: Hashable) -> Any:
+    def find(self, op: object) -> Any:
         """What was kept for ``op``, or None."""
-        try:
-            held = self._made.get(op)
-        except TypeError:  # a field holds something unhashable: never kept
-            return None
-        return None if held is None else held[0]
+        held = self._made.get(id(op))
+        return None if held is None or held[0] is not op else held[1]
 
-    def keep(self, op: Hashable, made: Any, queues: bool) -> None:
+    def keep(self, op: object, made: Any, queues: bool) -> None:
         """Keep ``made`` for ``op``; ``queues``: its next runs only queue device work."""
         if len(self._made) >= self.SIZE:
             self._made.clear()
-        with contextlib.suppress(TypeError):  # unhashable: never kept
-            self._made[op] = (made, queues)
+        self._made[id(op)] = (op, made, queues)
 
-    def queues(self, op: Hashable) -> bool:
+    def queues(self, op: object) -> bool:
         """Whether ``op`` was kept as one whose run only queues device work."""
-        try:
-            held = self._made.get(op)
-        except TypeError:
-            return False
-        return held is not None and held[1]
+        held = self._made.get(id(op))
+        return held is not None and held[0] is op and held[2]
 
 
 prepared_of = per_backend(Prepared)

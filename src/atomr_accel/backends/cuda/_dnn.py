@@ -224,12 +224,14 @@ def conv2d(backend: Any, op: ConvOp) -> str:
     a blend other than ``alpha = 1, beta = 0`` runs into a scratch array blended on CuPy."""
     prepared = prepared_of(backend)
     ready: tuple[Built, _Operands] | None = prepared.find(op)
+    fresh = ready is None
     if ready is None:
         ready = _prepare(backend, op)
     built, operands = ready
     addresses, scratch = operands.addresses(backend)
     launch(backend, built, addresses)
-    prepared.keep(op, ready, queues=True)
+    if fresh:
+        prepared.keep(op, ready, queues=True)
     if scratch is None:
         return "cudnn-graph"
     target = backend.array(operands.out.buffer_id)[:operands.size]
