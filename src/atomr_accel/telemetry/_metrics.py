@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from atomr_accel.core._errors import OutOfMemory
@@ -20,6 +20,34 @@ __all__ = ["LATENCY_BUCKETS", "DeviceCollector", "OpMetrics", "WorldCollector"]
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
                    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))
 """Op latency histogram buckets, in seconds: 10 µs to 10 s."""
+
+
+_DEVICE_FIGURES: tuple[tuple[str, str, str, Callable[[DeviceStats], float | None]], ...] = (
+    ("gauge", "atomr_device_ready", "1 when the device is serving.",
+     lambda s: 1.0 if s.status is Status.READY else 0.0),
+    ("gauge", "atomr_device_generation", "Context generation.", lambda s: s.generation),
+    ("counter", "atomr_device_restarts", "Context rebuilds.", lambda s: s.restarts),
+    ("gauge", "atomr_device_queue_depth", "Requests queued while the context (re)builds.",
+     lambda s: s.queue_depth),
+    ("gauge", "atomr_device_in_flight", "Requests sent to the context.", lambda s: s.in_flight),
+    ("gauge", "atomr_device_bytes_allocated", "Bytes held by live buffers.",
+     lambda s: s.bytes_allocated),
+    ("gauge", "atomr_device_memory_free_bytes", "Free device memory.", lambda s: s.memory_free),
+    ("gauge", "atomr_device_memory_total_bytes", "Total device memory.",
+     lambda s: s.memory_total),
+    ("counter", "atomr_device_reruns", "Requests run again after their context died under them.",
+     lambda s: s.reruns),
+    ("counter", "atomr_device_standby_switches",
+     "Rebuilds that switched to the warm standby context.",
+     lambda s: None if s.standby_ready is None else s.standby_switches),
+    ("gauge", "atomr_device_standby_switch_seconds",
+     "How long the last standby switch waited for the standby.",
+     lambda s: None if s.standby_switch_ms is None else s.standby_switch_ms / 1e3),
+    ("gauge", "atomr_device_standby_ready", "1 while a started standby context waits.",
+     lambda s: None if s.standby_ready is None else float(s.standby_ready)),
+)
+"""``DeviceCollector``'s families: kind (gauge or counter), name, help, and a device's
+figure in its ``DeviceStats`` (None: the device has no sample in that family)."""
 
 
 class OpMetrics:
@@ -113,43 +141,10 @@ class DeviceCollector:
         """Yield one family per figure, one sample per device."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
         snapshot = self.snapshot
-        families: list[tuple[Any, Any]] = [
-            (GaugeMetricFamily("atomr_device_ready", "1 when the device is serving.",
-                               labels=["device"]),
-             lambda s: 1.0 if s.status is Status.READY else 0.0),
-            (GaugeMetricFamily("atomr_device_generation", "Context generation.",
-                               labels=["device"]), lambda s: s.generation),
-            (CounterMetricFamily("atomr_device_restarts", "Context rebuilds.",
-                                 labels=["device"]), lambda s: s.restarts),
-            (GaugeMetricFamily("atomr_device_queue_depth",
-                               "Requests queued while the context (re)builds.",
-                               labels=["device"]), lambda s: s.queue_depth),
-            (GaugeMetricFamily("atomr_device_in_flight", "Requests sent to the context.",
-                               labels=["device"]), lambda s: s.in_flight),
-            (GaugeMetricFamily("atomr_device_bytes_allocated",
-                               "Bytes held by live buffers.", labels=["device"]),
-             lambda s: s.bytes_allocated),
-            (GaugeMetricFamily("atomr_device_memory_free_bytes", "Free device memory.",
-                               labels=["device"]), lambda s: s.memory_free),
-            (GaugeMetricFamily("atomr_device_memory_total_bytes", "Total device memory.",
-                               labels=["device"]), lambda s: s.memory_total),
-            (CounterMetricFamily("atomr_device_reruns",
-                                 "Requests run again after their context died under them.",
-                                 labels=["device"]), lambda s: s.reruns),
-            (CounterMetricFamily("atomr_device_standby_switches",
-                                 "Rebuilds that switched to the warm standby context.",
-                                 labels=["device"]),
-             lambda s: None if s.standby_ready is None else s.standby_switches),
-            (GaugeMetricFamily("atomr_device_standby_switch_seconds",
-                               "How long the last standby switch waited for the standby.",
-                               labels=["device"]),
-             lambda s: None if s.standby_switch_ms is None else s.standby_switch_ms / 1e3),
-            (GaugeMetricFamily("atomr_device_standby_ready",
-                               "1 while a started standby context waits.", labels=["device"]),
-             lambda s: None if s.standby_ready is None else float(s.standby_ready)),
-        ]
-        for family, value in families:
+        for kind, name, documentation, value in _DEVICE_FIGURES:
+            family = kinds[kind](name, documentation, labels=["device"])
             for device, stats in snapshot.items():
                 figure = value(stats)
                 if figure is not None:
