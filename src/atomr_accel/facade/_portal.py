@@ -18,13 +18,14 @@ import logging
 import threading
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar, copy_context
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from types import TracebackType
+from typing import Any, Generic, ParamSpec, Self, TypeVar, cast
 
 from atomr_accel.backends._spin import Latch
 from atomr_accel.core._errors import SystemClosed
 
-__all__ = ["LoopThread", "Portal", "blocking", "in_blocking_call", "in_worker_thread",
-           "on_asyncio", "twin_of", "wait_here"]
+__all__ = ["ClosesOnExit", "LoopThread", "Portal", "blocking", "in_blocking_call",
+           "in_worker_thread", "on_asyncio", "twin_of", "wait_here"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -280,6 +281,21 @@ class LoopThread:
         with contextlib.suppress(RuntimeError):  # closed: its thread has ended already
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
+
+
+class ClosesOnExit:
+    """A blocking face over a ``LoopThread`` that a ``with`` block closes on the way out."""
+
+    def close(self) -> None:
+        """Stop what the object runs (each subclass says what); safe to call twice."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
 
 def blocking(async_method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:

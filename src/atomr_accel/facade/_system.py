@@ -42,7 +42,7 @@ from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._collective import Collective
 from atomr_accel.facade._device import Device
 from atomr_accel.facade._placement import Placement, policy_of
-from atomr_accel.facade._portal import LoopThread, Portal, blocking
+from atomr_accel.facade._portal import ClosesOnExit, LoopThread, Portal, blocking
 
 if TYPE_CHECKING:
     from atomr_accel.telemetry import Telemetry
@@ -85,7 +85,7 @@ START_SECONDS = 120.0
 """How long ``spawn_device`` waits at least for a new device's context to come up."""
 
 
-class System:
+class System(ClosesOnExit):
     """An actor system with devices. Open it with ``System.open(name)``.
 
     ``with System.open("app") as system:`` runs the actors on a background
@@ -495,13 +495,6 @@ class System:
                 self._portal.call(self.close_async())
             self._portal.close()
             self._loop_thread.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     async def __aenter__(self) -> Self:
         return self

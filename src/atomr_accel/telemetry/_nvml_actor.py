@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from atomr_accel import actor
 from atomr_accel.actor import ActorRef, ActorSystem, Props
 from atomr_accel.core._errors import AskTimeout, InvalidArgument, Unrecoverable
-from atomr_accel.facade._portal import LoopThread, Portal
+from atomr_accel.facade._portal import ClosesOnExit, LoopThread, Portal
 from atomr_accel.telemetry._nvml import GetSample, NvmlProbe, NvmlSample
 
 __all__ = ["NvmlActor", "device_reading"]
@@ -59,7 +58,7 @@ def device_reading(sample: NvmlSample) -> dict[str, Any]:
     }
 
 
-class NvmlActor:
+class NvmlActor(ClosesOnExit):
     """Reads every GPU through NVML: ``NvmlActor(interval_secs=1.0).read()``.
 
     Construction raises ``Unrecoverable`` without NVML (``pynvml`` from
@@ -139,13 +138,6 @@ class NvmlActor:
         self._portal.call(self._actors.__aexit__(None, None, None))
         self._portal.close()
         self._thread.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"NvmlActor(interval_secs={self.interval_secs}, gpus={len(self._probes)})"
