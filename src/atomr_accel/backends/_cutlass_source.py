@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from string import Template
 
-from atomr_accel.backends._cutlass_source80 import render_sm80_gemm
+from atomr_accel.backends._cutlass_source80 import ACTIVATION, render_sm80_gemm
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._cutlass_plan import KernelPlan, PlanKind
 
@@ -58,29 +58,20 @@ _GEMM = Template(r"""#include <cuda_runtime.h>
 
 using namespace cute;
 
-// The activation chosen at run time: 0 identity, 1 relu, 2 gelu (erf), 3 silu.
+$ACTIVATION
+// The activation an epilogue argument picks.
 template <class T>
 struct AtomrAct {
   struct Arguments { int kind = 0; };
   CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& a) const {
-    switch (a.kind) {
-      case 1: return cutlass::epilogue::thread::ReLu<T>{}(x);
-      case 2: return cutlass::epilogue::thread::GELU<T>{}(x);
-      case 3: return cutlass::epilogue::thread::SiLu<T>{}(x);
-      default: return x;
-    }
+    return atomr_activation(x, a.kind);
   }
 };
 template <class T, int N>
 struct AtomrAct<cutlass::Array<T, N>> {
   using Arguments = typename AtomrAct<T>::Arguments;
   CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& x, Arguments const& a) const {
-    switch (a.kind) {
-      case 1: return cutlass::epilogue::thread::ReLu<cutlass::Array<T, N>>{}(x);
-      case 2: return cutlass::epilogue::thread::GELU<cutlass::Array<T, N>>{}(x);
-      case 3: return cutlass::epilogue::thread::SiLu<cutlass::Array<T, N>>{}(x);
-      default: return x;
-    }
+    return atomr_activation(x, a.kind);
   }
 };
 
@@ -385,5 +376,6 @@ def render(plan: KernelPlan) -> str:
         operands = {"ELEMENT_A": _FP8[plan.formats[0]], "ELEMENT_B": _FP8[plan.formats[1]],
                     "LAYOUT_B": "cutlass::layout::ColumnMajor"}
         schedules = _SCHEDULES[plan.schedule]
-    return _GEMM.substitute(common, **operands, FUSION=fusion, EPI_SCHEDULE=schedules[1],
+    return _GEMM.substitute(common, **operands, ACTIVATION=ACTIVATION, FUSION=fusion,
+                            EPI_SCHEDULE=schedules[1],
                             KERNEL_SCHEDULE=schedules[0], ALIGN="16 / sizeof(ElementA)")

@@ -22,7 +22,7 @@ from string import Template
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._cutlass_plan import KernelPlan
 
-__all__ = ["render_sm80_gemm"]
+__all__ = ["ACTIVATION", "render_sm80_gemm"]
 
 _ELEMENT = {DType.F16: "cutlass::half_t", DType.BF16: "cutlass::bfloat16_t", DType.F32: "float",
             DType.F64: "double"}
@@ -31,6 +31,19 @@ _INSTRUCTION = {DType.F16: "16,8,16", DType.BF16: "16,8,16", DType.F32: "16,8,8"
 _BIAS = {"column": "evt::VisitorRowBroadcast<OutputTileThreadMap, Element, Stride<_0, _1, int32_t>>",
          "row": "evt::VisitorColBroadcast<OutputTileThreadMap, Element, Stride<_1, _0, int32_t>>"}
 _BIAS_STRIDE = {"column": "{_0{}, _1{}, int32_t(0)}", "row": "{_1{}, _0{}, int32_t(0)}"}
+
+ACTIVATION = r"""// The activation picked at run time: 0 identity, 1 relu, 2 gelu (erf), 3 silu.
+template <class T>
+CUTLASS_HOST_DEVICE T atomr_activation(T const& x, int kind) {
+  switch (kind) {
+    case 1: return cutlass::epilogue::thread::ReLu<T>{}(x);
+    case 2: return cutlass::epilogue::thread::GELU<T>{}(x);
+    case 3: return cutlass::epilogue::thread::SiLu<T>{}(x);
+    default: return x;
+  }
+}"""
+"""The C++ function both GEMM families' epilogues (``AtomrAct``) apply, on a value or an
+array of them."""
 
 _GEMM = Template(r"""#include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
@@ -53,17 +66,13 @@ struct AtomrResidual<cutlass::Array<T, N>> {
     return cutlass::multiply_add<cutlass::Array<T, N>>{}(beta, c, x);
   }
 };
-// The activation a broadcast scalar picks at run time: 0 identity, 1 relu, 2 gelu (erf), 3 silu.
+$ACTIVATION
+// The activation a broadcast scalar picks.
 template <class T> struct AtomrAct;
 template <class T, int N>
 struct AtomrAct<cutlass::Array<T, N>> {
   CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& x, cutlass::Array<T, N> const& kind) const {
-    switch (static_cast<int>(kind[0])) {
-      case 1: return cutlass::epilogue::thread::ReLu<cutlass::Array<T, N>>{}(x);
-      case 2: return cutlass::epilogue::thread::GELU<cutlass::Array<T, N>>{}(x);
-      case 3: return cutlass::epilogue::thread::SiLu<cutlass::Array<T, N>>{}(x);
-      default: return x;
-    }
+    return atomr_activation(x, static_cast<int>(kind[0]));
   }
 };
 
@@ -136,7 +145,7 @@ extern "C" int atomr_run(int m, int n, int k, const void* a, const void* b, cons
 def render_sm80_gemm(plan: KernelPlan) -> str:
     """The CUDA C++ source of an ``sm80``-family GEMM plan's kernel."""
     return _GEMM.substitute(
-        ELEMENT=_ELEMENT[plan.dtype], COMPUTE="double" if plan.dtype is DType.F64 else "float",
+        ACTIVATION=ACTIVATION, ELEMENT=_ELEMENT[plan.dtype], COMPUTE="double" if plan.dtype is DType.F64 else "float",
         ALIGN=plan.align, STAGES=plan.stages, TILE=",".join(map(str, plan.tile)),
         WARP=",".join(map(str, plan.warp)), INSTRUCTION=_INSTRUCTION[plan.dtype],
         BIAS=_BIAS[plan.bias_axis], BIAS_STRIDE=_BIAS_STRIDE[plan.bias_axis])
