@@ -120,7 +120,14 @@ def _real(name: str, value: object, *, least: float | None = None,
                               f"{'' if below is None else f' and < {below}'}, got {value!r}")
 
 
-class _Linear:
+class _TrainOp(Op):
+    """An op of the train library (the library, declared once for all of them)."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "train"
+
+
+class _Linear(_TrainOp):
     """The checks both linear ops share (a mixin of field-typed dataclass ops)."""
 
     __slots__ = ()
@@ -145,7 +152,7 @@ class _Linear:
 
 
 @dataclass(frozen=True, slots=True)
-class LinearForward(_Linear, Op):
+class LinearForward(_Linear):
     """``y = x @ W.T + b`` for the row-major ``rows x in_features`` ``x``.
 
     ``W`` (``out_features x in_features``, row-major) is at ``weight_offset`` of
@@ -153,7 +160,6 @@ class LinearForward(_Linear, Op):
     ``y`` receives ``rows x out_features``.
     """
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     x: GpuRef
     params: GpuRef
@@ -172,13 +178,12 @@ class LinearForward(_Linear, Op):
 
 
 @dataclass(frozen=True, slots=True)
-class LinearBackward(_Linear, Op):
+class LinearBackward(_Linear):
     """The gradients of ``LinearForward``: ``dW += dy.T @ x`` at ``weight_offset`` of
     ``grads``, ``db += dy``'s column sums at ``bias_offset``, and ``dx = dy @ W``
     (written; None: not wanted). ``dy`` is ``rows x out_features``; ``grads`` has the
     layout of ``params``."""
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("grads", "dx")
     x: GpuRef
     params: GpuRef
@@ -204,7 +209,7 @@ class LinearBackward(_Linear, Op):
                   {"x": self.x, "params": self.params, "dy": self.dy})
 
 
-class _Norm:
+class _Norm(_TrainOp):
     """The checks both layer-norm ops share."""
 
     __slots__ = ()
@@ -229,12 +234,11 @@ class _Norm:
 
 
 @dataclass(frozen=True, slots=True)
-class LayerNormForward(_Norm, Op):
+class LayerNormForward(_Norm):
     """Normalize each row of the ``rows x features`` ``x``: ``y = (x - mean) * rstd * w +
     b`` with ``rstd = 1 / sqrt(var + epsilon)`` (biased variance); ``w`` and ``b`` at
     their offsets of ``params``; each row's mean and rstd go to ``mean`` / ``rstd``."""
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("y", "mean", "rstd")
     x: GpuRef
     params: GpuRef
@@ -258,13 +262,12 @@ class LayerNormForward(_Norm, Op):
 
 
 @dataclass(frozen=True, slots=True)
-class LayerNormBackward(_Norm, Op):
+class LayerNormBackward(_Norm):
     """The gradients of ``LayerNormForward`` from its saved ``mean`` and ``rstd``:
     ``dw += sum_rows dy * xhat``, ``db += sum_rows dy`` (at the offsets of ``grads``), and
     ``dx = rstd * (dy w - mean(dy w) - xhat * mean(dy w xhat))`` written (None: not
     wanted)."""
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("grads", "dx")
     x: GpuRef
     params: GpuRef
@@ -293,7 +296,7 @@ class LayerNormBackward(_Norm, Op):
 
 
 @dataclass(frozen=True, slots=True)
-class SoftmaxCrossEntropy(Op):
+class SoftmaxCrossEntropy(_TrainOp):
     """Softmax cross-entropy of the ``rows x classes`` ``logits`` against i32 ``labels``.
 
     ``loss[0]`` receives the mean over rows of ``-sum_c t_c log softmax(logits)_c``
@@ -303,7 +306,6 @@ class SoftmaxCrossEntropy(Op):
     host); every backend counts another label as no class (only the smoothing term).
     """
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("loss", "grad")
     logits: GpuRef
     labels: GpuRef
@@ -331,12 +333,11 @@ class SoftmaxCrossEntropy(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class MseLoss(Op):
+class MseLoss(_TrainOp):
     """Mean squared error of the first ``count`` elements of ``pred`` against ``target``:
     ``loss[0] = mean((pred - target)^2)``; ``grad`` (None: not wanted) receives ``2 *
     (pred - target) * grad_scale / count``."""
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("loss", "grad")
     pred: GpuRef
     target: GpuRef
@@ -358,7 +359,7 @@ class MseLoss(Op):
                   {"pred": self.pred, "target": self.target})
 
 
-class _Update:
+class _Update(_TrainOp):
     """The checks both optimizer updates share."""
 
     __slots__ = ()
@@ -387,7 +388,7 @@ class _Update:
 
 
 @dataclass(frozen=True, slots=True)
-class SgdUpdate(_Update, Op):
+class SgdUpdate(_Update):
     """One ``torch.optim.SGD`` update of ``params[offset : offset + length]``.
 
     ``g = grad_scale * grads + weight_decay * p``; with ``momentum > 0``
@@ -397,7 +398,6 @@ class SgdUpdate(_Update, Op):
     (None: always) nothing changes unless ``gate[2] != 0``.
     """
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("params", "momentum_buffer")
     params: GpuRef
     grads: GpuRef
@@ -421,7 +421,7 @@ class SgdUpdate(_Update, Op):
 
 
 @dataclass(frozen=True, slots=True)
-class AdamUpdate(_Update, Op):
+class AdamUpdate(_Update):
     """One ``torch.optim.Adam`` (``decoupled=False``) or ``AdamW`` (``decoupled=True``)
     update of ``params[offset : offset + length]`` at 1-based ``step``.
 
@@ -432,7 +432,6 @@ class AdamUpdate(_Update, Op):
     always) nothing changes unless ``gate[2] != 0``.
     """
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("params", "exp_avg", "exp_avg_sq")
     params: GpuRef
     grads: GpuRef
@@ -461,10 +460,9 @@ class AdamUpdate(_Update, Op):
 
 
 @dataclass(frozen=True, slots=True)
-class FillZeros(Op):
+class FillZeros(_TrainOp):
     """Zero ``length`` elements of ``ref`` from ``offset`` (None: to its end)."""
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("ref",)
     ref: GpuRef
     offset: int = 0
@@ -481,14 +479,13 @@ class FillZeros(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class GradCheck(Op):
+class GradCheck(_TrainOp):
     """The check before a step's update, on the device: ``stats[1]`` receives the sum of
     the squares of every element of every ``grads`` buffer (whole buffers), and
     ``stats[2]`` 1 when ``stats[0]`` (the step's loss sum) and ``stats[1]`` are both
     finite, else 0; the gated updates (``gate=stats``) read that flag. A sum of squares
     that overflows the dtype counts as not finite."""
 
-    library: ClassVar[str] = "train"
     outputs: ClassVar[tuple[str, ...]] = ("stats",)
     grads: tuple[GpuRef, ...]
     stats: GpuRef
