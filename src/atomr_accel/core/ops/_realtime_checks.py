@@ -1,4 +1,5 @@
-"""The checks the realtime ops share: finite numbers, and buffers of a dtype and length.
+"""What the realtime ops share: their base (``_RealtimeOp``, which names their library once),
+and their checks: finite numbers, and buffers of a dtype and length.
 
 The realtime kernels keep every number in float32, so "finite" means finite
 as a float32: 1e39 is refused here rather than becoming infinity on the device.
@@ -7,19 +8,26 @@ as a float32: 1e39 is refused here rather than becoming infinity on the device.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import require_dtype, require_len
+from atomr_accel.core._op import Op, require_dtype, require_len
 from atomr_accel.core._ref import GpuRef
 
 __all__ = ["F32_MAX", "finite", "finite_f32", "require_buffer", "require_finite"]
 
 F32_MAX = float(np.finfo(np.float32).max)
 """The largest finite float32."""
+
+
+class _RealtimeOp(Op):
+    """Base class of the realtime library's ops (data, frame and physics kernels)."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "realtime"
 
 
 def finite(name: str, value: object) -> float:

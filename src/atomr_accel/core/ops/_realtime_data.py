@@ -16,9 +16,9 @@ from typing import ClassVar
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument, OutOfMemory
 from atomr_accel.core._fields import PickleByFields
-from atomr_accel.core._op import Op, require_nonneg, require_positive
+from atomr_accel.core._op import require_nonneg, require_positive
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._realtime_checks import require_buffer
+from atomr_accel.core.ops._realtime_checks import _RealtimeOp, require_buffer
 from atomr_accel.core.ops._sparse import CsrMatrix
 
 __all__ = [
@@ -75,7 +75,7 @@ def _require_table(table: object) -> HashTable:
 
 
 @dataclass(frozen=True, slots=True)
-class HashInsert(Op):
+class HashInsert(_RealtimeOp):
     """Insert ``count`` distinct keys (u8 rows of ``key_size`` in ``keys``) with their
     values (rows of ``value_size`` in ``values``); a key already held gets the new value.
 
@@ -84,7 +84,6 @@ class HashInsert(Op):
     the new keys outnumber the free slots (``capacity - live``).
     """
 
-    library: ClassVar[str] = "realtime"
     table: HashTable
     keys: GpuRef
     values: GpuRef
@@ -109,11 +108,10 @@ class HashInsert(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class HashLookup(Op):
+class HashLookup(_RealtimeOp):
     """Look ``count`` keys up: ``found[i]`` (u8) is 1 where key ``i`` is held, and row ``i``
     of ``values`` (u8 rows of ``value_size``) its value; rows of missing keys are zeros."""
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("values", "found")
     table: HashTable
     keys: GpuRef
@@ -134,10 +132,9 @@ class HashLookup(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class HashErase(Op):
+class HashErase(_RealtimeOp):
     """Erase ``count`` distinct keys (absent ones are skipped); answers how many were held."""
 
-    library: ClassVar[str] = "realtime"
     table: HashTable
     keys: GpuRef
     count: int
@@ -160,7 +157,7 @@ _CSR_VALUES = (DType.F32, DType.F64)
 
 
 @dataclass(frozen=True, slots=True)
-class BuildCsr(Op):
+class BuildCsr(_RealtimeOp):
     """Build the CSR form of ``base`` (if any) plus ``count`` COO triplets.
 
     ``rows``, ``cols`` (i32) and ``data`` (f32/f64) hold the triplets of an
@@ -172,7 +169,6 @@ class BuildCsr(Op):
     result's ``nnz``. An index out of range is an ``InvalidArgument``.
     """
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("indptr", "indices", "values")
     rows: GpuRef
     cols: GpuRef

@@ -17,9 +17,9 @@ from typing import ClassVar
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
-from atomr_accel.core._op import Op, is_int, require_positive
+from atomr_accel.core._op import is_int, require_positive
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._realtime_checks import finite, require_buffer
+from atomr_accel.core.ops._realtime_checks import _RealtimeOp, finite, require_buffer
 
 __all__ = [
     "FRAME_DTYPES",
@@ -122,12 +122,11 @@ _STAGES = (Correlate, GaussianBlur, BoxBlur, SobelMagnitude, Threshold)
 
 
 @dataclass(frozen=True, slots=True)
-class FilterFrames(Op):
+class FilterFrames(_RealtimeOp):
     """Run ``stages`` in order over ``frames`` frames of ``height x width x channels`` values
     one after another in ``src``; write the results to ``dst`` (u8 or f32, either way
     round; not ``src``'s buffer)."""
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("dst",)
     src: GpuRef
     dst: GpuRef
@@ -155,7 +154,7 @@ class FilterFrames(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class FrameStats(Op):
+class FrameStats(_RealtimeOp):
     """Per-channel statistics of the frame in ``src``: answers a dict of host arrays.
 
     ``histogram`` (int64, ``channels x bins``: equal bins over ``[low, high]``, a
@@ -164,7 +163,6 @@ class FrameStats(Op):
     (population) of each channel.
     """
 
-    library: ClassVar[str] = "realtime"
     src: GpuRef
     height: int
     width: int
@@ -182,11 +180,10 @@ class FrameStats(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class BlendFrames(Op):
+class BlendFrames(_RealtimeOp):
     """Write ``weight_a * a + weight_b * b`` over ``count`` elements to ``dst`` (rounded and
     saturated for a u8 ``dst``); ``dst`` may be ``a`` or ``b``."""
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("dst",)
     a: GpuRef
     b: GpuRef

@@ -18,9 +18,9 @@ from typing import ClassVar
 from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, require_nonneg, require_positive
+from atomr_accel.core._op import require_nonneg, require_positive
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._realtime_checks import require_buffer, require_finite
+from atomr_accel.core.ops._realtime_checks import _RealtimeOp, require_buffer, require_finite
 
 __all__ = [
     "ClothStep",
@@ -45,7 +45,7 @@ _I32 = (DType.I32,)
 
 
 @dataclass(frozen=True, slots=True)
-class ParticleStep(Op):
+class ParticleStep(_RealtimeOp):
     """Advance ``count`` particles by ``dt`` seconds; answer how many are alive after it.
 
     Gravity ``gravity_y`` acts along y and linear drag ``drag`` (1/s) on every
@@ -59,7 +59,6 @@ class ParticleStep(Op):
     stream, as a download does).
     """
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("positions", "velocities", "lifetimes", "live")
     positions: GpuRef
     velocities: GpuRef
@@ -86,11 +85,10 @@ class ParticleStep(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class ParticleCompact(Op):
+class ParticleCompact(_RealtimeOp):
     """Drop the dead particles (lifetime not above 0) of the first ``count``, keeping the
     order of the survivors, which then fill the first places of each buffer."""
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("positions", "velocities", "lifetimes")
     positions: GpuRef
     velocities: GpuRef
@@ -105,7 +103,7 @@ class ParticleCompact(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class ClothStep(Op):
+class ClothStep(_RealtimeOp):
     """One step of a ``width x height`` mass-spring cloth (vertex ``row * width + col``).
 
     Verlet integration ``x' = x + damping * (x - previous) + (g + wind) dt^2``
@@ -118,7 +116,6 @@ class ClothStep(Op):
     sets, in a fixed order), so the result does not depend on thread order.
     """
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("positions", "previous")
     positions: GpuRef
     previous: GpuRef
@@ -153,11 +150,10 @@ class ClothStep(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class FluidAddSource(Op):
+class FluidAddSource(_RealtimeOp):
     """Add ``amount`` to the density of cell ``(x, y)`` and ``(vx, vy)`` to its velocity
     (each of the cell's faces that is not a wall takes the component along it)."""
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("density", "u", "v")
     density: GpuRef
     u: GpuRef
@@ -217,7 +213,7 @@ def fluid_scratch(width: int, height: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class FluidStep(Op):
+class FluidStep(_RealtimeOp):
     """One stable-fluids step of ``dt`` seconds on the MAC grid (see the module docstring).
 
     In order: semi-Lagrangian advection of the velocity (bilinear, traced
@@ -235,7 +231,6 @@ class FluidStep(Op):
     CUDA graph; False launches its kernels one by one.
     """
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = (
         "u", "v", "density", "pressure", "divergence", "scratch")
     u: GpuRef
@@ -271,11 +266,10 @@ class FluidStep(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class FluidDivergence(Op):
+class FluidDivergence(_RealtimeOp):
     """Write the discrete divergence of the face velocities into ``out``:
     ``u[y, x+1] - u[y, x] + v[y+1, x] - v[y, x]`` for each cell."""
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("out",)
     u: GpuRef
     v: GpuRef
@@ -289,7 +283,7 @@ class FluidDivergence(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class GridBuild(Op):
+class GridBuild(_RealtimeOp):
     """Sort ``count`` points (``3 * count`` float32) by the hash of their grid cell.
 
     A point's cell is ``floor(p / cell_size)`` per axis; the cell's slot is a
@@ -298,7 +292,6 @@ class GridBuild(Op):
     ``order`` that slot ``s`` holds (``start == end`` when empty).
     """
 
-    library: ClassVar[str] = "realtime"
     outputs: ClassVar[tuple[str, ...]] = ("order", "cell_start", "cell_end")
     points: GpuRef
     order: GpuRef
@@ -326,7 +319,7 @@ def _require_cell_size(cell_size: object) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class GridQuery(Op):
+class GridQuery(_RealtimeOp):
     """Find, for each of ``query_count`` query points, the indices of the points of a built
     grid (``GridBuild``) within ``radius`` of it (distance <= radius).
 
@@ -336,7 +329,6 @@ class GridQuery(Op):
     of int64 arrays, one per query, each sorted ascending.
     """
 
-    library: ClassVar[str] = "realtime"
     points: GpuRef
     order: GpuRef
     cell_start: GpuRef
