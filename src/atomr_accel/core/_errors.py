@@ -45,9 +45,9 @@ __all__ = [
     "Unrecoverable",
     "UserCodeError",
     "WorkerLost",
-    "gpu_error_of",
-    "interrupt_in",
 ]
+"""The error taxonomy, which ``atomr_accel.core`` re-exports as it is; ``gpu_error_of`` and
+``interrupt_in`` serve the package's own modules."""
 
 
 def _rebuild(cls: type[GpuRuntimeError], message: str, state: dict[str, Any]) -> GpuRuntimeError:
