@@ -15,18 +15,8 @@ from atomr_accel.core._api import Form
 from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._ref import GpuRef
-from atomr_accel.core.ops._blas_vectors import (
-    Asum,
-    Axpy,
-    Copy,
-    Dot,
-    Iamax,
-    Iamin,
-    Nrm2,
-    Rot,
-    Scal,
-    Swap,
-)
+from atomr_accel.core.ops import _blas_vectors
+from atomr_accel.core.ops._blas_vectors import *  # noqa: F403 - the level-1 ops
 from atomr_accel.core.ops._linalg import (
     FLOAT_DTYPES,
     LinalgOp,
@@ -38,29 +28,20 @@ from atomr_accel.core.ops._linalg import (
 
 __all__ = [
     "FLOAT_DTYPES",
-    "Asum",
-    "Axpy",
-    "Copy",
-    "Dot",
     "Geam",
     "Gemm",
     "GemmStridedBatched",
     "Gemv",
     "Ger",
-    "Iamax",
-    "Iamin",
     "LinalgOp",
     "Matrix",
-    "Nrm2",
-    "Rot",
-    "Scal",
-    "Swap",
     "Syrk",
     "Trsm",
     "Vector",
     "require_scalar",
     "require_trans",
 ]
+__all__ += _blas_vectors.__all__
 
 declare("blas", "Blas",
         "cuBLAS-shaped ops: gemm, gemv, axpy, dot, ...",
