@@ -84,8 +84,22 @@ class CsrMatrix(PickleByFields):
         require_len(self.values, self.nnz, "values")
 
 
+class _CsrOp(Op):
+    """An op on a CSR matrix ``a``: its library and the check of the matrix."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "sparse"
+    a: CsrMatrix
+
+    def _check_matrix(self) -> None:
+        """``a`` is a valid ``CsrMatrix``."""
+        if not isinstance(self.a, CsrMatrix):
+            raise InvalidArgument(f"a must be a CsrMatrix, got {self.a!r}")
+        self.a.validate()
+
+
 @dataclass(frozen=True, slots=True)
-class CsrSpMV(Op):
+class CsrSpMV(_CsrOp):
     """Compute ``y = alpha * op(A) @ x + beta * y`` for a CSR matrix ``A``.
 
     ``op(A)`` is ``A``, or its plain (non-conjugated) transpose when ``trans``.
@@ -94,7 +108,6 @@ class CsrSpMV(Op):
     share a buffer with ``A`` or ``x``.
     """
 
-    library: ClassVar[str] = "sparse"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = (Form("spmv", ("a", "x", "y")),)
     a: CsrMatrix
@@ -109,9 +122,7 @@ class CsrSpMV(Op):
         return (*self.a.refs(), self.x, self.y)
 
     def validate(self) -> None:
-        if not isinstance(self.a, CsrMatrix):
-            raise InvalidArgument(f"a must be a CsrMatrix, got {self.a!r}")
-        self.a.validate()
+        self._check_matrix()
         dtype = require_same_dtype(values=self.a.values, x=self.x, y=self.y)
         require_numbers(dtype, alpha=self.alpha, beta=self.beta)
         if not isinstance(self.trans, bool):
@@ -123,7 +134,7 @@ class CsrSpMV(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class CsrSpMM(Op):
+class CsrSpMM(_CsrOp):
     """Compute ``C = alpha * A @ B + beta * C`` for a CSR ``A`` and dense column-major ``B``, ``C``.
 
     ``A`` is ``rows`` x ``cols``, ``B`` is ``cols`` x ``n`` with leading
@@ -133,7 +144,6 @@ class CsrSpMM(Op):
     ``C`` between ``rows`` and ``ldc`` in each column are left alone.
     """
 
-    library: ClassVar[str] = "sparse"
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     api = (Form("spmm", ("a", "b", "c", "n")),)
     a: CsrMatrix
@@ -160,9 +170,7 @@ class CsrSpMM(Op):
         return (*self.a.refs(), self.b, self.c)
 
     def validate(self) -> None:
-        if not isinstance(self.a, CsrMatrix):
-            raise InvalidArgument(f"a must be a CsrMatrix, got {self.a!r}")
-        self.a.validate()
+        self._check_matrix()
         require_nonneg(n=self.n)
         if self.ldb is not None:
             require_nonneg(ldb=self.ldb)
