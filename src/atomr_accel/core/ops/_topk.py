@@ -26,8 +26,37 @@ __all__ = ["ScoreTopK", "TopK"]
 _DTYPES = (DType.F16, DType.F32, DType.F64)
 
 
+class _TopKOp(Op):
+    """The top-k ops: their library and the checks they share (their sizes, the searched
+    buffer, the keys of its ``n`` candidates)."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "tensor"
+    n: int
+    keys: GpuRef | None
+
+    def _check_sizes(self, *names: str) -> None:
+        """The size fields ``names`` are ints >= 1."""
+        for name in names:
+            value = getattr(self, name)
+            if not is_int(value) or value < 1:
+                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+
+    def _check_keys(self) -> None:
+        """``keys``, where given, holds ``n`` i64 values."""
+        if self.keys is not None:
+            require_dtype(self.keys, (DType.I64,), "keys")
+            require_len(self.keys, self.n, "keys")
+
+
+def _require_searched(ref: GpuRef, length: int, name: str) -> None:
+    """The searched buffer holds ``length`` values of a top-k dtype."""
+    require_dtype(ref, _DTYPES, name)
+    require_len(ref, length, name)
+
+
 @dataclass(frozen=True, slots=True)
-class TopK(Op):
+class TopK(_TopKOp):
     """Find the ``k`` largest values of each row of the row-major ``m x n`` matrix ``x``.
 
     Equal values are ordered by the smaller key: ``keys[j]`` (``n`` int64
@@ -38,7 +67,6 @@ class TopK(Op):
     spares all tie its ``k``-th value takes a second, exact pass over that row.
     """
 
-    library: ClassVar[str] = "tensor"
     x: GpuRef
     m: int
     n: int
@@ -46,19 +74,13 @@ class TopK(Op):
     keys: GpuRef | None = None
 
     def validate(self) -> None:
-        for name in ("m", "n", "k"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
-        require_dtype(self.x, _DTYPES, "x")
-        require_len(self.x, self.m * self.n, "x")
-        if self.keys is not None:
-            require_dtype(self.keys, (DType.I64,), "keys")
-            require_len(self.keys, self.n, "keys")
+        self._check_sizes("m", "n", "k")
+        _require_searched(self.x, self.m * self.n, "x")
+        self._check_keys()
 
 
 @dataclass(frozen=True, slots=True)
-class ScoreTopK(Op):
+class ScoreTopK(_TopKOp):
     """Score host ``queries`` against the first ``n`` rows of ``matrix`` and answer each
     query's ``k`` best rows, in one op.
 
@@ -71,7 +93,6 @@ class ScoreTopK(Op):
     ties by ``keys``; scores as float64).
     """
 
-    library: ClassVar[str] = "tensor"
     queries: Any
     matrix: GpuRef
     n: int
@@ -82,12 +103,8 @@ class ScoreTopK(Op):
     alpha: float = 1.0
 
     def validate(self) -> None:
-        for name in ("n", "dim", "k"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
-        require_dtype(self.matrix, _DTYPES, "matrix")
-        require_len(self.matrix, self.n * self.dim, "matrix")
+        self._check_sizes("n", "dim", "k")
+        _require_searched(self.matrix, self.n * self.dim, "matrix")
         q = self.queries
         require(isinstance(q, np.ndarray) and q.ndim == 2 and q.shape[0] >= 1
                 and q.shape[1] == self.dim,
@@ -96,9 +113,7 @@ class ScoreTopK(Op):
         require(q.dtype == self.matrix.dtype.numpy,
                 f"queries have dtype {q.dtype} but the matrix holds {self.matrix.dtype.value}")
         require_numbers(self.matrix.dtype, alpha=self.alpha)
-        if self.keys is not None:
-            require_dtype(self.keys, (DType.I64,), "keys")
-            require_len(self.keys, self.n, "keys")
+        self._check_keys()
         if self.bias is not None:
             require_same_dtype(matrix=self.matrix, bias=self.bias)
             require_len(self.bias, self.n, "bias")
