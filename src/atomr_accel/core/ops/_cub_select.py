@@ -63,6 +63,19 @@ def _require_count(ref: GpuRef, name: str) -> None:
     require_len(ref, 1, name)
 
 
+def _select_forms(partition: bool, *, flagged: str, by_predicate: str) -> tuple[Form, Form]:
+    """The forms of select (or ``partition``) by flags and by a predicate, documented by
+    ``flagged`` and ``by_predicate``."""
+    kind = "partition" if partition else "select"
+    return (
+        Form(f"{kind}_flagged", ("input", Param("flags", annotation="BufferLike"), "output",
+                                 "count", _N), fixed={"predicate": "", "partition": partition},
+             doc=flagged),
+        Form(f"{kind}_if", ("input", "output", "count", _PREDICATE, _N),
+             fixed={"flags": None, "partition": partition}, doc=by_predicate),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CubSelect(_Selection):
     """Select (or partition) the first ``n`` items of ``input`` by ``flags`` or ``predicate``.
@@ -78,22 +91,16 @@ class CubSelect(_Selection):
     library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("output", "count")
     api = (
-        Form("select_flagged", ("input", Param("flags", annotation="BufferLike"), "output",
-                                "count", _N), fixed={"predicate": "", "partition": False},
-             doc="Copy the items whose flag is non-zero, in order, to ``output``; their "
-                 "number to ``count[0]``."),
-        Form("select_if", ("input", "output", "count", _PREDICATE, _N),
-             fixed={"flags": None, "partition": False},
-             doc="Copy the items for which the C expression ``predicate`` over ``x`` holds, "
-                 "in order, to ``output``; their number to ``count[0]``."),
-        Form("partition_flagged", ("input", Param("flags", annotation="BufferLike"), "output",
-                                   "count", _N), fixed={"predicate": "", "partition": True},
-             doc="Flagged items first (in order), the rest after them (reversed); the number "
-                 "flagged to ``count[0]``."),
-        Form("partition_if", ("input", "output", "count", _PREDICATE, _N),
-             fixed={"flags": None, "partition": True},
-             doc="Items for which ``predicate`` holds first (in order), the rest after them "
-                 "(reversed); their number to ``count[0]``."),
+        *_select_forms(False, flagged="Copy the items whose flag is non-zero, in order, to "
+                                      "``output``; their number to ``count[0]``.",
+                       by_predicate="Copy the items for which the C expression ``predicate`` "
+                                    "over ``x`` holds, in order, to ``output``; their number "
+                                    "to ``count[0]``."),
+        *_select_forms(True, flagged="Flagged items first (in order), the rest after them "
+                                     "(reversed); the number flagged to ``count[0]``.",
+                       by_predicate="Items for which ``predicate`` holds first (in order), the "
+                                    "rest after them (reversed); their number to "
+                                    "``count[0]``."),
     )
     input: GpuRef
     output: GpuRef
