@@ -39,6 +39,7 @@ __all__ = [
     "positive_ints",
     "remembered",
     "require",
+    "require_buffer",
     "require_dtype",
     "require_len",
     "require_nonneg",
@@ -197,6 +198,12 @@ def require_len(ref: GpuRef, needed: int, name: str) -> None:
         raise InvalidArgument(
             f"{name} needs {needed} elements but its buffer holds {ref.length}"
         )
+
+
+def require_buffer(ref: GpuRef, dtypes: Iterable[DType], needed: int, name: str) -> None:
+    """``ref`` must hold one of ``dtypes`` and at least ``needed`` elements."""
+    require_dtype(ref, dtypes, name)
+    require_len(ref, needed, name)
 
 
 def matrix_extent(rows: int, cols: int, ld: int, name: str) -> int:

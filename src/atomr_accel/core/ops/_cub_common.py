@@ -13,7 +13,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
     require,
-    require_dtype,
+    require_buffer,
     require_len,
     require_nonneg,
     require_same_dtype,
@@ -139,5 +139,4 @@ def _require_values(values_in: GpuRef | None, values_out: GpuRef | None, n: int)
 
 def _require_offsets(offsets: GpuRef, num_segments: int) -> None:
     require_nonneg(num_segments=num_segments)
-    require_dtype(offsets, OFFSETS, "offsets")
-    require_len(offsets, num_segments + 1, "offsets")
+    require_buffer(offsets, OFFSETS, num_segments + 1, "offsets")

@@ -11,6 +11,7 @@ from atomr_accel.core._cexpr import parse
 from atomr_accel.core._op import (
     Op,
     require,
+    require_buffer,
     require_dtype,
     require_len,
     require_same_dtype,
@@ -59,8 +60,7 @@ class _Selection(Op):
 
 def _require_count(ref: GpuRef, name: str) -> None:
     """Check a one-item count of ``COUNTS``' dtypes."""
-    require_dtype(ref, COUNTS, name)
-    require_len(ref, 1, name)
+    require_buffer(ref, COUNTS, 1, name)
 
 
 def _select_forms(partition: bool, *, flagged: str, by_predicate: str) -> tuple[Form, Form]:
@@ -116,8 +116,7 @@ class CubSelect(_Selection):
         require((self.flags is None) != (self.predicate == ""),
                 "give either flags or a predicate, not both or neither")
         if self.flags is not None:
-            require_dtype(self.flags, (*INTEGERS,), "flags")
-            require_len(self.flags, n, "flags")
+            require_buffer(self.flags, (*INTEGERS,), n, "flags")
         else:
             parse(self.predicate, ("x",))
 
@@ -159,6 +158,5 @@ class CubRunLengthEncode(_Selection):
 
     def validate(self) -> None:
         n = self._check_output("unique_out")
-        require_dtype(self.counts_out, COUNTS, "counts_out")
-        require_len(self.counts_out, n, "counts_out")
+        require_buffer(self.counts_out, COUNTS, n, "counts_out")
         _require_count(self.num_runs, "num_runs")

@@ -42,6 +42,7 @@ from atomr_accel.core._op import (
     Op,
     is_int,
     require,
+    require_buffer,
     require_dtype,
     require_len,
     require_nonneg,
@@ -313,9 +314,8 @@ class Epilogue(PickleByFields):
             require_len(residual.c, m * n, "c")
         reduction = self.reduction
         if reduction is not None:
-            require_dtype(reduction.out, (reduction_dtype(dtype),), "the reduction output")
-            require_len(reduction.out, m if reduction.axis is Axis.ROW else n,
-                        "the reduction output")
+            require_buffer(reduction.out, (reduction_dtype(dtype),),
+                           m if reduction.axis is Axis.ROW else n, "the reduction output")
 
 
 def reduction_dtype(dtype: DType) -> DType:

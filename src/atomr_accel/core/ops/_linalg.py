@@ -34,6 +34,7 @@ from atomr_accel.core._op import (
     Op,
     is_int,
     matrix_extent,
+    require_buffer,
     require_dtype,
     require_len,
     require_nonneg,
@@ -318,18 +319,15 @@ class _SolveBatch(LinalgOp):
 
 def require_pivots(ipiv: GpuRef, needed: int) -> None:
     """Check a pivot buffer: i32 with at least ``needed`` entries."""
-    require_dtype(ipiv, (DType.I32,), "ipiv")
-    require_len(ipiv, needed, "ipiv")
+    require_buffer(ipiv, (DType.I32,), needed, "ipiv")
 
 
 def require_info(info: GpuRef | None, batch: int) -> None:
     """Check an optional per-matrix status buffer: i32 with ``batch`` entries."""
     if info is not None:
-        require_dtype(info, (DType.I32,), "info")
-        require_len(info, batch, "info")
+        require_buffer(info, (DType.I32,), batch, "info")
 
 
 def require_real(ref: GpuRef, dtype: DType, needed: int, name: str) -> None:
     """Check a buffer of ``dtype``'s real values (singular values, eigenvalues)."""
-    require_dtype(ref, (dtype.real,), name)
-    require_len(ref, needed, name)
+    require_buffer(ref, (dtype.real,), needed, name)

@@ -1,5 +1,6 @@
 """What the realtime ops share: their base (``_RealtimeOp``, which names their library once),
-and their checks: finite numbers, and buffers of a dtype and length.
+and their checks: finite numbers, and buffers of a dtype and length (``require_buffer``, the
+general check of ``core._op``).
 
 The realtime kernels keep every number in float32, so "finite" means finite
 as a float32: 1e39 is refused here rather than becoming infinity on the device.
@@ -12,10 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, require_dtype, require_len
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._op import Op, require_buffer
 
 __all__ = ["F32_MAX", "finite", "finite_f32", "require_buffer", "require_finite"]
 
@@ -51,9 +50,3 @@ def require_finite(**values: object) -> None:
     """Every keyword value must be a finite real number (not a bool)."""
     for name, value in values.items():
         finite(name, value)
-
-
-def require_buffer(ref: GpuRef, dtypes: tuple[DType, ...], needed: int, name: str) -> None:
-    """``ref`` must hold one of ``dtypes`` and at least ``needed`` elements."""
-    require_dtype(ref, dtypes, name)
-    require_len(ref, needed, name)

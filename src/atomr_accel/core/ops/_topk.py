@@ -14,7 +14,7 @@ from atomr_accel.core._op import (
     Op,
     is_int,
     require,
-    require_dtype,
+    require_buffer,
     require_len,
     require_numbers,
     require_same_dtype,
@@ -45,14 +45,7 @@ class _TopKOp(Op):
     def _check_keys(self) -> None:
         """``keys``, where given, holds ``n`` i64 values."""
         if self.keys is not None:
-            require_dtype(self.keys, (DType.I64,), "keys")
-            require_len(self.keys, self.n, "keys")
-
-
-def _require_searched(ref: GpuRef, length: int, name: str) -> None:
-    """The searched buffer holds ``length`` values of a top-k dtype."""
-    require_dtype(ref, _DTYPES, name)
-    require_len(ref, length, name)
+            require_buffer(self.keys, (DType.I64,), self.n, "keys")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +68,7 @@ class TopK(_TopKOp):
 
     def validate(self) -> None:
         self._check_sizes("m", "n", "k")
-        _require_searched(self.x, self.m * self.n, "x")
+        require_buffer(self.x, _DTYPES, self.m * self.n, "x")
         self._check_keys()
 
 
@@ -104,7 +97,7 @@ class ScoreTopK(_TopKOp):
 
     def validate(self) -> None:
         self._check_sizes("n", "dim", "k")
-        _require_searched(self.matrix, self.n * self.dim, "matrix")
+        require_buffer(self.matrix, _DTYPES, self.n * self.dim, "matrix")
         q = self.queries
         require(isinstance(q, np.ndarray) and q.ndim == 2 and q.shape[0] >= 1
                 and q.shape[1] == self.dim,
