@@ -46,6 +46,7 @@ __all__ = [
     "require_numbers",
     "require_positive",
     "require_same_dtype",
+    "require_shared_dtype",
     "matrix_extent",
     "validated",
 ]
@@ -190,6 +191,13 @@ def require_same_dtype(**refs: GpuRef) -> DType:
                 f"{name} has dtype {ref.dtype.value} but {first_name} has {first.dtype.value}"
             )
     return first.dtype
+
+
+def require_shared_dtype(allowed: Iterable[DType], **refs: GpuRef) -> DType:
+    """The first of ``refs`` holds one of ``allowed`` and every other one its dtype; return it."""
+    first = next(iter(refs))
+    require_dtype(refs[first], allowed, first)
+    return require_same_dtype(**refs)
 
 
 def require_len(ref: GpuRef, needed: int, name: str) -> None:

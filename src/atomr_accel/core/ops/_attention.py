@@ -38,11 +38,11 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
     Op,
     require,
-    require_dtype,
     require_len,
     require_nonneg,
     require_positive,
     require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 
@@ -182,8 +182,7 @@ class Attention(Op):
         if self.heads_q % self.heads_kv:
             raise InvalidArgument(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
-        require_dtype(self.q, ATTENTION_DTYPES, "q")
-        dtype = require_same_dtype(q=self.q, k=self.k, v=self.v)
+        dtype = require_shared_dtype(ATTENTION_DTYPES, q=self.q, k=self.k, v=self.v)
         if self.scale is not None:
             require(isinstance(self.scale, int | float) and not isinstance(self.scale, bool)
                     and math.isfinite(self.scale) and self.scale > 0,

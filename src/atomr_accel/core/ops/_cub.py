@@ -49,6 +49,7 @@ from atomr_accel.core._op import (
     require_numbers,
     require_positive,
     require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._cub_common import (
@@ -221,8 +222,7 @@ class _Sort(Op):
 
     def _check_keys(self) -> None:
         """Check the keys in and out and the values, if any, that go with them."""
-        require_dtype(self.keys_in, SORTABLE, "keys_in")
-        require_same_dtype(keys_in=self.keys_in, keys_out=self.keys_out)
+        require_shared_dtype(SORTABLE, keys_in=self.keys_in, keys_out=self.keys_out)
         n = _count(self.n, self.keys_in, "keys_in")
         require_len(self.keys_out, n, "keys_out")
         _require_values(self.values_in, self.values_out, n)

@@ -12,9 +12,8 @@ from atomr_accel.core._op import (
     Op,
     require,
     require_buffer,
-    require_dtype,
     require_len,
-    require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._cub_common import (
@@ -50,8 +49,7 @@ class _Selection(Op):
     def _check_output(self, name: str) -> int:
         """Check ``input`` and the field ``name`` its items go to; answer the items."""
         out = getattr(self, name)
-        require_dtype(self.input, ARITHMETIC, "input")
-        require_same_dtype(**{"input": self.input, name: out})
+        require_shared_dtype(ARITHMETIC, **{"input": self.input, name: out})
         n = _count(self.n, self.input, "input")
         require_len(out, n, name)
         _distinct(self.input, out, f"input and {name}")

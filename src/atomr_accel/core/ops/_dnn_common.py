@@ -15,10 +15,9 @@ from atomr_accel.core._op import (
     Op,
     is_int,
     positive_ints,
-    require_dtype,
     require_len,
     require_numbers,
-    require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 
@@ -154,9 +153,7 @@ def _distinct(out: tuple[str, GpuRef], *inputs: tuple[str, GpuRef]) -> None:
 
 def _data(alpha: float, beta: float, **refs: GpuRef) -> DType:
     """Every buffer holds one float dtype of ``DNN_DTYPES``; alpha and beta are real numbers."""
-    first = next(iter(refs))
-    require_dtype(refs[first], DNN_DTYPES, first)
-    dtype = require_same_dtype(**refs)
+    dtype = require_shared_dtype(DNN_DTYPES, **refs)
     require_numbers(dtype, alpha=alpha, beta=beta)
     return dtype
 

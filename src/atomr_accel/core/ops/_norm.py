@@ -40,9 +40,8 @@ from atomr_accel.core._op import (
     is_int,
     positive_ints,
     require,
-    require_dtype,
     require_len,
-    require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 
@@ -196,9 +195,7 @@ def _require_epsilon(epsilon: float) -> None:
 
 def _require_data(layout: NormLayout, **refs: GpuRef) -> DType:
     """Every data buffer (x, y, dy, dx) shares one dtype of ``DATA_DTYPES`` and holds ``x``."""
-    first = next(iter(refs))
-    require_dtype(refs[first], DATA_DTYPES, first)
-    dtype = require_same_dtype(**refs)
+    dtype = require_shared_dtype(DATA_DTYPES, **refs)
     for name, ref in refs.items():
         require_len(ref, layout.size, name)
     return dtype

@@ -42,10 +42,9 @@ from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
     Op,
     require,
-    require_dtype,
     require_len,
     require_positive,
-    require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 
@@ -202,8 +201,7 @@ class _Rnn(Op):
 def _require_buffers(shape: RnnShape, mode: RnnMode, **refs: GpuRef | None) -> None:
     """Check dtypes (f32/f64, one for all), lengths, and that cell states go with LSTM."""
     given = {name: ref for name, ref in refs.items() if ref is not None}
-    require_dtype(next(iter(given.values())), DTYPES, next(iter(given)))
-    require_same_dtype(**given)
+    require_shared_dtype(DTYPES, **given)
     counts = {"x": shape.x_count, "dx": shape.x_count, "y": shape.y_count,
               "dy": shape.y_count, "weights": shape.weight_count,
               "dweights": shape.weight_count}

@@ -19,10 +19,9 @@ from atomr_accel.core._op import (
     Op,
     is_int,
     positive_ints,
-    require_dtype,
     require_len,
     require_numbers,
-    require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 
@@ -108,8 +107,7 @@ class Contract(Op):
         missing = set(self.c_modes) - set(self.a_modes) - set(self.b_modes)
         if missing:
             raise InvalidArgument(f"output modes {sorted(missing)} appear in neither input")
-        require_dtype(self.a, _DTYPES, "a")
-        dtype = require_same_dtype(a=self.a, b=self.b, c=self.c)
+        dtype = require_shared_dtype(_DTYPES, a=self.a, b=self.b, c=self.c)
         require_numbers(dtype, alpha=self.alpha, beta=self.beta)
         require_len(self.a, math.prod(self.a_shape), "a")
         require_len(self.b, math.prod(self.b_shape), "b")

@@ -52,7 +52,7 @@ from atomr_accel.core._op import (
     require_len,
     require_nonneg,
     require_positive,
-    require_same_dtype,
+    require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
 
@@ -85,9 +85,7 @@ STATS_LENGTH = 3
 def _floats(**refs: GpuRef | None) -> DType:
     """Every given buffer holds one dtype of ``TRAIN_OP_DTYPES``; answer it."""
     given = {name: ref for name, ref in refs.items() if ref is not None}
-    first = next(iter(given))
-    require_dtype(given[first], TRAIN_OP_DTYPES, first)
-    return require_same_dtype(**given)
+    return require_shared_dtype(TRAIN_OP_DTYPES, **given)
 
 
 def _distinct(outputs: dict[str, GpuRef | None], inputs: dict[str, GpuRef | None]) -> None:
