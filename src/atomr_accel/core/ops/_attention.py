@@ -437,6 +437,7 @@ class _MultiHeadAttn(Attention):
     of cuDNN's vocabulary (``mask``, ``window``)."""
 
     __slots__ = ()
+    library: ClassVar[str] = "cudnn"
     mask: AttnMask
     window: int
 
@@ -463,7 +464,6 @@ class MultiHeadAttnForward(_MultiHeadAttn):
     as cuDNN's SDPA takes f16/bf16 only.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("o", "stats")
     q: GpuRef
     k: GpuRef
@@ -505,7 +505,6 @@ class MultiHeadAttnBackward(_MultiHeadAttn):
     same mask, scale and dropout (same seed, same mask). ``stats`` (the forward's
     statistics) is optional: without it they are computed again. No bias."""
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dq", "dk", "dv")
     q: GpuRef
     k: GpuRef

@@ -37,7 +37,6 @@ from atomr_accel.core._catalogue import declare
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
-    Op,
     is_int,
     require,
     require_dtype,
@@ -57,6 +56,7 @@ from atomr_accel.core.ops._dnn_common import (
     _data,
     _dims,
     _distinct,
+    _DnnOp,
     _nchw,
     _pair,
     _pool_mode,
@@ -137,7 +137,7 @@ def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form]:
     return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
-class _Pool2d(Op):
+class _Pool2d(_DnnOp):
     """The checks of the two poolings: ``_roles`` names each buffer field, in field order,
     with the image (``"x"``) or output (``"y"``) whose size it has."""
 
@@ -169,7 +169,6 @@ class Pool2dForward(_Pool2d):
     (the frontend has no pooling node) and ``"numpy"`` on the CPU.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     _roles = (("x", "x"), ("y", "y"))
     api = _forms("pool2d_fwd", ("x", "y", "x_shape", "y_shape", *_POOL_OPTIONS))
@@ -198,7 +197,6 @@ class Pool2dBackward(_Pool2d):
     ``"numpy"``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     _roles = (("x", "x"), ("y", "y"), ("dy", "y"), ("dx", "x"))
     api = _forms("pool2d_bwd", ("x", "y", "dy", "dx", "x_shape", "y_shape", *_POOL_OPTIONS))
@@ -224,7 +222,7 @@ _SOFTMAX_OPTIONS = (Param("mode", "channel", parse=_softmax_mode, annotation="st
 
 
 @dataclass(frozen=True, slots=True)
-class SoftmaxForward(Op):
+class SoftmaxForward(_DnnOp):
     """Softmax (or log-softmax with ``log=True``): ``y = alpha * softmax(x) + beta * y``.
 
     ``dims`` is ``(N, C)``, ``(N, C, H)`` or ``(N, C, H, W)`` (missing sizes
@@ -233,7 +231,6 @@ class SoftmaxForward(Op):
     subtracted first). ``y`` may be ``x``. Answers ``"cupy"`` or ``"numpy"``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = _forms("softmax_fwd", ("x", "y", "dims", *_SOFTMAX_OPTIONS))
     x: GpuRef
@@ -253,12 +250,11 @@ class SoftmaxForward(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class SoftmaxBackward(Op):
+class SoftmaxBackward(_DnnOp):
     """The gradient of ``SoftmaxForward`` from its output ``y``: ``dx = alpha * (y * (dy -
     sum(dy * y)))`` (``log=True``: ``dy - exp(y) * sum(dy)``) ``+ beta * dx``, the sums over
     the mode's axes. Answers ``"cupy"`` or ``"numpy"``."""
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     api = _forms("softmax_bwd", ("y", "dy", "dx", "dims", *_SOFTMAX_OPTIONS))
     y: GpuRef
@@ -293,7 +289,7 @@ def _coef(kind: Activation, coef: float) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class ActivationForward(Op):
+class ActivationForward(_DnnOp):
     """Apply an activation element-wise: ``y = alpha * f(x) + beta * y``.
 
     ``kind``: ``relu``; ``clipped_relu`` (``min(max(x, 0), coef)``, cuDNN's
@@ -306,7 +302,6 @@ class ActivationForward(Op):
     or ``"numpy"``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = _forms("activation_fwd", ("x", "y", "dims", *_ACTIVATION_OPTIONS))
     x: GpuRef
@@ -326,12 +321,11 @@ class ActivationForward(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class ActivationBackward(Op):
+class ActivationBackward(_DnnOp):
     """The gradient of ``ActivationForward`` from its input: ``dx = alpha * f'(x) * dy +
     beta * dx`` (relu's derivative at 0 is 0). ``dx`` may be ``dy``. Answers ``"cupy"`` or
     ``"numpy"``."""
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     api = _forms("activation_bwd", ("x", "dy", "dx", "dims", *_ACTIVATION_OPTIONS))
     x: GpuRef
@@ -361,7 +355,7 @@ def _probability(p: float) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class DropoutForward(Op):
+class DropoutForward(_DnnOp):
     """Drop each element with ``probability`` and scale the kept ones by ``1 / (1 -
     probability)``: ``y = x * mask / (1 - p)``; ``mask`` (u8) gets 1 where kept, 0 where
     dropped.
@@ -372,7 +366,6 @@ class DropoutForward(Op):
     the CPU and on CUDA. Answers ``"cupy"`` or ``"numpy"``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y", "mask")
     api = _forms("dropout_fwd", ("x", "y", "mask", "dims", "probability", "seed"))
     x: GpuRef
@@ -394,11 +387,10 @@ class DropoutForward(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class DropoutBackward(Op):
+class DropoutBackward(_DnnOp):
     """The gradient of ``DropoutForward``: ``dx = dy * mask / (1 - probability)``, with the
     u8 ``mask`` the forward pass wrote. Answers ``"cupy"`` or ``"numpy"``."""
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     api = _forms("dropout_bwd", ("dy", "mask", "dx", "dims", "probability"))
     dy: GpuRef
@@ -423,7 +415,7 @@ LRN_MAX_N = 16
 
 
 @dataclass(frozen=True, slots=True)
-class LrnForward(Op):
+class LrnForward(_DnnOp):
     """Cross-channel local response normalization, as cuDNN defines it:
     ``y = alpha * x / (lrn_k + lrn_alpha / n * sum(x_j ** 2))^lrn_beta + beta * y``.
 
@@ -434,7 +426,6 @@ class LrnForward(Op):
     ``"numpy"``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = _forms("lrn_fwd", ("x", "y", "dims", "n", "lrn_alpha", "lrn_beta", "lrn_k", "alpha",
                              "beta"))

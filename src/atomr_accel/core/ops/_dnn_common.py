@@ -1,11 +1,13 @@
-"""What the cuDNN-shaped ops share: their dtypes, layouts and modes (with the option strings
-that name them) and the checks of image shapes and operands."""
+"""What the cuDNN-shaped ops share: their base (``_DnnOp``, which names their library once),
+their dtypes, layouts and modes (with the option strings that name them) and the checks of
+image shapes and operands."""
 
 from __future__ import annotations
 
 import enum
 import math
 from collections.abc import Mapping
+from typing import ClassVar
 
 from atomr_accel.core._api import choice
 from atomr_accel.core._dtype import DType
@@ -37,6 +39,14 @@ DNN_DTYPES = (DType.F16, DType.BF16, DType.F32, DType.F64)
 
 _TIMEOUT = 60.0
 """The original package's ``ts=60.0``."""
+
+
+class _DnnOp(Op):
+    """Base class of the cudnn library's ops (convolutions, pooling, softmax, activations,
+    dropout, LRN, normalizations, RNNs and multi-head attention)."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "cudnn"
 
 
 class Layout(enum.Enum):

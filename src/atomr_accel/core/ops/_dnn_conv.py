@@ -10,7 +10,6 @@ from typing import ClassVar, NamedTuple
 from atomr_accel.core._api import Form
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
-    Op,
     is_int,
     require,
 )
@@ -19,6 +18,7 @@ from atomr_accel.core.ops._dnn_common import (
     _TIMEOUT,
     Layout,
     _check_buffers,
+    _DnnOp,
     _nchw,
     _pair,
 )
@@ -100,7 +100,7 @@ def _conv_forms(name: str, params: tuple[str, ...]) -> tuple[Form]:
     return (Form(name, every, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
-class _Conv2d(Op):
+class _Conv2d(_DnnOp):
     """The geometry and checks shared by the three convolutions.
 
     ``_roles`` names each buffer field, in field order, with its role in the
@@ -165,7 +165,6 @@ class Conv2dForward(_Conv2d):
     CPU ignores the option.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     _roles = (("x", "x"), ("w", "w"), ("y", "y"))
     api = _conv_forms("conv2d_fwd", ("x", "w", "y", "x_shape", "w_shape", "y_shape"))
@@ -196,7 +195,6 @@ class Conv2dBackwardData(_Conv2d):
     ``Conv2dForward``. Answers ``"cudnn-graph"`` (``conv_dgrad``) or ``"numpy"``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     _roles = (("dy", "y"), ("w", "w"), ("dx", "x"))
     api = _conv_forms("conv2d_bwd_data", ("dy", "w", "dx", "dy_shape", "w_shape", "dx_shape"))
@@ -227,7 +225,6 @@ class Conv2dBackwardFilter(_Conv2d):
     or ``"numpy"``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dw",)
     _roles = (("x", "x"), ("dy", "y"), ("dw", "w"))
     api = _conv_forms("conv2d_bwd_filter", ("x", "dy", "dw", "x_shape", "dy_shape", "dw_shape"))

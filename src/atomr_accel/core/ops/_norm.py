@@ -36,7 +36,6 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
-    Op,
     is_int,
     positive_ints,
     require,
@@ -44,6 +43,7 @@ from atomr_accel.core._op import (
     require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._dnn_common import _DnnOp
 
 __all__ = [
     "BatchNorm",
@@ -224,7 +224,7 @@ _MODE = Param("mode", "batch", parse=parse_mode, annotation="str")
 
 
 @dataclass(frozen=True, slots=True)
-class BatchNorm(Op):
+class BatchNorm(_DnnOp):
     """Batch-normalize ``x`` of ``dims = (N, C, *spatial)`` per channel into ``y``.
 
     Training (``phase`` train/training/persistent) uses the batch's statistics,
@@ -234,7 +234,6 @@ class BatchNorm(Op):
     statistics, which it needs, and leaves the saved ones untouched.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y", "running_mean", "running_var", "saved_mean",
                                           "saved_var")
     api = _forms("batch_norm", ("x", "y", "scale", "bias", "dims", "running_mean",
@@ -280,13 +279,12 @@ class BatchNorm(Op):
                     f"per channel, got dims {self.dims}")
 
 
-class _NormForward(Op, abc.ABC):
+class _NormForward(_DnnOp, abc.ABC):
     """The forward normalizations but batch norm: ``x`` into ``y``, ``scale`` and ``bias``
     of the layout's parameter count, the saved statistics that ``stats`` names of its
     statistic count."""
 
     __slots__ = ()
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y", "saved_mean", "saved_var")
     stats: ClassVar[tuple[str, ...]] = ("saved_mean", "saved_var")
     x: GpuRef
@@ -408,7 +406,7 @@ class RmsNorm(_NormForward):
 
 
 @dataclass(frozen=True, slots=True)
-class NormBwd(Op):
+class NormBwd(_DnnOp):
     """Backward of any normalization: ``dx`` (and ``dscale``, ``dbias`` where given) from
     ``dy``, ``x``, ``scale`` and the forward's saved statistics.
 
@@ -420,7 +418,6 @@ class NormBwd(Op):
     is meant (batch statistics); gradients are written, not accumulated.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx", "dscale", "dbias")
     api = _forms("norm_bwd", ("x", "dy", "scale", "mean", "var", "dx", "dscale", "dbias",
                               "dims", _MODE, "epsilon"),

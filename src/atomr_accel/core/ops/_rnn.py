@@ -40,13 +40,13 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
-    Op,
     require,
     require_len,
     require_positive,
     require_shared_dtype,
 )
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._dnn_common import _DnnOp
 
 __all__ = [
     "RnnBwd",
@@ -165,7 +165,7 @@ def rnn_weight_count(mode: str, direction: str, num_layers: int, input_size: int
                     else 1, num_layers, input_size, hidden_size, 1, 1).weight_count
 
 
-class _Rnn(Op):
+class _Rnn(_DnnOp):
     """The recurrent ops: the network's sizes, read and checked."""
 
     __slots__ = ()
@@ -228,7 +228,6 @@ class RnnFwd(_Rnn):
     the path that ran: ``"numpy"`` on CPU, ``"composed"`` on CUDA.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("y", "h_out", "c_out")
     api = (
         Form("rnn_fwd", ("x", "h_in", "weights", "y", "h_out", "c_in", "c_out", *_RNN_PARAMS),
@@ -266,7 +265,6 @@ class RnnBwd(_Rnn):
     builder takes them) are checked but not read. Built by ``RnnBwdInputs``.
     """
 
-    library: ClassVar[str] = "cudnn"
     outputs: ClassVar[tuple[str, ...]] = ("dx", "dweights", "dh_in", "dc_in")
     x: GpuRef
     weights: GpuRef
