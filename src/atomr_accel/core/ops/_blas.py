@@ -22,6 +22,7 @@ from atomr_accel.core.ops._linalg import (
     LinalgOp,
     Matrix,
     Vector,
+    _BlasOp,
     require_scalar,
     require_trans,
 )
@@ -60,7 +61,7 @@ def _gemm_operands(
     )
 
 
-class _TransposableAB(LinalgOp):
+class _TransposableAB(_BlasOp):
     """The ops on ``alpha``-scaled ``op(A)`` and ``beta``-scaled ``op(B)`` or C (gemm,
     geam): their scalars and the rule that a conjugate needs a transpose."""
 
@@ -85,7 +86,6 @@ class Gemm(_TransposableAB):
     stored ``k x m`` when ``trans_a`` (so the default ``lda`` is ``k`` then).
     """
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n", "k")
@@ -121,7 +121,6 @@ class GemmStridedBatched(_TransposableAB):
     whole batch. C's stride must keep its matrices apart.
     """
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n", "k", "batch")
@@ -152,14 +151,13 @@ class GemmStridedBatched(_TransposableAB):
 
 
 @dataclass(frozen=True, slots=True)
-class Gemv(LinalgOp):
+class Gemv(_BlasOp):
     """Compute ``y = alpha * op(A) @ x + beta * y`` with A stored ``m x n``, column-major (gemv).
 
     A is always stored ``m x n`` (``lda >= m``); with ``trans`` x has ``m``
     elements and y has ``n``, otherwise x has ``n`` and y ``m``.
     """
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     size_names = ("m", "n")
@@ -193,10 +191,9 @@ class Gemv(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Ger(LinalgOp):
+class Ger(_BlasOp):
     """Compute ``A = alpha * x @ y.T + A`` (``y.H`` with ``conjugate``: gerc), column-major A."""
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("a",)
     size_names = ("m", "n")
@@ -226,7 +223,6 @@ class Ger(LinalgOp):
 class Geam(_TransposableAB):
     """Compute ``C = alpha * op(A) + beta * op(B)``, all ``m x n`` after op, column-major (geam)."""
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n")
@@ -256,7 +252,7 @@ class Geam(_TransposableAB):
 
 
 @dataclass(frozen=True, slots=True)
-class Syrk(LinalgOp):
+class Syrk(_BlasOp):
     """Compute ``C = alpha * op(A) @ op(A).T + beta * C`` on one triangle of C (BLAS syrk).
 
     C is ``n x n``; ``op(A)`` is ``n x k`` (A stored ``k x n`` when ``trans``).
@@ -264,7 +260,6 @@ class Syrk(LinalgOp):
     complex dtypes this is the symmetric product (csyrk), with no conjugate.
     """
 
-    library: ClassVar[str] = "blas"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("n", "k")
@@ -290,7 +285,7 @@ class Syrk(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Trsm(LinalgOp):
+class Trsm(_BlasOp):
     """Solve ``op(A) @ X = alpha * B`` (or ``X @ op(A) = alpha * B``) in place into B (trsm).
 
     B is ``m x n``; A is triangular, ``m x m`` when ``left`` and ``n x n``
@@ -299,7 +294,6 @@ class Trsm(LinalgOp):
     gives infinities or NaNs, as in BLAS, not an error.
     """
 
-    library: ClassVar[str] = "blas"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
     size_names = ("m", "n")
     scalar_names = ("alpha",)

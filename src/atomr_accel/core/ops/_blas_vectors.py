@@ -13,8 +13,8 @@ from atomr_accel.core._op import (
 )
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._linalg import (
-    LinalgOp,
     Vector,
+    _BlasOp,
     require_scalar,
 )
 
@@ -38,11 +38,10 @@ def _level1(name: str, vectors: tuple[str, ...], *, before: tuple[str, ...] = ()
     return (Form(name, ("n", *before, *vectors, *after), returns=returns),)
 
 
-class _Level1(LinalgOp):
-    """Share what every level-1 op has: its library, its size ``n`` and its vector x."""
+class _Level1(_BlasOp):
+    """Share what every level-1 op has: its size ``n`` and its vector x."""
 
     __slots__ = ()
-    library: ClassVar[str] = "blas"
     size_names = ("n",)
     n: int
     x: GpuRef

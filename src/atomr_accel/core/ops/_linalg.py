@@ -1,5 +1,6 @@
 """Operands and checks shared by the BLAS and solver ops: column-major matrices,
-strided vectors, the dtypes they take and ``LinalgOp``, their base.
+strided vectors, the dtypes they take and ``LinalgOp``, their base (``_BlasOp`` and
+``_SolverOp`` below it name each library once).
 
 Storage conventions, shared with the solver ops:
 
@@ -239,7 +240,21 @@ class LinalgOp(Op, abc.ABC):
         self.check_extra(dtype)
 
 
-class _Square(LinalgOp):
+class _BlasOp(LinalgOp):
+    """Base class of the blas library's ops."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "blas"
+
+
+class _SolverOp(LinalgOp):
+    """Base class of the solver library's ops."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "solver"
+
+
+class _Square(_SolverOp):
     """A solver op on one square ``n x n`` A (``lda``): its size and operand."""
 
     __slots__ = ()
@@ -253,7 +268,7 @@ class _Square(LinalgOp):
         return (Matrix.of("a", self.a, self.n, self.n, self.lda),)
 
 
-class _SquareBatch(LinalgOp):
+class _SquareBatch(_SolverOp):
     """A solver op on ``batch`` square ``n x n`` matrices ``stride`` apart in ``a``."""
 
     __slots__ = ()
@@ -271,7 +286,7 @@ class _SquareBatch(LinalgOp):
         )
 
 
-class _Solve(LinalgOp):
+class _Solve(_SolverOp):
     """A solve in place into the ``n x nrhs`` B (``ldb``) from the factors of the
     ``n x n`` A (``lda``)."""
 
@@ -292,7 +307,7 @@ class _Solve(LinalgOp):
         )
 
 
-class _SolveBatch(LinalgOp):
+class _SolveBatch(_SolverOp):
     """``_Solve`` over a batch: factors ``stride_a`` apart, right-hand sides ``stride_b``."""
 
     __slots__ = ()

@@ -37,10 +37,10 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._linalg import (
-    LinalgOp,
     Matrix,
     Vector,
     _Solve,
+    _SolverOp,
     _Square,
     require_pivots,
     require_real,
@@ -81,14 +81,13 @@ declare("solver", "Solver",
 
 
 @dataclass(frozen=True, slots=True)
-class Getrf(LinalgOp):
+class Getrf(_SolverOp):
     """Factor ``A = P @ L @ U`` in place with partial pivoting, 1-based pivots (LAPACK getrf).
 
     A is ``m x n``; L (unit diagonal, not stored) and U overwrite it and
     ``ipiv`` (i32, ``min(m, n)`` entries) receives the pivots.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv")
     size_names = ("m", "n")
     api = (Form("getrf", ("a", "ipiv", "m", "n")),)
@@ -115,7 +114,6 @@ class Getrs(_Solve):
     ``conj`` as well with A.H.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
     api = (Form("getrs", ("a", "ipiv", "b", "n", "nrhs")),)
     a: GpuRef
@@ -142,7 +140,6 @@ class Potrf(_Square):
     overwritten with the factor; the other triangle is left as it was.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
     api = (Form("potrf", ("a", "n")),)
     a: GpuRef
@@ -158,7 +155,6 @@ class Potrs(_Solve):
     ``a`` holds the factor in its ``upper`` (or lower) triangle; B is ``n x nrhs``.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
     api = (Form("potrs", ("a", "b", "n", "nrhs")),)
     a: GpuRef
@@ -171,7 +167,7 @@ class Potrs(_Solve):
 
 
 @dataclass(frozen=True, slots=True)
-class Geqrf(LinalgOp):
+class Geqrf(_SolverOp):
     """Factor ``A = Q @ R`` in place in Householder form (LAPACK geqrf).
 
     R overwrites the upper triangle of the ``m x n`` A; the Householder
@@ -179,7 +175,6 @@ class Geqrf(LinalgOp):
     (``min(m, n)`` entries, A's dtype). ``Orgqr`` forms Q from them.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "tau")
     size_names = ("m", "n")
     api = (Form("geqrf", ("a", "tau", "m", "n")),)
@@ -198,14 +193,13 @@ class Geqrf(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Orgqr(LinalgOp):
+class Orgqr(_SolverOp):
     """Form the first ``n`` columns of Q in place from ``k`` Householder reflectors (orgqr/ungqr).
 
     ``a`` (``m x n``, ``m >= n >= k``) holds the reflectors as ``Geqrf`` left
     them and ``tau`` their ``k`` scalars; Q's columns overwrite ``a``.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a",)
     size_names = ("m", "n", "k")
     api = (Form("orgqr", ("a", "tau", "m", "n", "k")),)
@@ -232,7 +226,7 @@ class Orgqr(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Gesvd(LinalgOp):
+class Gesvd(_SolverOp):
     """Decompose ``A = U @ diag(s) @ VT`` with full U and VT (LAPACK gesvd, jobu = jobvt = 'A').
 
     A is ``m x n``; ``s`` (real, ``min(m, n)`` entries) gets the singular
@@ -241,7 +235,6 @@ class Gesvd(LinalgOp):
     contents are destroyed, as in LAPACK (the CPU backend leaves it as it was).
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
     size_names = ("m", "n")
     api = (Form("gesvd", ("a", "s", "u", "vt", "m", "n")),)
@@ -274,7 +267,6 @@ class Syevd(_Square):
     it as it was). ``w`` is real with ``n`` entries.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
     api = (Form("syevd", ("a", "w", "n")),)
     a: GpuRef

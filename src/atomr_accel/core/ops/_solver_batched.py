@@ -11,9 +11,9 @@ from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._linalg import (
-    LinalgOp,
     Matrix,
     _SolveBatch,
+    _SolverOp,
     _SquareBatch,
     require_info,
     require_pivots,
@@ -60,7 +60,6 @@ class GetrfBatched(_SquareBatch):
     ``U(j, j)`` is exactly zero) and a singular matrix does not raise.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "ipiv", "info")
     api = (Form("getrf_batched", ("a", "ipiv", "n", "batch")),)
     a: GpuRef
@@ -84,7 +83,6 @@ class GetrsBatched(_SolveBatch):
     ``ipiv`` holds ``n`` pivots per matrix, packed as ``GetrfBatched`` leaves them.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
     api = (Form("getrs_batched", ("a", "ipiv", "b", "n", "nrhs", "batch")),)
     a: GpuRef
@@ -115,7 +113,6 @@ class PotrfBatched(_SquareBatch):
     positive definite) and such a matrix does not raise.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "info")
     api = (Form("potrf_batched", ("a", "n", "batch")),)
     a: GpuRef
@@ -138,7 +135,6 @@ class PotrsBatched(_SolveBatch):
     Any ``nrhs`` is accepted (cuSOLVER's potrsBatched itself takes ``nrhs == 1``).
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("b",)
     api = (Form("potrs_batched", ("a", "b", "n", "nrhs", "batch")),)
     a: GpuRef
@@ -160,7 +156,6 @@ class SyevdBatched(_SquareBatch):
     Matrix ``i``'s eigenvalues go to ``w[i * n:(i + 1) * n]``, ascending.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "w")
     api = (Form("syevd_batched", ("a", "w", "n", "batch")),)
     a: GpuRef
@@ -178,7 +173,7 @@ class SyevdBatched(_SquareBatch):
 
 
 @dataclass(frozen=True, slots=True)
-class GesvdBatched(LinalgOp):
+class GesvdBatched(_SolverOp):
     """Decompose ``batch`` matrices of any size as ``Gesvd`` does (cuSOLVER gesvd per matrix).
 
     Matrix ``i``'s singular values go to ``s[i * min(m, n):]``, descending;
@@ -186,7 +181,6 @@ class GesvdBatched(LinalgOp):
     per matrix, ``stride_u`` and ``stride_vt`` apart.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("a", "s", "u", "vt")
     size_names = ("m", "n", "batch")
     api = (Form("gesvd_batched", ("a", "s", "u", "vt", "m", "n", "batch")),)
@@ -214,7 +208,7 @@ class GesvdBatched(LinalgOp):
 
 
 @dataclass(frozen=True, slots=True)
-class GesvdjBatched(LinalgOp):
+class GesvdjBatched(_SolverOp):
     """Decompose ``batch`` matrices of any size as ``A = U @ diag(s) @ V.H`` (cuSOLVER gesvdj).
 
     A is ``m x n`` (``lda``, ``stride_a`` apart) and only read. Let
@@ -231,7 +225,6 @@ class GesvdjBatched(LinalgOp):
     status goes to ``info[i]``: 0, or ``k + 1`` for no convergence, as in cuSOLVER.
     """
 
-    library: ClassVar[str] = "solver"
     outputs: ClassVar[tuple[str, ...]] = ("s", "u", "v", "info")
     size_names = ("m", "n", "batch")
     api = (Form("gesvdj_batched", ("a", "s", "u", "v", "m", "n", "batch")),)
