@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
@@ -227,8 +227,6 @@ class CallFunction(Op):
     keep: bool = False
     pure: bool = False
 
-    library: ClassVar[str] = "memory"
-
     def refs(self) -> tuple[GpuRef, ...]:
         """The buffers its arguments name."""
         return self.buffers
@@ -247,13 +245,9 @@ class BuildResident(Op):
     code: UserCode
     args: Packed
 
-    library: ClassVar[str] = "memory"
-
 
 @dataclass(frozen=True, slots=True)
 class FreeResident(Op):
     """Drop the resident ``token`` from the context (nothing if it holds none)."""
 
     token: int
-
-    library: ClassVar[str] = "memory"
