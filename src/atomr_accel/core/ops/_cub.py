@@ -42,7 +42,6 @@ from atomr_accel.core._catalogue import declare
 from atomr_accel.core._cexpr import parse
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._op import (
-    Op,
     require,
     require_dtype,
     require_len,
@@ -64,6 +63,7 @@ from atomr_accel.core.ops._cub_common import (
     ReduceKind,
     ScanKind,
     _count,
+    _CubOp,
     _require_bits,
     _require_offsets,
     _require_values,
@@ -96,7 +96,7 @@ declare("cub", "Cub",
 
 
 @dataclass(frozen=True, slots=True)
-class CubReduce(Op):
+class CubReduce(_CubOp):
     """Reduce the first ``n`` elements of ``input`` (None: all of it) into ``output[0]``.
 
     ``kind``: ``sum`` (into an ``output`` of any arithmetic dtype, accumulated in
@@ -109,7 +109,6 @@ class CubReduce(Op):
     0, the dtype's largest (min), its lowest (max), ``init`` (custom).
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (
         Form("reduce", ("input", "output", _N)),
@@ -159,7 +158,7 @@ class CubReduce(Op):
 
 
 @dataclass(frozen=True, slots=True)
-class CubScan(Op):
+class CubScan(_CubOp):
     """Prefix-scan the first ``n`` elements of ``input`` into ``output``.
 
     Inclusive: ``output[i] = input[0] op ... op input[i]``; exclusive:
@@ -169,7 +168,6 @@ class CubScan(Op):
     the input's dtype (a NaN propagates). ``output`` may be ``input``.
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (
         Form("inclusive_scan", ("input", "output", _N), fixed={"exclusive": False}),
@@ -205,7 +203,7 @@ class CubScan(Op):
             require_same_dtype(input=self.input, output=self.output)
 
 
-class _Sort(Op):
+class _Sort(_CubOp):
     """The sorts: the keys they consider and the checks of the keys and the values."""
 
     __slots__ = ()
@@ -240,7 +238,6 @@ class CubSort(_Sort):
     ``values_out`` ``values_in``.
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("keys_out", "values_out")
     api = (
         Form("sort_keys", ("keys_in", "keys_out", _N),
@@ -270,7 +267,7 @@ class CubSort(_Sort):
         _require_bits(self.begin_bit, self.end_bit, self.keys_in)
 
 
-class _Histogram(Op):
+class _Histogram(_CubOp):
     """The histogram ops: the samples they count and the checks of the samples, the
     histogram and ``num_bins``."""
 
@@ -305,7 +302,6 @@ class CubHistogramEven(_Histogram):
     are not counted. ``histogram`` (i32, i64, u32 or u64) is overwritten.
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("histogram",)
     api = (Form("histogram_even", ("samples", "histogram", "num_bins", "lower", "upper", _N)),)
     samples: GpuRef
@@ -333,7 +329,6 @@ class CubHistogramRange(_Histogram):
     not counted. ``histogram`` (i32, i64, u32 or u64) is overwritten.
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("histogram",)
     api = (Form("histogram_range", ("samples", "edges", "histogram", "num_bins", _N)),)
     samples: GpuRef
@@ -349,7 +344,7 @@ class CubHistogramRange(_Histogram):
 
 
 @dataclass(frozen=True, slots=True)
-class CubSegmentedReduce(Op):
+class CubSegmentedReduce(_CubOp):
     """Reduce each of ``num_segments`` segments of ``input`` into ``output[s]``.
 
     Segment ``s`` is ``input[offsets[s]:offsets[s + 1]]``; ``offsets`` (i32 or
@@ -361,7 +356,6 @@ class CubSegmentedReduce(Op):
     the identity (0, the dtype's largest, its lowest).
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (Form("segmented_reduce", ("input", "output", "offsets", "num_segments")),)
     input: GpuRef
@@ -392,7 +386,6 @@ class CubSegmentedSort(_Sort):
     ``keys_in``, ``values_out`` ``values_in``.
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("keys_out", "values_out")
     api = (
         Form("segmented_sort_keys", ("keys_in", "keys_out", "offsets", "num_segments", _N),

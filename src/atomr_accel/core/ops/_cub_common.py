@@ -1,10 +1,11 @@
-"""What the CUB-shaped ops share: the dtypes they take, the reduction and scan kinds, their
-identities, and the checks and parameters of counts, buffers, bits and offsets."""
+"""What the CUB-shaped ops share: their base (``_CubOp``, which names their library once),
+the dtypes they take, the reduction and scan kinds, their identities, and the checks and
+parameters of counts, buffers, bits and offsets."""
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from atomr_accel.core._api import Param
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
+    Op,
     require,
     require_buffer,
     require_len,
@@ -49,6 +51,13 @@ COUNTS = (DType.I32, DType.I64, DType.U32, DType.U64)
 
 
 OFFSETS = (DType.I32, DType.I64)
+
+
+class _CubOp(Op):
+    """Base class of the cub library's ops."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "cub"
 
 
 class ReduceKind(enum.Enum):

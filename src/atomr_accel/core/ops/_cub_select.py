@@ -9,7 +9,6 @@ from typing import ClassVar
 from atomr_accel.core._api import Form, Param
 from atomr_accel.core._cexpr import parse
 from atomr_accel.core._op import (
-    Op,
     require,
     require_buffer,
     require_len,
@@ -23,6 +22,7 @@ from atomr_accel.core.ops._cub_common import (
     COUNTS,
     INTEGERS,
     _count,
+    _CubOp,
     _distinct,
 )
 
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-class _Selection(Op):
+class _Selection(_CubOp):
     """The ops that pick items of ``input``: the items they consider and the checks of
     ``input`` and of the output its items go to."""
 
@@ -86,7 +86,6 @@ class CubSelect(_Selection):
     ``output`` holds at least ``n`` items and is not ``input``.
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("output", "count")
     api = (
         *_select_forms(False, flagged="Copy the items whose flag is non-zero, in order, to "
@@ -126,7 +125,6 @@ class CubUnique(_Selection):
     ``output``; their number in ``count[0]``. NaNs never equal each other, so each is kept.
     """
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("output", "count")
     api = (Form("unique", ("input", "output", "count", _N)),)
     input: GpuRef
@@ -145,7 +143,6 @@ class CubRunLengthEncode(_Selection):
     items gives its value in ``unique_out`` and its length in ``counts_out``, in order;
     ``num_runs[0]`` gets the number of runs. NaNs never equal each other (runs of 1)."""
 
-    library: ClassVar[str] = "cub"
     outputs: ClassVar[tuple[str, ...]] = ("unique_out", "counts_out", "num_runs")
     api = (Form("run_length_encode", ("input", "unique_out", "counts_out", "num_runs", _N)),)
     input: GpuRef
