@@ -180,16 +180,25 @@ def _require_vector(ref: GpuRef, dtype: DType, length: int, name: str) -> None:
     require_len(ref, length, name)
 
 
-class _Common:
-    """The checks both fused matmuls share (a mixin of field-typed dataclass ops)."""
+@dataclass(frozen=True, slots=True)
+class _MatmulFields:
+    """The leading fields of both fused matmuls, the operands and sizes of ``op(A) @ op(B)``
+    into ``D``: a field group, below ``_Common``."""
 
-    __slots__ = ()
     a: GpuRef
     b: GpuRef
     d: GpuRef
     m: int
     n: int
     k: int
+
+
+class _Common(_MatmulFields):
+    """The library and checks both fused matmuls share, after their leading fields
+    (``_MatmulFields``): a mixin, before ``Op``."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "blaslt"
     epilogue: Epilogue
     aux: GpuRef | None
     alpha: float
@@ -262,17 +271,10 @@ class FusedMatmul(_Common, Op):
     ``"nvmath"``.
     """
 
-    library: ClassVar[str] = "blaslt"
     queues_only: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("d", "aux")
     api = _forms("matmul", Param("epilogue", "none", parse=_forward_epilogue,
                                  annotation="str"))
-    a: GpuRef
-    b: GpuRef
-    d: GpuRef
-    m: int
-    n: int
-    k: int
     epilogue: Epilogue = Epilogue.NONE
     bias: GpuRef | None = None
     aux: GpuRef | None = None
@@ -310,16 +312,9 @@ class FusedMatmulGrad(_Common, Op):
     Answers ``"numpy"`` or ``"nvmath"``.
     """
 
-    library: ClassVar[str] = "blaslt"
     outputs: ClassVar[tuple[str, ...]] = ("d", "bias_grad")
     api = _forms("matmul_backward", Param("epilogue", parse=_backward_epilogue,
                                           annotation="str"))
-    a: GpuRef
-    b: GpuRef
-    d: GpuRef
-    m: int
-    n: int
-    k: int
     epilogue: Epilogue
     aux: GpuRef | None = None
     bias_grad: GpuRef | None = None
