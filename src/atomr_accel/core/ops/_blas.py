@@ -61,6 +61,19 @@ def _gemm_operands(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _GemmFields:
+    """The leading fields of the two gemms: A, B, C and the sizes of ``op(A)`` (``m x k``)
+    and ``op(B)`` (``k x n``): a field group, before ``_TransposableAB``."""
+
+    a: GpuRef
+    b: GpuRef
+    c: GpuRef
+    m: int
+    n: int
+    k: int
+
+
 class _TransposableAB(_BlasOp):
     """The ops on ``alpha``-scaled ``op(A)`` and ``beta``-scaled ``op(B)`` or C (gemm,
     geam): their scalars and the rule that a conjugate needs a transpose."""
@@ -79,7 +92,7 @@ class _TransposableAB(_BlasOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Gemm(_TransposableAB):
+class Gemm(_GemmFields, _TransposableAB):
     """Compute ``C = alpha * op(A) @ op(B) + beta * C``, column-major (cuBLAS gemm).
 
     ``op(A)`` is ``m x k``, ``op(B)`` is ``k x n``, ``C`` is ``m x n``; A is
@@ -90,12 +103,6 @@ class Gemm(_TransposableAB):
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n", "k")
     api = (Form("gemm", ("a", "b", "c", "m", "n", "k")),)
-    a: GpuRef
-    b: GpuRef
-    c: GpuRef
-    m: int
-    n: int
-    k: int
     alpha: complex = 1.0
     beta: complex = 0.0
     trans_a: bool = False
@@ -112,7 +119,7 @@ class Gemm(_TransposableAB):
 
 
 @dataclass(frozen=True, slots=True)
-class GemmStridedBatched(_TransposableAB):
+class GemmStridedBatched(_GemmFields, _TransposableAB):
     """Compute ``C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i]`` over a column-major batch.
 
     Matrix ``i`` of an operand starts ``i * stride`` elements into its buffer
@@ -125,12 +132,6 @@ class GemmStridedBatched(_TransposableAB):
     outputs: ClassVar[tuple[str, ...]] = ("c",)
     size_names = ("m", "n", "k", "batch")
     api = (Form("gemm_strided_batched", ("a", "b", "c", "m", "n", "k", "batch")),)
-    a: GpuRef
-    b: GpuRef
-    c: GpuRef
-    m: int
-    n: int
-    k: int
     batch: int
     alpha: complex = 1.0
     beta: complex = 0.0
