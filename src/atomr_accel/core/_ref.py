@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._fields import PickleByFields
 
-__all__ = ["GpuRef", "GraphRef", "KernelRef"]
+__all__ = ["GpuRef", "GraphRef", "KernelRef", "same_buffer"]
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -42,6 +42,11 @@ class GpuRef(PickleByFields):
             f"GpuRef(dev={self.device_id}, id={self.buffer_id}, {self.dtype.value}"
             f"[{self.length}], gen={self.generation})"
         )
+
+
+def same_buffer(a: GpuRef, b: GpuRef) -> bool:
+    """Whether ``a`` and ``b`` name one buffer: the same buffer id on the same device."""
+    return a.buffer_id == b.buffer_id and a.device_id == b.device_id
 
 
 @dataclass(frozen=True, slots=True)

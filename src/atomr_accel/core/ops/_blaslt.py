@@ -63,7 +63,7 @@ from atomr_accel.core._op import (
     require_numbers,
     require_positive,
 )
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, same_buffer
 
 __all__ = [
     "DTYPES",
@@ -169,10 +169,6 @@ def aux_len(epilogue: Epilogue | str, m: int, n: int) -> int:
     return m * (relu_aux_ld(n) if kind == "relu" else gelu_aux_ld(n))
 
 
-def _same(a: GpuRef, b: GpuRef) -> bool:
-    return a.device_id == b.device_id and a.buffer_id == b.buffer_id
-
-
 def _require_vector(ref: GpuRef, dtype: DType, length: int, name: str) -> None:
     """Check a bias-like buffer: ``d``'s dtype and ``length`` elements."""
     if ref.dtype is not dtype:
@@ -223,7 +219,7 @@ class _Common(_MatmulFields):
         require_len(self.b, k * n, "b")
         require_len(self.d, m * n, "d")
         for name, ref in (("a", self.a), ("b", self.b)):
-            if _same(ref, self.d):
+            if same_buffer(ref, self.d):
                 raise InvalidArgument(f"d must not share a buffer with {name}")
         return dtype
 
@@ -241,7 +237,7 @@ class _Common(_MatmulFields):
                                   f"not {aux.dtype.value}")
         require_len(aux, aux_len(self.epilogue, self.m, self.n), "aux")
         for name, ref in (("a", self.a), ("b", self.b), ("d", self.d)):
-            if _same(ref, aux):
+            if same_buffer(ref, aux):
                 raise InvalidArgument(f"aux must not share a buffer with {name}")
 
 
@@ -291,7 +287,7 @@ class FusedMatmul(_Common, Op):
             require(bias is not None, f"epilogue {self.epilogue.value!r} needs a bias buffer")
             assert bias is not None
             _require_vector(bias, dtype, self.n, "bias")
-            require(not _same(bias, self.d), "d must not share a buffer with bias")
+            require(not same_buffer(bias, self.d), "d must not share a buffer with bias")
         elif bias is not None:
             raise InvalidArgument(f"epilogue {self.epilogue.value!r} takes no bias; "
                                   "use 'bias', 'bias_relu' or 'bias_gelu'")
@@ -343,5 +339,5 @@ class FusedMatmulGrad(_Common, Op):
         if self.aux is not None:
             others.append(("aux", self.aux))
         for name, ref in others:
-            if _same(ref, grad):
+            if same_buffer(ref, grad):
                 raise InvalidArgument(f"bias_grad must not share a buffer with {name}")

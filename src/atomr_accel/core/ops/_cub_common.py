@@ -20,7 +20,7 @@ from atomr_accel.core._op import (
     require_nonneg,
     require_same_dtype,
 )
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, same_buffer
 
 __all__ = [
     "ARITHMETIC",
@@ -106,8 +106,7 @@ def _count(n: int | None, ref: GpuRef, name: str) -> int:
 
 
 def _distinct(a: GpuRef, b: GpuRef, names: str) -> None:
-    require((a.device_id, a.buffer_id) != (b.device_id, b.buffer_id),
-            f"{names} must be different buffers")
+    require(not same_buffer(a, b), f"{names} must be different buffers")
 
 
 _N = Param("n", None, annotation="int | None")

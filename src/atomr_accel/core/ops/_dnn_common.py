@@ -21,7 +21,7 @@ from atomr_accel.core._op import (
     require_numbers,
     require_shared_dtype,
 )
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, same_buffer
 
 __all__ = [
     "Activation",
@@ -155,9 +155,8 @@ def image_dims(dims: tuple[int, ...]) -> tuple[int, int, int, int]:
 def _distinct(out: tuple[str, GpuRef], *inputs: tuple[str, GpuRef]) -> None:
     """The output must not share a buffer with any input."""
     name, ref = out
-    key = (ref.device_id, ref.buffer_id)
     for other, r in inputs:
-        if (r.device_id, r.buffer_id) == key:
+        if same_buffer(r, ref):
             raise InvalidArgument(f"{name} must not share a buffer with {other}")
 
 

@@ -31,7 +31,7 @@ from atomr_accel.core._op import (
     require_nonneg,
     require_positive,
 )
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, same_buffer
 
 __all__ = [
     "Fft",
@@ -122,10 +122,6 @@ def _require_sides(kind: FftKind, is_inverse: bool, src: GpuRef, dst: GpuRef) ->
         )
 
 
-def _same_buffer(a: GpuRef, b: GpuRef) -> bool:
-    return (a.device_id, a.buffer_id) == (b.device_id, b.buffer_id)
-
-
 @dataclass(frozen=True, slots=True)
 class Fft(Op):
     """Transform ``batch`` arrays of ``shape`` (1 to 3 dims) from ``input`` into ``output``.
@@ -197,7 +193,7 @@ class Fft(Op):
         require_positive(batch=self.batch)
         _require_inverse(self.inverse)
         _require_sides(kind, self.is_inverse, self.input, self.output)
-        if kind is not FftKind.C2C and _same_buffer(self.input, self.output):
+        if kind is not FftKind.C2C and same_buffer(self.input, self.output):
             raise InvalidArgument(
                 f"{kind.name} transforms cannot run in place; use separate buffers"
             )
@@ -337,7 +333,7 @@ class FftMany(Op):
         _require_embed("inembed", self.inembed, self.input_shape, "input")
         _require_embed("onembed", self.onembed, self.output_shape, "output")
         source, target = self.input_layout, self.output_layout
-        if _same_buffer(self.input, self.output):
+        if same_buffer(self.input, self.output):
             require(kind is FftKind.C2C,
                     f"{kind.name} transforms cannot run in place; use separate buffers")
             require(source == target, "an in-place transform needs one layout on both sides")

@@ -18,7 +18,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
 from atomr_accel.core._op import is_int, require_positive
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, same_buffer
 from atomr_accel.core.ops._realtime_checks import _RealtimeOp, finite, require_buffer
 
 __all__ = [
@@ -142,7 +142,7 @@ class FilterFrames(_RealtimeOp):
         elements = self.frames * self.height * self.width * self.channels
         require_buffer(self.src, FRAME_DTYPES, elements, "src")
         require_buffer(self.dst, FRAME_DTYPES, elements, "dst")
-        if (self.src.device_id, self.src.buffer_id) == (self.dst.device_id, self.dst.buffer_id):
+        if same_buffer(self.src, self.dst):
             raise InvalidArgument("dst must not share a buffer with src")
         if not isinstance(self.stages, tuple) or not self.stages:
             raise InvalidArgument(f"stages must be a non-empty tuple of stages, "

@@ -24,7 +24,7 @@ from atomr_accel.core._op import (
     require_numbers,
     require_same_dtype,
 )
-from atomr_accel.core._ref import GpuRef
+from atomr_accel.core._ref import GpuRef, same_buffer
 
 __all__ = ["CsrMatrix", "CsrSpMM", "CsrSpMV"]
 
@@ -37,9 +37,8 @@ _VALUE_DTYPES = (DType.F32, DType.F64, DType.C64, DType.C128)
 
 def _require_distinct(output: GpuRef, name: str, *inputs: GpuRef) -> None:
     """Require that ``output`` shares no buffer with any of ``inputs``."""
-    key = (output.device_id, output.buffer_id)
     for r in inputs:
-        if (r.device_id, r.buffer_id) == key:
+        if same_buffer(r, output):
             raise InvalidArgument(f"{name} must not share a buffer with an input")
 
 
