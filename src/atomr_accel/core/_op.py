@@ -250,12 +250,6 @@ def _as_float(name: str, value: Any) -> Any:
     return value
 
 
-def _as_ints(name: str, value: Any) -> Any:
-    if not isinstance(value, tuple):
-        return value
-    return tuple([_as_int(name, v) for v in value])
-
-
 def _as_bool(name: str, value: Any) -> Any:
     if type(value).__name__ == "bool" and type(value).__module__ == "numpy":  # np.bool_
         return bool(value)
@@ -284,10 +278,11 @@ def _nested(name: str, value: Any) -> Any:
         else value
 
 
-def _nested_all(name: str, value: Any) -> Any:
-    if not isinstance(value, tuple):
-        return value
-    return tuple([_nested(name, v) for v in value])
+def _each(fix: _Fix) -> _Fix:
+    """``fix`` applied to each item of a tuple (anything else as it is)."""
+    def fix_items(name: str, value: Any) -> Any:
+        return tuple([fix(name, v) for v in value]) if isinstance(value, tuple) else value
+    return fix_items
 
 
 def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
@@ -312,9 +307,9 @@ def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint) and hasattr(hint, "validate"):
         return plain, _nested  # a part the op validates (a CsrMatrix); not a device-made ref
     if origin is tuple and args and all(a is int or a is Ellipsis for a in args):
-        return plain, _as_ints
+        return plain, _each(_as_int)
     if origin is tuple and args and isinstance(args[0], type) and issubclass(args[0], Op):
-        return plain, _nested_all
+        return plain, _each(_nested)
     return None
 
 
