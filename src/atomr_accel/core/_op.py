@@ -193,9 +193,16 @@ def require_same_dtype(**refs: GpuRef) -> DType:
     return first.dtype
 
 
-def require_shared_dtype(allowed: Iterable[DType], **refs: GpuRef) -> DType:
+def require_shared_dtype(allowed: tuple[DType, ...], **refs: GpuRef) -> DType:
     """The first of ``refs`` holds one of ``allowed`` and every other one its dtype; return it."""
-    first = next(iter(refs))
+    dtype = next(iter(refs.values())).dtype
+    if dtype in allowed:
+        for ref in refs.values():
+            if ref.dtype is not dtype:
+                break
+        else:
+            return dtype
+    first = next(iter(refs))  # not plainly fit: check in order, naming the culprit
     require_dtype(refs[first], allowed, first)
     return require_same_dtype(**refs)
 
@@ -208,10 +215,11 @@ def require_len(ref: GpuRef, needed: int, name: str) -> None:
         )
 
 
-def require_buffer(ref: GpuRef, dtypes: Iterable[DType], needed: int, name: str) -> None:
+def require_buffer(ref: GpuRef, dtypes: tuple[DType, ...], needed: int, name: str) -> None:
     """``ref`` must hold one of ``dtypes`` and at least ``needed`` elements."""
-    require_dtype(ref, dtypes, name)
-    require_len(ref, needed, name)
+    if ref.dtype not in dtypes or needed > ref.length:  # not plainly fit: check in order
+        require_dtype(ref, dtypes, name)
+        require_len(ref, needed, name)
 
 
 def matrix_extent(rows: int, cols: int, ld: int, name: str) -> int:
