@@ -261,11 +261,11 @@ def _lengths(backend: Any, op: Attention, cfg: Config) -> list[Any]:
     return arrays
 
 
-Ready = tuple[graphs.Built, Config, bool]
+_Ready = tuple[graphs.Built, Config, bool]
 """An op's built graph, its configuration, and whether it was kept already (``Prepared``)."""
 
 
-def _ready(backend: Any, op: Attention, backward: bool) -> Ready | None:
+def _ready(backend: Any, op: Attention, backward: bool) -> _Ready | None:
     """The op's built graph and configuration (kept for the op once it ran: ``Prepared``),
     or None when the composed path runs it."""
     kept: tuple[graphs.Built, Config] | None = graphs.prepared_of(backend).find(op)
@@ -278,7 +278,7 @@ def _ready(backend: Any, op: Attention, backward: bool) -> Ready | None:
     return graphs.cache_of(backend).get(cfg, lambda handle: _build(cfg, handle)), cfg, False
 
 
-def _launch(backend: Any, op: Attention, ready: Ready, buffers: tuple[GpuRef | None, ...]
+def _launch(backend: Any, op: Attention, ready: _Ready, buffers: tuple[GpuRef | None, ...]
             ) -> str:
     """Run the graph on ``buffers`` and the lengths it takes; keep what the op needs to run
     again, queue-only unless it reads a paged cache's table back to check it."""

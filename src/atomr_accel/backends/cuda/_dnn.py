@@ -147,7 +147,7 @@ def _check_dtype(dtype: DType) -> None:
         raise InvalidArgument(f"cuDNN convolutions run f16, bf16 or f32 on CUDA, not {dtype}")
 
 
-ConvOp = Conv2dForward | Conv2dBackwardData | Conv2dBackwardFilter
+_ConvOp = Conv2dForward | Conv2dBackwardData | Conv2dBackwardFilter
 
 
 class _Operands(NamedTuple):
@@ -187,7 +187,7 @@ _NODES: dict[type[Op], tuple[str, str, str]] = {
 op's two inputs, in field order."""
 
 
-def _prepare(backend: Any, op: ConvOp) -> tuple[Built, _Operands]:
+def _prepare(backend: Any, op: _ConvOp) -> tuple[Built, _Operands]:
     """The op's graph (built on a miss, autotuned on the op's own buffers when it asks) and
     its operands."""
     geo, layout = op.geometry, op.layout
@@ -217,7 +217,7 @@ prepares(Conv2dForward, Conv2dBackwardData, Conv2dBackwardFilter)
 
 
 @cuda.handles(Conv2dForward, Conv2dBackwardData, Conv2dBackwardFilter)
-def conv2d(backend: Any, op: ConvOp) -> str:
+def conv2d(backend: Any, op: _ConvOp) -> str:
     """``out = alpha * f(a, b) + beta * out`` with cuDNN's ``conv_fprop`` (``y`` from x and
     w), ``conv_dgrad`` (``dx`` from dy and w) or ``conv_wgrad`` (``dw`` from x and dy).
     A repeated op launches its graph straight away (and only queues work: ``Prepared``);
