@@ -140,6 +140,40 @@ def test_scans(devices: tuple[Any, Any], name: str, out_name: str, kind: str, n:
          1e-9 if kind == "sum" and out_name == "f64" else 0.0)
 
 
+def test_reduce_and_scan_awaited_again_compute_each_calls_data(
+        devices: tuple[Any, Any]) -> None:
+    """A reduction and a scan that ran once are launched from the caller's event loop (their
+    kernels are compiled): three rounds with new data, 3 reductions (sum, max, a custom
+    one) and 2 scans (sum, min) in flight each round, against the CPU backend in float64."""
+    import asyncio
+
+    n = 300_007
+    bufs = {dev: (dev.allocate(n, DType.F64), [dev.allocate(1, DType.F64) for _ in range(3)],
+                  [dev.allocate(n, DType.F64) for _ in range(2)]) for dev in devices}
+
+    async def one_round(dev: Any) -> None:
+        cub, (x, outs, scans) = dev.cub(), bufs[dev]
+        await asyncio.gather(
+            cub.reduce_sum_async(x, outs[0], n), cub.reduce_max_async(x, outs[1], n),
+            cub.reduce_custom_async(x, outs[2], "min(a, b)", 1e300, n),
+            cub.inclusive_scan_async(x, scans[0], kind="sum"),
+            cub.exclusive_scan_async(x, scans[1], kind="min"))
+
+    for seed in range(3):
+        data = np.random.default_rng(seed).standard_normal(n)
+        results = []
+        for dev in devices:
+            x, outs, scans = bufs[dev]
+            dev.copy_from_numpy(x, data)
+            asyncio.run(one_round(dev))
+            results.append([get(dev, b) for b in (*outs, *scans)])
+        cpu, gpu = results
+        np.testing.assert_allclose(gpu[0], data.sum(), rtol=1e-9)
+        np.testing.assert_allclose(gpu[3], np.cumsum(data), rtol=1e-9, atol=1e-9)
+        for theirs, ours in zip(cpu[1:3] + cpu[4:], gpu[1:3] + gpu[4:], strict=True):
+            np.testing.assert_array_equal(ours, theirs)  # max, min and the min scan: exact
+
+
 # --------------------------------------------------------------------- sorts
 
 SORTABLE = ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "f32", "f64", "bf16"]

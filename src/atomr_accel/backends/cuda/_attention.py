@@ -35,6 +35,7 @@ from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cpu import _attention as shared
 from atomr_accel.backends.cuda import _cudnn_graphs as graphs
+from atomr_accel.backends.cuda._prepared import prepared_of, prepares
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._attention import (
@@ -268,7 +269,7 @@ _Ready = tuple[graphs.Built, Config, bool]
 def _ready(backend: Any, op: Attention, backward: bool) -> _Ready | None:
     """The op's built graph and configuration (kept for the op once it ran: ``Prepared``),
     or None when the composed path runs it."""
-    kept: tuple[graphs.Built, Config] | None = graphs.prepared_of(backend).find(op)
+    kept: tuple[graphs.Built, Config] | None = prepared_of(backend).find(op)
     if kept is not None:
         return (*kept, True)
     graphs.frontend()
@@ -288,11 +289,11 @@ def _launch(backend: Any, op: Attention, ready: _Ready, buffers: tuple[GpuRef | 
     graphs.launch(backend, built, arrays + [int(a.data.ptr) for a in held])
     if not kept:
         checks = cfg.paged is not None and getattr(op, "check_table", False)
-        graphs.prepared_of(backend).keep(op, (built, cfg), queues=not checks)
+        prepared_of(backend).keep(op, (built, cfg), queues=not checks)
     return _GRAPH
 
 
-graphs.prepares(SdpaForward, MultiHeadAttnForward, SdpaBackward, MultiHeadAttnBackward)
+prepares(SdpaForward, MultiHeadAttnForward, SdpaBackward, MultiHeadAttnBackward)
 
 
 @cuda.handles(SdpaForward, MultiHeadAttnForward)

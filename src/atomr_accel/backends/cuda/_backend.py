@@ -36,10 +36,10 @@ from atomr_accel.backends._optional import unavailable
 from atomr_accel.backends._spin import wait_until
 from atomr_accel.backends._state import Lru
 from atomr_accel.backends.cuda import _collective as cuda_collective
-from atomr_accel.backends.cuda import _cudnn_graphs as cudnn_graphs
 from atomr_accel.backends.cuda import _direct as direct
 from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
+from atomr_accel.backends.cuda import _prepared as prepared
 from atomr_accel.backends.cuda import _rng as cuda_rng
 from atomr_accel.backends.cuda._completion import Event, event_done, make_completion
 from atomr_accel.core._dtype import DType
@@ -298,8 +298,8 @@ class CudaBackend(Backend):
     def queues_only(self, op: Op) -> bool:
         """True for ops whose handlers only queue device work (no host sync, no compile: the
         op's ``queues_only`` trait); most RNG fills qualify (``_rng.queues_only``), an
-        upload when its source is page-locked host memory, and a cuDNN graph op that ran
-        before (``_cudnn_graphs.Prepared``)."""
+        upload when its source is page-locked host memory, and an op that ran before whose
+        first run built or compiled what it needs (``_prepared.Prepared``)."""
         if op.queues_only:
             return True
         kind = type(op)
@@ -309,8 +309,8 @@ class CudaBackend(Backend):
             return cuda_rng.queues_only(op)  # type: ignore[arg-type]
         if kind is Upload:
             return _is_pinned(op.data)  # type: ignore[attr-defined]
-        if kind in cudnn_graphs.PREPARING:  # a graph op that ran before: its graph is built
-            return cudnn_graphs.prepared_of(self).queues(op)
+        if kind in prepared.PREPARING:  # an op that ran before: what it builds is built
+            return prepared.prepared_of(self).queues(op)
         return False
 
     # ------------------------------------------------------------------ memory

@@ -36,6 +36,7 @@ import numpy as np
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _cub as shared
+from atomr_accel.backends.cuda._prepared import prepares, ran
 from atomr_accel.core.ops._cub import (
     CubHistogramEven,
     CubHistogramRange,
@@ -261,9 +262,18 @@ def _store(out: Array, value: Array) -> None:
         out[...] = value
 
 
+prepares(CubReduce, CubScan)
+
+
 @cuda.handles(CubReduce)
 def reduce(backend: ArrayBackend, op: CubReduce) -> None:
-    """Write the reduction of the first ``n`` inputs to ``output[0]`` (see the module doc)."""
+    """Write the reduction of the first ``n`` inputs to ``output[0]`` (see the module doc);
+    once it ran, the op only queues work (its kernels are compiled: ``ran``)."""
+    _reduce(backend, op)
+    ran(backend, op)
+
+
+def _reduce(backend: ArrayBackend, op: CubReduce) -> None:
     x = backend.array(op.input.buffer_id)[: op.count]
     out = backend.array(op.output.buffer_id)[:1]
     kind = op.kind
@@ -297,7 +307,13 @@ def _inclusive_scan(x: Array, target: Array, kind: ScanKind) -> None:
 
 @cuda.handles(CubScan)
 def scan(backend: ArrayBackend, op: CubScan) -> None:
-    """Inclusive or exclusive prefix scan of the first ``n`` inputs."""
+    """Inclusive or exclusive prefix scan of the first ``n`` inputs; once it ran, the op only
+    queues work (``ran``)."""
+    _scan(backend, op)
+    ran(backend, op)
+
+
+def _scan(backend: ArrayBackend, op: CubScan) -> None:
     n = op.count
     if n == 0:
         return

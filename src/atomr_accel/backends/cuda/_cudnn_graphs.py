@@ -20,9 +20,10 @@ frontend without those internals) takes the public ``execute``.
 Handles are per thread (a blocking caller's thread may run an op as well as
 the host's), each pointed at the stream of the op it runs.
 
-A handler may also keep, per op, what it derived from the op (``Prepared``):
-the next run of that op launches its graph (``launch``) without deriving it
-again, and, since nothing is left to build, may be queued from an event loop.
+A handler may also keep, per op, what it derived from the op
+(``_prepared.Prepared``): the next run of that op launches its graph
+(``launch``) without deriving it again, and, since nothing is left to build,
+may be queued from an event loop.
 
 ``data_type(dtype)`` maps our dtypes to the frontend's.
 """
@@ -43,8 +44,7 @@ from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 
-__all__ = ["Built", "GraphCache", "Prepared", "cache_of", "data_type", "frontend", "launch",
-           "prepared_of", "prepares", "run"]
+__all__ = ["Built", "GraphCache", "cache_of", "data_type", "frontend", "launch", "run"]
 
 
 def frontend() -> Any:
@@ -153,50 +153,6 @@ class GraphCache:
 
 cache_of = per_backend(GraphCache)
 """The graph cache of a backend (one per context; it goes with the backend)."""
-
-
-class Prepared:
-    """What graph handlers derived from the ops they ran on one backend (the built graph,
-    the operands' buffers), by op object: ``checked`` answers an equal op of plain parts
-    with the same object, so a repeated op skips the derivation and the cache's lookup;
-    one kept with ``queues`` (its graph built, and its run only queueing device work) may
-    be launched from an event loop (the backend's ``queues_only``). An op is kept by its
-    ``id`` and held, so the id cannot pass to another object while it is kept. Past
-    ``SIZE`` ops it forgets them all."""
-
-    SIZE = 256
-
-    def __init__(self) -> None:
-        self._made: dict[int, tuple[object, Any, bool]] = {}
-
-    def find(self, op: object) -> Any:
-        """What was kept for ``op``, or None."""
-        held = self._made.get(id(op))
-        return None if held is None or held[0] is not op else held[1]
-
-    def keep(self, op: object, made: Any, queues: bool) -> None:
-        """Keep ``made`` for ``op``; ``queues``: its next runs only queue device work."""
-        if len(self._made) >= self.SIZE:
-            self._made.clear()
-        self._made[id(op)] = (op, made, queues)
-
-    def queues(self, op: object) -> bool:
-        """Whether ``op`` was kept as one whose run only queues device work."""
-        held = self._made.get(id(op))
-        return held is not None and held[0] is op and held[2]
-
-
-prepared_of = per_backend(Prepared)
-"""The prepared ops of a backend (one per context; they go with the backend)."""
-
-PREPARING: set[type] = set()
-"""The op classes whose handlers keep what they derive in ``Prepared`` (``prepares``)."""
-
-
-def prepares(*kinds: type) -> None:
-    """Say that the handlers of ``kinds`` keep their ops in ``Prepared``, so the backend
-    asks it whether such an op only queues work."""
-    PREPARING.update(kinds)
 
 
 def _address(array: Any) -> int:

@@ -3,7 +3,7 @@
 Convolutions run as cuDNN frontend graphs (``conv_fprop``, ``conv_dgrad``,
 ``conv_wgrad``) through ``_cudnn_graphs``: one graph per shape, dtype,
 layout and option set, built on first use and cached per context; a repeated
-op (``Prepared``) launches its graph without deriving it again. The
+op (``_prepared.Prepared``) launches its graph without deriving it again. The
 graph reads and writes the buffers in place by address; each tensor is
 described by its logical ``(N, C, H, W)`` dims and the strides of its stored
 layout, which is how cuDNN itself tells NCHW from NHWC. Data are f16, bf16
@@ -38,15 +38,8 @@ from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
 from atomr_accel.backends.cpu import _dnn as shared
 from atomr_accel.backends.cuda._completion import Event
-from atomr_accel.backends.cuda._cudnn_graphs import (
-    Built,
-    cache_of,
-    data_type,
-    frontend,
-    launch,
-    prepared_of,
-    prepares,
-)
+from atomr_accel.backends.cuda._cudnn_graphs import Built, cache_of, data_type, frontend, launch
+from atomr_accel.backends.cuda._prepared import prepared_of, prepares
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op

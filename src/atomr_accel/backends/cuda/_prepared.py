@@ -1,0 +1,73 @@
+"""Ops a backend has run once, and what their handlers derived from them.
+
+Some handlers do host work only the first time an op runs: a cuDNN graph is
+built (and may be autotuned, waiting for its stream), a CuPy kernel is
+compiled. Until then such an op is not queue-only, so an awaited call goes
+through the context's thread. ``Prepared`` remembers, per backend and per op
+object, what the handler derived (or only that the op ran); the backend's
+``queues_only`` then answers True for it, so a repeated call is launched from
+the caller's event loop, and the handler skips its derivation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atomr_accel.backends._state import per_backend
+
+__all__ = ["PREPARING", "Prepared", "prepared_of", "prepares", "ran"]
+
+
+class Prepared:
+    """What handlers derived from the ops they ran on one backend (a cuDNN graph op's built
+    graph and operands; for an op that derives nothing, only that it ran), by op object.
+
+    ``checked`` answers an equal op of plain parts with the same object, so a repeated op
+    skips the derivation; one kept with ``queues`` (what its first run built or compiled
+    is there, and its run only queues device work) may be launched from an event loop
+    (the backend's ``queues_only``). An op is kept by its ``id`` and held, so the id
+    cannot pass to another object while it is kept. Past ``SIZE`` ops it forgets them
+    all."""
+
+    SIZE = 256
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[object, Any, bool]] = {}
+
+    def find(self, op: object) -> Any:
+        """What was kept for ``op``, or None."""
+        held = self._made.get(id(op))
+        return None if held is None or held[0] is not op else held[1]
+
+    def keep(self, op: object, made: Any, queues: bool) -> None:
+        """Keep ``made`` for ``op``; ``queues``: its next runs only queue device work."""
+        if len(self._made) >= self.SIZE:
+            self._made.clear()
+        self._made[id(op)] = (op, made, queues)
+
+    def queues(self, op: object) -> bool:
+        """Whether ``op`` was kept as one whose run only queues device work."""
+        held = self._made.get(id(op))
+        return held is not None and held[0] is op and held[2]
+
+
+prepared_of = per_backend(Prepared)
+"""The prepared ops of a backend (one per context; they go with the backend)."""
+
+PREPARING: set[type] = set()
+"""The op classes whose handlers keep what they derive in ``Prepared`` (``prepares``)."""
+
+
+def prepares(*kinds: type) -> None:
+    """Say that the handlers of ``kinds`` keep their ops in ``Prepared``, so the backend
+    asks it whether such an op only queues work."""
+    PREPARING.update(kinds)
+
+
+def ran(backend: Any, op: object) -> None:
+    """Note that ``op`` ran on ``backend`` (a handler's last step, for an op whose only host
+    work beyond queueing is compiling its kernels on first use): its next runs only queue
+    device work."""
+    prepared = prepared_of(backend)
+    if prepared.find(op) is None:
+        prepared.keep(op, True, queues=True)
