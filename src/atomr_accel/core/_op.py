@@ -293,6 +293,13 @@ def _each(fix: _Fix) -> _Fix:
     return fix_items
 
 
+def _int_tuple(hint: Any) -> bool:
+    """Whether ``hint`` declares a tuple of ints (``tuple[int, ...]``, ``tuple[int, int]``)."""
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is tuple and bool(args) and all(
+        a is int or a is Ellipsis for a in args)
+
+
 def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
     """``(exact types that need no look, fix)`` for a declared field type, or None."""
     plain: tuple[type, ...] = ()
@@ -314,7 +321,7 @@ def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
         return (*plain, hint), _as_member(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint) and hasattr(hint, "validate"):
         return plain, _nested  # a part the op validates (a CsrMatrix); not a device-made ref
-    if origin is tuple and args and all(a is int or a is Ellipsis for a in args):
+    if _int_tuple(hint):
         return plain, _each(_as_int)
     if origin is tuple and args and isinstance(args[0], type) and issubclass(args[0], Op):
         return plain, _each(_nested)
@@ -326,13 +333,6 @@ _SCALARS: frozenset[type] = frozenset({int, float, complex, bool, str, type(None
 of plain ints where a field declares a tuple of ints)."""
 
 _INTS = frozenset({int})
-
-
-def _int_tuple(hint: Any) -> bool:
-    """Whether ``hint`` declares a tuple of ints (``tuple[int, ...]``, ``tuple[int, int]``)."""
-    args = typing.get_args(hint)
-    return typing.get_origin(hint) is tuple and bool(args) and all(
-        a is int or a is Ellipsis for a in args)
 
 
 def _atom_types(hints: Mapping[str, Any]) -> tuple[frozenset[type], tuple[int, ...]] | None:
