@@ -88,6 +88,9 @@ def test_plans_render_their_kernels_without_a_gpu(arch: str) -> None:
     f64 = render(Cutlass.gemm_f64_plan(96, 40, 17, arch))
     assert "using Element = double;" in f64 and "GemmShape<8,8,4>" in f64
     assert "constexpr int Align = 1;" in f64 and "Sm80EVT" in f64
+    for source in (f32, f64):  # a repeated GEMM launches as prepared once
+        assert 'extern "C" void* atomr_prepare(' in source
+        assert 'extern "C" int atomr_launch(' in source
     if arch in ("sm_90", "sm_90a"):
         assert "KernelTmaWarpSpecializedCooperative" in f32
     else:

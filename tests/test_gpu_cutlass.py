@@ -153,6 +153,34 @@ def test_large_bf16_gemm_matches_cublas(devices: tuple[Any, Any]) -> None:
     close(get(gpu, d, (m, n)), want, "bf16")
 
 
+def test_gemm_repeated_on_the_same_buffers_computes_each_calls_data(
+        devices: tuple[Any, Any]) -> None:
+    """A repeated GEMM launches as prepared for its operands: new data in the same buffers,
+    another scale or activation, and more operand sets than are kept (70, so the oldest
+    prepared launches are released and prepared again) each compute their own result."""
+    m = n = k = 256
+    name = "bf16"
+    _, gpu = devices
+    cl = gpu.cutlass()
+    a, b = gpu.allocate(m * k, DType.BF16), gpu.allocate(k * n, DType.BF16)
+    outs = [gpu.allocate(m * n, DType.BF16) for _ in range(70)]
+    for round_ in range(3):
+        x, y = rand((m, k), name, 40 + round_), rand((k, n), name, 50 + round_)
+        gpu.copy_from_numpy(a, x.reshape(-1))
+        gpu.copy_from_numpy(b, y.reshape(-1))
+        exact = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+        for i, d in enumerate(outs):
+            scale = (0.5, 2.0)[i % 2]
+            act = ("identity", "relu")[(i // 2) % 2]
+            cl.gemm(a, b, d, m, n, k, Epilogue().scale(scale).activation(act),
+                    timeout_secs=600)
+        for i, d in enumerate(outs):
+            want = (0.5, 2.0)[i % 2] * exact
+            if (i // 2) % 2:
+                want = np.maximum(want, 0.0)
+            close(get(gpu, d, (m, n)), want, name)
+
+
 @pytest.mark.parametrize("name", ["f16", "bf16"])
 def test_grouped_gemm_matches_the_cpu_and_cublas(devices: tuple[Any, Any], name: str) -> None:
     torch = pytest.importorskip("torch")

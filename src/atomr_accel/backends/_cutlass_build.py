@@ -206,6 +206,12 @@ def _load(plan: KernelPlan, path: Path) -> CompiledKernel:
         lib.atomr_workspace.argtypes = [_INT, _INT, _INT, _INT]
         lib.atomr_run.argtypes = [_INT, _INT, _INT, _PTR, _PTR, _PTR, _PTR, _PTR,
                                   scalar, scalar, _INT, _PTR, _INT, _PTR]
+        lib.atomr_prepare.restype = _PTR
+        lib.atomr_prepare.argtypes = [*lib.atomr_run.argtypes, ctypes.POINTER(_INT)]
+        lib.atomr_launch.restype = _INT
+        lib.atomr_launch.argtypes = [_PTR, _PTR]
+        lib.atomr_release.restype = None
+        lib.atomr_release.argtypes = [_PTR]
     elif plan.kind is PlanKind.GROUPED:
         lib.atomr_workspace.argtypes = [_INT, _PTR, _INT]
         lib.atomr_run.argtypes = [_INT, _PTR, _PTR, ctypes.c_float, _PTR, _INT, _PTR]

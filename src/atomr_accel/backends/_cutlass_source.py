@@ -7,7 +7,9 @@ a few ``extern "C"`` functions that ``_cutlass_build`` loads with ctypes:
 ``atomr_workspace`` (scratch bytes), ``atomr_run`` (build the arguments, check
 ``can_implement``, initialize and launch on the given stream; never
 synchronizes; answers 0 or the step that failed), ``atomr_stages`` and
-``atomr_smem_bytes`` (the kernel's pipeline depth and shared-memory footprint).
+``atomr_smem_bytes`` (the kernel's pipeline depth and shared-memory footprint);
+a GEMM's also ``atomr_prepare``, ``atomr_launch`` and ``atomr_release`` (the
+first three steps once for fixed operands, then only the launch).
 
 - GEMM (``sm90`` family; ``_cutlass_source80`` renders the ``sm80`` one):
   CUTLASS 3.x ``GemmUniversal`` on Hopper (TMA, WGMMA, cooperative
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from string import Template
 
-from atomr_accel.backends._cutlass_source80 import ACTIVATION, render_sm80_gemm
+from atomr_accel.backends._cutlass_source80 import ACTIVATION, gemm_entry_points, render_sm80_gemm
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._cutlass_plan import KernelPlan, PlanKind
 
@@ -134,17 +136,7 @@ extern "C" size_t atomr_workspace(int m, int n, int k, int sm_count) {
   return Gemm::get_workspace_size(make_args(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr, 1.f, 0.f, 0, sm_count));
 }
 
-// 0 on success; 1: cannot implement; 2: initialize failed; 3: launch failed.
-extern "C" int atomr_run(int m, int n, int k, const void* a, const void* b, const void* c, void* d,
-                         const void* bias, float alpha, float beta, int act, void* workspace,
-                         int sm_count, void* stream) {
-  auto args = make_args(m, n, k, a, b, c, d, bias, alpha, beta, act, sm_count);
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
-  if (gemm.initialize(args, workspace, static_cast<cudaStream_t>(stream)) != cutlass::Status::kSuccess) return 2;
-  if (gemm.run(static_cast<cudaStream_t>(stream)) != cutlass::Status::kSuccess) return 3;
-  return 0;
-}
+$ENTRY_POINTS
 """)
 
 _GROUPED = Template(r"""#include <cuda_runtime.h>
@@ -378,4 +370,5 @@ def render(plan: KernelPlan) -> str:
         schedules = _SCHEDULES[plan.schedule]
     return _GEMM.substitute(common, **operands, ACTIVATION=ACTIVATION, FUSION=fusion,
                             EPI_SCHEDULE=schedules[1],
-                            KERNEL_SCHEDULE=schedules[0], ALIGN="16 / sizeof(ElementA)")
+                            KERNEL_SCHEDULE=schedules[0], ALIGN="16 / sizeof(ElementA)",
+                            ENTRY_POINTS=gemm_entry_points("float"))

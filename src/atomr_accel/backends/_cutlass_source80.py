@@ -22,7 +22,7 @@ from string import Template
 from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._cutlass_plan import KernelPlan
 
-__all__ = ["ACTIVATION", "render_sm80_gemm"]
+__all__ = ["ACTIVATION", "gemm_entry_points", "render_sm80_gemm"]
 
 _ELEMENT = {DType.F16: "cutlass::half_t", DType.BF16: "cutlass::bfloat16_t", DType.F32: "float",
             DType.F64: "double"}
@@ -109,7 +109,7 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 static typename Gemm::Arguments make_args(int m, int n, int k, const void* a, const void* b,
                                           const void* c, void* d, const void* bias, double alpha,
-                                          double beta, int act) {
+                                          double beta, int act, int) {
   StrideMN mn{int64_t(n), _1{}, int64_t(0)};
   typename Callbacks::Arguments callbacks{
       {{{{{ElementCompute(alpha)}}, {}, {static_cast<const Element*>(bias), Element(0), $BIAS_STRIDE}, {}},
@@ -125,21 +125,58 @@ extern "C" int atomr_stages() { return Stages; }
 extern "C" size_t atomr_smem_bytes() { return sizeof(typename GemmKernel::SharedStorage); }
 
 extern "C" size_t atomr_workspace(int m, int n, int k, int) {
-  return Gemm::get_workspace_size(make_args(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr, 1.0, 0.0, 0));
+  return Gemm::get_workspace_size(make_args(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr, 1.0, 0.0, 0, 0));
 }
 
-// 0 on success; 1: cannot implement; 2: initialize failed; 3: launch failed.
-extern "C" int atomr_run(int m, int n, int k, const void* a, const void* b, const void* c, void* d,
-                         const void* bias, double alpha, double beta, int act, void* workspace,
-                         int, void* stream) {
-  auto args = make_args(m, n, k, a, b, c, d, bias, alpha, beta, act);
-  Gemm gemm;
+$ENTRY_POINTS""")
+
+
+_ENTRY_POINTS = Template(r"""// 0 on success; 1: cannot implement; 2: initialize failed; 3: launch failed.
+static int atomr_initialize(Gemm& gemm, int m, int n, int k, const void* a, const void* b,
+                            const void* c, void* d, const void* bias, $SCALAR alpha, $SCALAR beta,
+                            int act, void* workspace, int sm_count, void* stream) {
+  auto args = make_args(m, n, k, a, b, c, d, bias, alpha, beta, act, sm_count);
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
   if (gemm.initialize(args, workspace, static_cast<cudaStream_t>(stream)) != cutlass::Status::kSuccess) return 2;
-  if (gemm.run(static_cast<cudaStream_t>(stream)) != cutlass::Status::kSuccess) return 3;
   return 0;
 }
+
+extern "C" int atomr_launch(void* prepared, void* stream) {
+  return static_cast<Gemm*>(prepared)->run(static_cast<cudaStream_t>(stream)) == cutlass::Status::kSuccess ? 0 : 3;
+}
+
+extern "C" int atomr_run(int m, int n, int k, const void* a, const void* b, const void* c, void* d,
+                         const void* bias, $SCALAR alpha, $SCALAR beta, int act, void* workspace,
+                         int sm_count, void* stream) {
+  Gemm gemm;
+  int status = atomr_initialize(gemm, m, n, k, a, b, c, d, bias, alpha, beta, act, workspace, sm_count, stream);
+  return status != 0 ? status : atomr_launch(&gemm, stream);
+}
+
+// A launch prepared once for fixed operands: the arguments built, checked and initialized
+// (*status: 0, or the step that failed, as atomr_run answers); atomr_launch then only
+// launches it, on any stream. Only for a kernel that needs no workspace (whose
+// initialization a launch would otherwise repeat).
+extern "C" void* atomr_prepare(int m, int n, int k, const void* a, const void* b, const void* c,
+                               void* d, const void* bias, $SCALAR alpha, $SCALAR beta, int act,
+                               void* workspace, int sm_count, void* stream, int* status) {
+  Gemm* gemm = new Gemm();
+  *status = atomr_initialize(*gemm, m, n, k, a, b, c, d, bias, alpha, beta, act, workspace, sm_count, stream);
+  if (*status == 0) return gemm;
+  delete gemm;
+  return nullptr;
+}
+
+extern "C" void atomr_release(void* prepared) { delete static_cast<Gemm*>(prepared); }
 """)
+
+
+def gemm_entry_points(scalar: str) -> str:
+    """The ``extern "C"`` entry points of a GEMM kernel of either family, its ``alpha`` and
+    ``beta`` of C++ type ``scalar``: ``atomr_run`` (prepare and launch at once), and
+    ``atomr_prepare`` / ``atomr_launch`` / ``atomr_release`` (a launch prepared once for
+    fixed operands, launched again without building its arguments)."""
+    return _ENTRY_POINTS.substitute(SCALAR=scalar)
 
 
 def render_sm80_gemm(plan: KernelPlan) -> str:
@@ -148,4 +185,5 @@ def render_sm80_gemm(plan: KernelPlan) -> str:
         ACTIVATION=ACTIVATION, ELEMENT=_ELEMENT[plan.dtype], COMPUTE="double" if plan.dtype is DType.F64 else "float",
         ALIGN=plan.align, STAGES=plan.stages, TILE=",".join(map(str, plan.tile)),
         WARP=",".join(map(str, plan.warp)), INSTRUCTION=_INSTRUCTION[plan.dtype],
-        BIAS=_BIAS[plan.bias_axis], BIAS_STRIDE=_BIAS_STRIDE[plan.bias_axis])
+        BIAS=_BIAS[plan.bias_axis], BIAS_STRIDE=_BIAS_STRIDE[plan.bias_axis],
+        ENTRY_POINTS=gemm_entry_points("double"))

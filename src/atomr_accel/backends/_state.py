@@ -73,6 +73,10 @@ class Lru(Generic[V]):
             if self._evicted is not None:
                 self._evicted(old_key, old)
 
+    def values(self) -> list[V]:
+        """The values kept, least recently used first."""
+        return list(self._values.values())
+
     def clear(self) -> None:
         """Drop every value (without telling ``evicted``)."""
         self._values.clear()

@@ -10,6 +10,7 @@ H100 (``plan_of``), so the counters behave alike on both backends.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,11 +51,11 @@ class Ledger:
     """A device's cutlass counters: kernels launched and the plans used."""
 
     dispatched: int = 0
-    plans: set[int] = field(default_factory=set)
+    plans: set[KernelPlan] = field(default_factory=set)
 
     def launched(self, plan: KernelPlan, count: int = 1) -> None:
         """Count ``count`` launches of ``plan``'s kernel."""
-        self.plans.add(plan.key)
+        self.plans.add(plan)
         self.dispatched += count
 
 
@@ -69,13 +70,18 @@ def ledger(backend: Any) -> Ledger:
     return found
 
 
+_gemm_plan = functools.lru_cache(maxsize=256)(gemm_plan)
+"""``gemm_plan``, remembered for the problems seen last (a plan is a function of its
+arguments' values alone): a repeated GEMM does not plan again."""
+
+
 def plan_of(op: CutlassGemm | CutlassGroupedGemm | CutlassConv2d,
             arch: str = "sm_90a") -> KernelPlan:
     """The kernel plan an op runs with on ``arch`` (the GEMM's ``family`` honoured)."""
     if isinstance(op, CutlassGemm):
         bias = op.epilogue.bias_node
         axis = "row" if bias is not None and bias.axis is Axis.ROW else "column"
-        return gemm_plan(op.a.dtype, op.m, op.n, op.k, arch, axis, op.family)
+        return _gemm_plan(op.a.dtype, op.m, op.n, op.k, arch, axis, op.family)
     if isinstance(op, CutlassGroupedGemm):
         return grouped_plan(op.a.dtype, arch)
     return conv2d_plan(op.x.dtype, arch)

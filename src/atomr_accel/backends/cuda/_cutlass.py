@@ -12,15 +12,17 @@ architecture the kernels are planned and compiled for (8.0, 8.6, 8.9, 9.0,
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
 import numpy as np
 
-from atomr_accel.backends._cutlass_build import library
+from atomr_accel.backends._cutlass_build import CompiledKernel, library
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
+from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.backends.cpu._cutlass import ledger, plan_of
 from atomr_accel.core._errors import LibraryError, LibraryUnavailable
 from atomr_accel.core._ref import GpuRef
@@ -90,12 +92,54 @@ def _workspace(nbytes: int) -> tuple[Any, int]:
     return buf, int(buf.data.ptr)
 
 
+class _Launches:
+    """A backend's GEMM launches prepared for fixed operands (``atomr_prepare``), by kernel,
+    problem, pointers and scalars: a repeated call only launches (``atomr_launch``), its
+    arguments not built, checked and initialized again. A key holds every value the
+    kernel's arguments are made of, so a buffer freed and another allocated at its address
+    launches with the same, still right, arguments. The ``SIZE`` most recently used are
+    kept; the others are released."""
+
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self._kept: Lru[tuple[CompiledKernel, int]] = Lru(self.SIZE, self._release)
+
+    @staticmethod
+    def _release(_key: object, launch: tuple[CompiledKernel, int]) -> None:
+        kernel, handle = launch
+        kernel.lib.atomr_release(handle)
+
+    def find(self, key: tuple[Any, ...]) -> int | None:
+        """The prepared launch under ``key``, or None."""
+        found = self._kept.find(key)
+        return None if found is None else found[1]
+
+    def prepare(self, key: tuple[Any, ...], kernel: CompiledKernel, plan: KernelPlan,
+                args: tuple[Any, ...]) -> int:
+        """Prepare ``kernel``'s launch for ``args`` (``atomr_run``'s) and keep it under
+        ``key``."""
+        status = ctypes.c_int(0)
+        handle = kernel.lib.atomr_prepare(*args, ctypes.byref(status))
+        _check(status.value, plan)
+        self._kept.put(key, (kernel, handle))
+        return int(handle)
+
+    def __del__(self) -> None:
+        for launch in self._kept.values():
+            self._release(None, launch)
+
+
+_launches_of = per_backend(_Launches)
+
+
 def _run_epilogue_gemm(backend: CudaBackend, op: CutlassGemm | CutlassGemmFp8,
                        plan: KernelPlan, b_ptr: int, alpha: float,
                        sum_dtype: Any = None) -> None:
     """Launch ``plan``'s kernel for ``D = epilogue(alpha * A @ B)`` with B at ``b_ptr``
     (bias, residual and activation fused), then the epilogue's reduction as a CuPy sum
-    over D in ``sum_dtype`` (None: the reduction output's dtype)."""
+    over D in ``sum_dtype`` (None: the reduction output's dtype). A kernel that needs no
+    workspace launches as prepared for these operands before (``_Launches``)."""
     kernel = library(plan)
     m, n, k = op.m, op.n, op.k
     ep = op.epilogue
@@ -105,12 +149,21 @@ def _run_epilogue_gemm(backend: CudaBackend, op: CutlassGemm | CutlassGemmFp8,
     beta = 0.0 if residual is None else float(residual.beta)
     bias_ptr = None if bias is None else _ptr(backend, bias.bias)
     sm = _sm_count(backend.device_id)
-    ws, ws_ptr = _workspace(kernel.lib.atomr_workspace(m, n, k, sm))
     stream = cp.cuda.get_current_stream().ptr
-    _check(kernel.lib.atomr_run(m, n, k, _ptr(backend, op.a), b_ptr, c_ptr, d_ptr, bias_ptr,
-                                alpha, beta, ep.act.code, ws_ptr, sm, stream), plan)
+    operands = (m, n, k, _ptr(backend, op.a), b_ptr, c_ptr, d_ptr, bias_ptr, alpha, beta,
+                ep.act.code)
+    launches = _launches_of(backend)
+    key = (id(kernel), sm, *operands)  # kernels are loaded once and never unloaded
+    handle = launches.find(key)
+    if handle is None and kernel.lib.atomr_workspace(m, n, k, sm) == 0:
+        handle = launches.prepare(key, kernel, plan, (*operands, None, sm, stream))
+    if handle is not None:
+        _check(kernel.lib.atomr_launch(handle, stream), plan)
+    else:
+        ws, ws_ptr = _workspace(kernel.lib.atomr_workspace(m, n, k, sm))
+        _check(kernel.lib.atomr_run(*operands, ws_ptr, sm, stream), plan)
+        del ws
     ledger(backend).launched(plan)
-    del ws
     reduction = ep.reduction
     if reduction is not None:
         d = backend.array(op.d.buffer_id)[: m * n].reshape(m, n)
