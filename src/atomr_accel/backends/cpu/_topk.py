@@ -117,8 +117,8 @@ def order(values: np.ndarray[Any, Any], columns: np.ndarray[Any, Any],
     to ``exact_row(row, column of its k-th value)`` instead."""
     count = values.shape[1]
     ranks = np.lexsort((keys, -values), axis=-1)
-    values = np.take_along_axis(values, ranks, axis=1)
-    columns = np.take_along_axis(columns, ranks, axis=1)
+    rows = np.arange(len(values))[:, None]  # indexing by (rows, ranks): a third of
+    values, columns = values[rows, ranks], columns[rows, ranks]  # take_along_axis's cost
     if count < n:
         for row in np.flatnonzero(values[:, count - 1] == values[:, k - 1]):
             columns[row, :k], values[row, :k] = exact_row(int(row), int(columns[row, k - 1]))
@@ -146,12 +146,14 @@ def top_k(backend: ArrayBackend, op: TopK, largest: Largest = PARTITION) -> Answ
     return select(xp, x, keys, op.k, largest)
 
 
-def scores(backend: ArrayBackend, op: ScoreTopK) -> Array:
+def scores(backend: ArrayBackend, op: ScoreTopK, queries: Array | None = None) -> Array:
     """The ``m x n`` scores of ``op`` in the matrix's dtype (f16 computed in f32 on NumPy,
-    which has no half-precision matmul of its own)."""
+    which has no half-precision matmul of its own); ``queries``: ``op.queries`` already in
+    the backend's memory (None: put there now)."""
     xp = backend.xp
     matrix = backend.array(op.matrix.buffer_id)[: op.n * op.dim].reshape(op.n, op.dim)
-    queries = xp.asarray(op.queries)
+    if queries is None:
+        queries = xp.asarray(op.queries)
     dtype = op.matrix.dtype
     if xp is np and dtype is DType.F16:
         result = (queries.astype(np.float32) @ matrix.astype(np.float32).T).astype(np.float16)

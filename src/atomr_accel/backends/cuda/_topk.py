@@ -153,8 +153,28 @@ def top_k(backend: ArrayBackend, op: TopK) -> shared.Answer:
     return _answer(backend, x, keys, op.k)
 
 
+def _staged(xp: Any, host: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+    """``host`` copied to the device on the current stream from pinned memory: (the device
+    array, the pinned memory, to be held until the copy has run). Unlike a copy from
+    pageable memory, the caller does not wait for it, so the work queued next starts at
+    once."""
+    host = np.ascontiguousarray(host)
+    pinned = xp.cuda.alloc_pinned_memory(max(1, host.nbytes))
+    np.ndarray(host.shape, host.dtype, pinned)[...] = host
+    device = xp.empty(host.shape, host.dtype)
+    xp.cuda.runtime.memcpyAsync(device.data.ptr, pinned.ptr, host.nbytes,
+                                xp.cuda.runtime.memcpyHostToDevice,
+                                xp.cuda.get_current_stream().ptr)
+    return device, pinned
+
+
 @cuda.handles(ScoreTopK)
 def score_top_k(backend: ArrayBackend, op: ScoreTopK) -> shared.Answer:
-    """Score (``backends.cpu._topk.scores``: a cuBLAS matmul) and select (``_answer``)."""
+    """Score (``backends.cpu._topk.scores``: a cuBLAS matmul of the queries, staged through
+    pinned memory) and select (``_answer``, which waits for the stream: the staging memory
+    is held until then)."""
     keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
-    return _answer(backend, shared.scores(backend, op), keys, op.k)
+    queries, staging = _staged(backend.xp, op.queries)
+    answer = _answer(backend, shared.scores(backend, op, queries), keys, op.k)
+    del staging
+    return answer
