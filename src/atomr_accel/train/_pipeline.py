@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +39,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.blueprint import (
-    BlueprintActor,
-    require_system,
-    require_timeout,
-    twin,
-)
+from atomr_accel.blueprint import require_system, require_timeout, twin
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
@@ -61,6 +55,7 @@ from atomr_accel.train._step_result import StepResult
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
     STEP_TIMEOUT,
+    ModelParallelActor,
     ModelParallelClient,
     StateDictRequest,
     TrainStep,
@@ -107,27 +102,18 @@ class _Run:
         return self.done[key]
 
 
-class _PipelineActor(BlueprintActor):
+class _PipelineActor(ModelParallelActor[Sequential, KeptState]):
     """Owns the stage replicas; runs steps, predictions and state downloads."""
 
     def __init__(self, system: System, model: Sequential, cuts: list[tuple[int, int]],
                  devices: list[Device], loss: Loss, optimizer: Optimizer, micro_batches: int,
                  micro_batch_size: int | None, kind: str, seed: int,
                  parameters: Mapping[str, Array] | None, kept: KeptState) -> None:
-        super().__init__()
-        self._system = system
-        self._model = model
+        super().__init__(system, model, devices, loss, optimizer, seed, parameters, kept)
         self._cuts = cuts
-        self._devices = devices
-        self._loss = loss
-        self._optimizer = optimizer
         self._m = micro_batches
         self._micro_batch_size = micro_batch_size
         self._kind = kind
-        self._seed = seed
-        self._parameters = parameters
-        self._s = kept
-        kept.bind(self._save, self._restore)
 
     async def _replica(self, stage: int, parameters: Mapping[str, Array]) -> ModelReplica:
         """A new replica of stage ``stage`` on its device with ``parameters`` (by name)."""
@@ -170,11 +156,7 @@ class _PipelineActor(BlueprintActor):
 
     async def _answer(self, message: TrainStep | _Predict | StateDictRequest) -> Any:
         if isinstance(message, TrainStep):
-            started = time.perf_counter()
-            (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
-                                                              message.y)
-            return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
-                              int(recovered))
+            return await self._train(message)
         if isinstance(message, _Predict):
             x = message.x
             return await self._s.journal.read(lambda: self._predict(self._s.replicas, x))
@@ -265,16 +247,6 @@ class _PipelineActor(BlueprintActor):
             await transfer(self._system, out, dst, count)
             current = dst
         raise AssertionError("a pipeline has at least one stage")
-
-    async def post_restart(self, exc: BaseException) -> None:
-        """A new incarnation after a crash: it keeps the replicas (``KeptState``), and the
-        next call recovers them from the checkpoint first (the crash may have left a step
-        half-made)."""
-        self._s.journal.dirty = self._s.journal.checkpoint is not None
-        await super().post_restart(exc)
-
-    async def pre_restart(self, exc: BaseException, message: Any) -> None:
-        """Keep every buffer for the next incarnation (the default would free them)."""
 
     async def post_stop(self) -> None:
         """Free the transfer buffers and the stages' parameters, gradients and state."""

@@ -30,7 +30,6 @@ Inputs are ``(rows, features)`` batches.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -39,7 +38,6 @@ import numpy as np
 
 from atomr_accel.actor import Props
 from atomr_accel.blueprint import (
-    BlueprintActor,
     require_system,
     require_timeout,
     twin,
@@ -63,6 +61,7 @@ from atomr_accel.train._tp_split import (
 from atomr_accel.train._trainer_args import (
     ANSWER_MARGIN,
     STEP_TIMEOUT,
+    ModelParallelActor,
     ModelParallelClient,
     StateDictRequest,
     TrainStep,
@@ -102,23 +101,9 @@ class _Kept(KeptState):
     shards: Shards | None = None
 
 
-class _TensorParallelActor(BlueprintActor):
+class _TensorParallelActor(ModelParallelActor[ModelSource, _Kept]):
     """Owns the shards; answers steps, forwards, backwards and state downloads, and
     recovers from a lost context (``_recovery``)."""
-
-    def __init__(self, system: System, model: ModelSource, devices: list[Device],
-                 loss: Loss, optimizer: Optimizer, seed: int,
-                 parameters: Mapping[str, Array] | None, kept: _Kept) -> None:
-        super().__init__()
-        self._system = system
-        self._model = model
-        self._devices = devices
-        self._loss = loss
-        self._optimizer = optimizer
-        self._seed = seed
-        self._parameters = parameters
-        self._s = kept
-        kept.bind(self._save, self._restore)
 
     async def _ready(self, features: int) -> Shards:
         if self._s.shards is not None:
@@ -211,15 +196,6 @@ class _TensorParallelActor(BlueprintActor):
         await shards.update()
         return await shards.grad_norm()
 
-    async def post_restart(self, exc: BaseException) -> None:
-        """A new incarnation after a crash: it keeps the shards (``KeptState``), and the
-        next call recovers them from the checkpoint first."""
-        self._s.journal.dirty = self._s.journal.checkpoint is not None
-        await super().post_restart(exc)
-
-    async def pre_restart(self, exc: BaseException, message: Any) -> None:
-        """Keep every buffer (and the world) for the next incarnation."""
-
     async def post_stop(self) -> None:
         """Stop the trainer's communicator world and free the shards' parameters,
         gradients and optimizer state."""
@@ -243,12 +219,8 @@ class _TensorParallelActor(BlueprintActor):
 
     async def _answer(self, message: Any) -> Any:
         if type(message) is TrainStep:
-            started = time.perf_counter()
             await self._ready(message.x.shape[-1])
-            (loss, norm), recovered = await self._s.journal.run(self._step, message.x,
-                                                              message.y)
-            return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
-                              int(recovered))
+            return await self._train(message)
         if type(message) is _Forward:
             await self._ready(message.x.shape[-1])
             request = message

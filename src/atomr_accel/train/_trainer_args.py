@@ -1,29 +1,35 @@
 """What the model-parallel trainers share: argument checks (``InvalidArgument``), the
 messages of a step and of a state download, time-outs and errors of their work inside
-the actor, and their clients' base."""
+the actor, and the base of their actors and of their clients."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine, Sequence
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 
 from atomr_accel.actor import Props
-from atomr_accel.blueprint import BlueprintClient, require_timeout, twin
+from atomr_accel.blueprint import BlueprintActor, BlueprintClient, require_timeout, twin
 from atomr_accel.core._errors import AskTimeout, DTypeMismatch, GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._host_arrays import host_array
-from atomr_accel.train._optim import Loss, MSELoss
+from atomr_accel.train._optim import Loss, MSELoss, Optimizer
+from atomr_accel.train._recovery import KeptState
+from atomr_accel.train._step_result import StepResult
 
-__all__ = ["ANSWER_MARGIN", "STEP_TIMEOUT", "ModelParallelClient", "StateDictRequest",
-           "TrainStep", "checked_batch", "checked_devices", "deadline", "first_error",
-           "require_count"]
+__all__ = ["ANSWER_MARGIN", "STEP_TIMEOUT", "ModelParallelActor", "ModelParallelClient",
+           "StateDictRequest", "TrainStep", "checked_batch", "checked_devices", "deadline",
+           "first_error", "require_count"]
 
 Array = np.ndarray[Any, Any]
+
+M = TypeVar("M")
+K = TypeVar("K", bound=KeptState)
 
 STEP_TIMEOUT = 60.0
 """The default ``timeout_secs`` of a model-parallel trainer's calls (a step, a forward, a
@@ -137,6 +143,57 @@ async def deadline(what: str, seconds: float) -> AsyncIterator[None]:
             yield
     except TimeoutError as exc:
         raise AskTimeout(what, seconds) from exc
+
+
+class ModelParallelActor(BlueprintActor, Generic[M, K]):
+    """The actor base of the model-parallel trainers: what ``spawn`` gave (the model ``M``,
+    the devices, loss, optimizer, seed and initial parameters), the state ``K`` its
+    incarnations share (``KeptState``, its journal bound to this incarnation's ``_save``
+    and ``_restore``) and the journaled training step (``_step``)."""
+
+    def __init__(self, system: System, model: M, devices: list[Device], loss: Loss,
+                 optimizer: Optimizer, seed: int, parameters: Mapping[str, Array] | None,
+                 kept: K) -> None:
+        super().__init__()
+        self._system = system
+        self._model = model
+        self._devices = devices
+        self._loss = loss
+        self._optimizer = optimizer
+        self._seed = seed
+        self._parameters = parameters
+        self._s = kept
+        kept.bind(self._save, self._restore)
+
+    async def _save(self) -> list[dict[str, Array]]:
+        """Every replica's whole state, for the journal's checkpoint."""
+        raise NotImplementedError
+
+    async def _restore(self, states: list[dict[str, Array]]) -> None:
+        """Rebuild what a lost context took and load ``states`` (``_save``'s) into it."""
+        raise NotImplementedError
+
+    async def _step(self, x: Array, y: Array | None) -> tuple[float, float]:
+        """One training step; answers the loss and the gradient's norm."""
+        raise NotImplementedError
+
+    async def _train(self, step: TrainStep) -> StepResult:
+        """Run ``step`` through the journal (recovering first where it must)."""
+        started = time.perf_counter()
+        (loss, norm), recovered = await self._s.journal.run(self._step, step.x, step.y)
+        return StepResult(loss, norm, int((time.perf_counter() - started) * 1e6),
+                          int(recovered))
+
+    async def post_restart(self, exc: BaseException) -> None:
+        """A new incarnation after a crash: it keeps the replicas (``KeptState``), and the
+        next call recovers them from the checkpoint first (the crash may have left a step
+        half-made)."""
+        self._s.journal.dirty = self._s.journal.checkpoint is not None
+        await super().post_restart(exc)
+
+    async def pre_restart(self, exc: BaseException, message: Any) -> None:
+        """Keep every buffer (and a world) for the next incarnation (the default would free
+        them)."""
 
 
 class ModelParallelClient(BlueprintClient):
