@@ -161,11 +161,6 @@ class ManagedBufferF32(GpuBufferF32):
         self.attach = attach
 
     @property
-    def len(self) -> int:
-        """Number of float32 elements."""
-        return self.ref.length
-
-    @property
     def _portal(self) -> Portal:
         return self._device._portal
 
