@@ -1,9 +1,10 @@
-"""Typed buffer handles the facade hands out."""
+"""Typed buffer handles the facade hands out, and the base of every handle of one context
+generation (a buffer, a kernel, a graph)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import DTypeMismatch
@@ -31,7 +32,37 @@ __all__ = [
 ]
 
 
-class GpuBuffer:
+class _HasGeneration(Protocol):
+    @property
+    def generation(self) -> int: ...
+
+
+class _Handle(Protocol):
+    @property
+    def ref(self) -> _HasGeneration: ...
+
+    @property
+    def device(self) -> _HasGeneration: ...
+
+
+class GenerationBound:
+    """Base of the handles made in one context generation of their device (its ``ref``
+    names the generation); after a rebuild the handle is stale and any use of it raises
+    ``GpuRefStale``."""
+
+    __slots__ = ()
+
+    @property
+    def generation(self: _Handle) -> int:
+        """The context generation the handle was made in."""
+        return self.ref.generation
+
+    def is_stale(self: _Handle) -> bool:
+        """True once the device's context has been rebuilt since the handle was made."""
+        return self.ref.generation != self.device.generation
+
+
+class GpuBuffer(GenerationBound):
     """A buffer on a device: ``len(buf)`` elements of ``buf.dtype``.
 
     The handle is only valid for the context generation that allocated it:
@@ -75,15 +106,6 @@ class GpuBuffer:
     def nbytes(self) -> int:
         """Size in bytes."""
         return self.ref.nbytes
-
-    @property
-    def generation(self) -> int:
-        """Context generation that allocated the buffer."""
-        return self.ref.generation
-
-    def is_stale(self) -> bool:
-        """True once the device's context has been rebuilt since this buffer was allocated."""
-        return self.ref.generation != self._device.generation
 
     def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                    dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:

@@ -16,7 +16,7 @@ from atomr_accel.core.ops._graph import (
     check_capturable,
 )
 from atomr_accel.core.ops._memory import CopyBuffer
-from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._buffers import GenerationBound, GpuBuffer
 from atomr_accel.facade._kernels import Dim, NvrtcKernel, kernel_ref, launch_op
 from atomr_accel.facade._libraries import Blas, Fft, Library, RngGenerator, Sparse, Tensor
 from atomr_accel.facade._portal import blocking
@@ -29,7 +29,7 @@ __all__ = ["Graph", "GraphRecorder"]
 BufferLike = GpuBuffer | GpuRef
 
 
-class Graph:
+class Graph(GenerationBound):
     """A recorded sequence of ops of one context generation; ``launch()`` replays it.
 
     On CUDA it is a CUDA graph made by stream capture, so a replay is one
@@ -43,10 +43,6 @@ class Graph:
         self.device = device
         self.ref = ref
         self._portal = device._portal
-
-    def is_stale(self) -> bool:
-        """True once the device's context has been rebuilt since the graph was recorded."""
-        return self.ref.generation != self.device.generation
 
     async def launch_async(self) -> None:
         """Replay the graph; returns when its work has finished."""

@@ -13,7 +13,7 @@ from atomr_accel.core._op import checked
 from atomr_accel.core._ref import KernelRef
 from atomr_accel.core.ops._kernels import CompileKernel, LaunchKernel, LoadKernel, dim3
 from atomr_accel.facade._bound import check_timeout
-from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.facade._buffers import GenerationBound, GpuBuffer
 from atomr_accel.facade._kernel_args import launch_values
 from atomr_accel.facade._libraries import Library
 from atomr_accel.facade._portal import blocking
@@ -75,7 +75,7 @@ def cuda_include_options(cuda_home: str | os.PathLike[str] | None = None) -> tup
     return tuple(f"-I{folder}" for folder in folders if folder.is_dir())
 
 
-class NvrtcKernel(Library):
+class NvrtcKernel(GenerationBound, Library):
     """A kernel of one context generation, compiled by NVRTC or loaded from a module.
 
     ``launch(grid, block, *args)`` passes buffers as device pointers and NumPy
@@ -100,18 +100,9 @@ class NvrtcKernel(Library):
         return self.ref.name
 
     @property
-    def generation(self) -> int:
-        """The context generation the kernel was made in."""
-        return self.ref.generation
-
-    @property
     def cache_hit(self) -> bool:
         """True when the compiled image came from the disk cache."""
         return self.ref.cache_hit
-
-    def is_stale(self) -> bool:
-        """True once the device's context has been rebuilt since the kernel was made."""
-        return self.ref.generation != self.device.generation
 
     def launch_async(self, grid: Dim, block: Dim, *args: Any, shared_mem: int = 0,
                      shared: int | None = None, writes: Iterable[int] | None = None,
