@@ -7,6 +7,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Self, TypeAlias
 
+from atomr_accel.blueprint._checks import require_name
 from atomr_accel.core._errors import InvalidArgument
 
 __all__ = [
@@ -94,12 +95,6 @@ class CompiledGraph:
         return tuple(dict.fromkeys((*self.edges.get(node, ()), *routed)))
 
 
-def _name(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{what} must be a non-empty str, got {value!r}")
-    return value
-
-
 class Graph:
     """Build a DAG of nodes over a shared state dict, then ``compile()`` it.
 
@@ -128,7 +123,7 @@ class Graph:
 
     def add_node(self, name: str, fn: NodeFn) -> Self:
         """Add node ``name`` running ``fn(state) -> dict | None``."""
-        _name(name, "a node name")
+        require_name(name, "a node name")
         if name == END:
             raise InvalidArgument(f"{END!r} is reserved for the end of a conditional edge")
         if name in self._fns:
@@ -143,8 +138,8 @@ class Graph:
         ``add_edge(a, END)`` is ``set_finish_point(a)``."""
         if b == END:
             return self.set_finish_point(a)
-        targets = self._edges.setdefault(_name(a, "an edge's source"), [])
-        if _name(b, "an edge's target") not in targets:
+        targets = self._edges.setdefault(require_name(a, "an edge's source"), [])
+        if require_name(b, "an edge's target") not in targets:
             targets.append(b)
         return self
 
@@ -155,7 +150,7 @@ class Graph:
         A node has at most one conditional edge; a router key missing from
         ``mapping`` fails the run with ``InvalidArgument``.
         """
-        _name(a, "an edge's source")
+        require_name(a, "an edge's source")
         if a in self._branches:
             raise InvalidArgument(f"node {a!r} already has conditional edges")
         if not callable(router):
@@ -163,18 +158,18 @@ class Graph:
         if not isinstance(mapping, Mapping) or not mapping:
             raise InvalidArgument(f"mapping must be a non-empty mapping, got {mapping!r}")
         for target in mapping.values():
-            _name(target, "a conditional edge's target")
+            require_name(target, "a conditional edge's target")
         self._branches[a] = _Branch(router, dict(mapping))
         return self
 
     def set_entry_point(self, name: str) -> Self:
         """The node every run starts at."""
-        self._entry = _name(name, "the entry point")
+        self._entry = require_name(name, "the entry point")
         return self
 
     def set_finish_point(self, name: str) -> Self:
         """A node a run may end at (a node without outgoing edges); may be called for several."""
-        if _name(name, "a finish point") not in self._finish:
+        if require_name(name, "a finish point") not in self._finish:
             self._finish.append(name)
         return self
 

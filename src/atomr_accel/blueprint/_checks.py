@@ -1,4 +1,5 @@
-"""The argument checks every blueprint shares: counts, waits, time-outs and the system."""
+"""The argument checks every blueprint shares: counts, names, waits, time-outs and the
+system."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import System
 
-__all__ = ["TIMEOUT", "require_positive_int", "require_system", "require_timeout",
-           "require_wait"]
+__all__ = ["TIMEOUT", "require_name", "require_positive_int", "require_system",
+           "require_timeout", "require_wait"]
 
 TIMEOUT = 5.0
 """The default ``timeout_secs`` of the blueprints' calls that need a bound, seconds."""
@@ -20,6 +21,13 @@ def require_positive_int(name: str, value: object, *, allow_none: bool = False) 
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+
+
+def require_name(value: object, what: str) -> str:
+    """``value`` if it is a non-empty str; ``InvalidArgument`` naming ``what`` else."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a non-empty str, got {value!r}")
+    return value
 
 
 def require_wait(name: str, value: object) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from atomr_accel.blueprint import twin
+from atomr_accel.blueprint._checks import require_name
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._realtime_frames import BlendFrames, FilterFrames, Stage
@@ -144,12 +145,6 @@ class _GraphActor(RealtimeActor):
         values = await device.copy_to_numpy_async(result, 0, n * count)
         return [f.answer(values[i * n:(i + 1) * n]) for i, f in enumerate(frames)]
 
-def _name(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{what} must be a non-empty str, got {value!r}")
-    return value
-
-
 class VideoEffectsGraph(RealtimeClient):
     """A DAG of effect nodes run over ``height x width x channels`` frames on a device.
 
@@ -181,8 +176,8 @@ class VideoEffectsGraph(RealtimeClient):
         chain = as_stages(stages)
         if not chain:
             raise InvalidArgument("a filter node needs at least one stage")
-        node = _Node((_name(input, "input"),), chain)
-        return self._run("add", (_name(name, "name"), node), timeout_secs)
+        node = _Node((require_name(input, "input"),), chain)
+        return self._run("add", (require_name(name, "name"), node), timeout_secs)
 
     add_filter = twin(add_filter_async)
 
@@ -191,15 +186,15 @@ class VideoEffectsGraph(RealtimeClient):
                         ) -> Coroutine[Any, Any, None]:
         """Add node ``name``: ``weight_a * a + weight_b * b``."""
         weights = (require_number("weight_a", weight_a), require_number("weight_b", weight_b))
-        node = _Node((_name(a, "a"), _name(b, "b")), (), weights)
-        return self._run("add", (_name(name, "name"), node), timeout_secs)
+        node = _Node((require_name(a, "a"), require_name(b, "b")), (), weights)
+        return self._run("add", (require_name(name, "name"), node), timeout_secs)
 
     add_blend = twin(add_blend_async)
 
     def set_output_async(self, name: str, timeout_secs: float = TIMEOUT,
                          ) -> Coroutine[Any, Any, None]:
         """Make node ``name`` the graph's output."""
-        return self._run("set_output", (_name(name, "name"),), timeout_secs)
+        return self._run("set_output", (require_name(name, "name"),), timeout_secs)
 
     set_output = twin(set_output_async)
 
