@@ -31,13 +31,13 @@ from atomr_accel.train._dp_actor import (
 from atomr_accel.train._dp_ledger import Ledger, TrainerStats
 from atomr_accel.train._dp_spec import Model, TrainerSpec
 from atomr_accel.train._dp_split import batch_arrays, rows_array
+from atomr_accel.train._model import Array
 from atomr_accel.train._optim import Loss, Optimizer
 from atomr_accel.train._step_result import StepResult
 
 __all__ = ["DataParallelTrainer"]
 
 T = TypeVar("T")
-Array = np.ndarray[Any, Any]
 STEP_TIMEOUT = 10.0
 """The default ``timeout_secs`` of ``step``, ``predict`` and ``evaluate`` (the original's)."""
 READY_TIMEOUT = 120.0

@@ -55,6 +55,7 @@ from atomr_accel.train._dp_ledger import Ledger, ReplicaRecovered, TrainerStats
 from atomr_accel.train._dp_replica import MicroBatch, Slot
 from atomr_accel.train._dp_spec import TrainerSpec
 from atomr_accel.train._dp_split import plan_shares, require_width
+from atomr_accel.train._model import Array
 from atomr_accel.train._recovery import RECOVERABLE, settled_generation
 from atomr_accel.train._replica_state import Thunk, gather, start_now
 from atomr_accel.train._step_result import StepResult
@@ -65,7 +66,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Array = np.ndarray[Any, Any]
 REBUILD_TIMEOUT = 120.0
 """Seconds a recovery waits for a device's context to come back."""
 

@@ -5,13 +5,10 @@ publishes when it rebuilds a replica."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
+from atomr_accel.train._model import Array
 
 __all__ = ["Checkpoint", "Ledger", "ReplicaRecovered", "TrainerStats"]
-
-Array = np.ndarray[Any, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._model import Array
 from atomr_accel.train._replica_state import Thunk, require_real
 
 __all__ = ["MicroBatch", "Replica", "Slot"]
-
-Array = np.ndarray[Any, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import is_int
 from atomr_accel.facade import Device
 from atomr_accel.train._dp_replica import Replica
-from atomr_accel.train._model import Linear, Sequential, train_dtype
+from atomr_accel.train._model import Array, Linear, Sequential, train_dtype
 from atomr_accel.train._optim import (
     SGD,
     CrossEntropyLoss,
@@ -28,7 +28,6 @@ from atomr_accel.train._torch_module import TorchModule
 
 __all__ = ["Model", "TrainerSpec", "default_model", "original_spec"]
 
-Array = np.ndarray[Any, Any]
 Model = Sequential | TorchModule
 """What a data-parallel trainer trains: a model description or a wrapped torch module."""
 ISOLATIONS = ("thread", "process")

@@ -4,15 +4,13 @@ factors that make the summed gradient equal one device's on the whole batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from atomr_accel.core._errors import DTypeMismatch, InvalidArgument
+from atomr_accel.train._model import Array
 
 __all__ = ["Share", "batch_arrays", "plan_shares", "require_width", "rows_array"]
-
-Array = np.ndarray[Any, Any]
 
 
 @dataclass(frozen=True, slots=True)

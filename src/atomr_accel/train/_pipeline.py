@@ -45,7 +45,7 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._grad_norm import gradient_norm
-from atomr_accel.train._model import Sequential
+from atomr_accel.train._model import Array, Sequential
 from atomr_accel.train._optim import Loss, Optimizer, require_loss, require_optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
@@ -68,8 +68,6 @@ from atomr_accel.train._trainer_args import (
 from atomr_accel.train._transfer import free_replicas, transfer
 
 __all__ = ["PipelineParallelTrainer"]
-
-Array = np.ndarray[Any, Any]
 
 _PREDICT = 2**61
 """The micro-batch tag ``predict`` uses on every stage."""

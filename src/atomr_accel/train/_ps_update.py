@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -29,10 +29,10 @@ from atomr_accel.core._errors import ContextPoisoned, GpuRefStale, GpuRuntimeErr
 from atomr_accel.core.ops._train import AdamUpdate
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._model import Array
 
 __all__ = ["SNAPSHOT_EVERY", "WeightStore"]
 
-Array = np.ndarray[Any, Any]
 T = TypeVar("T")
 
 SNAPSHOT_EVERY = 32

@@ -36,7 +36,7 @@ from atomr_accel.blueprint import (
 )
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device
-from atomr_accel.train._model import Sequential
+from atomr_accel.train._model import Array, Sequential
 from atomr_accel.train._optim import SGD, Loss, MSELoss, require_loss
 from atomr_accel.train._parameter_server import AsyncParameterServer
 from atomr_accel.train._recovery import RECOVERABLE, settled_generation
@@ -48,8 +48,6 @@ from atomr_accel.train._transfer import free_replicas
 
 __all__ = ["ParameterServerWorker", "WorkerReport", "flatten_parameters",
            "unflatten_parameters"]
-
-Array = np.ndarray[Any, Any]
 
 TRAIN_TIMEOUT = 300.0
 """The default ``timeout_secs`` of ``train``, seconds."""

@@ -21,8 +21,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 from atomr_accel.core._errors import (
     CollectiveAborted,
     ContextPoisoned,
@@ -31,11 +29,11 @@ from atomr_accel.core._errors import (
 )
 from atomr_accel.device._state import Status
 from atomr_accel.facade import Device
+from atomr_accel.train._model import Array
 from atomr_accel.train._transfer import WorkBuffers
 
 __all__ = ["CHECKPOINT_EVERY", "RECOVERABLE", "KeptState", "StepJournal", "settled_generation"]
 
-Array = np.ndarray[Any, Any]
 R = TypeVar("R")
 
 CHECKPOINT_EVERY = 16
@@ -65,7 +63,6 @@ async def settled_generation(device: Device, timeout: float = SETTLE_TIMEOUT) ->
         if time.perf_counter() > deadline:
             raise Unrecoverable(f"device {device.ref.path} was not rebuilt within {timeout:g} s")
         await asyncio.sleep(SETTLE_POLL)
-
 
 Update = Callable[..., Awaitable[Any]]
 """A call that changes the trainer's state (a step); replayed with the same arguments."""

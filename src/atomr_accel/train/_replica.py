@@ -62,7 +62,7 @@ from atomr_accel.train._layers import (
     forward_ops,
     saved_sizes,
 )
-from atomr_accel.train._model import Flatten, Sequential, train_dtype
+from atomr_accel.train._model import Array, Flatten, Sequential, train_dtype
 from atomr_accel.train._optim import (
     CrossEntropyLoss,
     Loss,
@@ -83,8 +83,6 @@ from atomr_accel.train._replica_update import ReplicaUpdates
 
 __all__ = ["ModelReplica", "ParamInfo"]
 
-
-Array = np.ndarray[Any, Any]
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -492,7 +490,6 @@ class ModelReplica(ReplicaUpdates):
         return out
 
     predict = twin(predict_async, on_loop=True)
-
 
 _PREDICT = 2**62
 """The micro-batch tag of ``predict`` (apart from the training tags)."""

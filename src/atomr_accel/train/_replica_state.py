@@ -24,13 +24,12 @@ from atomr_accel.core.ops._graph import OpSequence, may_sequence
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.facade._device import Device
 from atomr_accel.train._layers import ParamSlot
-from atomr_accel.train._model import Sequential
+from atomr_accel.train._model import Array, Sequential
 from atomr_accel.train._optim import Loss, Optimizer
 
 __all__ = ["STEP_KEY", "OpCall", "ParamInfo", "ReplicaState", "Thunk", "bucket_layout",
            "checked_parameters", "gather", "require_real", "start_now"]
 
-Array = np.ndarray[Any, Any]
 STEP_KEY = "optimizer.step"
 """The key of the optimizer's step count in a replica's state dict."""
 
@@ -71,10 +70,8 @@ def bucket_layout(model: Sequential,
         sizes.append(offset)
     return layout, slots, sizes
 
-
 Thunk = Callable[[], Coroutine[Any, Any, Any]]
 """A call that makes one device call's coroutine (made only when it is started)."""
-
 
 T = TypeVar("T")
 
@@ -87,7 +84,6 @@ def start_now(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     if _EAGER:
         return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
     return loop.create_task(coro)
-
 
 _EAGER = sys.version_info >= (3, 12)
 
@@ -105,7 +101,6 @@ class OpCall:
 
     def __call__(self) -> Coroutine[Any, Any, Any]:
         return self.device.run_async(self.op, self.timeout, checked=self.checked)
-
 
 _CHECKED: Lru[OpSequence] = Lru(512)
 """Sequences validated before, by their ops: a trainer sends the same few every step.

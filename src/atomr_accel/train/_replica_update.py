@@ -18,9 +18,6 @@ step count, the only host state an update changes).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
-
-import numpy as np
 
 from atomr_accel.blueprint import twin
 from atomr_accel.core._errors import InvalidArgument
@@ -34,12 +31,11 @@ from atomr_accel.core.ops._train import (
     SgdUpdate,
 )
 from atomr_accel.facade._buffers import GpuBuffer
+from atomr_accel.train._model import Array
 from atomr_accel.train._optim import SGD, Adam
 from atomr_accel.train._replica_state import ReplicaState, Thunk, gather, require_real
 
 __all__ = ["ReplicaUpdates"]
-
-Array = np.ndarray[Any, Any]
 
 
 class ReplicaUpdates(ReplicaState):

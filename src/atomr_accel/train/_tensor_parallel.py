@@ -45,7 +45,7 @@ from atomr_accel.blueprint import (
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.facade import Device, System
-from atomr_accel.train._model import Linear, Sequential
+from atomr_accel.train._model import Array, Linear, Sequential
 from atomr_accel.train._optim import Loss, Optimizer, require_loss, require_optimizer
 from atomr_accel.train._recovery import KeptState, settled_generation
 from atomr_accel.train._replica import ModelReplica
@@ -73,8 +73,6 @@ from atomr_accel.train._trainer_args import (
 from atomr_accel.train._transfer import free_replicas
 
 __all__ = ["ModelSource", "TensorParallelTrainer"]
-
-Array = np.ndarray[Any, Any]
 
 ModelSource: TypeAlias = Sequential | Callable[[int], Sequential]
 """A model, or what makes one from the width of the first batch's rows."""

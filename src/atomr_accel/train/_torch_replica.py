@@ -28,13 +28,12 @@ from atomr_accel.core.ops._train import STATS_LENGTH, GradCheck
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._dp_replica import MicroBatch
+from atomr_accel.train._model import Array
 from atomr_accel.train._optim import SGD, Adam, AdamW, CrossEntropyLoss, Loss, Optimizer
 from atomr_accel.train._replica_state import Thunk
 from atomr_accel.train._torch_module import TorchModule, import_torch
 
 __all__ = ["TorchReplica"]
-
-Array = np.ndarray[Any, Any]
 
 
 @contextlib.contextmanager

@@ -7,20 +7,16 @@ import asyncio
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-import numpy as np
-
 from atomr_accel.facade import Collective
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._grad_norm import gradient_norm
-from atomr_accel.train._model import Sequential
+from atomr_accel.train._model import Array, Sequential
 from atomr_accel.train._replica import ModelReplica
 from atomr_accel.train._replica_state import STEP_KEY
 from atomr_accel.train._tp_split import Segment, merge_parameters
 from atomr_accel.train._trainer_args import first_error
 
 __all__ = ["Shards"]
-
-Array = np.ndarray[Any, Any]
 
 
 class Shards:

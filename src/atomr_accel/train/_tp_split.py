@@ -24,16 +24,13 @@ optimizer state of the same layout).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from atomr_accel.train._model import GELU, Linear, ReLU, Sequential, Sigmoid, Tanh
+from atomr_accel.train._model import GELU, Array, Linear, ReLU, Sequential, Sigmoid, Tanh
 
 __all__ = ["Segment", "merge_parameters", "segments", "shard_model", "shard_parameters",
            "split_sizes"]
-
-Array = np.ndarray[Any, Any]
 
 _ELEMENTWISE = (ReLU, GELU, Tanh, Sigmoid)
 

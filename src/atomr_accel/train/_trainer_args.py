@@ -18,6 +18,7 @@ from atomr_accel.blueprint import BlueprintActor, BlueprintClient, require_timeo
 from atomr_accel.core._errors import AskTimeout, DTypeMismatch, GpuRuntimeError, InvalidArgument
 from atomr_accel.facade import Device, System
 from atomr_accel.facade._host_arrays import host_array
+from atomr_accel.train._model import Array
 from atomr_accel.train._optim import Loss, MSELoss, Optimizer
 from atomr_accel.train._recovery import KeptState
 from atomr_accel.train._step_result import StepResult
@@ -25,8 +26,6 @@ from atomr_accel.train._step_result import StepResult
 __all__ = ["ANSWER_MARGIN", "STEP_TIMEOUT", "ModelParallelActor", "ModelParallelClient",
            "StateDictRequest", "TrainStep", "checked_batch", "checked_devices", "deadline",
            "first_error", "require_count"]
-
-Array = np.ndarray[Any, Any]
 
 M = TypeVar("M")
 K = TypeVar("K", bound=KeptState)
