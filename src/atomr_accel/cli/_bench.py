@@ -15,17 +15,10 @@ from typing import IO, Any
 
 import atomr_accel
 from atomr_accel.backends import cuda_device_count
-from atomr_accel.cli._checkout import checkout_folder
+from atomr_accel.cli._checkout import candidate_folders
 
 __all__ = ["SKIP_STATUS", "PlannedBenchmark", "find_benchmarks", "plan_benchmarks",
            "run_benchmarks"]
-
-
-def _candidates(path: str | Path | None) -> list[Path]:
-    if path is not None:
-        return [Path(path)]
-    own = checkout_folder("benchmarks")
-    return [] if own is None else [own]
 
 
 def find_benchmarks(path: str | Path | None = None) -> Path | None:
@@ -36,7 +29,7 @@ def find_benchmarks(path: str | Path | None = None) -> Path | None:
     The scripts are not part of the installed package: a wheel install needs a
     checkout and ``--path``.
     """
-    for folder in _candidates(path):
+    for folder in candidate_folders(path, "benchmarks"):
         if folder.is_dir() and any(_scripts(folder)):
             return folder.resolve()
     return None
@@ -135,7 +128,7 @@ def run_benchmarks(out: IO[str], names: Sequence[str] = (), *, quick: bool = Fal
     """
     folder = find_benchmarks(path)
     if folder is None:
-        looked = ", ".join(str(p) for p in _candidates(path)) or "no checkout"
+        looked = ", ".join(str(p) for p in candidate_folders(path, "benchmarks")) or "no checkout"
         print(f"no benchmark scripts found (looked in: {looked}); they live in the "
               "benchmarks/ folder of a source checkout: pass it with --path", file=out)
         return 2

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import atomr_accel
 
-__all__ = ["checkout_folder"]
+__all__ = ["candidate_folders", "checkout_folder"]
 
 
 def checkout_folder(name: str) -> Path | None:
@@ -24,3 +24,12 @@ def checkout_folder(name: str) -> Path | None:
         return None
     folder = package.parents[1] / name
     return folder if folder.is_dir() else None
+
+
+def candidate_folders(path: str | Path | None, name: str) -> list[Path]:
+    """Where to look for the suites: ``[path]`` when the user named one, else the
+    checkout's folder ``name`` (``checkout_folder``) if there is one."""
+    if path is not None:
+        return [Path(path)]
+    own = checkout_folder(name)
+    return [] if own is None else [own]

@@ -17,19 +17,12 @@ from pathlib import Path
 from typing import IO
 
 from atomr_accel.backends import cuda_device_count
-from atomr_accel.cli._checkout import checkout_folder
+from atomr_accel.cli._checkout import candidate_folders
 
 __all__ = ["find_tests", "run_tests"]
 
 NO_PYTEST = 2
 """The exit status when pytest is not installed (as for a usage error)."""
-
-
-def _candidates(path: str | Path | None) -> list[Path]:
-    if path is not None:
-        return [Path(path)]
-    own = checkout_folder("tests")
-    return [] if own is None else [own]
 
 
 def _suites(folder: Path) -> list[Path]:
@@ -40,7 +33,7 @@ def find_tests(path: str | Path | None = None) -> Path | None:
     """The test folder: ``path``, else the package's own (``tests/`` of the checkout this
     package runs from, never the current directory's); None when none holds a
     ``test_*.py``."""
-    for folder in _candidates(path):
+    for folder in candidate_folders(path, "tests"):
         if folder.is_dir() and _suites(folder):
             return folder.resolve()
     return None
