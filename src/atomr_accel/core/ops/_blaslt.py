@@ -178,8 +178,9 @@ def _require_vector(ref: GpuRef, dtype: DType, length: int, name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _MatmulFields:
-    """The leading fields of both fused matmuls, the operands and sizes of ``op(A) @ op(B)``
-    into ``D``: a field group, below ``_Common``."""
+    """The leading fields of the row-major matmuls into a separate ``D`` (both fused
+    matmuls, CUTLASS's GEMMs), the operands and sizes of ``op(A) @ op(B)``: A is ``m x k``,
+    B ``k x n`` and D ``m x n``; a field group, below ``_Common`` and ``_EpilogueGemm``."""
 
     a: GpuRef
     b: GpuRef

@@ -50,6 +50,7 @@ from atomr_accel.core._op import (
     require_same_dtype,
 )
 from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._blaslt import _MatmulFields
 from atomr_accel.core.ops._cutlass_plan import (
     CONV_DTYPES,
     FAMILIES,
@@ -350,19 +351,14 @@ _EPILOGUE = Param("epilogue", None, parse=_epilogue, annotation="Epilogue | None
 
 
 @dataclass(frozen=True, slots=True)
-class _EpilogueGemm:
-    """The leading fields, buffers, epilogue checks and flop count of the GEMMs ``D =
+class _EpilogueGemm(_MatmulFields):
+    """The leading fields (the fused matmuls' ``a``, ``b``, ``d``, ``m``, ``n``, ``k``, then
+    ``epilogue``), buffers, epilogue checks and flop count of the GEMMs ``D =
     epilogue(A @ B)`` of ``m x k`` by ``k x n`` (``CutlassGemm``, ``CutlassGemmFp8``):
     a mixin, before ``Op``."""
 
     library: ClassVar[str] = "cutlass"
     outputs: ClassVar[tuple[str, ...]] = ("d",)
-    a: GpuRef
-    b: GpuRef
-    d: GpuRef
-    m: int
-    n: int
-    k: int
     epilogue: Epilogue = Epilogue()
 
     def refs(self) -> tuple[GpuRef, ...]:
