@@ -165,18 +165,21 @@ def rnn_weight_count(mode: str, direction: str, num_layers: int, input_size: int
                     else 1, num_layers, input_size, hidden_size, 1, 1).weight_count
 
 
-class _Rnn(_DnnOp):
-    """The recurrent ops: the network's sizes, read and checked."""
+@dataclass(frozen=True)
+class _RnnNetwork:
+    """The fields both recurrent ops end with, after their buffers: the network's options
+    and sizes, read and checked (a field group, named before the buffers' among an op's
+    bases)."""
 
     __slots__ = ()
-    mode: RnnMode
-    direction: RnnDirection
-    num_layers: int
-    input_size: int
-    hidden_size: int
-    seq_length: int
-    batch_size: int
-    dropout: float
+    mode: RnnMode = RnnMode.LSTM
+    direction: RnnDirection = RnnDirection.UNI
+    num_layers: int = 1
+    input_size: int = 0
+    hidden_size: int = 0
+    seq_length: int = 0
+    batch_size: int = 0
+    dropout: float = 0.0
 
     @property
     def shape(self) -> RnnShape:
@@ -217,8 +220,23 @@ _RNN_PARAMS: tuple[str | Param, ...] = (
     "num_layers", "input_size", "hidden_size", "seq_length", "batch_size", "dropout")
 
 
+@dataclass(frozen=True)
+class _FwdBuffers:
+    """``RnnFwd``'s buffers, its leading fields (a field group, after ``_RnnNetwork``
+    among its bases)."""
+
+    __slots__ = ()
+    x: GpuRef
+    h_in: GpuRef | None
+    weights: GpuRef
+    y: GpuRef
+    h_out: GpuRef | None
+    c_in: GpuRef | None = None
+    c_out: GpuRef | None = None
+
+
 @dataclass(frozen=True, slots=True)
-class RnnFwd(_Rnn):
+class RnnFwd(_DnnOp, _RnnNetwork, _FwdBuffers):
     """Run a recurrent network (RNN tanh/relu, LSTM or GRU; uni- or bidirectional; several
     layers) over ``x`` into ``y`` and the final states ``h_out`` (and ``c_out``).
 
@@ -233,21 +251,6 @@ class RnnFwd(_Rnn):
         Form("rnn_fwd", ("x", "h_in", "weights", "y", "h_out", "c_in", "c_out", *_RNN_PARAMS),
              timeout=60.0, returns="str", note="f32 or f64; answers the path that ran."),
     )
-    x: GpuRef
-    h_in: GpuRef | None
-    weights: GpuRef
-    y: GpuRef
-    h_out: GpuRef | None
-    c_in: GpuRef | None = None
-    c_out: GpuRef | None = None
-    mode: RnnMode = RnnMode.LSTM
-    direction: RnnDirection = RnnDirection.UNI
-    num_layers: int = 1
-    input_size: int = 0
-    hidden_size: int = 0
-    seq_length: int = 0
-    batch_size: int = 0
-    dropout: float = 0.0
 
     def validate(self) -> None:
         shape = self._checked_shape()
@@ -255,17 +258,12 @@ class RnnFwd(_Rnn):
                          y=self.y, h_out=self.h_out, c_in=self.c_in, c_out=self.c_out)
 
 
-@dataclass(frozen=True, slots=True)
-class RnnBwd(_Rnn):
-    """The backward of ``RnnFwd``: ``dx``, ``dweights`` and, where given, ``dh_in`` and
-    ``dc_in``, from ``dy`` and (where given) ``dh_out`` / ``dc_out``.
+@dataclass(frozen=True)
+class _BwdBuffers:
+    """``RnnBwd``'s buffers, its leading fields (a field group, after ``_RnnNetwork``
+    among its bases)."""
 
-    It recomputes the forward from ``x``, ``h_in``, ``c_in`` and ``weights``;
-    ``y``, ``h_out`` and ``c_out`` (the forward's outputs, as the original's
-    builder takes them) are checked but not read. Built by ``RnnBwdInputs``.
-    """
-
-    outputs: ClassVar[tuple[str, ...]] = ("dx", "dweights", "dh_in", "dc_in")
+    __slots__ = ()
     x: GpuRef
     weights: GpuRef
     dy: GpuRef
@@ -280,14 +278,19 @@ class RnnBwd(_Rnn):
     dc_out: GpuRef | None = None
     dh_in: GpuRef | None = None
     dc_in: GpuRef | None = None
-    mode: RnnMode = RnnMode.LSTM
-    direction: RnnDirection = RnnDirection.UNI
-    num_layers: int = 1
-    input_size: int = 0
-    hidden_size: int = 0
-    seq_length: int = 0
-    batch_size: int = 0
-    dropout: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RnnBwd(_DnnOp, _RnnNetwork, _BwdBuffers):
+    """The backward of ``RnnFwd``: ``dx``, ``dweights`` and, where given, ``dh_in`` and
+    ``dc_in``, from ``dy`` and (where given) ``dh_out`` / ``dc_out``.
+
+    It recomputes the forward from ``x``, ``h_in``, ``c_in`` and ``weights``;
+    ``y``, ``h_out`` and ``c_out`` (the forward's outputs, as the original's
+    builder takes them) are checked but not read. Built by ``RnnBwdInputs``.
+    """
+
+    outputs: ClassVar[tuple[str, ...]] = ("dx", "dweights", "dh_in", "dc_in")
 
     def validate(self) -> None:
         shape = self._checked_shape()
