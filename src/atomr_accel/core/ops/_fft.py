@@ -122,8 +122,24 @@ def _require_sides(kind: FftKind, is_inverse: bool, src: GpuRef, dst: GpuRef) ->
         )
 
 
+class _Transform(Op):
+    """The base of the two transforms: their library and traits, and their direction."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "fft"
+    queues_only: ClassVar[bool] = True
+    outputs: ClassVar[tuple[str, ...]] = ("output",)
+    kind: FftKind
+    inverse: bool | None
+
+    @property
+    def is_inverse(self) -> bool:
+        """True when the transform runs in the inverse (unnormalized) direction."""
+        return _runs_inverse(self.kind, self.inverse)
+
+
 @dataclass(frozen=True, slots=True)
-class Fft(Op):
+class Fft(_Transform):
     """Transform ``batch`` arrays of ``shape`` (1 to 3 dims) from ``input`` into ``output``.
 
     ``shape`` always names the logical (real-side) size. For R2C each output
@@ -138,9 +154,6 @@ class Fft(Op):
     ``input`` may be ``output`` (in place) for C2C only.
     """
 
-    library: ClassVar[str] = "fft"
-    queues_only: ClassVar[bool] = True
-    outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (
         Form("c2c", ("input", "output", _SHAPE), fixed={"kind": FftKind.C2C},
              doc="Transform complex ``input`` into ``output`` (in place allowed; "
@@ -158,11 +171,6 @@ class Fft(Op):
     kind: FftKind
     inverse: bool | None = None
     batch: int = 1
-
-    @property
-    def is_inverse(self) -> bool:
-        """True when the transform runs in the inverse (unnormalized) direction."""
-        return _runs_inverse(self.kind, self.inverse)
 
     @property
     def complex_shape(self) -> tuple[int, ...]:
@@ -254,7 +262,7 @@ def _require_embed(name: str, embed: tuple[int, ...] | None, shape: tuple[int, .
 
 
 @dataclass(frozen=True, slots=True)
-class FftMany(Op):
+class FftMany(_Transform):
     """Transform ``batch`` items of size ``n`` (``rank`` 1 to 3) laid out as cufftPlanMany says.
 
     Kinds, dtypes and directions are as for ``Fft``: C2C on c64/c128, R2C from
@@ -274,9 +282,6 @@ class FftMany(Op):
     is unspecified. ``input`` may be ``output`` for C2C with one layout on both sides.
     """
 
-    library: ClassVar[str] = "fft"
-    queues_only: ClassVar[bool] = True
-    outputs: ClassVar[tuple[str, ...]] = ("output",)
     api = (Form("plan_many", ("input", "output", "rank", "n", "kind")),)
     input: GpuRef
     output: GpuRef
@@ -291,11 +296,6 @@ class FftMany(Op):
     onembed: tuple[int, ...] | None = None
     ostride: int = 1
     odist: int = 0
-
-    @property
-    def is_inverse(self) -> bool:
-        """True when the transform runs in the inverse (unnormalized) direction."""
-        return _runs_inverse(self.kind, self.inverse)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
