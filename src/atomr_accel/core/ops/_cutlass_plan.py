@@ -191,18 +191,33 @@ def _stages(tile: tuple[int, int, int], itemsize: int) -> int:
 
 GEMM_DTYPES = (DType.F16, DType.BF16, DType.F32, DType.F64)
 _SM80_MAX_STAGES = 4
+_Tiles = dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]]
+_SM80_TILES: _Tiles = {
+    "f64": ((128, 128, 16), (32, 64, 16)),
+    "f32": ((128, 128, 32), (64, 64, 32)),
+    "large": ((128, 256, 32), (64, 64, 32)),
+    "small": ((128, 128, 32), (64, 64, 32)),
+}
+"""The sm80 family's GEMM tile and warp tile, by ``_tile_row``."""
+_SM90_TILES: _Tiles = {
+    "f32": ((128, 128, 32), (1, 1, 1)),
+    "large": ((128, 256, 64), (2, 1, 1)),
+    "small": ((128, 128, 64), (1, 1, 1)),
+}
+"""The sm90 family's GEMM tile and cluster, by ``_tile_row`` (it runs no f64)."""
+
+
+def _tile_row(dtype: DType, m: int, n: int) -> str:
+    """The row of a family's tile table an ``m x n`` GEMM of ``dtype`` takes: its dtype's
+    for f64 and f32 data, else ``"large"`` from ``_LARGE`` output elements or ``"small"``."""
+    if dtype is DType.F64 or dtype is DType.F32:
+        return dtype.value
+    return "large" if m * n >= _LARGE else "small"
 
 
 def _sm80_gemm(dtype: DType, m: int, n: int, arch: str, align: int,
                bias_axis: str) -> KernelPlan:
-    if dtype is DType.F64:
-        tile, warp = (128, 128, 16), (32, 64, 16)
-    elif dtype is DType.F32:
-        tile, warp = (128, 128, 32), (64, 64, 32)
-    elif m * n >= _LARGE:
-        tile, warp = (128, 256, 32), (64, 64, 32)
-    else:
-        tile, warp = (128, 128, 32), (64, 64, 32)
+    tile, warp = _SM80_TILES[_tile_row(dtype, m, n)]
     if align * dtype.itemsize < 4:  # cp.async moves 4, 8 or 16 bytes: 2-byte loads pipeline
         schedule, stages = "pipelined", 2
     else:
@@ -244,12 +259,7 @@ def gemm_plan(dtype: DType, m: int, n: int, k: int, arch: str = "sm_90a",
                 f"{16 // dtype.itemsize} (16-byte TMA rows); this GEMM needs the sm80 family")
     else:
         return _sm80_gemm(dtype, m, n, arch, align, bias_axis)
-    if dtype is DType.F32:
-        tile, cluster = (128, 128, 32), (1, 1, 1)
-    elif m * n >= _LARGE:
-        tile, cluster = (128, 256, 64), (2, 1, 1)
-    else:
-        tile, cluster = (128, 128, 64), (1, 1, 1)
+    tile, cluster = _SM90_TILES[_tile_row(dtype, m, n)]
     return KernelPlan(PlanKind.GEMM, dtype, arch, tile, cluster, "cooperative",
                       _stages(tile, dtype.itemsize), bias_axis=bias_axis, align=align)
 
