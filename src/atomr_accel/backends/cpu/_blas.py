@@ -33,6 +33,7 @@ from atomr_accel.core.ops._blas import (
     Ger,
     Iamax,
     Iamin,
+    LinalgOp,
     Matrix,
     Nrm2,
     Rot,
@@ -59,6 +60,7 @@ __all__ = [
     "matrix_view",
     "matrix_views",
     "nrm2",
+    "operand_views",
     "rot",
     "scal",
     "swap",
@@ -106,6 +108,13 @@ def vector_view(backend: ArrayBackend, spec: Vector) -> Array:
     return view if spec.inc > 0 else view[::-1]
 
 
+def operand_views(backend: ArrayBackend, op: LinalgOp) -> tuple[Array, ...]:
+    """Writable views of ``op``'s operands in ``operands()`` order: ``matrix_view`` of each
+    ``Matrix``, ``vector_view`` of each ``Vector``."""
+    return tuple([matrix_view(backend, spec) if isinstance(spec, Matrix)
+                  else vector_view(backend, spec) for spec in op.operands()])
+
+
 def _op(x: Array, trans: bool, conj: bool) -> Array:
     """Return op(x) over the last two axes: x, x.T or x.H."""
     if not trans:
@@ -148,7 +157,7 @@ def gemm(backend: ArrayBackend, op: Gemm | GemmStridedBatched) -> None:
 @shared.handles(Axpy)
 def axpy(backend: ArrayBackend, op: Axpy) -> None:
     """Compute ``y = alpha * x + y`` over strided vectors."""
-    x, y = (vector_view(backend, spec) for spec in op.operands())
+    x, y = operand_views(backend, op)
     if op.alpha != 0:
         y += y.dtype.type(op.alpha) * x
 
@@ -156,7 +165,7 @@ def axpy(backend: ArrayBackend, op: Axpy) -> None:
 @shared.handles(Dot)
 def dot(backend: ArrayBackend, op: Dot) -> float | complex:
     """Return ``x . y`` (``conj(x) . y`` with ``conjugate``) as a Python number."""
-    x, y = (vector_view(backend, spec) for spec in op.operands())
+    x, y = operand_views(backend, op)
     xp = backend.xp
     result = xp.vdot(x, y) if op.conjugate else xp.dot(x, y)
     return complex(result) if _is_complex(x) else float(result)
@@ -208,7 +217,7 @@ def iamin(backend: ArrayBackend, op: Iamin) -> int:
 @shared.handles(Rot)
 def rot(backend: ArrayBackend, op: Rot) -> None:
     """Rotate in place: ``x = c x + s y`` and ``y = c y - conj(s) x``, from the old x and y."""
-    x, y = (vector_view(backend, spec) for spec in op.operands())
+    x, y = operand_views(backend, op)
     kind = x.dtype.type
     c, s = kind(op.c), kind(op.s)
     x[...], y[...] = c * x + s * y, c * y - s.conjugate() * x
@@ -217,34 +226,28 @@ def rot(backend: ArrayBackend, op: Rot) -> None:
 @shared.handles(Swap)
 def swap(backend: ArrayBackend, op: Swap) -> None:
     """Exchange x and y in place."""
-    x, y = (vector_view(backend, spec) for spec in op.operands())
+    x, y = operand_views(backend, op)
     x[...], y[...] = y.copy(), x.copy()
 
 
 @shared.handles(Copy)
 def copy(backend: ArrayBackend, op: Copy) -> None:
     """Copy x into y."""
-    x, y = (vector_view(backend, spec) for spec in op.operands())
+    x, y = operand_views(backend, op)
     y[...] = x
 
 
 @shared.handles(Gemv)
 def gemv(backend: ArrayBackend, op: Gemv) -> None:
     """Compute ``y = alpha * op(A) @ x + beta * y``."""
-    a_spec, x_spec, y_spec = op.operands()
-    a = matrix_view(backend, a_spec)
-    x = vector_view(backend, x_spec)
-    y = vector_view(backend, y_spec)
+    a, x, y = operand_views(backend, op)
     _blend(backend.xp, y, op.alpha, lambda: _op(a, op.trans, op.conj) @ x, op.beta)
 
 
 @shared.handles(Ger)
 def ger(backend: ArrayBackend, op: Ger) -> None:
     """Compute ``A = alpha * x @ y.T + A`` (``y.H`` with ``conjugate``)."""
-    x_spec, y_spec, a_spec = op.operands()
-    x = vector_view(backend, x_spec)
-    y = vector_view(backend, y_spec)
-    a = matrix_view(backend, a_spec)
+    x, y, a = operand_views(backend, op)
     if op.alpha != 0:
         a += a.dtype.type(op.alpha) * backend.xp.outer(x, y.conj() if op.conjugate else y)
 
@@ -252,7 +255,7 @@ def ger(backend: ArrayBackend, op: Ger) -> None:
 @shared.handles(Geam)
 def geam(backend: ArrayBackend, op: Geam) -> None:
     """Compute ``C = alpha * op(A) + beta * op(B)``; a zero scalar's matrix is not read."""
-    a, b, c = (matrix_view(backend, spec) for spec in op.operands())
+    a, b, c = operand_views(backend, op)
     kind = c.dtype.type
     value = backend.xp.zeros(c.shape, c.dtype)
     if op.alpha != 0:
@@ -265,9 +268,8 @@ def geam(backend: ArrayBackend, op: Geam) -> None:
 @shared.handles(Syrk)
 def syrk(backend: ArrayBackend, op: Syrk) -> None:
     """Compute ``C = alpha * op(A) @ op(A).T + beta * C`` on C's chosen triangle only."""
-    a_spec, c_spec = op.operands()
-    a = _op(matrix_view(backend, a_spec), op.trans, False)
-    c = matrix_view(backend, c_spec)
+    stored, c = operand_views(backend, op)
+    a = _op(stored, op.trans, False)
     full = c.copy()
     xp = backend.xp
     _blend(xp, full, op.alpha, lambda: a @ a.T, op.beta)
@@ -279,9 +281,7 @@ def syrk(backend: ArrayBackend, op: Syrk) -> None:
 @shared.handles(Trsm)
 def trsm(backend: ArrayBackend, op: Trsm) -> None:
     """Solve ``op(A) @ X = alpha * B`` (or ``X @ op(A)``) in place into B with BLAS trsm."""
-    a_spec, b_spec = op.operands()
-    a = matrix_view(backend, a_spec)
-    b = matrix_view(backend, b_spec)
+    a, b = operand_views(backend, op)
     if b.size == 0:
         return
     solve = scipy_blas.get_blas_funcs("trsm", (b,))

@@ -196,9 +196,7 @@ def _nrm2(backend: CudaBackend, op: Nrm2) -> float:
 def _trsm(backend: CudaBackend, op: Trsm) -> None:
     from cupyx.scipy.linalg import solve_triangular
 
-    a_spec, b_spec = op.operands()
-    a = shared_blas.matrix_view(backend, a_spec)
-    b = shared_blas.matrix_view(backend, b_spec)
+    a, b = shared_blas.operand_views(backend, op)
     if b.size == 0:
         return
     trans = (2 if op.conj else 1) if op.trans else 0
