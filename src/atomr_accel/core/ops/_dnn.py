@@ -137,27 +137,52 @@ def _forms(name: str, params: tuple[str | Param, ...]) -> tuple[Form]:
     return (Form(name, params, timeout=_TIMEOUT, returns="str", timeout_last=True),)
 
 
-class _Pool2d(_DnnOp):
-    """The checks of the two poolings: ``_roles`` names each buffer field, in field order,
-    with the image (``"x"``) or output (``"y"``) whose size it has."""
+@dataclass(frozen=True)
+class _PoolImages:
+    """The leading fields of the forward pooling: the image ``x`` and the output ``y``."""
 
     __slots__ = ()
+    x: GpuRef
+    y: GpuRef
+
+
+@dataclass(frozen=True)
+class _PoolGrads(_PoolImages):
+    """The leading fields of the backward pooling: the forward's, then ``dy`` and ``dx``."""
+
+    __slots__ = ()
+    dy: GpuRef
+    dx: GpuRef
+
+
+@dataclass(frozen=True)
+class _Pool2d:
+    """The fields both poolings end with, after their buffers (``_PoolImages`` or
+    ``_PoolGrads``, named after it among an op's bases), and their checks: ``_roles``
+    names each buffer field, in field order, with the image (``"x"``) or output (``"y"``)
+    whose size it has. A mixin, before ``_DnnOp``."""
+
+    __slots__ = ()
+    outputs: ClassVar[tuple[str, ...]]
     _roles: ClassVar[tuple[tuple[str, str], ...]]
     x_shape: tuple[int, ...]
     y_shape: tuple[int, ...]
-    kernel: tuple[int, ...]
-    stride: tuple[int, ...]
-    pad: tuple[int, ...]
-    alpha: float
-    beta: float
+    kernel: tuple[int, ...] = (2, 2)
+    stride: tuple[int, ...] = (2, 2)
+    pad: tuple[int, ...] = (0, 0)
+    mode: PoolMode = PoolMode.MAX
+    alpha: float = 1.0
+    beta: float = 0.0
+    layout: Layout = Layout.NCHW
 
     def validate(self) -> None:
+        """Check the geometry, then the buffers' dtypes and lengths."""
         nx, ny = _pool_geometry(self.x_shape, self.y_shape, self.kernel, self.stride, self.pad)
         _check_buffers(self, self._roles, {"x": nx, "y": ny}, self.alpha, self.beta)
 
 
 @dataclass(frozen=True, slots=True)
-class Pool2dForward(_Pool2d):
+class Pool2dForward(_Pool2d, _PoolImages, _DnnOp):
     """Pool each channel's image over ``kernel`` windows ``stride`` apart, after ``pad``:
     ``y = alpha * pool(x) + beta * y``.
 
@@ -172,21 +197,10 @@ class Pool2dForward(_Pool2d):
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     _roles = (("x", "x"), ("y", "y"))
     api = _forms("pool2d_fwd", ("x", "y", "x_shape", "y_shape", *_POOL_OPTIONS))
-    x: GpuRef
-    y: GpuRef
-    x_shape: tuple[int, ...]
-    y_shape: tuple[int, ...]
-    kernel: tuple[int, ...] = (2, 2)
-    stride: tuple[int, ...] = (2, 2)
-    pad: tuple[int, ...] = (0, 0)
-    mode: PoolMode = PoolMode.MAX
-    alpha: float = 1.0
-    beta: float = 0.0
-    layout: Layout = Layout.NCHW
 
 
 @dataclass(frozen=True, slots=True)
-class Pool2dBackward(_Pool2d):
+class Pool2dBackward(_Pool2d, _PoolGrads, _DnnOp):
     """The gradient of ``Pool2dForward``: ``dx = alpha * pool^T(dy) + beta * dx``.
 
     Max pooling sends each window's gradient to the first maximum of the
@@ -200,19 +214,6 @@ class Pool2dBackward(_Pool2d):
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     _roles = (("x", "x"), ("y", "y"), ("dy", "y"), ("dx", "x"))
     api = _forms("pool2d_bwd", ("x", "y", "dy", "dx", "x_shape", "y_shape", *_POOL_OPTIONS))
-    x: GpuRef
-    y: GpuRef
-    dy: GpuRef
-    dx: GpuRef
-    x_shape: tuple[int, ...]
-    y_shape: tuple[int, ...]
-    kernel: tuple[int, ...] = (2, 2)
-    stride: tuple[int, ...] = (2, 2)
-    pad: tuple[int, ...] = (0, 0)
-    mode: PoolMode = PoolMode.MAX
-    alpha: float = 1.0
-    beta: float = 0.0
-    layout: Layout = Layout.NCHW
 
 
 # ---------------------------------------------------------------------- softmax

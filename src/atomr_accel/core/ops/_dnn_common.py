@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from atomr_accel.core._api import choice
 from atomr_accel.core._dtype import DType
@@ -167,7 +167,14 @@ def _data(alpha: float, beta: float, **refs: GpuRef) -> DType:
     return dtype
 
 
-def _check_buffers(op: Op, roles: tuple[tuple[str, str], ...], counts: Mapping[str, int],
+class _Outputs(Protocol):
+    """An op as ``_check_buffers`` reads it: the names of the fields it writes (and, by
+    name, its buffer fields)."""
+
+    outputs: ClassVar[tuple[str, ...]]
+
+
+def _check_buffers(op: _Outputs, roles: tuple[tuple[str, str], ...], counts: Mapping[str, int],
                    alpha: float, beta: float) -> None:
     """Check the buffer fields ``roles`` names, each with the element count of its role in
     ``counts``: ``_data``'s dtypes, their lengths, and that the op's output
