@@ -8,6 +8,7 @@ offsets and counts (bools and floats are not) and reach the backend as ints.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import typing
@@ -123,6 +124,39 @@ def test_an_op_checked_again_is_the_same_object_and_a_refusal_is_never_remembere
     for scale in (1.0, 3.0, 1.0):  # the remembered op runs with this call's values
         blas.gemm(a, b, c, 2, 2, 2, alpha=scale)
         np.testing.assert_array_equal(dev.copy_to_numpy(c), scale * data)
+
+
+def test_a_repeated_call_through_a_handle_makes_no_new_op(
+        dev: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handle's method called again with equal values of the same exact types takes the
+    op the memo holds (made and checked once); another value, or one of another type that
+    compares equal, makes and checks its own; every call computes with its own data."""
+    from atomr_accel.core._op import HitRate, _declared
+
+    monkeypatch.setattr(_declared(Gemm), "rate", HitRate())  # whatever ran before here
+    made: list[tuple[object, ...]] = []
+    init = Gemm.__init__
+
+    def counting(self: Gemm, *args: object, **kwargs: object) -> None:
+        made.append(args)
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Gemm, "__init__", counting)
+    a, b, c = (dev.allocate_f32(4) for _ in range(3))
+    blas = dev.blas()
+    dev.copy_from_numpy(b, np.eye(2, dtype=np.float32).reshape(-1))
+    for round_, scale in enumerate((1.0, 1.0, 3.0, 1.0, 3.0)):
+        data = np.arange(4.0, dtype=np.float32) + round_
+        dev.copy_from_numpy(a, data)
+        blas.gemm(a, b, c, 2, 2, 2, alpha=scale)
+        np.testing.assert_array_equal(dev.copy_to_numpy(c), scale * data)
+    assert len(made) == 2  # alpha 1.0, then 3.0: each made once
+    with pytest.raises(InvalidArgument, match="must be a real number"):
+        blas.gemm(a, b, c, 2, 2, 2, alpha=True)  # equal to 1, made and refused
+    assert len(made) == 3
+    asyncio.run(blas.gemm_async(a, b, c, 2, 2, 2, alpha=3.0))
+    np.testing.assert_array_equal(dev.copy_to_numpy(c), 3.0 * data)
+    assert len(made) == 3
 
 
 def test_an_op_with_shape_tuples_is_remembered_only_when_they_hold_plain_ints(

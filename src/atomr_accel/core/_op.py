@@ -36,6 +36,7 @@ __all__ = [
     "HitRate",
     "checked",
     "is_int",
+    "made",
     "positive_ints",
     "remembered",
     "require",
@@ -430,19 +431,26 @@ _MEMO: dict[tuple[type, tuple[object, ...], tuple[type, ...]], Any] = {}
 """``(class, field values, their exact types)`` -> the op ``checked`` made of them."""
 
 
+_KEPT: dict[int, Any] = {}
+"""The ops the memo holds, by ``id``: ``checked`` answers one of them at once (held by the
+memo, so its id cannot pass to another object while it is here)."""
+
+
 def _remember(key: tuple[type, tuple[object, ...], tuple[type, ...]], op: Any) -> None:
     if len(_MEMO) >= MEMO_SIZE:
         _MEMO.clear()
+        _KEPT.clear()
     _MEMO[key] = op
+    _KEPT[id(op)] = op
 
 
-def _memo_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
-                                                      tuple[type, ...]] | None:
-    """``op``'s key in the memo: its class, values and their exact types; None when it may
-    hold anything but numbers, strings, enum members, ``GpuRef``s and tuples of plain ints."""
+def _values_key(declared: _Fields, cls: type, values: tuple[object, ...],
+                ) -> tuple[type, tuple[object, ...], tuple[type, ...]] | None:
+    """The memo's key of an op of ``cls`` with field ``values`` (in field order): the class,
+    the values and their exact types; None when they may hold anything but numbers,
+    strings, enum members, ``GpuRef``s and tuples of plain ints."""
     if declared.atoms is None:
         return None
-    values = declared.read_all(op)
     kinds = tuple(map(type, values))
     if not declared.atoms.issuperset(kinds):
         return None
@@ -450,7 +458,31 @@ def _memo_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
         value = values[position]
         if type(value) is tuple and not _INTS.issuperset(map(type, value)):
             return None  # a bool or a NumPy integer inside: equal to ints, not the same
-    return type(op), values, kinds
+    return cls, values, kinds
+
+
+def _memo_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
+                                                      tuple[type, ...]] | None:
+    """``op``'s key in the memo (``_values_key`` of its class and field values)."""
+    if declared.atoms is None:
+        return None
+    return _values_key(declared, type(op), declared.read_all(op))
+
+
+def made(cls: type[T], values: tuple[object, ...]) -> T:
+    """An op of ``cls`` with field ``values`` (every field, in order): the checked op the
+    memo holds for equal values of the same exact types, else ``cls(*values)``, not yet
+    checked. A call that repeats an op so skips making it (a frozen dataclass sets its
+    fields one by one) and ``checked`` answers it at once."""
+    declared = _declared(cls)
+    if not declared.rate.rest:
+        key = _values_key(declared, cls, values)
+        if key is not None:
+            found: T | None = _MEMO.get(key)
+            if found is not None:
+                declared.rate.hit()
+                return found
+    return cls(*values)
 
 
 def _fixed(obj: T) -> T:
@@ -483,19 +515,21 @@ def checked(op: T) -> T:
     and a kind of op whose values keep changing is not looked up for a while
     (``HitRate``).
     """
+    if _KEPT.get(id(op)) is op:  # the memo's own: checked when it was kept
+        return op
     declared = _declared(type(op))
     key = None if declared.rate.resting() else _memo_key(declared, op)
     if key is not None:
-        made: T | None = _MEMO.get(key)
-        if made is not None:
+        found: T | None = _MEMO.get(key)
+        if found is not None:
             declared.rate.hit()
-            return made
+            return found
         declared.rate.miss()
-    made = _fixed(op)
-    made.validate()  # type: ignore[attr-defined]
+    fixed = _fixed(op)
+    fixed.validate()  # type: ignore[attr-defined]
     if key is not None:
-        _remember(key, made)
-    return made
+        _remember(key, fixed)
+    return fixed
 
 
 def remembered(op: object) -> bool:

@@ -27,7 +27,7 @@ from atomr_accel.core._api import REQUIRED, Form, Param, on_attach
 from atomr_accel.core._catalogue import load_op_modules
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op
+from atomr_accel.core._op import Op, made
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.facade._portal import Portal, twin_of, wait_here
 
@@ -220,7 +220,9 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
             field = param.fields[0]
             body.append(f"if f_{field} is None:\n        f_{field} = _f{i}({uses})")
     call = ", ".join(f"f_{field}" for field in fields)  # positional: the cheapest
-    body.append(f"return self._submit(_op({call}), timeout_secs)")
+    space["_made"] = made  # a repeated op comes from the memo, already checked
+    values = f"({call},)" if fields else "()"
+    body.append(f"return self._submit(_made(_op, {values}), timeout_secs)")
     lines = "\n    ".join(body)
     return f"def {name}({', '.join(head)}):\n    {lines}\n", space
 
