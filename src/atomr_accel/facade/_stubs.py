@@ -93,6 +93,7 @@ def _signature_classes(sets: list[type[Generated]]) -> dict[str, type]:
 
 def stub() -> str:
     """The text ``_api.pyi`` must hold."""
+    _import_facade()  # a new library's handle class, which its accessor's stub names
     sets = sorted(API_SETS.values(), key=lambda cls: cls.__name__)
     modules = {module: set(names) for module, names in _IMPORTS.items()}
     for name, used in _signature_classes(sets).items():
