@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from op_examples import buf, collected
 
 import atomr_accel.core.ops
 from atomr_accel.core import DType, GpuRef, GraphRef, InvalidArgument, KernelRef
@@ -83,20 +84,6 @@ from atomr_accel.core.ops._collective import (
     CommInit,
     ReduceOp,
     RunCollective,
-)
-from atomr_accel.core.ops._cub import (
-    CubHistogramEven,
-    CubHistogramRange,
-    CubReduce,
-    CubRunLengthEncode,
-    CubScan,
-    CubSegmentedReduce,
-    CubSegmentedSort,
-    CubSelect,
-    CubSort,
-    CubUnique,
-    ReduceKind,
-    ScanKind,
 )
 from atomr_accel.core.ops._cutlass import (
     CutlassConv2d,
@@ -249,8 +236,6 @@ class _Int(int):
     """An int subclass: not a plain int, yet a valid size."""
 
 
-def _buf(dtype: DType, n: int, buffer_id: int = 1, owner: int = 0) -> GpuRef:
-    return GpuRef(0, buffer_id, dtype, n, 0, owner)
 
 
 def _outcome(fn: Callable[[], object]) -> str:
@@ -315,223 +300,209 @@ def test_dim3_shortcut_normalizes_like_the_general_path() -> None:
 
 
 def _csr(owner: int = 0) -> CsrMatrix:
-    return CsrMatrix(_buf(I32, 4, 11, owner), _buf(I32, 5, 12, owner), _buf(F32, 5, 13, owner),
+    return CsrMatrix(buf(I32, 4, 11, owner), buf(I32, 5, 12, owner), buf(F32, 5, 13, owner),
                      3, 4, 5)
 
 
 _KERNEL = KernelRef(0, 5, "axpy<float>", 3, owner=99, library="module", cache_hit=True)
-_GRAPH = GraphRef(0, 7, 3, 99, (_buf(F32, 8), _buf(F32, 8, 2)), (_buf(F32, 8, 2),), 2)
-_TABLE = HashTable(_buf(DType.U32, 8, 21), _buf(U8, 24, 22), _buf(U8, 16, 23), 8, 3, 2)
+_GRAPH = GraphRef(0, 7, 3, 99, (buf(F32, 8), buf(F32, 8, 2)), (buf(F32, 8, 2),), 2)
+_TABLE = HashTable(buf(DType.U32, 8, 21), buf(U8, 24, 22), buf(U8, 16, 23), 8, 3, 2)
 _STAGES = (Correlate((0.0, 1.0, 0.0, 1.0, -4.0, 1.0, 0.0, 1.0, 0.0)), GaussianBlur(1.5, 4),
            BoxBlur(5), SobelMagnitude(), Threshold(0.5, 0.0, 1.0))
 
 EXAMPLES: list[Any] = [
-    Gemm(_buf(F32, 64), _buf(F32, 64, 2), _buf(F32, 64, 3), 8, 4, 2, trans_a=True, lda=3),
-    GemmStridedBatched(_buf(F32, 64), _buf(F32, 64, 2), _buf(F32, 64, 3), 2, 2, 2, 3, stride_a=0),
-    Axpy(4, 2.0, _buf(F32, 4), _buf(F32, 10, 2), incy=-3),
-    Dot(3, _buf(C64, 3), _buf(C64, 3, 2), conjugate=True),
-    Nrm2(3, _buf(F32, 9), 3),
-    Scal(3, 0.5, _buf(F64, 3)),
-    Asum(2, _buf(F32, 2)),
-    Iamax(2, _buf(F32, 4), 2),
-    Iamin(3, _buf(C128, 5), 2),
-    Rot(3, _buf(C64, 7), _buf(C64, 3, 2), 0.6, 0.8j, incx=-3),
-    Swap(2, _buf(F64, 4), _buf(F64, 2, 2), incx=2),
-    Copy(3, _buf(F32, 3), _buf(F32, 5, 2), incy=-2),
-    Gemv(3, 2, _buf(C64, 6), _buf(C64, 3, 2), _buf(C64, 2, 3), alpha=1j, trans=True, conj=True),
-    Ger(2, 3, _buf(F32, 2), _buf(F32, 3, 2), _buf(F32, 6, 3)),
-    Geam(3, 2, _buf(F32, 6), _buf(F32, 6, 2), _buf(F32, 6, 3), trans_b=True, ldb=2),
-    Syrk(3, 2, _buf(F32, 6), _buf(F32, 9, 2), upper=True),
-    Trsm(2, 3, _buf(F32, 9), _buf(F32, 6, 2), left=False),
-    Getrf(_buf(F32, 12), _buf(I32, 3, 2), 4, 3),
-    Getrs(_buf(F32, 16), _buf(I32, 4, 2), _buf(F32, 8, 3), 4, 2),
-    Potrf(_buf(F64, 9), 3, upper=True),
-    Potrs(_buf(F64, 9), _buf(F64, 6, 2), 3, 2),
-    Geqrf(_buf(F32, 12), _buf(F32, 3, 2), 4, 3),
-    Orgqr(_buf(F32, 12), _buf(F32, 3, 2), 4, 3, 2),
-    Gesvd(_buf(F32, 12), _buf(F32, 3, 2), None, _buf(F32, 9, 3), 4, 3),
-    Syevd(_buf(C64, 9), _buf(F32, 3, 2), 3),
-    GetrfBatched(_buf(F32, 18), _buf(I32, 6, 2), 3, 2),
-    GetrsBatched(_buf(F32, 9), _buf(I32, 6, 2), _buf(F32, 12, 3), 3, 2, 2, stride_a=0),
-    PotrfBatched(_buf(C128, 18), 3, 2),
-    PotrsBatched(_buf(F32, 9), _buf(F32, 6, 2), 3, 1, 2, stride_a=0),
-    SyevdBatched(_buf(F32, 18), _buf(F32, 6, 2), 3, 2, vectors=False),
-    GesvdBatched(_buf(F32, 24), _buf(F32, 6, 2), _buf(F32, 32, 3), None, 4, 3, 2),
-    GesvdjBatched(_buf(C64, 24), _buf(F32, 6, 2), _buf(C64, 24, 3), _buf(C64, 23, 4), 4, 3, 2,
-                  ldv=4, info=_buf(I32, 2, 5)),
+    Gemm(buf(F32, 64), buf(F32, 64, 2), buf(F32, 64, 3), 8, 4, 2, trans_a=True, lda=3),
+    GemmStridedBatched(buf(F32, 64), buf(F32, 64, 2), buf(F32, 64, 3), 2, 2, 2, 3, stride_a=0),
+    Axpy(4, 2.0, buf(F32, 4), buf(F32, 10, 2), incy=-3),
+    Dot(3, buf(C64, 3), buf(C64, 3, 2), conjugate=True),
+    Nrm2(3, buf(F32, 9), 3),
+    Scal(3, 0.5, buf(F64, 3)),
+    Asum(2, buf(F32, 2)),
+    Iamax(2, buf(F32, 4), 2),
+    Iamin(3, buf(C128, 5), 2),
+    Rot(3, buf(C64, 7), buf(C64, 3, 2), 0.6, 0.8j, incx=-3),
+    Swap(2, buf(F64, 4), buf(F64, 2, 2), incx=2),
+    Copy(3, buf(F32, 3), buf(F32, 5, 2), incy=-2),
+    Gemv(3, 2, buf(C64, 6), buf(C64, 3, 2), buf(C64, 2, 3), alpha=1j, trans=True, conj=True),
+    Ger(2, 3, buf(F32, 2), buf(F32, 3, 2), buf(F32, 6, 3)),
+    Geam(3, 2, buf(F32, 6), buf(F32, 6, 2), buf(F32, 6, 3), trans_b=True, ldb=2),
+    Syrk(3, 2, buf(F32, 6), buf(F32, 9, 2), upper=True),
+    Trsm(2, 3, buf(F32, 9), buf(F32, 6, 2), left=False),
+    Getrf(buf(F32, 12), buf(I32, 3, 2), 4, 3),
+    Getrs(buf(F32, 16), buf(I32, 4, 2), buf(F32, 8, 3), 4, 2),
+    Potrf(buf(F64, 9), 3, upper=True),
+    Potrs(buf(F64, 9), buf(F64, 6, 2), 3, 2),
+    Geqrf(buf(F32, 12), buf(F32, 3, 2), 4, 3),
+    Orgqr(buf(F32, 12), buf(F32, 3, 2), 4, 3, 2),
+    Gesvd(buf(F32, 12), buf(F32, 3, 2), None, buf(F32, 9, 3), 4, 3),
+    Syevd(buf(C64, 9), buf(F32, 3, 2), 3),
+    GetrfBatched(buf(F32, 18), buf(I32, 6, 2), 3, 2),
+    GetrsBatched(buf(F32, 9), buf(I32, 6, 2), buf(F32, 12, 3), 3, 2, 2, stride_a=0),
+    PotrfBatched(buf(C128, 18), 3, 2),
+    PotrsBatched(buf(F32, 9), buf(F32, 6, 2), 3, 1, 2, stride_a=0),
+    SyevdBatched(buf(F32, 18), buf(F32, 6, 2), 3, 2, vectors=False),
+    GesvdBatched(buf(F32, 24), buf(F32, 6, 2), buf(F32, 32, 3), None, 4, 3, 2),
+    GesvdjBatched(buf(C64, 24), buf(F32, 6, 2), buf(C64, 24, 3), buf(C64, 23, 4), 4, 3, 2,
+                  ldv=4, info=buf(I32, 2, 5)),
     InjectFault(FaultKind.OOM, 0.5),
-    Fft(_buf(F32, 16), _buf(C64, 10, 2), (2, 8), FftKind.R2C),
-    FftMany(_buf(F32, 64), _buf(C64, 45, 2), 2, (2, 8), FftKind.R2C, None, 2, (3, 9), 1, 0,
+    Fft(buf(F32, 16), buf(C64, 10, 2), (2, 8), FftKind.R2C),
+    FftMany(buf(F32, 64), buf(C64, 45, 2), 2, (2, 8), FftKind.R2C, None, 2, (3, 9), 1, 0,
             (2, 6), 2, 0),
     CaptureGraph((
-        Axpy(4, 2.0, _buf(F32, 4), _buf(F32, 4, 2)),
-        CopyBuffer(_buf(F32, 4, 2), _buf(F32, 4, 3), 4),
-        LaunchKernel(_KERNEL, (1, 1, 1), (32, 1, 1), (_buf(F32, 4, 3), np.int32(4))),
+        Axpy(4, 2.0, buf(F32, 4), buf(F32, 4, 2)),
+        CopyBuffer(buf(F32, 4, 2), buf(F32, 4, 3), 4),
+        LaunchKernel(_KERNEL, (1, 1, 1), (32, 1, 1), (buf(F32, 4, 3), np.int32(4))),
     )),
     LaunchGraph(_GRAPH),
     DestroyGraph(_GRAPH),
     OpSequence((
-        Axpy(4, 2.0, _buf(F32, 4), _buf(F32, 4, 2)),
-        Dot(4, _buf(F32, 4), _buf(F32, 4, 2)),
-        CopyBuffer(_buf(F32, 4, 2), _buf(F32, 4, 3), 4),
+        Axpy(4, 2.0, buf(F32, 4), buf(F32, 4, 2)),
+        Dot(4, buf(F32, 4), buf(F32, 4, 2)),
+        CopyBuffer(buf(F32, 4, 2), buf(F32, 4, 3), 4),
     )),
     CompileKernel('extern "C" __global__ void k() {}', "k", options=("-lineinfo",),
                   defines=(("N", "4"),), fast_math=True, arch="sm_90"),
     LoadKernel(b"\x7fELF\x02\x01", "k"),
     LaunchKernel(_KERNEL, (4, 1, 1), (128, 1, 1),
-                 (_buf(F32, 8, owner=99), np.int32(4), np.float32(0.5)), 256, (0,)),
+                 (buf(F32, 8, owner=99), np.int32(4), np.float32(0.5)), 256, (0,)),
     Allocate(C128, 10, managed=True, attach=Attach.HOST),
-    Prefetch(_buf(F32, 8), Location.HOST),
-    Advise(_buf(F32, 8), Advice.READ_MOSTLY),
-    Free(_buf(F32, 8)),
-    Upload(_buf(F32, 8), np.arange(8, dtype=np.float32), 0),
-    Download(_buf(F32, 8), 2, None),
-    CopyBuffer(_buf(F32, 8), _buf(F32, 8, 2), 4, 1, 2),
+    Prefetch(buf(F32, 8), Location.HOST),
+    Advise(buf(F32, 8), Advice.READ_MOSTLY),
+    Free(buf(F32, 8)),
+    Upload(buf(F32, 8), np.arange(8, dtype=np.float32), 0),
+    Download(buf(F32, 8), 2, None),
+    CopyBuffer(buf(F32, 8), buf(F32, 8, 2), 4, 1, 2),
     MemoryInfo(),
     LibraryAvailable("cudnn"),
     CanAccessPeer((0, 1)),
     EnablePeerAccess((1,)),
-    ExportBuffer(_buf(F32, 8), ipc=True),
-    BufferAddress(_buf(F32, 8)),
-    IpcGetHandle(_buf(F32, 8)),
+    ExportBuffer(buf(F32, 8), ipc=True),
+    BufferAddress(buf(F32, 8)),
+    IpcGetHandle(buf(F32, 8)),
     IpcOpenHandle(b"\x02" * 64, F64, 8),
-    ImportCopy(PeerSource(1234, 1, F32, 8, 0xDEADBEEF, b"\x01" * 64, 256), _buf(F32, 8), 8),
-    RngFill(_buf(F32, 8), Distribution.NORMAL, 42, 8, (0.0, 2.0), None),
-    CsrSpMV(_csr(), _buf(F32, 4, 2), _buf(F32, 3, 3), alpha=2.0, beta=0.5),
-    CsrSpMM(_csr(7), _buf(F32, 12, 2), _buf(F32, 15, 3), 3, ldc=5),
-    Contract(_buf(F32, 6), "ab", (2, 3), _buf(F32, 12, 2), "bc", (3, 4), _buf(F32, 8, 3), "ac",
+    ImportCopy(PeerSource(1234, 1, F32, 8, 0xDEADBEEF, b"\x01" * 64, 256), buf(F32, 8), 8),
+    RngFill(buf(F32, 8), Distribution.NORMAL, 42, 8, (0.0, 2.0), None),
+    CsrSpMV(_csr(), buf(F32, 4, 2), buf(F32, 3, 3), alpha=2.0, beta=0.5),
+    CsrSpMM(_csr(7), buf(F32, 12, 2), buf(F32, 15, 3), 3, ldc=5),
+    Contract(buf(F32, 6), "ab", (2, 3), buf(F32, 12, 2), "bc", (3, 4), buf(F32, 8, 3), "ac",
              (2, 4), alpha=1.5),
-    TopK(_buf(F32, 12), 3, 4, 2, keys=_buf(DType.I64, 4, 2)),
-    ScoreTopK(np.ones((2, 3), np.float32), _buf(F32, 12), 4, 3, 2, keys=_buf(DType.I64, 4, 2),
-              bias=_buf(F32, 4, 3), alpha=2.0),
+    TopK(buf(F32, 12), 3, 4, 2, keys=buf(DType.I64, 4, 2)),
+    ScoreTopK(np.ones((2, 3), np.float32), buf(F32, 12), 4, 3, 2, keys=buf(DType.I64, 4, 2),
+              bias=buf(F32, 4, 3), alpha=2.0),
     CommInit(3, 1, 2, 1, b"\x05" * 128, "/dev/shm/atomr-nccl-word"),
     CommAbort(3),
-    RunCollective(3, 1, 2, (CollectiveCall(CallKind.ALL_REDUCE, _buf(F32, 8), _buf(F32, 8, 2),
+    RunCollective(3, 1, 2, (CollectiveCall(CallKind.ALL_REDUCE, buf(F32, 8), buf(F32, 8, 2),
                                            8, ReduceOp.AVG),
-                            CollectiveCall(CallKind.SEND, _buf(F32, 8), None, 8, root=1)), 5.0),
-    FusedMatmul(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3, Epilogue.BIAS_GELU,
-                bias=_buf(F32, 4, 4), aux=_buf(F32, 16, 5), beta=0.5),
-    FusedMatmulGrad(_buf(F32, 6), _buf(F32, 12, 2), _buf(F32, 8, 3), 2, 4, 3,
-                    Epilogue.DRELU_BGRAD, aux=_buf(DType.U8, 32, 5), bias_grad=_buf(F32, 4, 4)),
-    Conv2dForward(_buf(F32, 150), _buf(F32, 108, 2), _buf(F32, 72, 3), (2, 3, 5, 5),
+                            CollectiveCall(CallKind.SEND, buf(F32, 8), None, 8, root=1)), 5.0),
+    FusedMatmul(buf(F32, 6), buf(F32, 12, 2), buf(F32, 8, 3), 2, 4, 3, Epilogue.BIAS_GELU,
+                bias=buf(F32, 4, 4), aux=buf(F32, 16, 5), beta=0.5),
+    FusedMatmulGrad(buf(F32, 6), buf(F32, 12, 2), buf(F32, 8, 3), 2, 4, 3,
+                    Epilogue.DRELU_BGRAD, aux=buf(DType.U8, 32, 5), bias_grad=buf(F32, 4, 4)),
+    Conv2dForward(buf(F32, 150), buf(F32, 108, 2), buf(F32, 72, 3), (2, 3, 5, 5),
                   (4, 3, 3, 3), (2, 4, 3, 3), layout=Layout.NHWC, autotune=True),
-    Conv2dBackwardData(_buf(BF16, 80), _buf(BF16, 72, 2), _buf(BF16, 200, 3), (2, 4, 2, 5),
+    Conv2dBackwardData(buf(BF16, 80), buf(BF16, 72, 2), buf(BF16, 200, 3), (2, 4, 2, 5),
                        (4, 2, 3, 3), (2, 4, 5, 5), (0, 1), (2, 1), groups=2),
-    Conv2dBackwardFilter(_buf(F64, 150), _buf(F64, 72, 2), _buf(F64, 108, 3), (2, 3, 5, 5),
+    Conv2dBackwardFilter(buf(F64, 150), buf(F64, 72, 2), buf(F64, 108, 3), (2, 3, 5, 5),
                          (2, 4, 3, 3), (4, 3, 3, 3), alpha=0.5, beta=1.0),
-    Pool2dForward(_buf(F32, 96), _buf(F32, 24, 2), (2, 3, 4, 4), (2, 3, 2, 2)),
-    Pool2dBackward(_buf(F16, 96), _buf(F16, 24, 2), _buf(F16, 24, 3), _buf(F16, 96, 4),
+    Pool2dForward(buf(F32, 96), buf(F32, 24, 2), (2, 3, 4, 4), (2, 3, 2, 2)),
+    Pool2dBackward(buf(F16, 96), buf(F16, 24, 2), buf(F16, 24, 3), buf(F16, 96, 4),
                    (2, 3, 4, 4), (2, 3, 2, 2), (3, 3), (1, 1), (0, 0),
                    PoolMode.AVG_EXCLUDE_PADDING),
-    SoftmaxForward(_buf(F32, 40), _buf(F32, 40, 2), (4, 10), SoftmaxMode.INSTANCE, log=True),
-    SoftmaxBackward(_buf(F32, 40), _buf(F32, 40, 2), _buf(F32, 40, 3), (4, 10)),
-    ActivationForward(_buf(F32, 12), _buf(F32, 12), (3, 4), Activation.ELU, coef=0.5),
-    ActivationBackward(_buf(F32, 12), _buf(F32, 12, 2), _buf(F32, 12, 3), (12,),
+    SoftmaxForward(buf(F32, 40), buf(F32, 40, 2), (4, 10), SoftmaxMode.INSTANCE, log=True),
+    SoftmaxBackward(buf(F32, 40), buf(F32, 40, 2), buf(F32, 40, 3), (4, 10)),
+    ActivationForward(buf(F32, 12), buf(F32, 12), (3, 4), Activation.ELU, coef=0.5),
+    ActivationBackward(buf(F32, 12), buf(F32, 12, 2), buf(F32, 12, 3), (12,),
                        Activation.GELU),
-    DropoutForward(_buf(F32, 8), _buf(F32, 8, 2), _buf(U8, 8, 3), (2, 4), 0.25, 42),
-    DropoutBackward(_buf(F32, 8), _buf(U8, 8, 2), _buf(F32, 8, 3), (8,), 0.25),
-    LrnForward(_buf(F32, 24), _buf(F32, 24, 2), (1, 6, 2, 2), n=3, layout=Layout.NHWC),
-    SdpaForward(_buf(BF16, 64), _buf(BF16, 128, 2), _buf(BF16, 128, 3), _buf(BF16, 64, 4), 1, 2,
-                1, 4, 16, 8, stats=_buf(F32, 8, 5), causal=True, window=4, sink_tokens=1,
-                block_table=_buf(I32, 2, 6), context_lens=_buf(I32, 1, 7), block_size=8),
-    SdpaBackward(*(_buf(F16, 64, i) for i in range(1, 6)), _buf(F32, 8, 9),
-                 *(_buf(F16, 64, i) for i in range(6, 9)), 1, 2, 2, 4, 4, 8, causal=True),
+    DropoutForward(buf(F32, 8), buf(F32, 8, 2), buf(U8, 8, 3), (2, 4), 0.25, 42),
+    DropoutBackward(buf(F32, 8), buf(U8, 8, 2), buf(F32, 8, 3), (8,), 0.25),
+    LrnForward(buf(F32, 24), buf(F32, 24, 2), (1, 6, 2, 2), n=3, layout=Layout.NHWC),
+    SdpaForward(buf(BF16, 64), buf(BF16, 128, 2), buf(BF16, 128, 3), buf(BF16, 64, 4), 1, 2,
+                1, 4, 16, 8, stats=buf(F32, 8, 5), causal=True, window=4, sink_tokens=1,
+                block_table=buf(I32, 2, 6), context_lens=buf(I32, 1, 7), block_size=8),
+    SdpaBackward(*(buf(F16, 64, i) for i in range(1, 6)), buf(F32, 8, 9),
+                 *(buf(F16, 64, i) for i in range(6, 9)), 1, 2, 2, 4, 4, 8, causal=True),
     SdpaSupport("sm_90", 128, 4, AttnMask.CAUSAL_SLIDING_WINDOW, 256, False, 4),
-    MultiHeadAttnForward(*(_buf(F32, 64, i) for i in range(1, 5)), 1, 4, 4, 2, 2, 8,
+    MultiHeadAttnForward(*(buf(F32, 64, i) for i in range(1, 5)), 1, 4, 4, 2, 2, 8,
                          mask=AttnMask.CAUSAL, dropout=0.1, dropout_seed=3),
-    MultiHeadAttnBackward(*(_buf(F32, 64, i) for i in range(1, 9)), 1, 4, 4, 2, 1, 8,
+    MultiHeadAttnBackward(*(buf(F32, 64, i) for i in range(1, 9)), 1, 4, 4, 2, 1, 8,
                           mask=AttnMask.SLIDING_WINDOW, window=2),
-    BatchNorm(_buf(F32, 24), _buf(F32, 24, 2), _buf(F32, 3, 3), _buf(F32, 3, 4), (2, 3, 4),
-              _buf(F32, 3, 5), _buf(F32, 3, 6), phase=NormPhase.INFERENCE),
-    LayerNorm(_buf(DType.BF16, 24), _buf(DType.BF16, 24, 2), _buf(F32, 12, 3), _buf(F32, 12, 4),
-              (2, 3, 4), 2, _buf(F32, 2, 5), _buf(F32, 2, 6), 1e-3),
-    InstanceNorm(_buf(F64, 24), _buf(F64, 24, 2), _buf(F64, 3, 3), _buf(F64, 3, 4), (2, 3, 4)),
-    GroupNorm(_buf(F32, 32), _buf(F32, 32, 2), _buf(F32, 4, 3), _buf(F32, 4, 4), (2, 4, 4), 2,
-              _buf(F32, 4, 5)),
-    RmsNorm(_buf(DType.F16, 24), _buf(DType.F16, 24, 2), _buf(F32, 4, 3), (6, 4), 1,
-            _buf(F32, 6, 4)),
-    NormBwd(_buf(F32, 24), _buf(F32, 24, 2), _buf(F32, 4, 3), None, _buf(F32, 6, 4),
-            _buf(F32, 24, 5), _buf(F32, 4, 6), None, (6, 4), NormMode.RMS),
-    RnnFwd(_buf(F32, 12), None, _buf(F32, 2 * (4 * 2 * 5 + 16), 2), _buf(F32, 24, 3),
-           _buf(F32, 8, 4), None, _buf(F32, 8, 5), RnnMode.LSTM, RnnDirection.BI, 1, 3, 2, 2,
+    BatchNorm(buf(F32, 24), buf(F32, 24, 2), buf(F32, 3, 3), buf(F32, 3, 4), (2, 3, 4),
+              buf(F32, 3, 5), buf(F32, 3, 6), phase=NormPhase.INFERENCE),
+    LayerNorm(buf(DType.BF16, 24), buf(DType.BF16, 24, 2), buf(F32, 12, 3), buf(F32, 12, 4),
+              (2, 3, 4), 2, buf(F32, 2, 5), buf(F32, 2, 6), 1e-3),
+    InstanceNorm(buf(F64, 24), buf(F64, 24, 2), buf(F64, 3, 3), buf(F64, 3, 4), (2, 3, 4)),
+    GroupNorm(buf(F32, 32), buf(F32, 32, 2), buf(F32, 4, 3), buf(F32, 4, 4), (2, 4, 4), 2,
+              buf(F32, 4, 5)),
+    RmsNorm(buf(DType.F16, 24), buf(DType.F16, 24, 2), buf(F32, 4, 3), (6, 4), 1,
+            buf(F32, 6, 4)),
+    NormBwd(buf(F32, 24), buf(F32, 24, 2), buf(F32, 4, 3), None, buf(F32, 6, 4),
+            buf(F32, 24, 5), buf(F32, 4, 6), None, (6, 4), NormMode.RMS),
+    RnnFwd(buf(F32, 12), None, buf(F32, 2 * (4 * 2 * 5 + 16), 2), buf(F32, 24, 3),
+           buf(F32, 8, 4), None, buf(F32, 8, 5), RnnMode.LSTM, RnnDirection.BI, 1, 3, 2, 2,
            2),
-    RnnBwd(_buf(F64, 12), _buf(F64, 42, 2), _buf(F64, 8, 3), _buf(F64, 12, 4),
-           _buf(F64, 42, 5), dh_in=_buf(F64, 4, 6), mode=RnnMode.GRU, input_size=3,
+    RnnBwd(buf(F64, 12), buf(F64, 42, 2), buf(F64, 8, 3), buf(F64, 12, 4),
+           buf(F64, 42, 5), dh_in=buf(F64, 4, 6), mode=RnnMode.GRU, input_size=3,
            hidden_size=2, seq_length=2, batch_size=2),
-    ParticleStep(_buf(F32, 12), _buf(F32, 12, 2), _buf(F32, 4, 3), _buf(I32, 1, 4), 4, 0.01,
+    ParticleStep(buf(F32, 12), buf(F32, 12, 2), buf(F32, 4, 3), buf(I32, 1, 4), 4, 0.01,
                  drag=0.5),
-    ParticleCompact(_buf(F32, 12), _buf(F32, 12, 2), _buf(F32, 4, 3), 4),
-    ClothStep(_buf(F32, 36), _buf(F32, 36, 2), _buf(F32, 12, 3), 4, 3, 0.1, 0.5, 4, 0.02,
+    ParticleCompact(buf(F32, 12), buf(F32, 12, 2), buf(F32, 4, 3), 4),
+    ClothStep(buf(F32, 36), buf(F32, 36, 2), buf(F32, 12, 3), 4, 3, 0.1, 0.5, 4, 0.02,
               wind=(1.0, 0.0, 0.5)),
-    FluidAddSource(_buf(F32, 12), _buf(F32, 15, 2), _buf(F32, 16, 3), 4, 3, 1, 2, 1.0, 0.5),
-    FluidStep(_buf(F32, 15), _buf(F32, 16, 2), _buf(F32, 12, 3), _buf(F32, 12, 4),
-              _buf(F32, 12, 5), _buf(F32, fluid_scratch(4, 3), 6), 4, 3, 0.05, viscosity=0.1),
-    FluidDivergence(_buf(F32, 15), _buf(F32, 16, 2), _buf(F32, 12, 3), 4, 3),
-    GridBuild(_buf(F32, 30), _buf(I32, 10, 2), _buf(I32, 16, 3), _buf(I32, 16, 4), 10, 16, 0.5),
-    GridQuery(_buf(F32, 30), _buf(I32, 10, 2), _buf(I32, 16, 3), _buf(I32, 16, 4),
-              _buf(F32, 6, 5), 10, 16, 0.5, 2, 0.75),
-    HashInsert(_TABLE, _buf(U8, 9, 24), _buf(U8, 6, 25), 3, 5),
-    HashLookup(_TABLE, _buf(U8, 9, 24), 3, _buf(U8, 6, 25), _buf(U8, 3, 26)),
-    HashErase(_TABLE, _buf(U8, 9, 24), 3),
-    BuildCsr(_buf(I32, 6, 31), _buf(I32, 6, 32), _buf(F32, 6, 33), 6, 3, 4, _buf(I32, 4, 34),
-             _buf(I32, 11, 35), _buf(F32, 11, 36), _csr()),
-    FilterFrames(_buf(U8, 24), _buf(F32, 24, 2), 2, 4, 3, _STAGES),
-    FrameStats(_buf(F32, 24), 2, 4, 3, 16, -1.0, 1.0),
-    BlendFrames(_buf(U8, 24), _buf(F32, 24, 2), _buf(U8, 24), 24, 0.25, 0.75),
+    FluidAddSource(buf(F32, 12), buf(F32, 15, 2), buf(F32, 16, 3), 4, 3, 1, 2, 1.0, 0.5),
+    FluidStep(buf(F32, 15), buf(F32, 16, 2), buf(F32, 12, 3), buf(F32, 12, 4),
+              buf(F32, 12, 5), buf(F32, fluid_scratch(4, 3), 6), 4, 3, 0.05, viscosity=0.1),
+    FluidDivergence(buf(F32, 15), buf(F32, 16, 2), buf(F32, 12, 3), 4, 3),
+    GridBuild(buf(F32, 30), buf(I32, 10, 2), buf(I32, 16, 3), buf(I32, 16, 4), 10, 16, 0.5),
+    GridQuery(buf(F32, 30), buf(I32, 10, 2), buf(I32, 16, 3), buf(I32, 16, 4),
+              buf(F32, 6, 5), 10, 16, 0.5, 2, 0.75),
+    HashInsert(_TABLE, buf(U8, 9, 24), buf(U8, 6, 25), 3, 5),
+    HashLookup(_TABLE, buf(U8, 9, 24), 3, buf(U8, 6, 25), buf(U8, 3, 26)),
+    HashErase(_TABLE, buf(U8, 9, 24), 3),
+    BuildCsr(buf(I32, 6, 31), buf(I32, 6, 32), buf(F32, 6, 33), 6, 3, 4, buf(I32, 4, 34),
+             buf(I32, 11, 35), buf(F32, 11, 36), _csr()),
+    FilterFrames(buf(U8, 24), buf(F32, 24, 2), 2, 4, 3, _STAGES),
+    FrameStats(buf(F32, 24), 2, 4, 3, 16, -1.0, 1.0),
+    BlendFrames(buf(U8, 24), buf(F32, 24, 2), buf(U8, 24), 24, 0.25, 0.75),
     LoadOnnxModel(b"\x08\x08:model", ("CPUExecutionProvider",), threads=2, spinning=True),
     RunOnnxModel("ab" * 32, (("x", np.ones((2, 3), np.float32)),
-                             ("m", DeviceTensor(_buf(F32, 8, 2), (2, 4)))),
-                 ("y",), (("z", DeviceTensor(_buf(F32, 6, 3), (2, 3))),)),
+                             ("m", DeviceTensor(buf(F32, 8, 2), (2, 4)))),
+                 ("y",), (("z", DeviceTensor(buf(F32, 6, 3), (2, 3))),)),
     UnloadOnnxModel("ab" * 32),
-    CubReduce(_buf(I32, 9, 41), _buf(I32, 1, 42), 8, ReduceKind.CUSTOM, "a > b ? a : b", -5.0),
-    CubScan(_buf(F32, 9, 41), _buf(F64, 9, 42), None, ScanKind.SUM, exclusive=True),
-    CubSort(_buf(DType.U32, 9, 41), _buf(DType.U32, 9, 42), 9, _buf(F32, 9, 43),
-            _buf(F32, 9, 44), descending=True, begin_bit=4, end_bit=20),
-    CubHistogramEven(_buf(F32, 9, 41), _buf(I32, 4, 42), 4, -1.0, 2.5),
-    CubHistogramRange(_buf(F32, 9, 41), _buf(F32, 5, 42), _buf(DType.U64, 4, 43), 4, 7),
-    CubSelect(_buf(F64, 9, 41), _buf(F64, 9, 42), _buf(DType.I64, 1, 43), None,
-              predicate="x > 0.5 && x < 2", partition=True),
-    CubUnique(_buf(U8, 9, 41), _buf(U8, 9, 42), _buf(I32, 1, 43), 6),
-    CubRunLengthEncode(_buf(I32, 9, 41), _buf(I32, 9, 42), _buf(DType.U32, 9, 43),
-                       _buf(DType.I64, 1, 44)),
-    CubSegmentedReduce(_buf(F32, 9, 41), _buf(F32, 3, 42), _buf(DType.I64, 4, 43), 3,
-                       ReduceKind.MAX),
-    CubSegmentedSort(_buf(F32, 9, 41), _buf(F32, 9, 42), _buf(I32, 4, 43), 3, 9,
-                     _buf(I32, 9, 44), _buf(I32, 9, 45), descending=True),
-    LinearForward(_buf(F32, 12, 51), _buf(F32, 20, 52), _buf(F32, 15, 53), 3, 4, 5, 0, 20 - 5),
-    LinearBackward(_buf(F32, 12, 51), _buf(F32, 20, 52), _buf(F32, 15, 53), _buf(F32, 20, 54),
-                   _buf(F32, 12, 55), 3, 4, 5, 0, None),
-    LayerNormForward(_buf(F64, 12, 51), _buf(F64, 8, 52), _buf(F64, 12, 53), _buf(F64, 3, 54),
-                     _buf(F64, 3, 55), 3, 4, 0, 4, 1e-5),
-    LayerNormBackward(_buf(F32, 12, 51), _buf(F32, 8, 52), _buf(F32, 12, 53), _buf(F32, 3, 54),
-                      _buf(F32, 3, 55), _buf(F32, 8, 56), None, 3, 4, 0, 4),
-    SoftmaxCrossEntropy(_buf(F32, 12, 51), _buf(I32, 3, 52), _buf(F32, 1, 53),
-                        _buf(F32, 12, 54), 3, 4, label_smoothing=0.1, grad_scale=0.5),
-    MseLoss(_buf(F32, 12, 51), _buf(F32, 12, 52), _buf(F32, 1, 53), None, 12),
-    SgdUpdate(_buf(F32, 20, 51), _buf(F32, 20, 52), _buf(F32, 20, 53), 5, 15, 0.1,
+    LinearForward(buf(F32, 12, 51), buf(F32, 20, 52), buf(F32, 15, 53), 3, 4, 5, 0, 20 - 5),
+    LinearBackward(buf(F32, 12, 51), buf(F32, 20, 52), buf(F32, 15, 53), buf(F32, 20, 54),
+                   buf(F32, 12, 55), 3, 4, 5, 0, None),
+    LayerNormForward(buf(F64, 12, 51), buf(F64, 8, 52), buf(F64, 12, 53), buf(F64, 3, 54),
+                     buf(F64, 3, 55), 3, 4, 0, 4, 1e-5),
+    LayerNormBackward(buf(F32, 12, 51), buf(F32, 8, 52), buf(F32, 12, 53), buf(F32, 3, 54),
+                      buf(F32, 3, 55), buf(F32, 8, 56), None, 3, 4, 0, 4),
+    SoftmaxCrossEntropy(buf(F32, 12, 51), buf(I32, 3, 52), buf(F32, 1, 53),
+                        buf(F32, 12, 54), 3, 4, label_smoothing=0.1, grad_scale=0.5),
+    MseLoss(buf(F32, 12, 51), buf(F32, 12, 52), buf(F32, 1, 53), None, 12),
+    SgdUpdate(buf(F32, 20, 51), buf(F32, 20, 52), buf(F32, 20, 53), 5, 15, 0.1,
               momentum=0.9, nesterov=True, weight_decay=1e-4, first_step=True),
-    AdamUpdate(_buf(F32, 20, 51), _buf(F32, 20, 52), _buf(F32, 20, 53), _buf(F32, 20, 54), 0,
+    AdamUpdate(buf(F32, 20, 51), buf(F32, 20, 52), buf(F32, 20, 53), buf(F32, 20, 54), 0,
                20, 1e-3, 3, decoupled=True, weight_decay=0.01),
-    FillZeros(_buf(F32, 20, 51), 4),
-    GradCheck((_buf(F32, 20, 51), _buf(F32, 8, 52)), _buf(F32, 3, 53)),
-    CutlassGemm(_buf(BF16, 48, 51), _buf(BF16, 64, 52), _buf(BF16, 24, 53), 3, 8, 8,
-                CutlassEpilogue().scale(0.5).bias(_buf(BF16, 3, 54), "row")
-                .residual_add(_buf(BF16, 24, 55), 2.0).gelu().reduce(_buf(F32, 8, 56), "column")),
-    CutlassGroupedGemm(_buf(F16, 9, 51), _buf(F16, 20, 52), _buf(F16, 13, 53),
+    FillZeros(buf(F32, 20, 51), 4),
+    GradCheck((buf(F32, 20, 51), buf(F32, 8, 52)), buf(F32, 3, 53)),
+    CutlassGemm(buf(BF16, 48, 51), buf(BF16, 64, 52), buf(BF16, 24, 53), 3, 8, 8,
+                CutlassEpilogue().scale(0.5).bias(buf(BF16, 3, 54), "row")
+                .residual_add(buf(BF16, 24, 55), 2.0).gelu().reduce(buf(F32, 8, 56), "column")),
+    CutlassGroupedGemm(buf(F16, 9, 51), buf(F16, 20, 52), buf(F16, 13, 53),
                        ((1, 1, 1), (0, 4, 2), (3, 4, 2)), alpha=0.5),
-    CutlassConv2d(_buf(F32, 2 * 5 * 5 * 4, 51), _buf(F32, 8 * 3 * 3 * 4, 52),
-                  _buf(F32, 2 * 3 * 5 * 8, 53), 2, 5, 5, 4, 8, 3, 3, pad=(0, 1), stride=(1, 1),
-                  dilation=(1, 1), alpha=2.0, bias=_buf(F32, 8, 54)),
+    CutlassConv2d(buf(F32, 2 * 5 * 5 * 4, 51), buf(F32, 8 * 3 * 3 * 4, 52),
+                  buf(F32, 2 * 3 * 5 * 8, 53), 2, 5, 5, 4, 8, 3, 3, pad=(0, 1), stride=(1, 1),
+                  dilation=(1, 1), alpha=2.0, bias=buf(F32, 8, 54)),
     CutlassStats(),
-    CutlassGemmFp8(_buf(U8, 32 * 16, 51), _buf(U8, 16 * 16, 52),
-                   _buf(BF16, 32 * 16, 53), 32, 16, 16,
-                   CutlassEpilogue().bias(_buf(BF16, 16, 54)).relu(), "e4m3", "e5m2", 0.5, 2.0),
+    CutlassGemmFp8(buf(U8, 32 * 16, 51), buf(U8, 16 * 16, 52),
+                   buf(BF16, 32 * 16, 53), 32, 16, 16,
+                   CutlassEpilogue().bias(buf(BF16, 16, 54)).relu(), "e4m3", "e5m2", 0.5, 2.0),
     CallFunction(UserCode(len, "len", 7), Packed((BufferArg(0), 2, "x"), {"k": 1.5}),
-                 (_buf(F32, 8, 61),), "numpy", keep=True, pure=True),
+                 (buf(F32, 8, 61),), "numpy", keep=True, pure=True),
     BuildResident(8, UserCode(dict, "table", 8), Packed((), {"size": 3})),
     FreeResident(8),
-    ViewBuffer(_buf(F64, 4, 62)),
+    ViewBuffer(buf(F64, 4, 62)),
     AdoptArray(np.arange(4.0)),
+    *collected(),  # the libraries that keep their examples in op_examples/
 ]
 
 
@@ -656,7 +627,7 @@ def test_linalg_checks_match_the_plain_reference(op: LinalgOp) -> None:
 def test_matrix_of_resolves_like_the_plain_reference(
     rows: int, cols: int, ld: int | None, trans: bool, batch: int, stride: int | None
 ) -> None:
-    ref = _buf(F32, 64)
+    ref = buf(F32, 64)
     made = Matrix.of("a", ref, rows, cols, ld, trans=trans, batch=batch, stride=stride)
     assert type(made) is Matrix
     assert made == Matrix(*_reference_of("a", ref, rows, cols, ld, trans=trans, batch=batch,
@@ -668,15 +639,15 @@ def test_operands_are_immutable_hashable_picklable_tuples() -> None:
     assert Matrix._field_defaults == {"batch": 1, "stride": 0}
     assert Vector._fields == ("name", "ref", "n", "inc")
     assert Vector._field_defaults == {"inc": 1}
-    a, _, c = Gemm(_buf(F32, 64), _buf(F32, 64, 2), _buf(F32, 64, 3), 8, 4, 2).operands()
-    assert a == Matrix("a", _buf(F32, 64), 8, 2, 8, 1, 16)
+    a, _, c = Gemm(buf(F32, 64), buf(F32, 64, 2), buf(F32, 64, 3), 8, 4, 2).operands()
+    assert a == Matrix("a", buf(F32, 64), 8, 2, 8, 1, 16)
     assert (a.single_extent, a.extent, c.extent) == (16, 16, 32)
     same = Matrix(a.name, a.ref, a.rows, a.cols, a.ld, a.batch, a.stride)
     assert hash(a) == hash(same) and repr(a) == repr(same)
     assert pickle.loads(pickle.dumps(a)) == a
     with pytest.raises(AttributeError):
         a.rows = 1  # type: ignore[misc]
-    x = Vector("x", _buf(F32, 7), 4, -2)
+    x = Vector("x", buf(F32, 7), 4, -2)
     assert x.extent == 7 and pickle.loads(pickle.dumps(x)) == x
     with pytest.raises(AttributeError):
         x.n = 1  # type: ignore[misc]
@@ -690,41 +661,41 @@ def test_linalg_ops_stay_slotted_frozen(op: Any) -> None:
 
 
 BAD: list[tuple[Callable[[], Op], str]] = [
-    (lambda: Gemm(_buf(F32, 4), _buf(F32, 4), _buf(F32, 4), -1, 2, 2),
+    (lambda: Gemm(buf(F32, 4), buf(F32, 4), buf(F32, 4), -1, 2, 2),
      "m must be a non-negative int, got -1"),
-    (lambda: Gemm(_buf(F32, 9), _buf(F32, 9), _buf(F32, 9), 3, 3, 3, lda=2),
+    (lambda: Gemm(buf(F32, 9), buf(F32, 9), buf(F32, 9), 3, 3, 3, lda=2),
      "leading dimension of a is 2; it must be >= 3"),
-    (lambda: Gemm(_buf(F32, 9), _buf(F32, 9), _buf(F32, 9), 3, 3, 3, lda=0),
+    (lambda: Gemm(buf(F32, 9), buf(F32, 9), buf(F32, 9), 3, 3, 3, lda=0),
      "leading dimension of a must be a positive int, got 0"),
-    (lambda: Gemm(_buf(F32, 9), _buf(F32, 9), _buf(F32, 9), 3, 3, 3, ldb=1.5),  # type: ignore[arg-type]
+    (lambda: Gemm(buf(F32, 9), buf(F32, 9), buf(F32, 9), 3, 3, 3, ldb=1.5),  # type: ignore[arg-type]
      "stride of b must be a non-negative int, got 4.5"),
-    (lambda: Gemm(_buf(F32, 4), _buf(F64, 4), _buf(F32, 4), 2, 2, 2),
+    (lambda: Gemm(buf(F32, 4), buf(F64, 4), buf(F32, 4), 2, 2, 2),
      "b has dtype f64 but a has f32"),
-    (lambda: Gemm(_buf(F32, 4), _buf(F32, 4), _buf(F32, 4), 2, 2, 2, alpha=1j),
+    (lambda: Gemm(buf(F32, 4), buf(F32, 4), buf(F32, 4), 2, 2, 2, alpha=1j),
      "alpha must be a real number for f32 operands, got 1j"),
-    (lambda: Gemm(_buf(C64, 4), _buf(C64, 4), _buf(C64, 4), 2, 2, 2, conj_a=True),
+    (lambda: Gemm(buf(C64, 4), buf(C64, 4), buf(C64, 4), 2, 2, 2, conj_a=True),
      "a asks for a conjugate without a transpose"),
-    (lambda: GemmStridedBatched(_buf(F32, 8), _buf(F32, 8), _buf(F32, 8), 2, 2, 2, 2,
+    (lambda: GemmStridedBatched(buf(F32, 8), buf(F32, 8), buf(F32, 8), 2, 2, 2, 2,
                                 stride_c=3),
      "stride of c is 3; the written matrices overlap unless it is >= 4"),
-    (lambda: Axpy(4, 1.0, _buf(F32, 4), _buf(F32, 9), incy=-3),
+    (lambda: Axpy(4, 1.0, buf(F32, 4), buf(F32, 9), incy=-3),
      "y needs 10 elements but its buffer holds 9"),
-    (lambda: Axpy(4, 1.0, _buf(F32, 4), _buf(F32, 9), incx=0),
+    (lambda: Axpy(4, 1.0, buf(F32, 4), buf(F32, 9), incx=0),
      "increment of x must be a non-zero int, got 0"),
-    (lambda: Nrm2(3, _buf(F32, 9), incx=-1), "incx must be a positive int, got -1"),
-    (lambda: Orgqr(_buf(F32, 12), _buf(F32, 3), 3, 4, 2),
+    (lambda: Nrm2(3, buf(F32, 9), incx=-1), "incx must be a positive int, got -1"),
+    (lambda: Orgqr(buf(F32, 12), buf(F32, 3), 3, 4, 2),
      "orgqr needs m >= n >= k, got m=3, n=4, k=2"),
-    (lambda: Fft(_buf(C64, 8), _buf(C64, 8, 2), (4, 0), FftKind.C2C),
+    (lambda: Fft(buf(C64, 8), buf(C64, 8, 2), (4, 0), FftKind.C2C),
      "shape[1] must be a positive int, got 0"),
-    (lambda: RngFill(_buf(F32, 8), Distribution.UNIFORM, 1, 0, (1.0, 0.0)),
+    (lambda: RngFill(buf(F32, 8), Distribution.UNIFORM, 1, 0, (1.0, 0.0)),
      "high (0.0) must exceed low (1.0)"),
-    (lambda: RngFill(_buf(I32, 8), Distribution.NORMAL, 1),
+    (lambda: RngFill(buf(I32, 8), Distribution.NORMAL, 1),
      "out of a NORMAL fill has dtype i32; expected one of f32, f64"),
-    (lambda: RngFill(_buf(F32, 8), Distribution.NORMAL, 1, 0, (0.0, Fraction(1, 2))),  # type: ignore[arg-type]
+    (lambda: RngFill(buf(F32, 8), Distribution.NORMAL, 1, 0, (0.0, Fraction(1, 2))),  # type: ignore[arg-type]
      "stddev must be a finite real number, got Fraction(1, 2)"),
-    (lambda: Upload(_buf(F32, 8), np.ones(4, np.float64)),
+    (lambda: Upload(buf(F32, 8), np.ones(4, np.float64)),
      "upload data has dtype float64 but the buffer holds f32"),
-    (lambda: CopyBuffer(_buf(F32, 8), _buf(F32, 4, 2), 8),
+    (lambda: CopyBuffer(buf(F32, 8), buf(F32, 4, 2), 8),
      "dst needs 8 elements but its buffer holds 4"),
 ]
 
@@ -748,7 +719,7 @@ class _TwoRefs(_OneRef):
 
 
 def test_refs_are_the_fields_each_class_declares_as_buffers() -> None:
-    a, b = _buf(F32, 4), _buf(F32, 4, 2)
+    a, b = buf(F32, 4), buf(F32, 4, 2)
     assert _OneRef(a).refs() == (a,)
     assert _TwoRefs(a, b).refs() == (a, b)
     assert _TwoRefs(a, b, 3).refs() == (a, b)
@@ -790,12 +761,12 @@ def _holds_array(value: object) -> bool:
 _VALUES: list[Any] = [
     _TABLE,
     *_STAGES,
-    _buf(F32, 8, 3, owner=12345),
+    buf(F32, 8, 3, owner=12345),
     _KERNEL,
     _GRAPH,
     _csr(),
     PeerSource(1, 0, C64, 4, 64, None, 0),
-    DeviceTensor(_buf(F32, 8), (2, 4)),
+    DeviceTensor(buf(F32, 8), (2, 4)),
     OnnxModelInfo("ab" * 32, (OnnxTensorInfo("x", "float32", (None, 4)),),
                   (OnnxTensorInfo("y", "float32", (None, 2)),), ("CPUExecutionProvider",)),
     *DType,
@@ -822,7 +793,7 @@ def test_copies_give_equal_objects(value: Any) -> None:
 
 
 def test_unpickling_skips_validate() -> None:
-    bad = Gemm(_buf(F32, 4), _buf(F64, 4), _buf(F32, 4), -1, 2, 2, lda=0)
+    bad = Gemm(buf(F32, 4), buf(F64, 4), buf(F32, 4), -1, 2, 2, lda=0)
     with pytest.raises(InvalidArgument):
         bad.validate()
     _assert_same(pickle.loads(pickle.dumps(bad, protocol=5)), bad)
@@ -840,7 +811,7 @@ def test_unpickling_skips_validate() -> None:
 
 
 def test_a_subclass_unpickles_as_itself() -> None:
-    a, b = _buf(F32, 4), _buf(F32, 4, 2)
+    a, b = buf(F32, 4), buf(F32, 4, 2)
     for value in (_OneRef(a), _TwoRefs(a, b, 3), _OneRef(b)):
         _assert_same(pickle.loads(pickle.dumps(value, protocol=5)), value)
 
