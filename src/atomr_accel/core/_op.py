@@ -36,6 +36,7 @@ __all__ = [
     "HitRate",
     "checked",
     "is_int",
+    "kept",
     "made",
     "positive_ints",
     "remembered",
@@ -530,6 +531,12 @@ def checked(op: T) -> T:
     if key is not None:
         _remember(key, fixed)
     return fixed
+
+
+def kept(op: object) -> bool:
+    """Whether ``op`` is an op the memo holds: a repeated call gives the same object, so
+    what is derived from it may be kept by its identity."""
+    return _KEPT.get(id(op)) is op
 
 
 def remembered(op: object) -> bool:

@@ -16,6 +16,7 @@ import mmap
 import os
 import signal
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar
 
 import cupy as cp
@@ -42,38 +43,32 @@ from atomr_accel.backends.cuda import _kernels as cuda_kernels
 from atomr_accel.backends.cuda import _prepared as prepared
 from atomr_accel.backends.cuda import _rng as cuda_rng
 from atomr_accel.backends.cuda._completion import Event, event_done, make_completion
+from atomr_accel.backends.cuda._cuda_errors import (
+    STICKY_ERRORS,
+    STICKY_TEXTS,
+    classified,
+    translate_cuda_error,
+)
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     ContextPoisoned,
     DeviceUnavailable,
     GpuRuntimeError,
     InvalidArgument,
-    LibraryError,
     OutOfMemory,
     Unrecoverable,
     interrupt_in,
 )
-from atomr_accel.core._op import Op
+from atomr_accel.core._op import Op, kept
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._graph import OpSequence
 from atomr_accel.core.ops._memory import Advice, Attach, Location, Upload
 from atomr_accel.core.ops._rng import RngFill
 
-__all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend"]
+__all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend", "translate_cuda_error"]
 
 DEFAULT_COMPLETION = "inline"
 """The completion strategy a device uses unless told otherwise (see benchmarks/gpu_overhead.py)."""
-
-STICKY_ERRORS = frozenset({700, 710, 714, 715, 716, 717, 719, 999})
-"""CUDA runtime errors after which the context is unusable (illegal address, ...)."""
-
-_STICKY_TEXTS = (
-    "an illegal memory access was encountered", "unspecified launch failure",
-    "misaligned address", "an illegal instruction was encountered",
-    "device-side assert triggered", "hardware stack error",
-    "operation not supported on global/shared address space", "CUDA error: unknown error",
-)
-"""How torch words the errors of ``STICKY_ERRORS`` ("CUDA error: <text>")."""
 
 _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the host)
     Advice.READ_MOSTLY: (1, False),
@@ -88,6 +83,8 @@ _ADVICE = {  # Advice -> (cudaMemoryAdvise code, whether the location is the hos
 }
 _ATTACH_FLAGS = {Attach.GLOBAL: 1, Attach.HOST: 2}  # cudaMemAttachGlobal, cudaMemAttachHost
 
+_KEPT_OPS = 1024
+"""How many ops' buffer ids a backend keeps (past it, it forgets them all)."""
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
 _HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
 
@@ -120,7 +117,7 @@ extern "C" __global__ void atomr_poison(int* p) { p[threadIdx.x] = 42; }
 """
 
 
-Queued = tuple[Any, int, Any, set[int], set[int]]
+Queued = tuple[Any, int, Any, AbstractSet[int], AbstractSet[int]]
 """An op queued with no event recorded yet: (result, stream id, stream, buffers it touches,
 buffers it writes)."""
 
@@ -152,6 +149,8 @@ class CudaBackend(Backend):
         self._last_write: dict[int, tuple[int, Any]] = {}  # buffer id -> (stream id, event)
         self._reads: dict[int, dict[int, Any]] = {}  # buffer id -> stream id -> event
         self._streams: dict[int, Any] = {}
+        self._buffer_ids: dict[int, tuple[Op, frozenset[int], frozenset[int]]] = {}
+        """Op id -> (op, buffers it touches, buffers it writes), for ops the memo holds."""
         self._next_id = 1
         self._registered: list[tuple[int, int]] = []  # page-locked regions: (address, end)
         self.exported: dict[int, Any] = {}
@@ -193,8 +192,7 @@ class CudaBackend(Backend):
         """Queue ``op`` on ``stream`` behind the work it depends on, recording no event yet
         (``record`` does, once what the handler left pending, an NCCL group, is launched)."""
         s = self._streams.get(stream) or self.cuda_stream(stream)
-        written = {ref.buffer_id for ref in op.writes()}
-        touched = {ref.buffer_id for ref in op.refs()}
+        touched, written = self._buffers_of(op)
         last_write, reads = self._last_write, self._reads
         for buffer_id in touched:  # read-after-write, and write-after-read for outputs
             last = last_write.get(buffer_id)
@@ -208,6 +206,20 @@ class CudaBackend(Backend):
             self.stream = stream
             result = self.run_handler(op)
         return result, stream, s, touched, written
+
+    def _buffers_of(self, op: Op) -> tuple[AbstractSet[int], AbstractSet[int]]:
+        """The ids of the buffers ``op`` touches and of those it writes; kept by op object for
+        an op the memo holds (a repeated call hands the same object again)."""
+        held = self._buffer_ids.get(id(op))
+        if held is not None and held[0] is op:
+            return held[1], held[2]
+        touched = frozenset([ref.buffer_id for ref in op.refs()])
+        written = frozenset([ref.buffer_id for ref in op.writes()])
+        if kept(op):
+            if len(self._buffer_ids) >= _KEPT_OPS:
+                self._buffer_ids.clear()
+            self._buffer_ids[id(op)] = (op, touched, written)
+        return touched, written
 
     def record(self, queued: Queued) -> Any:
         """Record the event behind a queued op (this device current); its buffers remember
@@ -229,13 +241,13 @@ class CudaBackend(Backend):
         try:
             result, s, event = self._enqueue(op, stream)
         except BaseException as exc:
-            done(None, _classified(exc, op, probe=True))  # on the launching thread
+            done(None, classified(exc, op, probe=True))  # on the launching thread
             return
 
         def report(value: Any, error: BaseException | None) -> None:
             if isinstance(value, Deferred):
                 value, error = _settle(value, error)
-            done(value, None if error is None else _classified(error, op))
+            done(value, None if error is None else classified(error, op))
 
         self.completion.watch(stream, s, event, result, report)
 
@@ -255,7 +267,7 @@ class CudaBackend(Backend):
         except BaseException as exc:
             if interrupt_in(exc) is not None:  # this (calling) thread was interrupted: the caller's
                 raise
-            raise _classified(exc, op, probe=True) from exc
+            raise classified(exc, op, probe=True) from exc
         return op, result, event
 
     def finished(self, started: Any) -> bool:
@@ -266,7 +278,7 @@ class CudaBackend(Backend):
         except BaseException as exc:
             if interrupt_in(exc) is not None:  # this (calling) thread was interrupted: the caller's
                 raise
-            raise _classified(exc, op) from exc
+            raise classified(exc, op) from exc
 
     def wait(self, started: Any, deadline: float | None) -> Any:
         """Spin, then park, until the op's event has completed; return the op's result.
@@ -282,7 +294,7 @@ class CudaBackend(Backend):
             except BaseException as exc:
                 if interrupt_in(exc) is not None:  # this (calling) thread was interrupted
                     raise
-                raise _classified(exc, started[0]) from exc
+                raise classified(exc, started[0]) from exc
         return result
 
     def start_ranks(self, parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any]:
@@ -292,7 +304,7 @@ class CudaBackend(Backend):
         for index, ((backend, op, _), entry) in enumerate(zip(parts, started, strict=True)):
             if isinstance(entry, BaseException) and interrupt_in(entry) is None:
                 with cp.cuda.Device(backend.device_id):
-                    started[index] = _classified(entry, op, probe=True)
+                    started[index] = classified(entry, op, probe=True)
         return started
 
     def queues_only(self, op: Op) -> bool:
@@ -387,7 +399,7 @@ class CudaBackend(Backend):
             return error if isinstance(error, ContextPoisoned | OutOfMemory) else None
         text = str(exc)
         if isinstance(exc, RuntimeError) and "CUDA error" in text:
-            if any(sticky in text for sticky in _STICKY_TEXTS):
+            if any(sticky in text for sticky in STICKY_TEXTS):
                 return ContextPoisoned(f"a sticky CUDA error in user code: {text}")
             if "out of memory" in text:
                 return OutOfMemory(f"user code ran out of device memory: {text}")
@@ -535,48 +547,6 @@ def _settle(deferred: Deferred, error: BaseException | None
     except BaseException as exc:
         return None, error or exc
     return (None, error) if error is not None else (result, None)
-
-
-def _classified(exc: BaseException, op: Op, probe: bool = False) -> BaseException:
-    return exc if isinstance(exc, GpuRuntimeError) else translate_cuda_error(exc, op, probe)
-
-
-def translate_cuda_error(exc: BaseException, op: Op, probe: bool = False) -> GpuRuntimeError:
-    """Classify a CuPy/CUDA exception: sticky faults poison the context. With ``probe`` (on
-    the thread that queued ``op``, never in a CUDA callback), a library's own error is
-    checked against the context's state (``_unless_sticky``)."""
-    if isinstance(exc, cp.cuda.memory.OutOfMemoryError):
-        return OutOfMemory(str(exc))
-    status = getattr(exc, "status", None)
-    kind = type(exc).__name__
-    if kind in ("CUDARuntimeError", "CUDADriverError"):  # runtime and driver codes agree here
-        if status in STICKY_ERRORS:
-            return ContextPoisoned(f"CUDA error {status} during {type(op).__name__}: {exc}")
-        if status == 2:  # cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY
-            return OutOfMemory(str(exc))
-        error = LibraryError("cuda", status, str(exc))
-    else:
-        error = LibraryError(op.library, status if status is not None else type(exc).__name__,
-                             str(exc))
-    return _unless_sticky(error, op) if probe else error
-
-
-def _unless_sticky(error: LibraryError, op: Op) -> GpuRuntimeError:
-    """``error``, unless the context holds a sticky fault: a library call caught by one (a
-    kernel of another stream stored through a bad address) may report it in its own words,
-    such as cuBLAS's ``CUBLAS_STATUS_INTERNAL_ERROR``; then it is ``ContextPoisoned``.
-    Querying the null stream tells without waiting: it answers the sticky error, if any
-    (CuPy returns the status, or raises it)."""
-    try:
-        status = cp.cuda.runtime.streamQuery(0)
-    except Exception as exc:
-        status = getattr(exc, "status", None)
-    if status not in STICKY_ERRORS:
-        return error
-    poisoned = ContextPoisoned(f"{error} during {type(op).__name__}; the context holds the "
-                               f"sticky CUDA error {status}")
-    poisoned.__cause__ = error
-    return poisoned
 
 
 @cuda.handles(InjectFault)
