@@ -456,6 +456,88 @@ def test_a_storm_of_signal_handler_exceptions_leaves_nothing_held(env: Env) -> N
     _intact(env, generation)
 
 
+def test_signal_handler_exceptions_while_other_threads_hold_the_context_leave_nothing_held(
+        ) -> None:
+    """Three threads keep a thread host's context busy with blocking gemms while a signal
+    handler's exceptions land in the main thread's own blocking calls, wherever they are
+    (waiting for the context asleep behind another waiter, yielding for it, holding it):
+    each call answers or raises the user's exception, and afterwards eight threads' calls
+    all answer at once with the right values (a waiting place left taken would keep every
+    contended caller waiting until its deadline)."""
+    n = 8
+    x = np.random.default_rng(13).standard_normal((n, n))
+    with System.open("storm-contended") as system:
+        dev = system.spawn_device(mock=True, isolation="thread")
+        a = dev.allocate_f64(n * n)
+        dev.copy_from_numpy(a, x.ravel())
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def busy() -> None:
+            out = dev.allocate_f64(n * n)
+            try:
+                while not stop.is_set():
+                    dev.blas().gemm_f64(a, a, out, m=n, n=n, k=n, timeout_secs=10)
+            except BaseException as exc:
+                errors.append(exc)
+
+        workers = [threading.Thread(target=busy) for _ in range(3)]
+        delays = iter(np.random.default_rng(14).uniform(2e-5, 5e-4, 1 << 16))
+
+        def arm() -> None:
+            signal.setitimer(signal.ITIMER_PROF, float(next(delays)))
+
+        def alarm(signum: int, frame: Any) -> None:
+            if _in_collector_callback(frame):
+                arm()
+                return
+            while frame is not None:
+                if "atomr_accel" in frame.f_code.co_filename:
+                    raise Alarm(f"signal {signum}")
+                frame = frame.f_back
+            arm()
+
+        c = dev.allocate_f64(n * n)
+        interrupted = answered = 0
+        previous = signal.signal(signal.SIGPROF, alarm)
+        for worker in workers:
+            worker.start()
+        try:
+            end = time.perf_counter() + 6.0
+            while time.perf_counter() < end and min(interrupted, answered) < 300:
+                try:
+                    if signal.getitimer(signal.ITIMER_PROF)[0] == 0:
+                        arm()
+                    dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n, timeout_secs=10)
+                    answered += 1
+                except Alarm:
+                    interrupted += 1
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0, 0)
+            signal.signal(signal.SIGPROF, previous)
+            stop.set()
+            for worker in workers:
+                worker.join()
+        assert not errors, errors
+        assert interrupted > 20 and answered > 20, (interrupted, answered)
+        outs = [dev.allocate_f64(n * n) for _ in range(8)]
+        started = time.perf_counter()
+
+        def calls(out: Any) -> None:
+            for _ in range(50):
+                dev.blas().gemm_f64(a, a, out, m=n, n=n, k=n, timeout_secs=10)
+
+        threads = [threading.Thread(target=calls, args=(out,)) for out in outs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert time.perf_counter() - started < 5.0
+        for out in outs:
+            np.testing.assert_allclose(dev.copy_to_numpy(out).reshape(n, n), x @ x,
+                                       rtol=1e-12)
+
+
 def _in_collector_callback(frame: Any) -> bool:
     """Whether ``frame`` runs inside a callback of the garbage collector (a weak reference's
     or a ``__del__``): an exception raised there never reaches the call it interrupted,

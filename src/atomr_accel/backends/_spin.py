@@ -83,6 +83,13 @@ def owned_lock() -> OwnedLock:
     return cast(OwnedLock, threading.RLock())
 
 
+def _seconds_left(deadline: float | None) -> float:
+    """A lock's ``acquire`` timeout until ``deadline`` (``perf_counter``; None: -1, none)."""
+    if deadline is None:
+        return -1.0
+    return min(max(0.0, deadline - time.perf_counter()), threading.TIMEOUT_MAX)
+
+
 class Busy(Exception):
     """``hold(lock, wait=False)`` found the lock taken (or this thread's already)."""
 
@@ -96,7 +103,10 @@ def _reentered() -> InvalidArgument:
 class hold:  # noqa: N801 - used as a function: ``with hold(lock):``
     """Hold ``lock``, which a few threads contend for: yield the GIL and the core for a
     while before blocking on it. A thread that sleeps on a lock wakes up late, and every
-    thread behind it waits the longer for it (a lock convoy under the GIL).
+    thread behind it waits the longer for it (a lock convoy under the GIL). With a
+    ``room`` (an ``owned_lock`` kept beside ``lock``), a thread that finds ``lock`` taken
+    waits for the room first, asleep: one waiter at a time yields for ``lock``, so the
+    others do not take the GIL from its holder over and over.
 
     An exception that lands at any point (a signal handler's, which Python raises
     between two bytecodes) never leaves the lock held: while it is taken, whether this
@@ -108,12 +118,14 @@ class hold:  # noqa: N801 - used as a function: ``with hold(lock):``
     ``wait=False``, ``Busy`` at once when it is taken.
     """
 
-    __slots__ = ("_deadline", "_lock", "_refuse", "_wait")
+    __slots__ = ("_deadline", "_lock", "_refuse", "_room", "_wait")
     _TRIES = 50
 
     def __init__(self, lock: OwnedLock, refuse: Callable[[], None] | None = None,
-                 deadline: float | None = None, wait: bool = True) -> None:
+                 deadline: float | None = None, wait: bool = True,
+                 room: OwnedLock | None = None) -> None:
         self._lock = lock
+        self._room = room
         self._refuse = refuse
         """Called (to raise) before waiting for ``lock`` when it is taken: e.g. when this
         thread may be the holder."""
@@ -135,25 +147,57 @@ class hold:  # noqa: N801 - used as a function: ``with hold(lock):``
                 raise Busy
             if self._refuse is not None:
                 self._refuse()
-            for _ in range(self._TRIES):
-                yield_now()
-                if lock.acquire(blocking=False):
-                    return
-            deadline = self._deadline
-            wait = -1.0 if deadline is None else \
-                min(max(0.0, deadline - time.perf_counter()), threading.TIMEOUT_MAX)
-            if not lock.acquire(timeout=wait):
-                raise TimeoutError("the context stayed busy past the op's deadline")
+            if self._room is None:
+                self._take(lock)
+            else:
+                with _Asleep(self._room, self._deadline):
+                    self._take(lock)
         except BaseException:
             if lock._is_owned():  # taken just before the exception landed
                 lock.release()
             raise
+
+    def _take(self, lock: OwnedLock) -> None:
+        """Yield for ``lock`` a few times, then block on it until the deadline."""
+        for _ in range(self._TRIES):
+            yield_now()
+            if lock.acquire(blocking=False):
+                return
+        if not lock.acquire(timeout=_seconds_left(self._deadline)):
+            raise TimeoutError("the context stayed busy past the op's deadline")
 
     @property
     def __exit__(self) -> Callable[..., object]:  # noqa: PLE0302 - the lock's, bound
         """The lock's own (C) ``__exit__``, looked up by ``with`` before ``__enter__``
         runs: it releases before any bytecode could raise."""
         return self._lock.__exit__
+
+
+class _Asleep:
+    """Hold ``room`` (``hold``'s), asleep on it until ``deadline``; given back as ``hold``
+    gives its lock back: by the lock's own C ``__exit__``, and on an exception that lands
+    while it is taken by asking the lock whether this thread holds it."""
+
+    __slots__ = ("_deadline", "_room")
+
+    def __init__(self, room: OwnedLock, deadline: float | None) -> None:
+        self._room = room
+        self._deadline = deadline
+
+    def __enter__(self) -> None:
+        room = self._room
+        try:
+            if not room.acquire(timeout=_seconds_left(self._deadline)):
+                raise TimeoutError("the context stayed busy past the op's deadline")
+        except BaseException:
+            if room._is_owned():
+                room.release()
+            raise
+
+    @property
+    def __exit__(self) -> Callable[..., object]:  # noqa: PLE0302 - the lock's, bound
+        """The room's own (C) ``__exit__``."""
+        return self._room.__exit__
 
 
 class Latch:

@@ -73,6 +73,9 @@ class ThreadHost(ContextHost):
         self._backend: Backend | None = None
         self._lock = owned_lock()
         """Held for every backend call that starts an op (and while the backend closes)."""
+        self._room = owned_lock()
+        """Where blocking callers that found the context taken wait, asleep, but one
+        (``hold``)."""
         self._put_lock = threading.Lock()
         """Held to put on the queue: never held for long, so an event loop may take it."""
         self._puts = itertools.count(1)
@@ -222,7 +225,7 @@ class ThreadHost(ContextHost):
         context thread), then wait for it here."""
         backend = self._backend
         assert backend is not None, "start() the host first"
-        with hold(self._lock, refuse_reentry, deadline):
+        with hold(self._lock, refuse_reentry, deadline, room=self._room):
             if self._closed:
                 ticket.unclaim()  # it never ran here
                 return None
