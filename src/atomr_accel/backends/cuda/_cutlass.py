@@ -12,6 +12,7 @@ architecture the kernels are planned and compiled for (8.0, 8.6, 8.9, 9.0,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 from typing import TYPE_CHECKING, Any
@@ -126,8 +127,9 @@ class _Launches:
         return int(handle)
 
     def __del__(self) -> None:
-        for launch in self._kept.values():
-            self._release(None, launch)
+        with contextlib.suppress(Exception):  # at interpreter exit the libraries may be gone
+            for launch in self._kept.values():
+                self._release(None, launch)
 
 
 _launches_of = per_backend(_Launches)
