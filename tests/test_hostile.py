@@ -413,38 +413,7 @@ def test_a_storm_of_signal_handler_exceptions_leaves_nothing_held(env: Env) -> N
         lambda: dev.copy_from_numpy(c, x.ravel()),
         dev.stats,  # an ask of the device actor, through the system's loop
     ]
-    delays = np.random.default_rng(12).uniform(2e-5, 5e-4, 1 << 16)
-    armed = iter(delays)
-
-    def arm() -> None:
-        signal.setitimer(signal.ITIMER_PROF, float(next(armed)))
-
-    def alarm(signum: int, frame: Any) -> None:
-        if _in_collector_callback(frame):  # Python swallows what is raised there
-            arm()
-            return
-        while frame is not None:  # only inside the package: the loop below stays exact
-            if "atomr_accel" in frame.f_code.co_filename:
-                raise Alarm(f"signal {signum}")
-            frame = frame.f_back
-        arm()  # landed outside a call: again, soon
-
-    interrupted = answered = 0
-    # SIGPROF, of CPU time: pytest-timeout holds SIGALRM
-    previous = signal.signal(signal.SIGPROF, alarm)
-    try:
-        end = time.perf_counter() + 8.0  # (SIGPROF counts CPU time: a waiting caller uses little)
-        while time.perf_counter() < end and min(interrupted, answered) < 500:
-            try:
-                if signal.getitimer(signal.ITIMER_PROF)[0] == 0:
-                    arm()  # the next one, once the last was raised
-                calls[(interrupted + answered) % len(calls)]()
-                answered += 1
-            except Alarm:
-                interrupted += 1
-    finally:
-        signal.setitimer(signal.ITIMER_PROF, 0, 0)
-        signal.signal(signal.SIGPROF, previous)
+    interrupted, answered = _storm(calls, 8.0, 500, seed=12)
     assert interrupted > 50 and answered > 50, (interrupted, answered)
     started = time.perf_counter()
     dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n, timeout_secs=10)
@@ -482,39 +451,14 @@ def test_signal_handler_exceptions_while_other_threads_hold_the_context_leave_no
                 errors.append(exc)
 
         workers = [threading.Thread(target=busy) for _ in range(3)]
-        delays = iter(np.random.default_rng(14).uniform(2e-5, 5e-4, 1 << 16))
-
-        def arm() -> None:
-            signal.setitimer(signal.ITIMER_PROF, float(next(delays)))
-
-        def alarm(signum: int, frame: Any) -> None:
-            if _in_collector_callback(frame):
-                arm()
-                return
-            while frame is not None:
-                if "atomr_accel" in frame.f_code.co_filename:
-                    raise Alarm(f"signal {signum}")
-                frame = frame.f_back
-            arm()
-
         c = dev.allocate_f64(n * n)
-        interrupted = answered = 0
-        previous = signal.signal(signal.SIGPROF, alarm)
         for worker in workers:
             worker.start()
         try:
-            end = time.perf_counter() + 6.0
-            while time.perf_counter() < end and min(interrupted, answered) < 300:
-                try:
-                    if signal.getitimer(signal.ITIMER_PROF)[0] == 0:
-                        arm()
-                    dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n, timeout_secs=10)
-                    answered += 1
-                except Alarm:
-                    interrupted += 1
+            interrupted, answered = _storm(
+                [lambda: dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n, timeout_secs=10)], 6.0, 300,
+                seed=14)
         finally:
-            signal.setitimer(signal.ITIMER_PROF, 0, 0)
-            signal.signal(signal.SIGPROF, previous)
             stop.set()
             for worker in workers:
                 worker.join()
@@ -536,6 +480,47 @@ def test_signal_handler_exceptions_while_other_threads_hold_the_context_leave_no
         for out in outs:
             np.testing.assert_allclose(dev.copy_to_numpy(out).reshape(n, n), x @ x,
                                        rtol=1e-12)
+
+
+def _storm(calls: list[Callable[[], object]], seconds: float, enough: int, seed: int,
+           ) -> tuple[int, int]:
+    """Run ``calls`` in turn while a signal handler raises ``Alarm`` at random moments, one
+    at a time, wherever a call has reached inside the package (never in a callback of the
+    garbage collector, where Python swallows it), until ``seconds`` pass or both counts
+    reach ``enough``: ``(interrupted, answered)``."""
+    armed = iter(np.random.default_rng(seed).uniform(2e-5, 5e-4, 1 << 16))
+
+    def arm() -> None:
+        signal.setitimer(signal.ITIMER_PROF, float(next(armed)))
+
+    def alarm(signum: int, frame: Any) -> None:
+        if _in_collector_callback(frame):  # Python swallows what is raised there
+            arm()
+            return
+        while frame is not None:  # only inside the package: the loop below stays exact
+            if "atomr_accel" in frame.f_code.co_filename:
+                raise Alarm(f"signal {signum}")
+            frame = frame.f_back
+        arm()  # landed outside a call: again, soon
+
+    interrupted = answered = 0
+    # SIGPROF, of CPU time: pytest-timeout holds SIGALRM
+    previous = signal.signal(signal.SIGPROF, alarm)
+    try:
+        # (SIGPROF counts CPU time: a waiting caller uses little)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end and min(interrupted, answered) < enough:
+            try:
+                if signal.getitimer(signal.ITIMER_PROF)[0] == 0:
+                    arm()  # the next one, once the last was raised
+                calls[(interrupted + answered) % len(calls)]()
+                answered += 1
+            except Alarm:
+                interrupted += 1
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        signal.signal(signal.SIGPROF, previous)
+    return interrupted, answered
 
 
 def _in_collector_callback(frame: Any) -> bool:
