@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Lru", "per_backend"]
+__all__ = ["ByIdentity", "Lru", "per_backend"]
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -83,3 +83,27 @@ class Lru(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+class ByIdentity(Generic[V]):
+    """Values derived from objects, kept by each object's identity: the object is held with
+    its value, so its ``id`` cannot pass to another object while it is kept. Past ``size``
+    objects it forgets them all (dropping the oldest one by one would cost more than the
+    lookups it saves)."""
+
+    __slots__ = ("_held", "_size")
+
+    def __init__(self, size: int) -> None:
+        self._held: dict[int, tuple[object, V]] = {}
+        self._size = size
+
+    def held(self, obj: object) -> V | None:
+        """The value kept for ``obj`` itself, or None."""
+        found = self._held.get(id(obj))
+        return None if found is None or found[0] is not obj else found[1]
+
+    def keep(self, obj: object, value: V) -> None:
+        """Keep ``value`` for ``obj``."""
+        if len(self._held) >= self._size:
+            self._held.clear()
+        self._held[id(obj)] = (obj, value)

@@ -35,7 +35,7 @@ from atomr_accel.backends._handlers import cuda, table
 from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends._optional import unavailable
 from atomr_accel.backends._spin import wait_until
-from atomr_accel.backends._state import Lru
+from atomr_accel.backends._state import ByIdentity, Lru
 from atomr_accel.backends.cuda import _collective as cuda_collective
 from atomr_accel.backends.cuda import _direct as direct
 from atomr_accel.backends.cuda import _ipc as cuda_ipc
@@ -149,8 +149,9 @@ class CudaBackend(Backend):
         self._last_write: dict[int, tuple[int, Any]] = {}  # buffer id -> (stream id, event)
         self._reads: dict[int, dict[int, Any]] = {}  # buffer id -> stream id -> event
         self._streams: dict[int, Any] = {}
-        self._buffer_ids: dict[int, tuple[Op, frozenset[int], frozenset[int]]] = {}
-        """Op id -> (op, buffers it touches, buffers it writes), for ops the memo holds."""
+        self._buffer_ids: ByIdentity[tuple[frozenset[int], frozenset[int]]] = \
+            ByIdentity(_KEPT_OPS)
+        """(buffers it touches, buffers it writes) of each op the memo holds."""
         self._next_id = 1
         self._registered: list[tuple[int, int]] = []  # page-locked regions: (address, end)
         self.exported: dict[int, Any] = {}
@@ -210,15 +211,13 @@ class CudaBackend(Backend):
     def _buffers_of(self, op: Op) -> tuple[AbstractSet[int], AbstractSet[int]]:
         """The ids of the buffers ``op`` touches and of those it writes; kept by op object for
         an op the memo holds (a repeated call hands the same object again)."""
-        held = self._buffer_ids.get(id(op))
-        if held is not None and held[0] is op:
-            return held[1], held[2]
+        held = self._buffer_ids.held(op)
+        if held is not None:
+            return held
         touched = frozenset([ref.buffer_id for ref in op.refs()])
         written = frozenset([ref.buffer_id for ref in op.writes()])
         if kept(op):
-            if len(self._buffer_ids) >= _KEPT_OPS:
-                self._buffer_ids.clear()
-            self._buffer_ids[id(op)] = (op, touched, written)
+            self._buffer_ids.keep(op, (touched, written))
         return touched, written
 
     def record(self, queued: Queued) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atomr_accel.backends._state import per_backend
+from atomr_accel.backends._state import ByIdentity, per_backend
 
 __all__ = ["PREPARING", "Prepared", "prepared_of", "prepares", "ran"]
 
@@ -25,30 +25,27 @@ class Prepared:
     ``checked`` answers an equal op of plain parts with the same object, so a repeated op
     skips the derivation; one kept with ``queues`` (what its first run built or compiled
     is there, and its run only queues device work) may be launched from an event loop
-    (the backend's ``queues_only``). An op is kept by its ``id`` and held, so the id
-    cannot pass to another object while it is kept. Past ``SIZE`` ops it forgets them
-    all."""
+    (the backend's ``queues_only``). An op is kept by its identity (``ByIdentity``); past
+    ``SIZE`` ops it forgets them all."""
 
     SIZE = 256
 
     def __init__(self) -> None:
-        self._made: dict[int, tuple[object, Any, bool]] = {}
+        self._made: ByIdentity[tuple[Any, bool]] = ByIdentity(self.SIZE)
 
     def find(self, op: object) -> Any:
         """What was kept for ``op``, or None."""
-        held = self._made.get(id(op))
-        return None if held is None or held[0] is not op else held[1]
+        held = self._made.held(op)
+        return None if held is None else held[0]
 
     def keep(self, op: object, made: Any, queues: bool) -> None:
         """Keep ``made`` for ``op``; ``queues``: its next runs only queue device work."""
-        if len(self._made) >= self.SIZE:
-            self._made.clear()
-        self._made[id(op)] = (op, made, queues)
+        self._made.keep(op, (made, queues))
 
     def queues(self, op: object) -> bool:
         """Whether ``op`` was kept as one whose run only queues device work."""
-        held = self._made.get(id(op))
-        return held is not None and held[0] is op and held[2]
+        held = self._made.held(op)
+        return held is not None and held[1]
 
 
 prepared_of = per_backend(Prepared)
