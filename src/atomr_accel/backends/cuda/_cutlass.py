@@ -157,12 +157,14 @@ def _run_epilogue_gemm(backend: CudaBackend, op: CutlassGemm | CutlassGemmFp8,
     launches = _launches_of(backend)
     key = (id(kernel), sm, *operands)  # kernels are loaded once and never unloaded
     handle = launches.find(key)
-    if handle is None and kernel.lib.atomr_workspace(m, n, k, sm) == 0:
-        handle = launches.prepare(key, kernel, plan, (*operands, None, sm, stream))
+    if handle is None:
+        nbytes = kernel.lib.atomr_workspace(m, n, k, sm)
+        if nbytes == 0:
+            handle = launches.prepare(key, kernel, plan, (*operands, None, sm, stream))
     if handle is not None:
         _check(kernel.lib.atomr_launch(handle, stream), plan)
     else:
-        ws, ws_ptr = _workspace(kernel.lib.atomr_workspace(m, n, k, sm))
+        ws, ws_ptr = _workspace(nbytes)
         _check(kernel.lib.atomr_run(*operands, ws_ptr, sm, stream), plan)
         del ws
     ledger(backend).launched(plan)
