@@ -516,7 +516,7 @@ def checked(op: T) -> T:
     and a kind of op whose values keep changing is not looked up for a while
     (``HitRate``).
     """
-    if _KEPT.get(id(op)) is op:  # the memo's own: checked when it was kept
+    if kept(op):  # the memo's own: checked when it was kept
         return op
     declared = _declared(type(op))
     key = None if declared.rate.resting() else _memo_key(declared, op)
