@@ -12,7 +12,7 @@ import mmap
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -46,7 +46,9 @@ from atomr_accel.core.ops._memory import (
     Upload,
 )
 
-__all__ = ["ArrayBackend", "Backend", "Deferred", "Done", "Handler", "More", "Rank"]
+__all__ = [
+    "ArrayBackend", "Backend", "Deferred", "Done", "Handler", "More", "Rank", "buffer_entry",
+]
 
 T = TypeVar("T")
 
@@ -91,6 +93,15 @@ class ArrayBackend(Protocol):
     def array(self, buffer_id: int) -> Any:
         """The live 1-D array behind a buffer id."""
         ...
+
+
+def buffer_entry(table: Mapping[int, T], buffer_id: int) -> T:
+    """What a backend's ``table`` holds for a live buffer (its array, or its address):
+    ``InvalidArgument`` if ``buffer_id`` was freed or never allocated."""
+    try:
+        return table[buffer_id]
+    except KeyError:
+        raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
 
 
 class Backend(abc.ABC):

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Rank
+from atomr_accel.backends._base import MEMORY_HANDLERS, Backend, Rank, buffer_entry
 from atomr_accel.backends._handlers import cpu, table
 from atomr_accel.backends._lazy import lazy_module
 from atomr_accel.backends.cpu import _collective as cpu_collective
@@ -55,10 +55,7 @@ class CpuBackend(Backend):
 
     def array(self, buffer_id: int) -> np.ndarray[Any, Any]:
         """The live 1-D array behind a buffer id (library handlers write into it)."""
-        try:
-            return self._buffers[buffer_id]
-        except KeyError:
-            raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
+        return buffer_entry(self._buffers, buffer_id)
 
     def allocate(self, dtype: DType, length: int, managed: bool = False,
                  attach: Attach = Attach.GLOBAL) -> int:

@@ -30,6 +30,7 @@ from atomr_accel.backends._base import (
     Handler,
     More,
     Rank,
+    buffer_entry,
 )
 from atomr_accel.backends._handlers import cuda, table
 from atomr_accel.backends._lazy import lazy_module
@@ -328,17 +329,11 @@ class CudaBackend(Backend):
 
     def array(self, buffer_id: int) -> Any:
         """The live 1-D CuPy array behind a buffer id."""
-        try:
-            return self._buffers[buffer_id]
-        except KeyError:
-            raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
+        return buffer_entry(self._buffers, buffer_id)
 
     def pointer(self, buffer_id: int) -> int:
         """The device address of a buffer (kept: CuPy builds a new pointer object per ask)."""
-        try:
-            return self._pointers[buffer_id]
-        except KeyError:
-            raise InvalidArgument(f"buffer {buffer_id} is freed or unknown") from None
+        return buffer_entry(self._pointers, buffer_id)
 
     def allocate(self, dtype: DType, length: int, managed: bool = False,
                  attach: Attach = Attach.GLOBAL) -> int:
