@@ -190,16 +190,49 @@ class _MatmulFields:
     k: int
 
 
-class _Common(_MatmulFields):
-    """The library and checks both fused matmuls share, after their leading fields
-    (``_MatmulFields``): a mixin, before ``Op``."""
+@dataclass(frozen=True)
+class _Options:
+    """The scalars and flags both fused matmuls end with, after their epilogue's buffers
+    (``_ForwardFields`` or ``_GradFields``)."""
+
+    __slots__ = ()
+    alpha: float = 1.0
+    beta: float = 0.0
+    trans_a: bool = False
+    trans_b: bool = False
+    allow_tf32: bool = False
+
+
+@dataclass(frozen=True)
+class _ForwardFields(_MatmulFields):
+    """``FusedMatmul``'s fields after the leading ones: its epilogue, optional by default,
+    and the buffers it may read (the bias) or write (the backward's aux)."""
+
+    __slots__ = ()
+    epilogue: Epilogue = Epilogue.NONE
+    bias: GpuRef | None = None
+    aux: GpuRef | None = None
+
+
+@dataclass(frozen=True)
+class _GradFields(_MatmulFields):
+    """``FusedMatmulGrad``'s fields after the leading ones: its backward epilogue, which it
+    must be given, the forward's aux it reads and the bias gradient it writes."""
+
+    __slots__ = ()
+    epilogue: Epilogue
+    aux: GpuRef | None = None
+    bias_grad: GpuRef | None = None
+
+
+class _Common(_Options, _MatmulFields):
+    """The library and checks both fused matmuls share, after their fields (``_Options``
+    after ``_ForwardFields`` or ``_GradFields``): a mixin, first among an op's bases."""
 
     __slots__ = ()
     library: ClassVar[str] = "blaslt"
     epilogue: Epilogue
     aux: GpuRef | None
-    alpha: float
-    beta: float
 
     def _check_matmul(self, allowed: tuple[Epilogue, ...], op: str) -> DType:
         m, n, k = self.m, self.n, self.k
@@ -254,7 +287,7 @@ def _forms(name: str, epilogue: Param) -> tuple[Form, Form]:
 
 
 @dataclass(frozen=True, slots=True)
-class FusedMatmul(_Common, Op):
+class FusedMatmul(_Common, _ForwardFields, Op):
     """Compute ``D = epilogue(alpha * op(A) @ op(B) + beta * C [+ bias])``, row-major.
 
     ``A`` is ``m x k``, ``B`` is ``k x n``, ``D`` is ``m x n`` (row-major;
@@ -272,14 +305,6 @@ class FusedMatmul(_Common, Op):
     outputs: ClassVar[tuple[str, ...]] = ("d", "aux")
     api = _forms("matmul", Param("epilogue", "none", parse=_forward_epilogue,
                                  annotation="str"))
-    epilogue: Epilogue = Epilogue.NONE
-    bias: GpuRef | None = None
-    aux: GpuRef | None = None
-    alpha: float = 1.0
-    beta: float = 0.0
-    trans_a: bool = False
-    trans_b: bool = False
-    allow_tf32: bool = False
 
     def validate(self) -> None:
         dtype = self._check_matmul(FORWARD, "matmul")
@@ -296,7 +321,7 @@ class FusedMatmul(_Common, Op):
 
 
 @dataclass(frozen=True, slots=True)
-class FusedMatmulGrad(_Common, Op):
+class FusedMatmulGrad(_Common, _GradFields, Op):
     """Compute ``D = alpha * op(A) @ op(B) + beta * C`` with a backward epilogue, row-major.
 
     Shapes and layout as ``FusedMatmul``. ``epilogue`` is ``"drelu"`` or
@@ -312,14 +337,6 @@ class FusedMatmulGrad(_Common, Op):
     outputs: ClassVar[tuple[str, ...]] = ("d", "bias_grad")
     api = _forms("matmul_backward", Param("epilogue", parse=_backward_epilogue,
                                           annotation="str"))
-    epilogue: Epilogue
-    aux: GpuRef | None = None
-    bias_grad: GpuRef | None = None
-    alpha: float = 1.0
-    beta: float = 0.0
-    trans_a: bool = False
-    trans_b: bool = False
-    allow_tf32: bool = False
 
     def validate(self) -> None:
         dtype = self._check_matmul(BACKWARD, "matmul_backward")
