@@ -318,8 +318,37 @@ class _AffineFields:
     dims: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _LayerFields(_AffineFields):
+    """The leading fields of the layer norm: the affine ones, then how many trailing dims
+    it normalizes over."""
+
+    __slots__ = ()
+    norm_axes: NormAxes
+
+
+@dataclass(frozen=True)
+class _GroupFields(_AffineFields):
+    """The leading fields of the group norm: the affine ones, then how many groups the
+    channels form."""
+
+    __slots__ = ()
+    groups: int
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """The fields the layer, instance and group norms end with: where to save the mean and
+    the inverse standard deviation, and epsilon. A field group, first among an op's bases."""
+
+    __slots__ = ()
+    saved_mean: GpuRef | None = None
+    saved_var: GpuRef | None = None
+    epsilon: float = 1e-5
+
+
 @dataclass(frozen=True, slots=True)
-class LayerNorm(_AffineFields, _NormForward):
+class LayerNorm(_Saved, _LayerFields, _NormForward):
     """Layer-normalize the last ``norm_axes`` dims of ``x`` of ``dims`` into ``y``; write the
     per-row mean and inverse standard deviation to ``saved_mean`` / ``saved_var`` where
     given."""
@@ -327,10 +356,6 @@ class LayerNorm(_AffineFields, _NormForward):
     api = _forms("layer_norm", ("x", "y", "scale", "bias", "dims", "norm_axes", "saved_mean",
                                 "saved_var", "epsilon"),
                  "Layer normalization forward over the last ``norm_axes`` dims.")
-    norm_axes: NormAxes
-    saved_mean: GpuRef | None = None
-    saved_var: GpuRef | None = None
-    epsilon: float = 1e-5
 
     @property
     def layout(self) -> NormLayout:
@@ -339,16 +364,13 @@ class LayerNorm(_AffineFields, _NormForward):
 
 
 @dataclass(frozen=True, slots=True)
-class InstanceNorm(_AffineFields, _NormForward):
+class InstanceNorm(_Saved, _AffineFields, _NormForward):
     """Instance-normalize ``x`` of ``dims = (N, C, *spatial)`` (per sample and channel, over
     the spatial dims) into ``y``; saved statistics hold ``N * C`` values."""
 
     api = _forms("instance_norm", ("x", "y", "scale", "bias", "dims", "saved_mean",
                                    "saved_var", "epsilon"),
                  "Instance normalization forward (per sample and channel).")
-    saved_mean: GpuRef | None = None
-    saved_var: GpuRef | None = None
-    epsilon: float = 1e-5
 
     @property
     def layout(self) -> NormLayout:
@@ -362,17 +384,13 @@ class InstanceNorm(_AffineFields, _NormForward):
 
 
 @dataclass(frozen=True, slots=True)
-class GroupNorm(_AffineFields, _NormForward):
+class GroupNorm(_Saved, _GroupFields, _NormForward):
     """Group-normalize ``x`` of ``dims = (N, C, *spatial)`` in ``groups`` groups of channels
     into ``y``; saved statistics hold ``N * groups`` values, scale and bias ``C``."""
 
     api = _forms("group_norm", ("x", "y", "scale", "bias", "dims", "groups", "saved_mean",
                                 "saved_var", "epsilon"),
                  "Group normalization forward (per sample and group of channels).")
-    groups: int
-    saved_mean: GpuRef | None = None
-    saved_var: GpuRef | None = None
-    epsilon: float = 1e-5
 
     @property
     def layout(self) -> NormLayout:
