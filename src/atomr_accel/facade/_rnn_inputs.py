@@ -59,6 +59,10 @@ class RnnBwdInputs:
         self._buffers[name] = buffer
         return self
 
+    def _size(self, name: str, n: int) -> RnnBwdInputs:
+        self._sizes[name] = n
+        return self
+
     def set_x(self, buf: Any) -> RnnBwdInputs:
         """The forward's input ``(seq_length, batch_size, input_size)``."""
         return self._set("x", buf)
@@ -115,6 +119,26 @@ class RnnBwdInputs:
         """Receives the gradient of the packed weights (written, not accumulated)."""
         return self._set("dweights", buf)
 
+    def set_num_layers(self, n: int) -> RnnBwdInputs:
+        """Stacked layers."""
+        return self._size("num_layers", n)
+
+    def set_input_size(self, n: int) -> RnnBwdInputs:
+        """Features of ``x``."""
+        return self._size("input_size", n)
+
+    def set_hidden_size(self, n: int) -> RnnBwdInputs:
+        """Features of a hidden state."""
+        return self._size("hidden_size", n)
+
+    def set_seq_length(self, n: int) -> RnnBwdInputs:
+        """Time steps."""
+        return self._size("seq_length", n)
+
+    def set_batch_size(self, n: int) -> RnnBwdInputs:
+        """Sequences run side by side."""
+        return self._size("batch_size", n)
+
     def set_mode(self, mode: str) -> RnnBwdInputs:
         """The cell: rnn, rnn_tanh, rnn_relu, lstm or gru (else ``InvalidArgument``)."""
         self._mode = parse_rnn_mode(mode)
@@ -123,31 +147,6 @@ class RnnBwdInputs:
     def set_direction(self, direction: str) -> RnnBwdInputs:
         """uni, unidirectional, bi or bidirectional (else ``InvalidArgument``)."""
         self._direction = parse_direction(direction)
-        return self
-
-    def set_num_layers(self, n: int) -> RnnBwdInputs:
-        """Stacked layers."""
-        self._sizes["num_layers"] = n
-        return self
-
-    def set_input_size(self, n: int) -> RnnBwdInputs:
-        """Features of ``x``."""
-        self._sizes["input_size"] = n
-        return self
-
-    def set_hidden_size(self, n: int) -> RnnBwdInputs:
-        """Features of a hidden state."""
-        self._sizes["hidden_size"] = n
-        return self
-
-    def set_seq_length(self, n: int) -> RnnBwdInputs:
-        """Time steps."""
-        self._sizes["seq_length"] = n
-        return self
-
-    def set_batch_size(self, n: int) -> RnnBwdInputs:
-        """Sequences run side by side."""
-        self._sizes["batch_size"] = n
         return self
 
     def set_dropout(self, p: float) -> RnnBwdInputs:
