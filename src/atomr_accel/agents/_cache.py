@@ -20,6 +20,7 @@ from atomr_accel.blueprint import (
     require_timeout,
     twin,
 )
+from atomr_accel.blueprint._actor import GetStats
 from atomr_accel.core._errors import InvalidArgument
 
 __all__ = ["EmbeddingCache"]
@@ -61,10 +62,6 @@ class _Insert:
     row: np.ndarray[Any, np.dtype[np.float32]]
 
 
-class _Stats:
-    __slots__ = ()
-
-
 class _CacheActor(TurnActor):
     def __init__(self, turns: Turns[_CacheActor], capacity_entries: int,
                  capacity_bytes: int | None, dim: int, counters: CacheCounters) -> None:
@@ -85,7 +82,7 @@ class _CacheActor(TurnActor):
         if cls is _Insert:
             self._insert(message.key, message.row)
             return None
-        if cls is _Stats:
+        if cls is GetStats:
             c = self.counters
             return {"hits": c.hits, "misses": c.misses, "evictions": c.evictions,
                     "inserts": c.inserts, "entries": len(self.entries),
@@ -191,6 +188,6 @@ class EmbeddingCache(BlueprintClient):
 
     def stats_async(self, timeout_secs: float = TIMEOUT) -> Coroutine[Any, Any, dict[str, int]]:
         """Counters: hits, misses, evictions, inserts, entries, capacity_entries, bytes."""
-        return self._on_turn(_Stats(), timeout_secs, "stats")
+        return self._on_turn(GetStats(), timeout_secs, "stats")
 
     stats = twin(stats_async)
