@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from atomr_accel.actor import Actor, ActorStopped, Reply
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 
-__all__ = ["BlueprintActor", "GetStats"]
+__all__ = ["BlueprintActor", "GetStats", "Serve"]
 
 
 class GetStats:
     """Ask a blueprint actor for a snapshot of its stats (each answers its own stats class)."""
 
     __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Ask a serving blueprint's actor for its model's answer to one caller's input ``x``."""
+
+    x: Any
 
 
 class BlueprintActor(Actor):

@@ -16,7 +16,7 @@ from atomr_accel.blueprint import (
     require_positive_int,
     twins_with_old_name,
 )
-from atomr_accel.blueprint._actor import GetStats
+from atomr_accel.blueprint._actor import GetStats, Serve
 from atomr_accel.blueprint._invoke import in_context, invoke
 from atomr_accel.core._errors import ContextPoisoned, InvalidArgument
 from atomr_accel.patterns._batch_queue import BatchQueue, OverflowPolicy
@@ -78,11 +78,6 @@ class _Request:
 
 
 @dataclass(frozen=True, slots=True)
-class _Submit:
-    item: Any
-
-
-@dataclass(frozen=True, slots=True)
 class _Deadline:
     deadline: float
 
@@ -122,8 +117,8 @@ class _BatchingActor(BlueprintActor):
     async def receive(self, message: Any) -> Any:
         """Handle submits, the deadline timer, finished batches and stats requests."""
         cls = type(message)
-        if cls is _Submit:
-            self._submit(message.item)
+        if cls is Serve:
+            self._submit(message.x)
         elif cls is _Deadline:
             self.armed_for = None
             self._pump(message.deadline)
@@ -330,7 +325,7 @@ class DynamicBatchingServer(BlueprintClient):
         ``RequestRejected`` / ``RequestDropped`` on overflow, ``AskTimeout``
         after ``timeout_secs`` seconds and ``ActorStopped`` if the server stops first.
         """
-        return await self._ask(_Submit(item), timeout_secs)
+        return await self._ask(Serve(item), timeout_secs)
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> BatchingStats:
         """A snapshot of queue depth, running batches and counters."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from atomr_accel.actor import Props, Reply
 from atomr_accel.blueprint import BlueprintClient, SystemLike, twins_with_old_name
-from atomr_accel.blueprint._actor import GetStats
+from atomr_accel.blueprint._actor import GetStats, Serve
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
 from atomr_accel.patterns._worker import ModelSpec, WorkerParent, check_model
@@ -49,11 +49,6 @@ class CascadeStats:
 
 
 @dataclass(frozen=True, slots=True)
-class _Infer:
-    x: Any
-
-
-@dataclass(frozen=True, slots=True)
 class _Finished:
     stage: int | None  # None: failed
 
@@ -80,7 +75,7 @@ class _CascadeActor(WorkerParent):
     async def serve(self, message: Any) -> Any:
         """Handle requests, finished requests and stats."""
         cls = type(message)
-        if cls is _Infer:
+        if cls is Serve:
             self.start_task(self._infer(message.x, self.context.defer_reply()))
         elif cls is _Finished:
             if message.stage is None:
@@ -160,7 +155,7 @@ class InferenceCascade(BlueprintClient):
         Raises what a stage raised, ``InvalidModelOutput``, ``AskTimeout`` or
         ``ActorStopped``.
         """
-        result: CascadeResult = await self._ask(_Infer(x), timeout_secs)
+        result: CascadeResult = await self._ask(Serve(x), timeout_secs)
         return result
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> CascadeStats:

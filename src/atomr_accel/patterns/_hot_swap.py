@@ -14,7 +14,7 @@ from atomr_accel.blueprint import (
     SystemLike,
     twins_with_old_name,
 )
-from atomr_accel.blueprint._actor import GetStats
+from atomr_accel.blueprint._actor import GetStats, Serve
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
 
@@ -43,11 +43,6 @@ class _Generation:
         self.in_flight = 0
         self.released = False
         self.waiters: list[tuple[Reply, int]] = []  # swaps to answer once this one is released
-
-
-@dataclass(frozen=True, slots=True)
-class _Infer:
-    x: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +82,7 @@ class _HotSwapActor(BlueprintActor):
     async def receive(self, message: Any) -> Any:
         """Handle calls, swaps, finished calls, released models and stats."""
         cls = type(message)
-        if cls is _Infer:
+        if cls is Serve:
             generation = self.current
             generation.in_flight += 1
             self.start_task(self._run(generation, message.x, self.context.defer_reply()))
@@ -178,7 +173,7 @@ class ModelHotSwapServer(BlueprintClient):
 
         Raises what the model raised, ``AskTimeout`` or ``ActorStopped``.
         """
-        return await self._ask(_Infer(x), timeout_secs)
+        return await self._ask(Serve(x), timeout_secs)
 
     async def swap_async(self, model: Callable[..., Any], *,
                          timeout_secs: float | None = None) -> int:

@@ -16,7 +16,7 @@ from atomr_accel.blueprint import (
     require_positive_int,
     twins_with_old_name,
 )
-from atomr_accel.blueprint._actor import GetStats
+from atomr_accel.blueprint._actor import GetStats, Serve
 from atomr_accel.blueprint._invoke import invoke
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import InvalidModelOutput
@@ -60,11 +60,6 @@ class RouterStats:
 
 
 @dataclass(frozen=True, slots=True)
-class _Route:
-    x: Any
-
-
-@dataclass(frozen=True, slots=True)
 class _Routed:
     counts: tuple[int, ...]
 
@@ -81,7 +76,7 @@ class _RouterActor(WorkerParent):
     async def serve(self, message: Any) -> Any:
         """Handle route requests, routing tallies and stats."""
         cls = type(message)
-        if cls is _Route:
+        if cls is Serve:
             self.start_task(self.answer(self.context.defer_reply(), self._mix(message.x)))
         elif cls is _Routed:
             self.requests += 1
@@ -182,7 +177,7 @@ class MoeRouter(BlueprintClient):
         Raises what the gate or an expert raised, ``InvalidModelOutput``,
         ``InvalidArgument``, ``AskTimeout`` or ``ActorStopped``.
         """
-        result: Array = await self._ask(_Route(x), timeout_secs)
+        result: Array = await self._ask(Serve(x), timeout_secs)
         return result
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> RouterStats:

@@ -14,7 +14,7 @@ from atomr_accel.blueprint import (
     require_positive_int,
     twins_with_old_name,
 )
-from atomr_accel.blueprint._actor import GetStats
+from atomr_accel.blueprint._actor import GetStats, Serve
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.patterns._errors import NoReplicaAvailable, RequestRejected
 from atomr_accel.patterns._worker import ModelSpec, WorkerParent, checked_models
@@ -62,11 +62,6 @@ class PoolStats:
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
-    x: Any
-
-
-@dataclass(frozen=True, slots=True)
 class _Done:
     index: int
     ok: bool
@@ -99,7 +94,7 @@ class _PoolActor(WorkerParent):
     async def serve(self, message: Any) -> Any:
         """Handle calls, finished calls, stopped replicas and stats."""
         cls = type(message)
-        if cls is _Call:
+        if cls is Serve:
             self._dispatch(message.x, self.context.defer_reply())
         elif cls is _Done:
             self.in_flight[message.index] -= 1
@@ -208,7 +203,7 @@ class ModelReplicaPool(BlueprintClient):
         Raises what the model raised, ``NoReplicaAvailable``,
         ``RequestRejected``, ``AskTimeout`` or ``ActorStopped``.
         """
-        return await self._ask(_Call(x), timeout_secs)
+        return await self._ask(Serve(x), timeout_secs)
 
     async def stats_async(self, *, timeout_secs: float | None = None) -> PoolStats:
         """In-flight counts, up flags, served/failed counts and restarts per replica."""
