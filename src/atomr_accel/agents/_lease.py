@@ -95,17 +95,14 @@ class _Tokens:
         self.last = 0
 
 
+@dataclass(slots=True)
 class _Lease:
-    __slots__ = ("agent_id", "expires_at", "mode", "owner", "pinned", "token")
-
-    def __init__(self, token: int, agent_id: str | int, mode: str, owner: ActorRef | None,
-                 expires_at: float) -> None:
-        self.token = token
-        self.agent_id = agent_id
-        self.mode = mode
-        self.owner = owner
-        self.expires_at = expires_at
-        self.pinned = 0  # fenced calls running under it: it does not expire meanwhile
+    token: int
+    agent_id: str | int
+    mode: str
+    owner: ActorRef | None
+    expires_at: float
+    pinned: int = 0  # fenced calls running under it: it does not expire meanwhile
 
 
 @dataclass(slots=True)
