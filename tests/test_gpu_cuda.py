@@ -323,3 +323,33 @@ def test_an_op_of_another_stream_is_not_held_behind_a_long_one() -> None:
     assert running, "the spin kernel finished first: it was too short to show anything"
     assert took < 1.5, f"the download waited {took:.2f} s behind the spin kernel"
     np.testing.assert_array_equal(got, np.arange(1000, dtype=np.float64))
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_large_pageable_uploads_arrive_whole_and_in_order(isolation: str) -> None:
+    """Uploads of pageable arrays around and past the staging sizes (through the
+    context's page-locked slots on the thread host), at offsets, several in flight at
+    once and one buffer written twice in a row: every download equals its data."""
+    import asyncio
+
+    from atomr_accel.backends.cuda._staging import SLOT_BYTES, STAGE_MIN
+
+    rng = np.random.default_rng(21)
+    sizes = [STAGE_MIN // 4 - 1, STAGE_MIN // 4, SLOT_BYTES // 4 + 3, (5 * SLOT_BYTES) // 8 + 7]
+
+    async def main() -> None:
+        async with await System.open_async("gpu") as system:
+            dev = await system.spawn_device_async(mock=False, isolation=isolation)
+            xs = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+            bufs = [await dev.allocate_f32_async(n + 5) for n in sizes]
+            await asyncio.gather(*(dev.copy_from_numpy_async(b, x, 5)
+                                   for b, x in zip(bufs, xs, strict=True)))
+            for b, x in zip(bufs, xs, strict=True):
+                np.testing.assert_array_equal(await dev.copy_to_numpy_async(b, 5, len(x)), x)
+            wide = rng.standard_normal(SLOT_BYTES // 8 * 3)  # f64, three slots
+            twice = await dev.allocate_f64_async(len(wide))
+            await dev.copy_from_numpy_async(twice, -wide)
+            await dev.copy_from_numpy_async(twice, wide)
+            np.testing.assert_array_equal(await dev.copy_to_numpy_async(twice), wide)
+
+    asyncio.run(main())

@@ -43,6 +43,7 @@ from atomr_accel.backends.cuda import _ipc as cuda_ipc
 from atomr_accel.backends.cuda import _kernels as cuda_kernels
 from atomr_accel.backends.cuda import _prepared as prepared
 from atomr_accel.backends.cuda import _rng as cuda_rng
+from atomr_accel.backends.cuda import _staging as staging
 from atomr_accel.backends.cuda._completion import Event, event_done, make_completion
 from atomr_accel.backends.cuda._cuda_errors import (
     STICKY_ERRORS,
@@ -87,7 +88,6 @@ _ATTACH_FLAGS = {Attach.GLOBAL: 1, Attach.HOST: 2}  # cudaMemAttachGlobal, cudaM
 _KEPT_OPS = 1024
 """How many ops' buffer ids a backend keeps (past it, it forgets them all)."""
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
-_HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
 
 
 def _is_pinned(data: Any) -> bool:
@@ -430,16 +430,19 @@ class CudaBackend(Backend):
         cuda_ipc.forget(self, buffer_id)
 
     def write(self, buffer_id: int, data: Any, offset: int) -> None:
-        """Copy ``data`` (1-D, contiguous, validated) in with one ``cudaMemcpyAsync`` on the
-        current stream: asynchronous from page-locked memory, staged by the driver else."""
+        """Copy ``data`` (1-D, contiguous, validated) in on the current stream: one
+        ``cudaMemcpyAsync`` from page-locked memory or a small array, a large pageable one
+        through the context's page-locked slots (``_staging``)."""
         target = self.array(buffer_id)
         if offset < 0 or offset + data.size > target.size:
             raise InvalidArgument(f"{data.size} elements at {offset} do not fit buffer "
                                   f"{buffer_id} of {target.size}")
-        if data.nbytes:
-            cp.cuda.runtime.memcpyAsync(
-                self.pointer(buffer_id) + offset * target.itemsize, data.ctypes.data,
-                data.nbytes, _HOST_TO_DEVICE, cp.cuda.get_current_stream().ptr)
+        destination = self.pointer(buffer_id) + offset * target.itemsize
+        if data.nbytes >= staging.STAGE_MIN and not _is_pinned(data):
+            staging.stage_upload(self, destination, data)
+        elif data.nbytes:
+            cp.cuda.runtime.memcpyAsync(destination, data.ctypes.data, data.nbytes,
+                                        staging.HOST_TO_DEVICE, cp.cuda.get_current_stream().ptr)
 
     def copy_in(self, data: np.ndarray[Any, Any]) -> Any:
         """From a region this context page-locked (a process host's shared arena), one
@@ -452,7 +455,7 @@ class CudaBackend(Backend):
         order = "C" if data.flags.c_contiguous else "F"
         out = cp.empty(data.shape, data.dtype, order=order)
         cp.cuda.runtime.memcpyAsync(out.data.ptr, data.ctypes.data, data.nbytes,
-                                    _HOST_TO_DEVICE, cp.cuda.get_current_stream().ptr)
+                                    staging.HOST_TO_DEVICE, cp.cuda.get_current_stream().ptr)
         return out
 
     def read(self, buffer_id: int, offset: int, length: int) -> Any:
