@@ -12,6 +12,7 @@ import pytest
 from atomr_accel import ContextPoisoned, GpuRefStale, InvalidArgument, LibraryError, System
 from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._blas_vectors import Axpy, Dot, Scal
+from atomr_accel.core.ops._dnn import ActivationForward
 from atomr_accel.core.ops._graph import CaptureGraph, OpSequence
 from atomr_accel.core.ops._memory import CopyBuffer, Download, Upload
 from atomr_accel.core.ops._solver import Potrf
@@ -58,6 +59,43 @@ async def test_a_sequence_runs_its_ops_in_order_and_answers_their_results(
         got_d = (await dev.copy_to_numpy_async(dd)).reshape(N, M).T
         np.testing.assert_allclose(got_c, c, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(got_d, 2 * c, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("place", PLACES, ids="-".join)
+async def test_a_sequence_sent_again_computes_each_runs_data(place: tuple[str, str]) -> None:
+    """The same sequence, sent five times with new data each time (on CUDA its second run
+    records it as a graph and the later runs replay that), then with a buffer of it freed:
+    refused as the op alone would be, the other buffers untouched."""
+    backend, isolation = place
+    rng = np.random.default_rng(11)
+    async with await System.open_async("t") as system:
+        dev = await system.spawn_device_async(backend=backend, isolation=isolation)
+        da, db = await dev.allocate_f64_async(M * K), await dev.allocate_f64_async(K * N)
+        dc, dd = await dev.allocate_f64_async(M * N), await dev.allocate_f64_async(M * N)
+        sequence = OpSequence((
+            Gemm(da.ref, db.ref, dc.ref, M, N, K),  # C = A B
+            Scal(M * N, 3.0, dc.ref),  # C = 3 A B
+            Axpy(M * N, -0.5, dc.ref, dd.ref),  # D = D0 - C / 2
+            ActivationForward(dd.ref, dd.ref, (M * N,)),  # D = relu(D)
+        ))
+        for _ in range(5):
+            a, b = rng.standard_normal((M, K)), rng.standard_normal((K, N))
+            d0 = rng.standard_normal((M, N))
+            for buf, host in ((da, a), (db, b), (dd, d0)):
+                await dev.copy_from_numpy_async(buf, colmajor(host))
+            results = await dev.run_async(sequence)
+            assert results[:3] == (None, None, None)
+            c = 3 * (a @ b)
+            got_c = (await dev.copy_to_numpy_async(dc)).reshape(N, M).T
+            got_d = (await dev.copy_to_numpy_async(dd)).reshape(N, M).T
+            np.testing.assert_allclose(got_c, c, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(got_d, np.maximum(d0 - c / 2, 0), rtol=1e-12,
+                                       atol=1e-12)
+        await dev.free_async(db)
+        before = await dev.copy_to_numpy_async(dc)
+        with pytest.raises(InvalidArgument):
+            await dev.run_async(sequence)
+        np.testing.assert_array_equal(await dev.copy_to_numpy_async(dc), before)
 
 
 @pytest.mark.parametrize("place", PLACES, ids="-".join)

@@ -87,6 +87,11 @@ class Op(PickleByFields):
     capturable: ClassVar[bool] = False
     """A graph may record it though its library's ops may not be (a copy, a kernel launch);
     a capturable library's ops may be recorded unless they answer a host value."""
+    replayable: ClassVar[bool] = False
+    """Run again with equal fields, its handler queues the same device work on the same
+    memory (it keeps no device memory it may later replace), so a graph recorded from a
+    later run may stand in for it (a repeated ``OpSequence`` on CUDA); a graph may record it
+    unless it answers a host value."""
     api: ClassVar[tuple[Form, ...]] = ()
     """The facade methods that run the op (``core._api.Form``), declared once here."""
 

@@ -51,6 +51,7 @@ from atomr_accel.backends.cuda._cuda_errors import (
     classified,
     translate_cuda_error,
 )
+from atomr_accel.backends.cuda._replay import replays_of
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
     ContextPoisoned,
@@ -167,6 +168,9 @@ class CudaBackend(Backend):
         """Loaded modules by the SHA-256 of their image."""
         self.capturing = False
         """True while a graph capture records ops (see ``_graph.py``)."""
+        self.replay_sequences = os.environ.get("ATOMR_ACCEL_GRAPH_REPLAY", "1") != "0"
+        """Whether a repeated ``OpSequence`` is replayed as a CUDA graph (``_replay.py``);
+        ``ATOMR_ACCEL_GRAPH_REPLAY=0`` turns it off."""
         self._torch_streams: dict[int, Any] = {}
         self.fft_plans: Lru[Any] = Lru(16)
         """cuFFT plans of ``FftMany`` transforms, by layout and stream (see ``_fft.py``)."""
@@ -315,8 +319,9 @@ class CudaBackend(Backend):
         if op.queues_only:
             return True
         kind = type(op)
-        if kind is OpSequence:
-            return all(map(self.queues_only, op.ops))  # type: ignore[attr-defined]
+        if kind is OpSequence:  # recorded as a graph (``_replay.py``), or queue-only ops
+            sequence: OpSequence = op  # type: ignore[assignment]
+            return replays_of(self).recorded(sequence) or all(map(self.queues_only, sequence.ops))
         if kind is RngFill:
             return cuda_rng.queues_only(op)  # type: ignore[arg-type]
         if kind is Upload:

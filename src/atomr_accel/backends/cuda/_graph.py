@@ -7,13 +7,12 @@ The graph also holds the arrays of its buffers; a replay refuses a freed buffer.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
-from cupy_backends.cuda.libs import cublas
 
 from atomr_accel.backends._handlers import cuda
+from atomr_accel.backends.cuda._replay import RecordFailed, record
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.core.ops._graph import CaptureGraph, DestroyGraph, LaunchGraph
 from atomr_accel.core.ops._rng import RngFill
@@ -43,29 +42,16 @@ def capture(backend: CudaBackend, op: CaptureGraph) -> int:
                 "generation fails under stream capture here; run the fill outside the graph"
             )
     arrays = [backend.array(ref.buffer_id) for ref in op.refs()]
-    stream = cp.cuda.get_current_stream()
-    pool = cp.cuda.MemoryPool()
-    cublas.setStream(cp.cuda.device.get_cublas_handle(), stream.ptr)  # forbidden once capturing
-    stream.begin_capture()
-    backend.capturing = True
-    index = 0
     try:
-        with cp.cuda.using_allocator(pool.malloc):
-            for inner in op.ops:
-                backend.run_handler(inner)
-                index += 1
-    except BaseException as exc:
-        backend.capturing = False
-        with contextlib.suppress(Exception):  # an invalidated capture ends with its own error
-            stream.end_capture()
+        graph, pool = record(backend, op.ops)
+    except RecordFailed as failed:
+        exc = failed.__cause__
         if isinstance(exc, GpuRuntimeError):
-            raise
+            raise exc from exc.__cause__
         raise InvalidArgument(
-            f"graph op {index} ({type(op.ops[index]).__name__}) cannot be recorded by "
-            f"stream capture: {exc}"
+            f"graph op {failed.index} ({type(op.ops[failed.index]).__name__}) cannot be "
+            f"recorded by stream capture: {exc}"
         ) from exc
-    backend.capturing = False
-    graph = stream.end_capture()
     return backend.keep(CapturedGraph(graph, pool, arrays))
 
 

@@ -32,7 +32,8 @@ __all__ = ["linear_backward", "linear_forward"]
 _N, _T = int(cublas.CUBLAS_OP_N), int(cublas.CUBLAS_OP_T)
 
 _ones: Any = per_backend(dict)
-"""``_ones(backend)``: dtype -> the longest vector of ones made so far on that context."""
+"""``_ones(backend)``: dtype -> the vectors of ones made so far on that context, the
+longest last (the shorter ones are kept: a recorded graph may read them)."""
 
 
 def _at(backend: CudaBackend, ref: GpuRef, offset: int = 0) -> int:
@@ -42,11 +43,10 @@ def _at(backend: CudaBackend, ref: GpuRef, offset: int = 0) -> int:
 
 def _ones_of(backend: CudaBackend, dtype: DType, length: int) -> int:
     """The address of ``length`` ones of ``dtype`` (kept, grown as needed)."""
-    held: dict[DType, Any] = _ones(backend)
-    ones = held.get(dtype)
-    if ones is None or len(ones) < length:
-        ones = held[dtype] = cp.ones(max(length, 1024), dtype=dtype.numpy)
-    return int(ones.data.ptr)
+    made: list[Any] = _ones(backend).setdefault(dtype, [])
+    if not made or len(made[-1]) < length:
+        made.append(cp.ones(max(length, 1024), dtype=dtype.numpy))
+    return int(made[-1].data.ptr)
 
 
 @cuda.handles(LinearForward)

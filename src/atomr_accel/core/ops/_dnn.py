@@ -303,6 +303,7 @@ class ActivationForward(_DnnOp):
     or ``"numpy"``.
     """
 
+    replayable: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     api = _forms("activation_fwd", ("x", "y", "dims", *_ACTIVATION_OPTIONS))
     x: GpuRef
@@ -327,6 +328,7 @@ class ActivationBackward(_DnnOp):
     beta * dx`` (relu's derivative at 0 is 0). ``dx`` may be ``dy``. Answers ``"cupy"`` or
     ``"numpy"``."""
 
+    replayable: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     api = _forms("activation_bwd", ("x", "dy", "dx", "dims", *_ACTIVATION_OPTIONS))
     x: GpuRef

@@ -11,7 +11,7 @@ from atomr_accel.core._op import Op, checked, require
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 
 __all__ = ["CaptureGraph", "DestroyGraph", "LaunchGraph", "OpSequence", "check_capturable",
-           "check_sequenced", "library_capturable", "may_sequence"]
+           "check_sequenced", "library_capturable", "may_sequence", "replayable"]
 
 declare("graph", "Graph",
         "Runs op sequences as one unit; records them into graphs (CUDA stream capture) and "
@@ -22,6 +22,12 @@ declare("graph", "Graph",
 def library_capturable(name: str) -> bool:
     """Whether the catalogued library ``name`` runs pure device work (``capturable``)."""
     return name != "memory" and library(name).capturable
+
+
+def replayable(op: Op) -> bool:
+    """Whether a graph recorded from ``op`` may stand in for its later runs (its
+    ``replayable`` trait, and no host result)."""
+    return op.replayable and not op.host_result
 
 
 def check_capturable(op: Op, index: int) -> Op:
@@ -35,7 +41,8 @@ def check_capturable(op: Op, index: int) -> Op:
     """
     if not isinstance(op, Op):
         raise InvalidArgument(f"graph op {index} is not an op: {op!r}")
-    if not (op.capturable or (library_capturable(op.library) and not op.host_result)):
+    if not (op.capturable or replayable(op)
+            or (library_capturable(op.library) and not op.host_result)):
         raise InvalidArgument(
             f"graph op {index} ({type(op).__name__}) cannot be recorded in a graph: only "
             "device work without a host result can (BLAS but dot/nrm2/asum/iamax/iamin, FFT, "

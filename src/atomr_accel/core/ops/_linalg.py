@@ -245,6 +245,7 @@ class _BlasOp(LinalgOp):
 
     __slots__ = ()
     library: ClassVar[str] = "blas"
+    replayable: ClassVar[bool] = True
 
 
 class _SolverOp(LinalgOp):

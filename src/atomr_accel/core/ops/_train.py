@@ -123,6 +123,7 @@ class _TrainOp(Op):
 
     __slots__ = ()
     library: ClassVar[str] = "train"
+    replayable: ClassVar[bool] = True
 
 
 class _Linear(_TrainOp):
