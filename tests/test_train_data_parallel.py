@@ -5,6 +5,7 @@ SIGKILLed worker mid-step, typed errors; TorchModule where torch is installed.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import threading
@@ -583,3 +584,36 @@ def test_a_torch_module_that_raises_any_exception_fails_only_its_step(
     failing.clear()
     assert np.isfinite(float(trainer.step(xs[2], ys[2]))) and np.isfinite(first)
     trainer.stop()
+
+
+def test_the_trainer_collects_its_set_up_garbage_before_training_goes_on() -> None:
+    """A full collection once the replicas are built and once after the third step, and
+    none in the steps between or after: the one the set-up's survivors would trigger later
+    is not left to land mid-training."""
+    full: list[int] = []
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    rng = np.random.default_rng(12)
+    x, y = rng.standard_normal((8, 4)), rng.standard_normal((8, 2))
+    was_enabled = gc.isenabled()
+    gc.disable()  # only the collections asked for run, and they are counted
+    gc.callbacks.append(count)
+    try:
+        with System.open("gc") as system:
+            devices = [system.spawn_device(mock=True) for _ in range(2)]
+            trainer = DataParallelTrainer.spawn(system, Sequential(Linear(4, 2)), loss=MSELoss(),
+                                                optimizer=SGD(lr=0.1), devices=devices)
+            trainer.ready(timeout_secs=60)
+            assert len(full) == 1
+            counts = []
+            for _ in range(5):
+                trainer.step(x, y)
+                counts.append(len(full))
+            assert counts == [1, 1, 2, 2, 2]
+    finally:
+        gc.callbacks.remove(count)
+        if was_enabled:
+            gc.enable()
