@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from atomr_accel import ContextPoisoned, GpuRefStale, InvalidArgument, LibraryError, System
+from atomr_accel.core import DType, GpuRef
+from atomr_accel.core._op import checked
 from atomr_accel.core.ops._blas import Gemm
 from atomr_accel.core.ops._blas_vectors import Axpy, Dot, Scal
 from atomr_accel.core.ops._dnn import ActivationForward
@@ -64,8 +66,9 @@ async def test_a_sequence_runs_its_ops_in_order_and_answers_their_results(
 @pytest.mark.parametrize("place", PLACES, ids="-".join)
 async def test_a_sequence_sent_again_computes_each_runs_data(place: tuple[str, str]) -> None:
     """The same sequence, sent five times with new data each time (on CUDA its second run
-    records it as a graph and the later runs replay that), then with a buffer of it freed:
-    refused as the op alone would be, the other buffers untouched."""
+    records it as a graph and the later runs replay that; before the fourth, an IPC export
+    moves one of its buffers), then with a buffer of it freed: refused as the op alone
+    would be, the other buffers untouched."""
     backend, isolation = place
     rng = np.random.default_rng(11)
     async with await System.open_async("t") as system:
@@ -78,7 +81,9 @@ async def test_a_sequence_sent_again_computes_each_runs_data(place: tuple[str, s
             Axpy(M * N, -0.5, dc.ref, dd.ref),  # D = D0 - C / 2
             ActivationForward(dd.ref, dd.ref, (M * N,)),  # D = relu(D)
         ))
-        for _ in range(5):
+        for run in range(5):
+            if run == 3:
+                await dev.ipc_handle_async(dc)  # moves dc on CUDA (a new address)
             a, b = rng.standard_normal((M, K)), rng.standard_normal((K, N))
             d0 = rng.standard_normal((M, N))
             for buf, host in ((da, a), (db, b), (dd, d0)):
@@ -190,3 +195,20 @@ async def test_a_recorder_runs_what_it_collected_once_as_one_request(backend: st
         await dev.blas().scal_async(32, 0.0, y)
         await rec.run_once_async()
         np.testing.assert_allclose(await dev.copy_to_numpy_async(y), 4 * values, rtol=1e-15)
+
+
+def test_an_equal_sequence_is_checked_once_and_answered_as_the_same_object() -> None:
+    """Sequences of equal ops are one object once checked (what a graph replay and a
+    process host's kept pickle are keyed by); other values, other types or a list in the
+    place of the tuple are not."""
+    ref = GpuRef(0, 3, DType.F64, 8, 1, 7)
+
+    def sequence(alpha: float) -> OpSequence:
+        return OpSequence((Scal(8, alpha, ref), Axpy(8, 0.5, ref, ref)))
+
+    first = checked(sequence(2.0))
+    assert checked(sequence(2.0)) is first and checked(first) is first
+    assert checked(sequence(3.0)) is not first
+    assert checked(OpSequence((Scal(8, 2, ref), Axpy(8, 0.5, ref, ref)))) is not first
+    with pytest.raises(InvalidArgument, match="at least one op"):
+        checked(OpSequence(list(first.ops)))  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ import operator
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, TypeGuard, TypeVar
+from typing import Any, ClassVar, TypeGuard, TypeVar, cast
 
 from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
@@ -293,10 +293,20 @@ def _nested(name: str, value: Any) -> Any:
         else value
 
 
+def _held_op(name: str, value: Any) -> Any:
+    """An op of a tuple of ops (an ``OpSequence``'s), checked: the memo's own object where
+    it keeps ops of its kind, so equal sequences are made of the same ops."""
+    return checked(value) if isinstance(value, Op) else value
+
+
 def _each(fix: _Fix) -> _Fix:
-    """``fix`` applied to each item of a tuple (anything else as it is)."""
+    """``fix`` applied to each item of a tuple (anything else as it is); the same tuple
+    when every item comes back as itself."""
     def fix_items(name: str, value: Any) -> Any:
-        return tuple([fix(name, v) for v in value]) if isinstance(value, tuple) else value
+        if not isinstance(value, tuple):
+            return value
+        items = [fix(name, v) for v in value]
+        return value if all(map(operator.is_, items, value)) else tuple(items)
     return fix_items
 
 
@@ -307,6 +317,13 @@ def _int_tuple(hint: Any) -> bool:
         a is int or a is Ellipsis for a in args)
 
 
+def _op_tuple(hint: Any) -> bool:
+    """Whether ``hint`` declares a tuple of ops (``tuple[Op, ...]``)."""
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is tuple and bool(args) and isinstance(args[0], type) \
+        and issubclass(args[0], Op)
+
+
 def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
     """``(exact types that need no look, fix)`` for a declared field type, or None."""
     plain: tuple[type, ...] = ()
@@ -315,7 +332,6 @@ def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
         if len(rest) != 1:
             return None
         plain, hint = (type(None),), rest[0]
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is bool:
         return (*plain, bool), _as_bool
     if hint is int:
@@ -330,8 +346,8 @@ def _rule(hint: Any) -> tuple[tuple[type, ...], _Fix] | None:
         return plain, _nested  # a part the op validates (a CsrMatrix); not a device-made ref
     if _int_tuple(hint):
         return plain, _each(_as_int)
-    if origin is tuple and args and isinstance(args[0], type) and issubclass(args[0], Op):
-        return plain, _each(_nested)
+    if _op_tuple(hint):
+        return plain, _each(_held_op)
     return None
 
 
@@ -365,7 +381,8 @@ def _atom_types(hints: Mapping[str, Any]) -> tuple[frozenset[type], tuple[int, .
 class _Fields:
     """The declared-type checks of one dataclass: its checked fields and their rules."""
 
-    __slots__ = ("atoms", "fixes", "names", "plain", "rate", "read", "read_all", "tuples")
+    __slots__ = ("atoms", "fixes", "holds_ops", "names", "plain", "rate", "read", "read_all",
+                 "tuples")
 
     def __init__(self, cls: type) -> None:
         hints = typing.get_type_hints(cls)
@@ -379,6 +396,8 @@ class _Fields:
         kept = _atom_types({f.name: hints[f.name] for f in fields})
         self.atoms: frozenset[type] | None = None if kept is None else kept[0]
         self.tuples: tuple[int, ...] = () if kept is None else kept[1]
+        self.holds_ops = bool(fields) and all(_op_tuple(hints[f.name]) for f in fields)
+        """Every field is a tuple of ops (``OpSequence``): remembered by its ops' identities."""
         self.rate = HitRate()
 
 
@@ -475,6 +494,19 @@ def _memo_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
     return _values_key(declared, type(op), declared.read_all(op))
 
 
+def _ops_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
+                                                     tuple[type, ...]] | None:
+    """The memo's key of an op whose fields are tuples of ops (``holds_ops``): its class and
+    its ops' identities, when the memo holds every one of them (else None). A held op's id
+    is its own while the memo holds it, and the memo forgets the sequence with it."""
+    if not declared.holds_ops:
+        return None
+    values = cast(tuple[tuple[object, ...], ...], declared.read_all(op))
+    if not all(type(ops) is tuple and all(map(kept, ops)) for ops in values):
+        return None  # a list in its place, or an op the memo does not hold
+    return type(op), tuple(tuple(map(id, ops)) for ops in values), ()
+
+
 def made(cls: type[T], values: tuple[object, ...]) -> T:
     """An op of ``cls`` with field ``values`` (every field, in order): the checked op the
     memo holds for equal values of the same exact types, else ``cls(*values)``, not yet
@@ -532,6 +564,10 @@ def checked(op: T) -> T:
             return found
         declared.rate.miss()
     fixed = _fixed(op)
+    if key is None and (key := _ops_key(declared, fixed)) is not None:
+        sequence: T | None = _MEMO.get(key)
+        if sequence is not None:
+            return sequence
     fixed.validate()  # type: ignore[attr-defined]
     if key is not None:
         _remember(key, fixed)

@@ -27,8 +27,10 @@ KEPT = 256
 """How many pickles a host keeps, and unpickled ops a worker (the least recently used
 go first)."""
 
-READ_BYTES = 1024
-"""The longest payload a worker keeps the op of."""
+READ_BYTES = 8192
+"""The longest payload a worker keeps the op of (a sequence of about forty ops: a deep
+model's forward or update, which on CUDA replays as a graph only when it comes again as
+the same object)."""
 
 _REPEATED = (OpSequence, RunCollective)
 """Ops of parts the memo does not hold, sent again as the same object."""

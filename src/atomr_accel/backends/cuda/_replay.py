@@ -34,7 +34,7 @@ from cupy_backends.cuda.libs import cublas
 
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._state import per_backend
-from atomr_accel.core._errors import GpuRuntimeError
+from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.core.ops._graph import OpSequence, replayable
 
 if TYPE_CHECKING:
@@ -161,8 +161,10 @@ def _addresses(backend: CudaBackend, op: OpSequence) -> tuple[tuple[int, int], .
 
 def _intact(backend: CudaBackend, held: _Replay) -> bool:
     """Whether every buffer the graph recorded is live at the recorded address."""
-    pointers = backend._pointers
-    return all(pointers.get(buffer_id) == address for buffer_id, address in held.buffers)
+    try:
+        return all(backend.pointer(buffer_id) == address for buffer_id, address in held.buffers)
+    except InvalidArgument:  # freed
+        return False
 
 
 @cuda.handles(OpSequence)
