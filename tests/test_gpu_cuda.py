@@ -353,3 +353,55 @@ def test_large_pageable_uploads_arrive_whole_and_in_order(isolation: str) -> Non
             np.testing.assert_array_equal(await dev.copy_to_numpy_async(twice), wide)
 
     asyncio.run(main())
+
+
+def test_an_allocation_out_of_memory_takes_back_the_memory_of_replayed_graphs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sequence run twice holds a recorded graph and its pool; an allocation that finds
+    the device full releases that graph and is tried again (the device is made to look
+    full once); the sequence is recorded again on its next run and computes that run's
+    data. With nothing to release, the allocation is an ``OutOfMemory``."""
+    import cupy as cp
+
+    from atomr_accel.backends.cuda._replay import replays_of
+    from atomr_accel.core.ops._dnn import ActivationForward
+    from atomr_accel.core.ops._graph import OpSequence
+
+    cuda = BackendSpec("cuda").create()
+    try:
+        n = 1 << 20
+        rng = np.random.default_rng(21)
+        x = GpuRef(0, cuda.execute(Allocate(DType.F32, n)), DType.F32, n, 0)
+        y = GpuRef(0, cuda.execute(Allocate(DType.F32, n)), DType.F32, n, 0)
+        sequence = OpSequence((ActivationForward(x, y, (n,), alpha=2.0),))
+        replays = replays_of(cuda)
+
+        def run() -> None:
+            data = rng.standard_normal(n).astype(np.float32)
+            cuda.execute(Upload(x, data))
+            cuda.execute(sequence)
+            np.testing.assert_array_equal(cuda.execute(Download(y)),
+                                          2 * np.maximum(data, 0))
+
+        run()
+        run()  # recorded, then launched
+        assert replays.recorded(sequence)
+        zeros, full = cp.zeros, [True]
+
+        def full_once(*args: Any, **kwargs: Any) -> Any:
+            if full.pop() if full else False:
+                raise cp.cuda.memory.OutOfMemoryError(1 << 30, 1 << 30)
+            return zeros(*args, **kwargs)
+
+        monkeypatch.setattr(cp, "zeros", full_once)
+        cuda.execute(Allocate(DType.F32, 16))
+        assert not replays.recorded(sequence)
+        run()  # recorded again
+        assert replays.recorded(sequence)
+        run()
+        full.append(True)
+        replays.release_all()
+        with pytest.raises(OutOfMemory):
+            cuda.execute(Allocate(DType.F32, 16))
+    finally:
+        cuda.close()

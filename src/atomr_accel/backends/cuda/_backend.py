@@ -343,25 +343,31 @@ class CudaBackend(Backend):
     def allocate(self, dtype: DType, length: int, managed: bool = False,
                  attach: Attach = Attach.GLOBAL) -> int:
         """Allocate a zero-filled array: from CuPy's pool, or managed memory with ``attach``'s
-        ``cudaMallocManaged`` flag."""
+        ``cudaMallocManaged`` flag. Out of memory, the graphs of replayed sequences are
+        released (their pools return what they hold) and the allocation is tried again."""
         nbytes = length * dtype.itemsize
         try:
-            if managed:
-                owner = _ManagedMemory(max(nbytes, 1), attach)
-                memory = cp.cuda.memory.UnownedMemory(owner.ptr, max(nbytes, 1), owner,
-                                                      self.device_id)
-                arr = cp.ndarray((length,), dtype=dtype.numpy,
-                                 memptr=cp.cuda.MemoryPointer(memory, 0))
-                arr.fill(0)
-            else:
-                arr = cp.zeros(length, dtype=dtype.numpy)
+            arr = self._zeros(dtype, length, managed, attach)
         except cp.cuda.memory.OutOfMemoryError as exc:
-            free, _ = cp.cuda.runtime.memGetInfo()
-            raise OutOfMemory(
-                f"cannot allocate {nbytes} bytes on CUDA device {self.device_id}",
-                requested=nbytes, available=free,
-            ) from exc
+            if not replays_of(self).release_all():
+                free, _ = cp.cuda.runtime.memGetInfo()
+                raise OutOfMemory(
+                    f"cannot allocate {nbytes} bytes on CUDA device {self.device_id}",
+                    requested=nbytes, available=free,
+                ) from exc
+            return self.allocate(dtype, length, managed, attach)
         return self._add(arr)
+
+    def _zeros(self, dtype: DType, length: int, managed: bool, attach: Attach) -> Any:
+        """A new zero-filled array (``allocate``)."""
+        if not managed:
+            return cp.zeros(length, dtype=dtype.numpy)
+        nbytes = max(length * dtype.itemsize, 1)
+        owner = _ManagedMemory(nbytes, attach)
+        memory = cp.cuda.memory.UnownedMemory(owner.ptr, nbytes, owner, self.device_id)
+        arr = cp.ndarray((length,), dtype=dtype.numpy, memptr=cp.cuda.MemoryPointer(memory, 0))
+        arr.fill(0)
+        return arr
 
     def _add(self, arr: Any) -> int:
         buffer_id = self._next_id

@@ -138,6 +138,16 @@ class Replays:
         if held is not None:
             self._release(held)
 
+    def release_all(self) -> bool:
+        """Release every graph (kept: the sequences' first results, to be recorded again
+        on their next runs); whether any held memory."""
+        freed = False
+        for held in self._held.values():
+            if held.graph is not None:
+                freed = freed or bool(held.pool.total_bytes())
+                self._release(held)
+        return freed
+
     def _release(self, held: _Replay) -> None:
         """Free a graph's memory once its replays have finished; a pool that still lends
         memory to something a handler kept is kept."""
@@ -148,6 +158,7 @@ class Replays:
             held.pool.free_all_blocks()
             if held.pool.used_bytes():
                 self._retired.append(held.pool)
+            held.pool = None
 
 
 replays_of = per_backend(Replays)
