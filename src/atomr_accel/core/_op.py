@@ -452,7 +452,8 @@ MEMO_SIZE = 1024
 """How many checked ops ``checked`` remembers; past it, it forgets them all (dropping the
 oldest one by one would cost a scan of a dict's dead slots per op)."""
 
-_MEMO: dict[tuple[type, tuple[object, ...], tuple[type, ...]], Any] = {}
+_Key = tuple[type, tuple[object, ...], tuple[type, ...]]
+_MEMO: dict[_Key, Any] = {}
 """``(class, field values, their exact types)`` -> the op ``checked`` made of them."""
 
 
@@ -461,7 +462,7 @@ _KEPT: dict[int, Any] = {}
 memo, so its id cannot pass to another object while it is here)."""
 
 
-def _remember(key: tuple[type, tuple[object, ...], tuple[type, ...]], op: Any) -> None:
+def _remember(key: _Key, op: Any) -> None:
     if len(_MEMO) >= MEMO_SIZE:
         _MEMO.clear()
         _KEPT.clear()
@@ -469,8 +470,7 @@ def _remember(key: tuple[type, tuple[object, ...], tuple[type, ...]], op: Any) -
     _KEPT[id(op)] = op
 
 
-def _values_key(declared: _Fields, cls: type, values: tuple[object, ...],
-                ) -> tuple[type, tuple[object, ...], tuple[type, ...]] | None:
+def _values_key(declared: _Fields, cls: type, values: tuple[object, ...]) -> _Key | None:
     """The memo's key of an op of ``cls`` with field ``values`` (in field order): the class,
     the values and their exact types; None when they may hold anything but numbers,
     strings, enum members, ``GpuRef``s and tuples of plain ints."""
@@ -486,16 +486,14 @@ def _values_key(declared: _Fields, cls: type, values: tuple[object, ...],
     return cls, values, kinds
 
 
-def _memo_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
-                                                      tuple[type, ...]] | None:
+def _memo_key(declared: _Fields, op: object) -> _Key | None:
     """``op``'s key in the memo (``_values_key`` of its class and field values)."""
     if declared.atoms is None:
         return None
     return _values_key(declared, type(op), declared.read_all(op))
 
 
-def _ops_key(declared: _Fields, op: object) -> tuple[type, tuple[object, ...],
-                                                     tuple[type, ...]] | None:
+def _ops_key(declared: _Fields, op: object) -> _Key | None:
     """The memo's key of an op whose fields are tuples of ops (``holds_ops``): its class and
     its ops' identities, when the memo holds every one of them (else None). A held op's id
     is its own while the memo holds it, and the memo forgets the sequence with it."""
