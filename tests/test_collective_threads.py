@@ -246,6 +246,23 @@ def test_an_interrupted_blocking_collective_raises_unchanged_and_the_world_recov
     settled(devices)
 
 
+def test_a_collective_right_after_an_aborted_epoch_waits_for_the_rebuild(
+        world: tuple[list[Device], Collective]) -> None:
+    """A caller that sees a rank fail, or is interrupted, aborts the epoch at once and tells
+    the world's actor, which rebuilds a moment later; the next call waits for that rebuild
+    instead of launching on the aborted epoch (whose ranks abort at once), and it asks for
+    the rebuild itself where the telling never came (an interrupt landed before it)."""
+    devices, coll = world
+    rng = np.random.default_rng(53)
+    for _ in range(3):
+        epoch = coll.epoch
+        coll._state.failed(epoch)  # as an interrupted caller does, without its telling
+        xs = [rng.standard_normal(8) for _ in devices]
+        serves_again(coll, devices, xs)
+        assert coll.epoch > epoch
+    settled(devices)
+
+
 @pytest.mark.serial  # it counts shared-memory segments: alone, not beside the parallel suite
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs setitimer")
 @pytest.mark.filterwarnings("ignore:coroutine '.*' was never awaited:RuntimeWarning")

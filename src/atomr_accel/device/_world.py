@@ -168,6 +168,12 @@ class WorldState:
         if self._word is not None and self._word.value == epoch:
             self._word.value = epoch + 1_000_000  # an epoch no communicator has
 
+    def epoch_aborted(self) -> bool:
+        """Whether the current epoch was aborted (its collectives abort themselves) and the
+        world has not rebuilt since: a caller that saw a rank fail, or was interrupted,
+        aborts it at once and tells the world's actor, which rebuilds a moment later."""
+        return self._word is not None and self._word.value != self.epoch
+
     def allow(self, epoch: int) -> None:
         """Let the collectives of ``epoch`` run."""
         if self._word is not None:

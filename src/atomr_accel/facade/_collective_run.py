@@ -91,9 +91,11 @@ class WorldRun:
         return await self._launch_and_watch(plans, time.perf_counter() + timeout, timeout)
 
     def serving(self) -> bool:
-        """Whether the world serves its current members now."""
+        """Whether the world serves its current members now (not while its epoch is aborted:
+        a collective launched then would abort at once)."""
         state = self._state
-        return state.error is None and state.status == "ready" and not state.changed()
+        return state.error is None and state.status == "ready" and not state.changed() \
+            and not state.epoch_aborted()
 
     async def _launch_and_watch(self, plans: list[Planned], deadline: float, timeout: float
                                 ) -> list[GpuRuntimeError | None]:
@@ -220,11 +222,16 @@ class WorldRun:
         """Return once the world serves its current members (``CollectiveAborted`` past
         ``deadline``; the world's error once it has stopped)."""
         state = self._state
+        told = False
         while True:
             if state.error is not None:
                 raise state.error
             if self.serving():
                 return
+            if state.status == "ready" and state.epoch_aborted() and not told:
+                # the caller that aborted it may have been interrupted before telling
+                self.ref.tell(WorldBroken(state.epoch, "its epoch was aborted"))
+                told = True
             ready = state.ready
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -240,8 +247,8 @@ class WorldRun:
                 continue
             except GpuRuntimeError:
                 continue
-            if state.status == "ready" and state.changed():
-                await asyncio.sleep(0.001)  # a member changed: the world rebuilds
+            if state.status == "ready" and (state.changed() or state.epoch_aborted()):
+                await asyncio.sleep(0.001)  # a member changed, an epoch aborted: it rebuilds
 
     def _members_down(self, generations: list[int]) -> bool:
         """Whether a member's context went down since ``generations`` were read."""
