@@ -75,7 +75,7 @@ compiled and their repeated runs of ops recorded as graphs (on CUDA, a run's sec
 time; the update's differs in its first step). The trainer then runs a full garbage
 collection, as it did once its replicas were built, so that the collection which the
 set-up's survivors would trigger later, pausing every thread of the process for tens
-of milliseconds (45-64 ms on a 2 x H200 machine), does not land mid-training."""
+of milliseconds (45-73 ms on a 2 x H200 machine), does not land mid-training."""
 
 
 @dataclass(frozen=True, slots=True)
