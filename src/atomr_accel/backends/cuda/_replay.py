@@ -33,7 +33,9 @@ import cupy as cp
 from cupy_backends.cuda.libs import cublas
 
 from atomr_accel.backends._handlers import cuda
-from atomr_accel.backends._state import per_backend
+from atomr_accel.backends._state import ByIdentity, per_backend
+from atomr_accel.backends.cpu._graph import run_sequence as run_each
+from atomr_accel.backends.cuda._completion import Event
 from atomr_accel.core._errors import GpuRuntimeError, InvalidArgument
 from atomr_accel.core.ops._graph import OpSequence, replayable
 
@@ -100,8 +102,8 @@ class Replays:
 
     def __init__(self) -> None:
         self._held: OrderedDict[int, _Replay] = OrderedDict()
-        self._refused: dict[int, OpSequence] = {}
-        """Sequences whose recording failed, by id (held, so the id stays theirs)."""
+        self._refused: ByIdentity[bool] = ByIdentity(self.SIZE)
+        """Sequences whose recording failed."""
         self._retired: list[Any] = []
         """Pools that still lend memory to something a handler kept (never released)."""
 
@@ -117,7 +119,7 @@ class Replays:
 
     def saw(self, op: OpSequence, results: tuple[Any, ...]) -> None:
         """Keep ``op``'s first results; it is recorded on its next run."""
-        if self._refused.get(id(op)) is op or not all(map(replayable, op.ops)):
+        if self._refused.held(op) or not all(map(replayable, op.ops)):
             return
         while len(self._held) >= self.SIZE:
             self._release(self._held.popitem(last=False)[1])
@@ -128,9 +130,7 @@ class Replays:
         held = self._held.pop(id(op), None)
         if held is not None:
             self._release(held)
-        if len(self._refused) >= self.SIZE:
-            self._refused.clear()
-        self._refused[id(op)] = op
+        self._refused.keep(op, True)
 
     def drop(self, op: OpSequence) -> None:
         """Forget ``op`` (a buffer of it was freed or moved)."""
@@ -193,14 +193,14 @@ def run_sequence(backend: CudaBackend, op: OpSequence) -> tuple[Any, ...]:
             except (RecordFailed, GpuRuntimeError):  # not capturable, or a freed buffer:
                 # run op by op from now on (refusing as the ops would)
                 replays.refuse(op)
-                return tuple([backend.run_handler(inner) for inner in op.ops])
+                return run_each(backend, op)
         if _intact(backend, held):
             stream = cp.cuda.get_current_stream()
             held.graph.launch(stream=stream)
-            held.done = stream.record(held.done or cp.cuda.Event(disable_timing=True))
+            held.done = stream.record(held.done or Event(disable_timing=True))
             return held.results
         replays.drop(op)
-    results = tuple([backend.run_handler(inner) for inner in op.ops])
+    results = run_each(backend, op)
     if held is None and backend.replay_sequences:
         replays.saw(op, results)
     return results
