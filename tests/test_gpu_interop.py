@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,6 +58,40 @@ def test_torch_views_a_buffer_without_a_copy_on_the_thread_host(dev: Device) -> 
         np.testing.assert_array_equal(dev.copy_to_numpy(buf), 2 * data)
     else:  # the worker's memory: a host copy
         assert buf.__dlpack_device__() == (1, 0) and not view.is_cuda
+
+
+def test_the_device_reads_what_torch_wrote_after_an_external_write(dev: Device) -> None:
+    """torch writes a buffer through its view on torch's stream, behind slow matmuls; the
+    ``ExternalWrite`` and the download are sent while that work is still running (no host
+    sync), and the download reads torch's values: the device waited for torch's event."""
+    torch = pytest.importorskip("torch")
+    if dev.isolation != "thread":
+        pytest.skip("ExternalWrite hands a live event: in-process contexts only")
+    from atomr_accel.core.ops._dlpack import ExternalWrite
+
+    n = 2048
+    rng = np.random.default_rng(13)
+
+    async def told_then_read(buf: Any, event: Any) -> Any:
+        told = asyncio.ensure_future(dev.run_async(ExternalWrite((dev.ref_of(buf),), event)))
+        await asyncio.sleep(0)  # the op is on its way before the download
+        assert not event.query(), "torch's work ended before the device was told"
+        got = await dev.copy_to_numpy_async(buf)
+        await told
+        return got
+
+    for _ in range(3):
+        buf = dev.allocate_f32(n * n)
+        view = torch.from_dlpack(buf).reshape(n, n)
+        a = torch.from_numpy(rng.standard_normal((n, n)) / np.sqrt(n)).float().cuda()
+        b = a.clone()
+        for _ in range(100):  # tens of milliseconds on torch's stream before the write
+            b = torch.tanh(a @ b)
+        view.copy_(b)
+        event = torch.cuda.Event()
+        event.record()
+        got = asyncio.run(told_then_read(buf, event))
+        np.testing.assert_array_equal(got.reshape(n, n), b.cpu().numpy())
 
 
 def test_from_dlpack_adopts_a_cuda_tensor_on_the_thread_host(dev: Device) -> None:

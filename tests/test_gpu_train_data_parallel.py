@@ -185,6 +185,44 @@ def test_torch_module_on_two_gpus_matches_torch_on_the_whole_batch(system: Syste
     states_agree([{k: v for k, v in s.items() if k != "step"} for s in states])
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_torch_module_with_large_batches_and_micro_batches_matches_torch(
+        system: System, gpus: int) -> None:
+    """Batches past the page-locked threshold (x and y each 2 MiB a replica), new data every
+    step, two micro-batches a replica (a page-locked tensor refilled within a step) and a
+    bucket a layer: the losses and parameters equal plain torch's on the whole batch."""
+    torch = pytest.importorskip("torch")
+    if cuda_device_count() < gpus:
+        pytest.skip(f"needs {gpus} CUDA devices")
+    torch.manual_seed(1)
+    width, rows = 512, 1024 * gpus
+    net = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                              torch.nn.Linear(width, width))
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((2 * rows, width)).astype(np.float32) for _ in range(4)]
+    ys = [rng.standard_normal((2 * rows, width)).astype(np.float32) for _ in range(4)]
+    model = TorchModule(net).copy_module().cuda()
+    optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True)
+    expected = []
+    for x, y in zip(xs, ys, strict=True):
+        optim.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x).cuda()),
+                                            torch.from_numpy(y).cuda())
+        loss.backward()
+        optim.step()
+        expected.append(loss.item())
+    trainer = DataParallelTrainer.spawn(system, TorchModule(net, bucket_bytes=width * width * 4),
+                                        loss=MSELoss(), optimizer=SGD(lr=0.05, momentum=0.9),
+                                        devices=spawn(system, gpus, False), micro_batch=rows)
+    got = [float(trainer.step(x, y, timeout_secs=60)) for x, y in zip(xs, ys, strict=True)]
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
+    states = trainer.replica_states(timeout_secs=60)
+    for name, value in model.state_dict().items():
+        np.testing.assert_allclose(states[0][name], value.cpu().numpy(), rtol=1e-3,
+                                   atol=1e-5, err_msg=name)
+    trainer.stop()
+
+
 def test_the_original_form_on_gpus(system: System) -> None:
     trainer = DataParallelTrainer.spawn(system, min(2, cuda_device_count()), 4, 0.05)
     batch = [[1.0, 2.0], [3.0, 4.0], [0.5, -1.0], [2.0, 0.0]]

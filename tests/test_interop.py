@@ -264,3 +264,54 @@ def test_blueprint_inputs_take_torch_tensors(system: System, dev: Device) -> Non
     index = SpatialIndexActor.spawn(system, 0.5, device=dev)
     assert index.insert(torch.tensor(points, requires_grad=True)) == range(0, 50)
     assert index.count() == 50
+
+
+class _HostEvent:
+    """An event another library would record: it passes once ``finish`` runs."""
+
+    ptr = 1
+
+    def __init__(self) -> None:
+        import threading
+
+        self.passed = threading.Event()
+
+    def synchronize(self) -> None:
+        """Wait for ``finish`` (at most 10 s)."""
+        assert self.passed.wait(10)
+
+
+def test_an_external_write_on_the_cpu_backend_waits_for_the_event_on_the_host(
+        dev: Device) -> None:
+    """The CPU backend's device is the host: the op answers only once the other library's
+    event has passed, and the buffer keeps what that library wrote."""
+    import threading
+
+    from atomr_accel.core.ops._dlpack import ExternalWrite
+
+    buf = dev.allocate_f32(8)
+    view = np.from_dlpack(buf)
+    event = _HostEvent()
+    values = _random((8,), seed=3)
+
+    def other_library() -> None:
+        view[:] = values
+        event.passed.set()
+
+    timer = threading.Timer(0.05, other_library)
+    timer.start()
+    dev.run(ExternalWrite((dev.ref_of(buf),), event))
+    assert event.passed.is_set()
+    np.testing.assert_array_equal(dev.copy_to_numpy(buf), values)
+    timer.join()
+
+
+@pytest.mark.parametrize("bad", [(), "not a tuple", ("not a buffer",)])
+def test_an_external_write_without_buffers_or_event_is_refused(dev: Device, bad: Any) -> None:
+    from atomr_accel.core.ops._dlpack import ExternalWrite
+
+    buf = dev.allocate_f32(4)
+    with pytest.raises(InvalidArgument, match="buffers"):
+        dev.run(ExternalWrite(bad, _HostEvent()))
+    with pytest.raises(InvalidArgument, match="event"):
+        dev.run(ExternalWrite((dev.ref_of(buf),), object()))

@@ -93,7 +93,7 @@ from atomr_accel.core.ops._cutlass import (
 )
 from atomr_accel.core.ops._cutlass import Epilogue as CutlassEpilogue
 from atomr_accel.core.ops._cutlass_fp8 import CutlassGemmFp8
-from atomr_accel.core.ops._dlpack import AdoptArray, ViewBuffer
+from atomr_accel.core.ops._dlpack import AdoptArray, ExternalWrite, ViewBuffer
 from atomr_accel.core.ops._dnn import (
     Activation,
     ActivationBackward,
@@ -299,6 +299,24 @@ def test_dim3_shortcut_normalizes_like_the_general_path() -> None:
 # ------------------------------------------------- one valid example of every op
 
 
+class _RecordedEvent:
+    """What ``ExternalWrite`` reads of a CUDA event: its handle and ``synchronize``."""
+
+    ptr = 1
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def __repr__(self) -> str:
+        return "_RecordedEvent()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _RecordedEvent)
+
+    def __hash__(self) -> int:
+        return 1
+
+
 def _csr(owner: int = 0) -> CsrMatrix:
     return CsrMatrix(buf(I32, 4, 11, owner), buf(I32, 5, 12, owner), buf(F32, 5, 13, owner),
                      3, 4, 5)
@@ -502,6 +520,7 @@ EXAMPLES: list[Any] = [
     FreeResident(8),
     ViewBuffer(buf(F64, 4, 62)),
     AdoptArray(np.arange(4.0)),
+    ExternalWrite((buf(F32, 8, 63), buf(F32, 3, 64)), _RecordedEvent()),
     *collected(),  # the libraries that keep their examples in op_examples/
 ]
 

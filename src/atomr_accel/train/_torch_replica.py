@@ -24,13 +24,18 @@ from atomr_accel.core._errors import (
     InvalidArgument,
     UserCodeError,
 )
+from atomr_accel.core._op import Op, validated
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._dlpack import ExternalWrite
+from atomr_accel.core.ops._graph import OpSequence
 from atomr_accel.core.ops._train import STATS_LENGTH, GradCheck
 from atomr_accel.facade import Device
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._dp_replica import MicroBatch
 from atomr_accel.train._model import Array
 from atomr_accel.train._optim import SGD, Adam, AdamW, CrossEntropyLoss, Loss, Optimizer
-from atomr_accel.train._replica_state import Thunk
+from atomr_accel.train._replica_state import Thunk, start_now
+from atomr_accel.train._torch_batches import BatchUploads
 from atomr_accel.train._torch_module import TorchModule, import_torch
 
 __all__ = ["TorchReplica"]
@@ -54,14 +59,16 @@ def _user_module(what: str) -> Iterator[None]:
 @dataclass(slots=True)
 class _Bucket:
     """One flat gradient bucket: our buffer, the torch tensor over it (on the CPU backend
-    a host tensor copied to and from it), its parameters and how many still owe their
-    gradient in the backward in flight."""
+    a host tensor copied to and from it), its parameters, how many still owe their
+    gradient in the backward in flight, and (the trainer's step on CUDA) the event
+    recorded once the last of them has."""
 
     buffer: GpuBuffer
     flat: Any
     params: list[Any]
     pending: int
     done: asyncio.Future[Any]
+    event: Any = None
 
 
 class TorchReplica:
@@ -71,13 +78,31 @@ class TorchReplica:
     ``loss_async`` launches backward as well (so the buckets fill, and their
     all-reduce starts, as early as possible); ``backward_async`` then hands on
     each bucket once torch has finished it.
+
+    The trainer's step on CUDA (``gradient_phase_ops``) waits for nothing on the
+    host: one worker-thread call queues the uploads, forwards, losses (their sum
+    written into ``step_stats`` by torch) and backwards, the hooks record an event
+    where each bucket's last gradient is queued, and once backward has queued all,
+    every bucket is handed on with an ``ExternalWrite`` of its event, so that its
+    all-reduce waits for that point of torch's stream on the device (the device
+    is then still running the backward: the all-reduces overlap it).
     """
 
     def __init__(self, device: Device, module: Any, loss: Loss, optimizer: Optimizer,
-                 buckets: list[_Bucket], names: list[str], stats: GpuBuffer) -> None:
+                 buckets: list[_Bucket], names: list[str], stats: GpuBuffer,
+                 stats_view: Any) -> None:
         self._device = device
         self._stats = stats
+        self._stats_view = stats_view
         self._phase: asyncio.Future[None] | None = None
+        self._armed = False
+        self._queued = False
+        check: Op = GradCheck(tuple(b.buffer.ref for b in buckets), stats.ref)
+        if OpSequence.library in device.config.libraries:
+            check = OpSequence((check,))
+        self._check = validated(check)
+        """The step's check, as one kept sequence where the device runs sequences: on CUDA
+        it is then replayed as one CUDA graph launch once it repeats."""
         self.torch = import_torch()
         self.module = module
         self.loss = loss
@@ -90,8 +115,13 @@ class TorchReplica:
         self.output: Any = None
         self.optimizer = _torch_optimizer(self.torch, optimizer,
                                           [p for b in buckets for p in b.params], self.cuda)
+        self._uploads = BatchUploads(self.torch, self.torch_device)
         self._loop = asyncio.get_running_loop()
-        for index, bucket in enumerate(buckets):
+        self._register_hooks()
+
+    def _register_hooks(self) -> None:
+        """A hook on every parameter, run once its gradient is accumulated (queued)."""
+        for index, bucket in enumerate(self.buckets):
             for p in bucket.params:
                 p.register_post_accumulate_grad_hook(self._hook(index))
 
@@ -134,7 +164,8 @@ class TorchReplica:
             buckets.append(_Bucket(buffer, flat, [p for _, p in group], len(group), done))
         names = [n for group in groups for n, _ in group]
         stats = await device.allocate_async(STATS_LENGTH, "f32")
-        return cls(device, module, loss, optimizer, buckets, names, stats)
+        stats_view = await _alias(device, stats, torch) if cuda else None
+        return cls(device, module, loss, optimizer, buckets, names, stats, stats_view)
 
     # ------------------------------------------------------------------ the trainer's calls
 
@@ -156,12 +187,14 @@ class TorchReplica:
         for bucket in self.buckets:
             bucket.flat.zero_()
 
-    def _arm(self) -> None:
-        """New completion futures for the next backward, once the last one's were used."""
+    def _arm(self, *, now: bool = True) -> None:
+        """New completion futures for the next backward, once the last one's were used;
+        the hooks count down from now on (``now``) or once ``_armed`` is set."""
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
             if bucket.done.done():
                 bucket.done = self._loop.create_future()
+        self._armed = now
 
     async def forward_async(self, x: Any, *, train: bool = True, micro_batch: int = 0) -> Any:
         """Run the module on ``x`` (kept for ``loss_async``)."""
@@ -172,8 +205,7 @@ class TorchReplica:
         return self.output
 
     def _forward(self, x: Any) -> Any:
-        inputs = self.torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(
-            self.torch_device, non_blocking=True)
+        inputs = self._uploads.to_device("x", np.ascontiguousarray(x, dtype=np.float32))
         return self.module(inputs)
 
     async def loss_async(self, y: Any, *, micro_batch: int = 0,
@@ -190,16 +222,8 @@ class TorchReplica:
         return value
 
     def _loss_backward(self, y: Any, grad_scale: float) -> float:
-        torch = self.torch
-        functional = torch.nn.functional
         out = self.output
-        if isinstance(self.loss, CrossEntropyLoss):
-            labels = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(self.torch_device)
-            loss = functional.cross_entropy(out, labels.reshape(-1),
-                                            label_smoothing=self.loss.label_smoothing)
-        else:
-            target = torch.as_tensor(np.asarray(y, dtype=np.float32)).to(self.torch_device)
-            loss = functional.mse_loss(out, target.reshape(out.shape))
+        loss = self._loss_of(out, self._target(y))
         self.output = None
         if not self.cuda:
             value = float(loss.item())
@@ -210,6 +234,20 @@ class TorchReplica:
         (loss * grad_scale).backward()
         computed.synchronize()
         return float(host)
+
+    def _target(self, y: Any) -> Any:
+        """``y`` on the module's device: labels (int64) or targets (f32)."""
+        labels = isinstance(self.loss, CrossEntropyLoss)
+        data = np.ascontiguousarray(y, dtype=np.int64 if labels else np.float32)
+        return self._uploads.to_device("y", data)
+
+    def _loss_of(self, out: Any, target: Any) -> Any:
+        """The mean loss of ``out`` against ``target`` (as ``_target`` gave it)."""
+        functional = self.torch.nn.functional
+        if isinstance(self.loss, CrossEntropyLoss):
+            return functional.cross_entropy(out, target.reshape(-1),
+                                            label_smoothing=self.loss.label_smoothing)
+        return functional.mse_loss(out, target.reshape(out.shape))
 
     async def backward_async(self, grad_out: Any = None, *, micro_batch: int = 0,
                              want_input_grad: bool = False,
@@ -271,6 +309,9 @@ class TorchReplica:
 
     async def _gradient_phase(self, batches: Sequence[MicroBatch],
                               bucket_ready: Callable[[int], None]) -> None:
+        if self.cuda:
+            await self._queued_phase(batches, bucket_ready)
+            return
         if not batches:
             await self.zero_grad_async()
             await self._put_stats(0.0)
@@ -288,6 +329,57 @@ class TorchReplica:
         for index in range(len(self.buckets)):
             bucket_ready(index)
 
+    async def _queued_phase(self, batches: Sequence[MicroBatch],
+                            bucket_ready: Callable[[int], None]) -> None:
+        """The gradient phase on CUDA, with no host wait (class doc)."""
+        self._arm(now=False)
+        for bucket in self.buckets:
+            bucket.event = None
+        self._queued = True
+        try:
+            with _user_module("TorchModule step"):
+                await asyncio.to_thread(self._queue_phase, batches)
+        finally:
+            self._armed = self._queued = False
+        handed = []
+        last = len(self.buckets) - 1
+        for index, bucket in enumerate(self.buckets):
+            event = bucket.event
+            if event is None:  # parameters the forward did not use
+                event = self._event()
+            written: tuple[GpuRef, ...] = (bucket.buffer.ref,)
+            if index == last:  # the all-reduce of the last bucket sums the stats too
+                written += (self._stats.ref,)
+            handed.append(start_now(self._device.run_async(ExternalWrite(written, event))))
+            bucket_ready(index)
+        await asyncio.gather(*handed)
+
+    def _queue_phase(self, batches: Sequence[MicroBatch]) -> None:
+        """Zero the gradients, then each micro-batch's forward, loss and backward (the
+        loss times its ``grad_scale``); the losses' sum (each mean times its rows) goes
+        to ``step_stats`` before the last backward, whose hooks record the buckets' events."""
+        self.module.train(True)
+        self._zero()
+        total: Any = None
+        for number, batch in enumerate(batches):
+            x = self._uploads.to_device("x", np.ascontiguousarray(batch.x, dtype=np.float32))
+            out = self.module(x)
+            loss = self._loss_of(out, self._target(batch.y))  # y's copy fills meanwhile
+            part = loss.detach() * len(batch.x)
+            total = part if total is None else total + part
+            if number == len(batches) - 1:
+                self._write_stats(total)
+            (loss * batch.grad_scale).backward()
+        if not batches:
+            self._write_stats(None)
+
+    def _write_stats(self, total: Any) -> None:
+        """``step_stats`` = [total, 0, 0] on torch's stream; the hooks count from now."""
+        self._stats_view.zero_()
+        if total is not None:
+            self._stats_view[:1].copy_(total.reshape(1))
+        self._armed = True
+
     async def _put_stats(self, loss_sum: float) -> None:
         values = np.zeros(STATS_LENGTH, np.float32)
         values[0] = loss_sum
@@ -303,8 +395,7 @@ class TorchReplica:
     async def _finish_step(self) -> Array:
         if self._phase is not None:
             await self._phase  # the first half's error, if it failed
-        grads = tuple(b.buffer.ref for b in self.buckets)
-        await self._device.run_async(GradCheck(grads, self._stats.ref))
+        await self._device.run_async(self._check, checked=True)
         stats = await self._device.copy_to_numpy_async(self._stats)
         if stats[2] != 0:
             await self.optimizer_step_async()
@@ -312,9 +403,15 @@ class TorchReplica:
 
     def _hook(self, index: int) -> Any:
         def hook(_: Any) -> None:
+            if not self._armed:
+                return
             bucket = self.buckets[index]
             bucket.pending -= 1
-            if bucket.pending == 0:
+            if bucket.pending:
+                return
+            if self._queued:
+                bucket.event = self._event()
+            else:
                 self._loop.call_soon_threadsafe(self._settle, index, self._event())
         return hook
 

@@ -1,4 +1,6 @@
-"""``AdoptArray`` on CUDA: a buffer over another library's array on this GPU, no copy."""
+"""DLPack partners on CUDA: ``AdoptArray`` (a buffer over another library's array on this
+GPU, no copy) and ``ExternalWrite`` (this device's stream waits for another library's
+event before its next work on the buffers)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import cupy as cp
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core.ops._dlpack import AdoptArray, adoptable
+from atomr_accel.core.ops._dlpack import AdoptArray, ExternalWrite, adoptable, event_handle
 
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
@@ -28,3 +30,12 @@ def _adopt(backend: CudaBackend, op: AdoptArray) -> tuple[int, DType, int]:
                               f"device's GPU {backend.device_id}")
     flat, dtype = adoptable(array)
     return backend.map_in(flat, None), dtype, int(flat.size)
+
+
+@cuda.handles(ExternalWrite)
+def _external_write(backend: CudaBackend, op: ExternalWrite) -> None:
+    """The op's stream waits for the event; the backend then records the op's own event
+    as the buffers' last write, which later work on other streams waits for."""
+    del backend
+    cp.cuda.runtime.streamWaitEvent(cp.cuda.get_current_stream().ptr,
+                                    event_handle(op.event), 0)

@@ -7,7 +7,7 @@ each 16 MiB upload of a data-parallel training step (two contexts at once), whil
 device waited for the next kernels it would have launched.
 
 Here a context copies such an array into its own page-locked slots, each piece split
-over ``COPY_THREADS`` threads (NumPy copies without the interpreter lock), and queues
+over threads (``core._host_copy``: NumPy copies without the interpreter lock), and queues
 one asynchronous copy a slot on the op's stream. A slot is written again only once the
 event recorded behind its last copy has passed, so no copy still in flight reads a slot
 being refilled. Arrays under ``STAGE_MIN`` bytes, and arrays already page-locked, are
@@ -16,8 +16,6 @@ copied as before.
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 from typing import Any
 
 import cupy as cp
@@ -25,8 +23,9 @@ import numpy as np
 
 from atomr_accel.backends._state import per_backend
 from atomr_accel.backends.cuda._completion import Event
+from atomr_accel.core._host_copy import copy_in_threads
 
-__all__ = ["COPY_THREADS", "HOST_TO_DEVICE", "SLOT_BYTES", "STAGE_MIN", "stage_upload"]
+__all__ = ["HOST_TO_DEVICE", "SLOT_BYTES", "STAGE_MIN", "stage_upload"]
 
 STAGE_MIN = 16 << 20
 """Bytes from which a pageable upload is staged here."""
@@ -34,8 +33,6 @@ SLOT_BYTES = 16 << 20
 """Bytes of one page-locked slot (a larger upload goes through the slots in turn)."""
 _SLOTS = 2
 """Slots a context keeps: one is refilled while the other's copy is in flight."""
-COPY_THREADS = 4
-"""Threads that fill a slot together."""
 HOST_TO_DEVICE = 1
 """``cudaMemcpyHostToDevice``."""
 
@@ -71,22 +68,6 @@ class _Slots:
 _slots_of = per_backend(_Slots)
 
 
-@functools.cache
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(COPY_THREADS * 2,
-                                                 thread_name_prefix="atomr-stage")
-
-
-def _fill(target: np.ndarray[Any, Any], source: np.ndarray[Any, Any]) -> None:
-    """``target[:] = source`` (bytes), split over ``COPY_THREADS`` threads."""
-    step = -(-source.nbytes // COPY_THREADS)
-    parts = [_pool().submit(np.copyto, target[a:a + step], source[a:a + step])
-             for a in range(step, source.nbytes, step)]
-    np.copyto(target[:step], source[:step])
-    for part in parts:
-        part.result()
-
-
 def stage_upload(backend: Any, destination: int, data: np.ndarray[Any, Any]) -> None:
     """Copy ``data`` (1-D, contiguous; ``STAGE_MIN`` bytes or more is where it gains) to
     the device address ``destination`` through the context's page-locked slots, queued
@@ -97,7 +78,7 @@ def stage_upload(backend: Any, destination: int, data: np.ndarray[Any, Any]) -> 
     for start in range(0, source.nbytes, SLOT_BYTES):
         piece = source[start:start + SLOT_BYTES]
         slot = slots.next()
-        _fill(slot.view[:piece.nbytes], piece)
+        copy_in_threads(slot.view[:piece.nbytes], piece)
         cp.cuda.runtime.memcpyAsync(destination + start, slot.view.ctypes.data, piece.nbytes,
                                     HOST_TO_DEVICE, stream.ptr)
         if slot.event is None:

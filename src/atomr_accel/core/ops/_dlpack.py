@@ -11,19 +11,25 @@ the caller's process only (the thread host); elsewhere it copies instead.
   needs a 1-D view of the whole array (C-contiguous), of a dtype buffers hold,
   in this context's memory (host memory on the CPU backend, this GPU on CUDA):
   ``InvalidArgument`` otherwise.
+* ``ExternalWrite`` says that another library's stream wrote buffers (through
+  a view such as ``torch.from_dlpack(buf)``), complete once a CUDA event of
+  that stream has passed: this device's later work on them waits for the
+  event on the device (``cudaStreamWaitEvent``), so no host sync stands
+  between the other library's kernels and this device's next ones. On the CPU
+  backend the handler waits for the event on the host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 
-__all__ = ["AdoptArray", "ViewBuffer", "adoptable"]
+__all__ = ["AdoptArray", "ExternalWrite", "ViewBuffer", "adoptable", "event_handle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,45 @@ class AdoptArray(Op):
         if not hasattr(self.producer, "__dlpack__"):
             raise InvalidArgument(
                 f"AdoptArray takes a DLPack producer, got {type(self.producer).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalWrite(Op):
+    """``buffers`` were written by another library's work behind ``event`` (a CUDA event of
+    this process: ``torch.cuda.Event`` or ``cupy.cuda.Event``, recorded): work queued
+    later on them waits for it (in-process contexts only)."""
+
+    buffers: tuple[GpuRef, ...]
+    event: Any
+    queues_only: ClassVar[bool] = True
+
+    def refs(self) -> tuple[GpuRef, ...]:
+        """Every buffer of ``buffers`` (a tuple field, which ``Op.refs`` skips)."""
+        return self.buffers
+
+    def writes(self) -> tuple[GpuRef, ...]:
+        """Every buffer of ``buffers``: later readers and writers order after the event."""
+        return self.buffers
+
+    def validate(self) -> None:
+        buffers = self.buffers
+        if not isinstance(buffers, tuple) or not buffers or \
+                not all(isinstance(b, GpuRef) for b in buffers):
+            raise InvalidArgument(f"buffers must be a non-empty tuple of buffers, got "
+                                  f"{buffers!r:.80}")
+        if not callable(getattr(self.event, "synchronize", None)) or \
+                event_handle(self.event) is None:
+            raise InvalidArgument(f"event must be a recorded CUDA event (torch.cuda.Event, "
+                                  f"cupy.cuda.Event), got {type(self.event).__name__}")
+
+
+def event_handle(event: Any) -> int | None:
+    """The ``cudaEvent_t`` behind a CuPy (``ptr``) or torch (``cuda_event``) event; None
+    for anything else."""
+    handle = getattr(event, "ptr", None)
+    if handle is None:
+        handle = getattr(event, "cuda_event", None)
+    return handle if isinstance(handle, int) else None
 
 
 def adoptable(array: Any) -> tuple[Any, DType]:
