@@ -100,7 +100,8 @@ class DataParallelTrainer(BlueprintClient):
         ``CrossEntropyLoss``), ``optimizer`` (``SGD``, ``Adam``, ``AdamW``);
         ``devices`` the devices, one replica each (None: ``n_replicas``
         devices ``0 .. n-1`` spawned here with ``mock``, ``isolation`` and
-        ``standby``, as ``spawn_device`` takes them); ``seed`` and ``dtype``
+        ``standby``, as ``spawn_device`` takes them; ``mock=None``: GPUs where the
+        machine has one for each replica, else CPU devices); ``seed`` and ``dtype``
         (``"f32"``, ``"f64"``) of the parameters; ``micro_batch`` (rows a
         replica runs at once, accumulating; None: its whole share);
         ``checkpoint_every`` (steps between host checkpoints; None: 50 for one

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from atomr_accel.backends import cuda_device_count
 from atomr_accel.blueprint import BlueprintActor
 from atomr_accel.core._errors import (
     ContextPoisoned,
@@ -187,9 +188,12 @@ class DataParallelActor(BlueprintActor):
             devices = list(spec.devices)
         else:  # kept as they come up: a failed attempt does not spawn them twice
             spawned = self._spawned
+            mock = spec.mock
+            if mock is None:  # GPUs where the machine has one a replica, else CPU devices
+                mock = cuda_device_count() < spec.n_replicas
             while len(spawned) < spec.n_replicas:
                 spawned.append(await self.system.spawn_device_async(
-                    len(spawned), mock=spec.mock, isolation=spec.isolation_mode,
+                    len(spawned), mock=mock, isolation=spec.isolation_mode,
                     standby=spec.standby))
             devices = list(spawned)
         if len(devices) > 1 and self.world is None:

@@ -395,8 +395,15 @@ class TorchReplica:
     async def _finish_step(self) -> Array:
         if self._phase is not None:
             await self._phase  # the first half's error, if it failed
-        await self._device.run_async(self._check, checked=True)
-        stats = await self._device.copy_to_numpy_async(self._stats)
+        # Both on their way at once, in this order: the download reads what the check
+        # wrote, so the device runs it behind the check, and one wait covers both.
+        check = start_now(self._device.run_async(self._check, checked=True))
+        download = start_now(self._device.copy_to_numpy_async(self._stats))
+        answers = await asyncio.gather(check, download, return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        stats: Array = answers[1]
         if stats[2] != 0:
             await self.optimizer_step_async()
         return stats

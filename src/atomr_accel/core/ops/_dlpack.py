@@ -22,7 +22,7 @@ the caller's process only (the thread host); elsewhere it copies instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
@@ -59,11 +59,15 @@ class AdoptArray(Op):
 class ExternalWrite(Op):
     """``buffers`` were written by another library's work behind ``event`` (a CUDA event of
     this process: ``torch.cuda.Event`` or ``cupy.cuda.Event``, recorded): work queued
-    later on them waits for it (in-process contexts only)."""
+    later on them waits for it (in-process contexts only).
+
+    Not ``queues_only``, though its handler only queues a wait: it finishes when the other
+    library's work does, often milliseconds later, and an event loop that launched it
+    would poll it all that while. Through the context thread a 2-GPU ``TorchModule`` step
+    ran 64.1-66.6 steps/s against 59.6-62.5 (2 x H200, two rounds)."""
 
     buffers: tuple[GpuRef, ...]
     event: Any
-    queues_only: ClassVar[bool] = True
 
     def refs(self) -> tuple[GpuRef, ...]:
         """Every buffer of ``buffers`` (a tuple field, which ``Op.refs`` skips)."""
