@@ -143,18 +143,23 @@ def torch_net(torch: Any) -> Any:
                                torch.nn.Linear(256, 10))
 
 
-def torch_losses(torch: Any, net: Any, xs: list[Array], ys: list[Array]) -> list[float]:
-    model = TorchModule(net).copy_module().cuda()
-    optim = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+def torch_steps(torch: Any, model: Any, optim: Any, loss_of: Any, xs: list[Array],
+                ys: list[Array]) -> list[float]:
+    """A plain torch loop of ``model`` (on the GPU) over the batches: its losses."""
     out = []
     for x, y in zip(xs, ys, strict=True):
         optim.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x).cuda()),
-                                                 torch.from_numpy(y).cuda())
+        loss = loss_of(model(torch.from_numpy(x).cuda()), torch.from_numpy(y).cuda())
         loss.backward()
         optim.step()
         out.append(loss.item())
     return out
+
+
+def torch_losses(torch: Any, net: Any, xs: list[Array], ys: list[Array]) -> list[float]:
+    model = TorchModule(net).copy_module().cuda()
+    optim = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    return torch_steps(torch, model, optim, torch.nn.functional.cross_entropy, xs, ys)
 
 
 def test_torch_module_matches_plain_torch_on_one_gpu(system: System) -> None:
@@ -203,14 +208,7 @@ def test_torch_module_with_large_batches_and_micro_batches_matches_torch(
     ys = [rng.standard_normal((2 * rows, width)).astype(np.float32) for _ in range(4)]
     model = TorchModule(net).copy_module().cuda()
     optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True)
-    expected = []
-    for x, y in zip(xs, ys, strict=True):
-        optim.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x).cuda()),
-                                            torch.from_numpy(y).cuda())
-        loss.backward()
-        optim.step()
-        expected.append(loss.item())
+    expected = torch_steps(torch, model, optim, torch.nn.functional.mse_loss, xs, ys)
     trainer = DataParallelTrainer.spawn(system, TorchModule(net, bucket_bytes=width * width * 4),
                                         loss=MSELoss(), optimizer=SGD(lr=0.05, momentum=0.9),
                                         devices=spawn(system, gpus, False), micro_batch=rows)

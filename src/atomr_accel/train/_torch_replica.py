@@ -187,14 +187,14 @@ class TorchReplica:
         for bucket in self.buckets:
             bucket.flat.zero_()
 
-    def _arm(self, *, now: bool = True) -> None:
+    def _arm(self) -> None:
         """New completion futures for the next backward, once the last one's were used;
-        the hooks count down from now on (``now``) or once ``_armed`` is set."""
+        the hooks count down from now on."""
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
             if bucket.done.done():
                 bucket.done = self._loop.create_future()
-        self._armed = now
+        self._armed = True
 
     async def forward_async(self, x: Any, *, train: bool = True, micro_batch: int = 0) -> Any:
         """Run the module on ``x`` (kept for ``loss_async``)."""
@@ -332,10 +332,9 @@ class TorchReplica:
     async def _queued_phase(self, batches: Sequence[MicroBatch],
                             bucket_ready: Callable[[int], None]) -> None:
         """The gradient phase on CUDA, with no host wait (class doc)."""
-        self._arm(now=False)
-        for bucket in self.buckets:
-            bucket.event = None
-        self._queued = True
+        for bucket in self.buckets:  # the hooks count down once the last backward comes
+            bucket.pending, bucket.event = len(bucket.params), None
+        self._armed, self._queued = False, True
         try:
             with _user_module("TorchModule step"):
                 await asyncio.to_thread(self._queue_phase, batches)
