@@ -72,7 +72,7 @@ def test_state_lists_devices_and_library_figures_that_match_the_metrics() -> Non
             expected["memory"] += 2
             first.blas().axpy_f64(float(rng.standard_normal()), x, y)
             expected["blas"] = expected.get("blas", 0) + 1
-        second.allocate_f32(8)
+        kept = second.allocate_f32(8)  # held: a dropped buffer's free lands at any time
         expected["memory"] += 1
         system.telemetry.refresh()  # type: ignore[union-attr]
         metrics = fetch(f"http://127.0.0.1:{port}/metrics").decode()
@@ -92,6 +92,7 @@ def test_state_lists_devices_and_library_figures_that_match_the_metrics() -> Non
             assert row["memory"]["used"] == stats.memory_total - row["memory"]["free"]
         assert rows["second"]["host"]["isolation"] == "process"
         assert rows["first"]["memory"]["allocated"] == 2 * 64 * 8
+        assert rows["second"]["memory"]["allocated"] == kept.nbytes == 8 * 4
 
         libraries = state["libraries"]
         memory_ops = sum(r["ops_total"] for r in libraries.values()) - libraries["blas"][
