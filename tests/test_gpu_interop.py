@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atomr_accel import Device, DType, System
+from atomr_accel import Device, DType, InvalidArgument, System
 
 pytestmark = pytest.mark.gpu
 
@@ -60,20 +60,33 @@ def test_torch_views_a_buffer_without_a_copy_on_the_thread_host(dev: Device) -> 
         assert buf.__dlpack_device__() == (1, 0) and not view.is_cuda
 
 
-def test_the_device_reads_what_torch_wrote_after_an_external_write(dev: Device) -> None:
-    """torch writes a buffer through its view on torch's stream, behind slow matmuls; the
-    ``ExternalWrite`` and the download are sent while that work is still running (no host
-    sync), and the download reads torch's values: the device waited for torch's event."""
-    torch = pytest.importorskip("torch")
-    if dev.isolation != "thread":
-        pytest.skip("ExternalWrite hands a live event: in-process contexts only")
-    from atomr_accel.core.ops._dlpack import ExternalWrite
+def _slow_on_torch(torch: Any, n: int, rng: np.random.Generator) -> Any:
+    """An n x n result that torch's stream reaches only tens of milliseconds from now."""
+    a = torch.from_numpy(rng.standard_normal((n, n)) / np.sqrt(n)).float().cuda()
+    b = a.clone()
+    for _ in range(100):
+        b = torch.tanh(a @ b)
+    return b
 
+
+def test_the_device_reads_what_torch_wrote_after_an_external_write(dev: Device) -> None:
+    """torch writes a buffer through its view on torch's stream, behind slow matmuls;
+    ``external_write`` and the download are sent while that work is still running (no host
+    sync), and the download reads torch's values: the device waited for torch's event. A
+    process host refuses it (its buffers reach torch as copies), typed."""
+    torch = pytest.importorskip("torch")
     n = 2048
     rng = np.random.default_rng(13)
+    if dev.isolation != "thread":
+        buf = dev.allocate_f32(4)
+        event = torch.cuda.Event()
+        event.record()
+        with pytest.raises(InvalidArgument, match="isolation"):
+            dev.external_write([buf], event)
+        return
 
     async def told_then_read(buf: Any, event: Any) -> Any:
-        told = asyncio.ensure_future(dev.run_async(ExternalWrite((dev.ref_of(buf),), event)))
+        told = asyncio.ensure_future(dev.external_write_async([buf], event))
         await asyncio.sleep(0)  # the op is on its way before the download
         assert not event.query(), "torch's work ended before the device was told"
         got = await dev.copy_to_numpy_async(buf)
@@ -83,15 +96,35 @@ def test_the_device_reads_what_torch_wrote_after_an_external_write(dev: Device) 
     for _ in range(3):
         buf = dev.allocate_f32(n * n)
         view = torch.from_dlpack(buf).reshape(n, n)
-        a = torch.from_numpy(rng.standard_normal((n, n)) / np.sqrt(n)).float().cuda()
-        b = a.clone()
-        for _ in range(100):  # tens of milliseconds on torch's stream before the write
-            b = torch.tanh(a @ b)
+        b = _slow_on_torch(torch, n, rng)
         view.copy_(b)
         event = torch.cuda.Event()
         event.record()
         got = asyncio.run(told_then_read(buf, event))
         np.testing.assert_array_equal(got.reshape(n, n), b.cpu().numpy())
+
+
+def test_the_device_overwrites_a_buffer_only_after_torch_has_read_it(dev: Device) -> None:
+    """torch reads a buffer through its view behind slow matmuls; after ``external_write``
+    the device's upload into that buffer waits for torch's read, so torch saw the old
+    values."""
+    torch = pytest.importorskip("torch")
+    if dev.isolation != "thread":
+        pytest.skip("external_write is for thread-host devices (refusal tested above)")
+    n = 1024
+    rng = np.random.default_rng(17)
+    old, new = rng.standard_normal(n * n), rng.standard_normal(n * n)
+    buf = dev.allocate_f64(n * n)
+    dev.copy_from_numpy(buf, old)
+    view = torch.from_dlpack(buf).reshape(n, n)
+    slow = _slow_on_torch(torch, n, rng).double()
+    read = slow + view  # queued behind the matmuls: it reads the buffer tens of ms from now
+    event = torch.cuda.Event()
+    event.record()
+    dev.external_write([buf], event)
+    dev.copy_from_numpy(buf, new)
+    np.testing.assert_array_equal(read.cpu().numpy(), slow.cpu().numpy() + old.reshape(n, n))
+    np.testing.assert_array_equal(dev.copy_to_numpy(buf), new)
 
 
 def test_from_dlpack_adopts_a_cuda_tensor_on_the_thread_host(dev: Device) -> None:

@@ -267,51 +267,87 @@ def test_blueprint_inputs_take_torch_tensors(system: System, dev: Device) -> Non
 
 
 class _HostEvent:
-    """An event another library would record: it passes once ``finish`` runs."""
+    """An event another library would record: it passes once ``passed`` is set."""
 
-    ptr = 1
-
-    def __init__(self) -> None:
+    def __init__(self, ptr: int = 1) -> None:
         import threading
 
+        self.ptr = ptr
         self.passed = threading.Event()
 
     def synchronize(self) -> None:
-        """Wait for ``finish`` (at most 10 s)."""
+        """Wait until ``passed`` is set (at most 10 s)."""
         assert self.passed.wait(10)
 
 
+@pytest.mark.parametrize("form", ["blocking", "async"])
 def test_an_external_write_on_the_cpu_backend_waits_for_the_event_on_the_host(
-        dev: Device) -> None:
-    """The CPU backend's device is the host: the op answers only once the other library's
-    event has passed, and the buffer keeps what that library wrote."""
+        dev: Device, form: str) -> None:
+    """The CPU backend's device is the host: ``external_write`` answers only once the other
+    library's event has passed, and the buffers keep what that library wrote."""
+    import asyncio
     import threading
 
-    from atomr_accel.core.ops._dlpack import ExternalWrite
-
-    buf = dev.allocate_f32(8)
-    view = np.from_dlpack(buf)
+    bufs = [dev.allocate_f32(8), dev.allocate_f32(3)]
+    views = [np.from_dlpack(b) for b in bufs]
     event = _HostEvent()
-    values = _random((8,), seed=3)
+    values = [_random((8,), seed=3), _random((3,), seed=4)]
 
     def other_library() -> None:
-        view[:] = values
+        for view, value in zip(views, values, strict=True):
+            view[:] = value
         event.passed.set()
 
     timer = threading.Timer(0.05, other_library)
     timer.start()
-    dev.run(ExternalWrite((dev.ref_of(buf),), event))
+    if form == "blocking":
+        dev.external_write(bufs, event)
+    else:
+        asyncio.run(dev.external_write_async(tuple(bufs), event))
     assert event.passed.is_set()
-    np.testing.assert_array_equal(dev.copy_to_numpy(buf), values)
+    for buf, value in zip(bufs, values, strict=True):
+        np.testing.assert_array_equal(dev.copy_to_numpy(buf), value)
     timer.join()
 
 
-@pytest.mark.parametrize("bad", [(), "not a tuple", ("not a buffer",)])
-def test_an_external_write_without_buffers_or_event_is_refused(dev: Device, bad: Any) -> None:
-    from atomr_accel.core.ops._dlpack import ExternalWrite
-
+@pytest.mark.parametrize(("bad", "match"), [
+    ([], "buffers"), ("not a list", "sequence of buffers"), (["not a buffer"], "GpuBuffer"),
+    (None, "sequence of buffers")])
+def test_an_external_write_without_buffers_is_refused_and_loses_nothing(
+        dev: Device, bad: Any, match: str) -> None:
     buf = dev.allocate_f32(4)
-    with pytest.raises(InvalidArgument, match="buffers"):
-        dev.run(ExternalWrite(bad, _HostEvent()))
-    with pytest.raises(InvalidArgument, match="event"):
-        dev.run(ExternalWrite((dev.ref_of(buf),), object()))
+    kept = _random((4,), seed=5)
+    dev.copy_from_numpy(buf, kept)
+    passed = _HostEvent()
+    passed.passed.set()
+    with pytest.raises(InvalidArgument, match=match):
+        dev.external_write(bad, passed)
+    with pytest.raises(InvalidArgument, match="sequence of buffers"):
+        dev.external_write(buf, passed)  # a lone buffer, not a sequence
+    np.testing.assert_array_equal(dev.copy_to_numpy(buf), kept)
+
+
+def test_an_external_write_without_a_recorded_event_is_refused(dev: Device) -> None:
+    buf = dev.allocate_f32(4)
+    with pytest.raises(InvalidArgument, match="recorded CUDA event"):
+        dev.external_write([buf], object())
+    with pytest.raises(InvalidArgument, match="never recorded"):
+        dev.external_write([buf], _HostEvent(ptr=0))  # torch's Event before its record
+
+
+def test_an_external_write_is_refused_on_a_process_host_and_on_a_journaled_device(
+        system: System) -> None:
+    """Another library never writes a process host's buffer (its DLPack view is a copy), and
+    a journal could not replay that library's writes: both are refused, typed, and the
+    device goes on serving."""
+    passed = _HostEvent()
+    passed.passed.set()
+    elsewhere = system.spawn_device(mock=True, isolation="process")
+    journaled = system.spawn_device(mock=True, journal=":memory:")
+    for device, match in ((elsewhere, "isolation='process'"), (journaled, "journal")):
+        buf = device.allocate_f32(4)
+        values = _random((4,), seed=6)
+        device.copy_from_numpy(buf, values)
+        with pytest.raises(InvalidArgument, match=match):
+            device.external_write([buf], passed)
+        np.testing.assert_array_equal(device.copy_to_numpy(buf), values)

@@ -92,6 +92,9 @@ class Op(PickleByFields):
     memory (it keeps no device memory it may later replace), so a graph recorded from a
     later run may stand in for it (a repeated ``OpSequence`` on CUDA); a graph may record it
     unless it answers a host value."""
+    in_process: ClassVar[bool] = False
+    """It holds live objects of the caller's process (an array, a torch event), so it runs
+    only on a context of that process without a journal; its facade methods refuse others."""
     api: ClassVar[tuple[Form, ...]] = ()
     """The facade methods that run the op (``core._api.Form``), declared once here."""
 
@@ -148,25 +151,22 @@ def positive_ints(*values: object) -> bool:
 
 def _require_ints(values: Mapping[str, object], least: int, what: str) -> None:
     """Raise for the first value that is not an integer (``is_int``) >= ``least``."""
-    for name, v in values.items():
-        if not is_int(v) or v < least:
-            raise InvalidArgument(f"{name} must be {what}, got {v!r}")
+    for v in values.values():
+        if type(v) is not int or v < least:  # not plainly fit: look at every value in detail
+            for name, w in values.items():
+                if not is_int(w) or w < least:
+                    raise InvalidArgument(f"{name} must be {what}, got {w!r}")
+            return
 
 
 def require_nonneg(**values: int) -> None:
     """Every keyword value must be an int >= 0."""
-    for v in values.values():
-        if type(v) is not int or v < 0:  # not plainly fit: look at every value in detail
-            _require_ints(values, 0, "a non-negative int")
-            return
+    _require_ints(values, 0, "a non-negative int")
 
 
 def require_positive(**values: int) -> None:
     """Every keyword value must be an int >= 1."""
-    for v in values.values():
-        if type(v) is not int or v < 1:  # not plainly fit: look at every value in detail
-            _require_ints(values, 1, "a positive int")
-            return
+    _require_ints(values, 1, "a positive int")
 
 
 def require_numbers(dtype: DType, **values: object) -> None:

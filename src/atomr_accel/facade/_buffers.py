@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from atomr_accel.facade._device import Device
 
 __all__ = [
+    "BufferLike",
     "GpuBuffer",
     "GpuBufferBF16",
     "GpuBufferC64",
@@ -133,6 +134,10 @@ class GpuBuffer(GenerationBound):
         stale = ", stale" if self.is_stale() else ""
         return (f"{type(self).__name__}(len={len(self)}, device={self.device_id}, "
                 f"gen={self.generation}{stale})")
+
+
+BufferLike = GpuBuffer | GpuRef
+"""What a method takes for a buffer: a ``GpuBuffer`` or its ``GpuRef``."""
 
 
 class GpuBufferF16(GpuBuffer):

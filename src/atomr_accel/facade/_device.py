@@ -42,6 +42,7 @@ from atomr_accel.device import (
 )
 from atomr_accel.facade._api import DeviceApi
 from atomr_accel.facade._buffers import (
+    BufferLike,
     GpuBuffer,
     buffer_for,
     typed_ref,
@@ -58,6 +59,7 @@ from atomr_accel.facade._portal import (
     on_asyncio,
     wait_here,
 )
+from atomr_accel.facade._typed_methods import typed_allocate, typed_download, typed_upload
 
 if TYPE_CHECKING:
     from atomr_accel.device import FunctionsStats
@@ -66,7 +68,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ACCESSORS", "Device"]
 
-BufferLike = GpuBuffer | GpuRef
 E = TypeVar("E", bound=enum.Enum)
 
 
@@ -83,58 +84,6 @@ def _enum(kind: type[E], value: E | str) -> E:
 _ORIGINAL_LIBRARIES = {"blas": "blas", "cudnn": "cudnn", "cufft": "fft", "curand": "rng",
                        "cusolver": "solver", "nvrtc": "nvrtc"}
 """The original package's ``libraries_ready`` keys and our library names."""
-
-_SUFFIX = {DType.C64: "complex64", DType.C128: "complex128"}
-"""The original package's name of a dtype in method names (others: ``f32``, ``u8``, ...)."""
-
-
-def _typed(name: str, dtype: DType, run_async: Callable[..., Any],
-           doc: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """Name and document a per-dtype method; return it and its blocking twin."""
-    full = f"{name}_{_SUFFIX.get(dtype, dtype.value)}"
-    run_async.__name__ = f"{full}_async"
-    run_async.__qualname__ = f"Device.{full}_async"
-    run_async.__doc__ = doc
-    return run_async, blocking(run_async)
-
-
-def typed_allocate(dtype: DType) -> tuple[Callable[..., Coroutine[Any, Any, GpuBuffer]],
-                                          Callable[..., GpuBuffer]]:
-    """``allocate_<dtype>(length, *, managed=False, durable=False, timeout_secs=10.0)``."""
-    def allocate_async(self: Device, length: int, *, managed: bool = False,
-                       durable: bool = False, timeout_secs: float | None = 10.0,
-                       ) -> Coroutine[Any, Any, GpuBuffer]:
-        return self.allocate_async(length, dtype, managed=managed, durable=durable,
-                                   timeout_secs=timeout_secs)
-
-    return _typed("allocate", dtype, allocate_async,
-                  f"Allocate a zero-filled {dtype.value} buffer (see ``allocate``).")
-
-
-def typed_upload(dtype: DType) -> tuple[Callable[..., Coroutine[Any, Any, None]],
-                                        Callable[..., None]]:
-    """``copy_from_numpy_<dtype>(dst, src, offset=None, *, timeout_secs=10.0)``."""
-    def upload_async(self: Device, dst: BufferLike, src: Any, offset: int | None = None, *,
-                     timeout_secs: float | None = 10.0) -> Coroutine[Any, Any, None]:
-        self._ref(dst, "dst", (dtype,))
-        return self.copy_from_numpy_async(dst, src, offset, timeout_secs=timeout_secs)
-
-    return _typed("copy_from_numpy", dtype, upload_async,
-                  f"``copy_from_numpy`` into a {dtype.value} buffer (``DTypeMismatch`` else).")
-
-
-def typed_download(dtype: DType) -> tuple[Callable[..., Coroutine[Any, Any, Any]],
-                                          Callable[..., Any]]:
-    """``copy_to_numpy_<dtype>(src, offset=0, length=None, *, timeout_secs=10.0)``."""
-    def download_async(self: Device, src: BufferLike, offset: int = 0,
-                       length: int | None = None, *, timeout_secs: float | None = 10.0,
-                       ) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
-        self._ref(src, "src", (dtype,))
-        return self.copy_to_numpy_async(src, offset, length, timeout_secs=timeout_secs)
-
-    return _typed("copy_to_numpy", dtype, download_async,
-                  f"``copy_to_numpy`` of a {dtype.value} buffer (``DTypeMismatch`` else).")
-
 
 async def _reshaped(download: Coroutine[Any, Any, np.ndarray[Any, Any]],
                     shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -272,6 +221,17 @@ class Device(DeviceApi):
 
     def _ref(self, buffer: BufferLike, name: str, dtypes: Iterable[DType] | None = None) -> GpuRef:
         return typed_ref(self.ref_of(buffer, name), name, dtypes)
+
+    def _in_process_only(self, op: str) -> None:
+        """Refuse an op that holds this process's objects where the context is elsewhere or
+        a journal records the ops (``Op.in_process``)."""
+        if self.isolation != "thread" or self.journal is not None:
+            where = ("a device with a journal, which could not replay it"
+                     if self.isolation == "thread" else
+                     f"isolation={self.isolation!r}, whose buffers reach this process's "
+                     "libraries as copies (copy_from_numpy their results instead)")
+            raise InvalidArgument(f"{op} runs only on a thread-host device without a "
+                                  f"journal, not on {where}")
 
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""

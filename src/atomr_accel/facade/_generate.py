@@ -20,7 +20,7 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from atomr_accel.core._api import REQUIRED, Form, Param, on_attach
@@ -85,6 +85,8 @@ def _annotation(hint: Any) -> str:
     text: str
     if hint is GpuRef:
         text = "BufferLike"
+    elif _is_buffers(hint):
+        text = "Sequence[BufferLike]"
     elif hint in (int, float, complex, bool, str):
         text = hint.__name__
     elif isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -103,6 +105,11 @@ def _annotation(hint: Any) -> str:
 def _is_buffer(hint: Any) -> bool:
     return hint is GpuRef or (typing.get_origin(hint) in (types.UnionType, typing.Union)
                               and GpuRef in typing.get_args(hint))
+
+
+def _is_buffers(hint: Any) -> bool:
+    """Whether a field holds a tuple of buffers (``tuple[GpuRef, ...]``)."""
+    return typing.get_origin(hint) is tuple and typing.get_args(hint)[:1] == (GpuRef,)
 
 
 def _is_sequence(hint: Any) -> bool:
@@ -195,6 +202,8 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
     space["_refuse"] = _refuse
     known = [a.param.name for a in args]
     body.insert(0, f"if unknown:\n        _refuse({op.__name__!r}, {name!r}, unknown, {known!r})")
+    if op.in_process:
+        body.insert(1, f"self._in_process_only({op.__name__!r})")
     for j, (field, value) in enumerate(form.fixed.items()):
         space[f"_x{j}"] = value
         body.append(f"f_{field} = _x{j}")
@@ -209,9 +218,12 @@ def _source(name: str, op: type[Op], args: list[_Arg], hints: dict[str, Any],
             if hint is not GpuRef:
                 convert = f"None if f_{field} is None else {convert}"
             body.append(f"f_{field} = {convert}")
+        elif _is_buffers(hint):
+            body.append(f"f_{field} = _refs(self, f_{field}, {field!r})")
         elif _is_sequence(hint):
             body.append(f"f_{field} = _tuple(f_{field})")
     space["_tuple"] = _as_tuple
+    space["_refs"] = _refs
     for i, arg in enumerate(args):
         param = arg.param
         if param.fill is not None:
@@ -231,6 +243,15 @@ def _refuse(op: str, name: str, unknown: dict[str, Any], known: list[str]) -> No
     """Refuse options a method does not take (``InvalidArgument`` naming those it takes)."""
     raise InvalidArgument(f"{op} takes no option {next(iter(unknown))!r}; its options are "
                           f"{', '.join(known)}, timeout_secs ({name.removesuffix('_async')}())")
+
+
+def _refs(handle: Any, value: Any, name: str) -> tuple[GpuRef, ...]:
+    """The ``GpuRef`` of each buffer of the sequence ``value`` (``InvalidArgument`` for
+    anything else, a lone buffer included)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{name} must be a sequence of buffers, got "
+                              f"{type(value).__name__}")
+    return tuple(handle._ref(buffer, name, None) for buffer in value)
 
 
 def _as_tuple(value: Any) -> Any:
@@ -335,7 +356,9 @@ class Generated:
     set provides ``_ref(buffer, name, dtypes)`` (a buffer's ``GpuRef``, checked) and
     ``_submit(op, timeout_secs)`` (the awaitable of the op's result, the op checked first),
     and may provide ``_call(op, timeout_secs)`` (the result, waited for on the calling
-    thread); it must come before the set in its bases."""
+    thread); one whose handle runs ``Op.in_process`` ops provides
+    ``_in_process_only(op_name)`` (raises where they cannot run). It must come before the
+    set in its bases."""
 
     handle: ClassVar[str] = ""
     _portal: Portal

@@ -16,7 +16,7 @@ from atomr_accel.core.ops._graph import (
     check_capturable,
 )
 from atomr_accel.core.ops._memory import CopyBuffer
-from atomr_accel.facade._buffers import GenerationBound, GpuBuffer
+from atomr_accel.facade._buffers import BufferLike, GenerationBound
 from atomr_accel.facade._kernels import Dim, NvrtcKernel, kernel_ref, launch_op
 from atomr_accel.facade._libraries import Blas, Fft, Library, RngGenerator, Sparse, Tensor
 from atomr_accel.facade._portal import blocking
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Graph", "GraphRecorder"]
 
-BufferLike = GpuBuffer | GpuRef
 
 
 class Graph(GenerationBound):

@@ -32,7 +32,7 @@ from atomr_accel.core.ops._fft import (
 from atomr_accel.core.ops._rng import Generator, RngFill
 from atomr_accel.core.ops._sparse import CsrMatrix
 from atomr_accel.facade._api import BlasApi, FftApi, RngApi, SolverApi, SparseApi, TensorApi
-from atomr_accel.facade._buffers import GpuBuffer, typed_ref
+from atomr_accel.facade._buffers import BufferLike, typed_ref
 from atomr_accel.facade._generate import Generated
 from atomr_accel.facade._host_arrays import host_array
 from atomr_accel.facade._portal import blocking
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Blas", "Fft", "Library", "RngGenerator", "Solver", "Sparse", "Tensor", "handle_class"]
 
-BufferLike = GpuBuffer | GpuRef
 T = TypeVar("T")
 
 

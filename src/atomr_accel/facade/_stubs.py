@@ -69,7 +69,7 @@ def _field_classes(op: type[Op]) -> dict[str, type]:
     stack = list(typing.get_type_hints(op).values())
     while stack:
         hint = stack.pop()
-        if isinstance(hint, type) and hint.__module__ != "builtins":
+        if isinstance(hint, type) and hint.__module__ not in ("builtins", "typing"):  # Any
             found[hint.__name__] = hint
         stack.extend(typing.get_args(hint))
     return found

@@ -22,8 +22,9 @@ the caller's process only (the thread host); elsewhere it copies instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from atomr_accel.core._api import Form
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
@@ -36,6 +37,8 @@ __all__ = ["AdoptArray", "ExternalWrite", "ViewBuffer", "adoptable", "event_hand
 class ViewBuffer(Op):
     """Answer the context's live 1-D array of buffer ``ref`` (in-process contexts only)."""
 
+    in_process: ClassVar[bool] = True
+
     ref: GpuRef
 
     def validate(self) -> None:
@@ -47,6 +50,8 @@ class ViewBuffer(Op):
 class AdoptArray(Op):
     """Make a buffer over ``producer``'s memory (an object with ``__dlpack__``), no copy."""
 
+    in_process: ClassVar[bool] = True
+
     producer: Any
 
     def validate(self) -> None:
@@ -57,14 +62,20 @@ class AdoptArray(Op):
 
 @dataclass(frozen=True, slots=True)
 class ExternalWrite(Op):
-    """``buffers`` were written by another library's work behind ``event`` (a CUDA event of
-    this process: ``torch.cuda.Event`` or ``cupy.cuda.Event``, recorded): work queued
-    later on them waits for it (in-process contexts only).
+    """Order this device's later work on ``buffers`` after another library's work on them
+    (through a view such as ``torch.from_dlpack(buf)``), which ends with ``event``: a
+    recorded ``torch.cuda.Event`` or ``cupy.cuda.Event``. On CUDA the device waits for the
+    event, not the host; the CPU backend waits for it on the host. Thread host only (a
+    process or Ray host's buffers reach other libraries as copies), and not on a device
+    with a journal (a replay could not redo the other library's writes).
 
     Not ``queues_only``, though its handler only queues a wait: it finishes when the other
     library's work does, often milliseconds later, and an event loop that launched it
     would poll it all that while. Through the context thread a 2-GPU ``TorchModule`` step
     ran 64.1-66.6 steps/s against 59.6-62.5 (2 x H200, two rounds)."""
+
+    in_process: ClassVar[bool] = True
+    api = (Form("external_write", ("buffers", "event"), handle="device"),)
 
     buffers: tuple[GpuRef, ...]
     event: Any
@@ -83,10 +94,13 @@ class ExternalWrite(Op):
                 not all(isinstance(b, GpuRef) for b in buffers):
             raise InvalidArgument(f"buffers must be a non-empty tuple of buffers, got "
                                   f"{buffers!r:.80}")
-        if not callable(getattr(self.event, "synchronize", None)) or \
-                event_handle(self.event) is None:
+        handle = event_handle(self.event)
+        if not callable(getattr(self.event, "synchronize", None)) or handle is None:
             raise InvalidArgument(f"event must be a recorded CUDA event (torch.cuda.Event, "
                                   f"cupy.cuda.Event), got {type(self.event).__name__}")
+        if not handle:  # torch makes its event at the first record
+            raise InvalidArgument("event was never recorded (record it on the stream that "
+                                  "used the buffers)")
 
 
 def event_handle(event: Any) -> int | None:
