@@ -146,6 +146,39 @@ def test_from_dlpack_adopts_a_cuda_tensor_on_the_thread_host(dev: Device) -> Non
                                rtol=1e-15)
 
 
+@pytest.mark.parametrize("library", ["cupy", "torch"])
+def test_from_dlpack_waits_for_the_work_of_the_callers_stream(dev: Device, library: str) -> None:
+    """An array that the caller's own stream writes behind slow matmuls is given to
+    ``from_dlpack`` while that work still runs: the buffer (adopted on the thread host,
+    copied on the process host) holds what the stream wrote, not what was there before."""
+    n = 2048
+    rng = np.random.default_rng(19)
+    start = rng.standard_normal((n, n)) / np.sqrt(n)
+    if library == "cupy":
+        cp = pytest.importorskip("cupy")
+        side = cp.cuda.Stream(non_blocking=True)
+        with side:
+            a = cp.asarray(start)
+            b = a.copy()
+            for _ in range(100):
+                b = cp.tanh(a @ b)
+            assert not side.done, "the stream's work ended before the call"
+            buf = dev.from_dlpack(b.reshape(-1))
+        expected = cp.asnumpy(b).reshape(-1)
+    else:
+        torch = pytest.importorskip("torch")
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            a = torch.from_numpy(start).cuda()
+            b = a.clone()
+            for _ in range(100):
+                b = torch.tanh(a @ b)
+            assert not stream.query(), "the stream's work ended before the call"
+            buf = dev.from_dlpack(b.reshape(-1))
+        expected = b.cpu().numpy().reshape(-1)
+    np.testing.assert_array_equal(dev.copy_to_numpy(buf), expected)
+
+
 def test_cupy_arrays_come_in_and_go_out(dev: Device) -> None:
     cp = pytest.importorskip("cupy")
     data = np.random.default_rng(14).standard_normal(20)

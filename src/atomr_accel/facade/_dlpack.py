@@ -76,6 +76,30 @@ async def from_dlpack_async(device: Device, data: Any,
     return buffer
 
 
+class Exported:
+    """A CUDA array's DLPack capsule, made on the caller's thread: its library then orders
+    the work the caller's current stream queued on it before the legacy default stream
+    (``stream=1``), which the adopting handler's stream waits for. Made inside the handler
+    instead, the exchange would see the context's stream as the caller's (CuPy's current
+    stream is the op's there) and order nothing."""
+
+    __slots__ = ("_capsule", "_device")
+
+    def __init__(self, data: Any) -> None:
+        kind, index = data.__dlpack_device__()
+        self._device = (int(kind), int(index))
+        self._capsule = data.__dlpack__(stream=1)
+
+    def __dlpack__(self, **options: Any) -> Any:
+        """The capsule made on the caller's thread (its consumer's ``stream`` is waited for
+        by the handler instead)."""
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Where the array lives, as its producer said."""
+        return self._device
+
+
 def _adoptable(device: Device, data: Any) -> Any:
     """The producer to adopt for ``data``, or None where it must be copied (another
     process's context, a journal to replay from, memory of another device, a strided,
@@ -94,7 +118,12 @@ def _adoptable(device: Device, data: Any) -> Any:
     if device.config.capabilities.device_memory:
         flags = getattr(data, "flags", None)
         contiguous = flags is None or bool(flags.c_contiguous)
-        return data if (kind, index) == (_CUDA, device.device_id) and contiguous else None
+        if (kind, index) != (_CUDA, device.device_id) or not contiguous:
+            return None
+        try:
+            return Exported(data)
+        except (BufferError, RuntimeError, TypeError, ValueError):
+            return None  # its library would not export it so: the copy reads it another way
     if kind != _CPU:
         return None
     try:

@@ -21,6 +21,11 @@ __all__: list[str] = []
 
 @cuda.handles(AdoptArray)
 def _adopt(backend: CudaBackend, op: AdoptArray) -> tuple[int, DType, int]:
+    """A buffer over the producer's memory; the op's stream first waits for the legacy
+    default stream, which the facade had the producer order the caller's work before."""
+    legacy = cp.cuda.Event(disable_timing=True)
+    legacy.record(cp.cuda.Stream.null)
+    cp.cuda.get_current_stream().wait_event(legacy)
     try:
         array = cp.from_dlpack(op.producer)
     except Exception as exc:  # CuPy's refusals are of several kinds
