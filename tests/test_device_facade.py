@@ -209,3 +209,59 @@ def test_blocking_facade_is_usable_from_many_threads(dev: Device) -> None:
 def test_completion_strategies_are_for_cuda_only(system: System) -> None:
     with pytest.raises(InvalidArgument, match="CUDA backend only"):
         system.spawn_device(mock=True, completion="poll")
+
+
+@pytest.mark.parametrize("caller", ["blocking", "another loop", "cancelled"])
+def test_a_call_the_loop_never_reached_is_closed_not_left_to_warn(caller: str) -> None:
+    """The loop stops before it runs a call (a system closing under its callers): the
+    caller hears ``SystemClosed`` (or its cancellation), and the call's coroutine is closed
+    there, never awaited and never warning "coroutine ... was never awaited" when
+    collected."""
+    import gc
+    import inspect
+    import threading
+    import time
+    import warnings
+
+    from atomr_accel.facade._portal import Portal
+
+    stopped = asyncio.new_event_loop()  # never runs: what is sent to it never begins
+    portal = Portal(stopped)
+
+    async def never_begun() -> str:
+        return "ran"
+
+    coro = never_begun()
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            if caller == "blocking":
+                portal.call(coro)
+            else:
+                asyncio.run(from_another_loop())
+        except BaseException as exc:  # the outcome is what the test reads
+            outcome.append(exc)
+
+    async def from_another_loop() -> None:
+        task = asyncio.ensure_future(portal.acall(coro))
+        await asyncio.sleep(0.05)  # the call waits at the door
+        if caller == "cancelled":
+            task.cancel()
+        await task
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        thread = threading.Thread(target=call)
+        thread.start()
+        if caller != "cancelled":
+            time.sleep(0.1)
+            portal.close()  # as a closing system does once its loop has stopped
+        thread.join(5.0)
+        assert not thread.is_alive()
+        expected = asyncio.CancelledError if caller == "cancelled" else SystemClosed
+        assert len(outcome) == 1 and isinstance(outcome[0], expected), outcome
+        assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
+    stopped.close()

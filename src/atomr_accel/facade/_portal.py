@@ -102,13 +102,11 @@ class Portal:
 
     def _submit(self, coro: Coroutine[Any, Any, T], notify: Callable[[], None]) -> _Run[T]:
         """Start ``coro`` on the loop; ``notify()`` runs there once it has ended."""
-        run: _Run[T] = _Run(notify)
-        on_loop = _out_of_blocking_mode(coro)
+        run: _Run[T] = _Run(notify, coro)
         try:
-            self.loop.call_soon_threadsafe(run.begin, on_loop)
+            self.loop.call_soon_threadsafe(run.begin)
         except RuntimeError:  # the loop closed meanwhile
-            on_loop.close()
-            coro.close()
+            run.drop()
             raise self._closed_error() from None
         return run
 
@@ -141,6 +139,7 @@ class Portal:
         finally:
             self._leave(latch.set)
         if not run.done:  # left to end (or never run) on the loop; its answer is dropped
+            run.drop()
             raise self._closed_error()
         return run.outcome()
 
@@ -179,12 +178,14 @@ class Portal:
             try:
                 await stop
             except asyncio.CancelledError:
+                run.drop()  # not begun yet: it never will
                 with contextlib.suppress(RuntimeError):  # the call on the loop is cancelled
                     self.loop.call_soon_threadsafe(run.cancel)  # with its caller
                 raise
         finally:
             self._leave(wake)
         if not run.done:  # it may end later: nobody needs its answer
+            run.drop()
             raise self._closed_error()
         return run.outcome()
 
@@ -193,23 +194,41 @@ class _Run(Generic[T]):
     """One coroutine run on a portal's loop for a caller elsewhere: its outcome, and how
     that caller hears that it ended (``notify``, called on the loop)."""
 
-    __slots__ = ("_cancelled", "_notify", "done", "error", "result", "task")
+    __slots__ = ("_cancelled", "_coros", "_notify", "done", "error", "result", "task")
 
-    def __init__(self, notify: Callable[[], None]) -> None:
+    def __init__(self, notify: Callable[[], None], coro: Coroutine[Any, Any, T]) -> None:
         self._notify = notify
         self._cancelled = False
+        self._coros = [(_out_of_blocking_mode(coro), coro)]
+        """Taken once (``list.pop``, one step under the GIL): by ``begin`` on the loop, or by
+        ``drop`` where the loop never got to it."""
         self.task: asyncio.Task[T] | None = None
         self.done = False
         self.result: T | None = None
         self.error: BaseException | None = None
 
-    def begin(self, coro: Coroutine[Any, Any, T]) -> None:
-        """Run ``coro`` as a task (on the loop)."""
+    def begin(self) -> None:
+        """Run the coroutine as a task (on the loop), unless it was dropped or cancelled."""
+        try:
+            on_loop, coro = self._coros.pop()
+        except IndexError:  # dropped: its caller left before the loop came to it
+            return
         if self._cancelled:
+            on_loop.close()
             coro.close()
             return
-        self.task = asyncio.ensure_future(coro)
+        self.task = asyncio.ensure_future(on_loop)
         self.task.add_done_callback(self._end)
+
+    def drop(self) -> None:
+        """Close the coroutine if the loop has not begun it (it stopped first, or the caller
+        left): a coroutine never awaited would warn so when collected. Any thread."""
+        try:
+            on_loop, coro = self._coros.pop()
+        except IndexError:  # begun (or dropped) already
+            return
+        on_loop.close()
+        coro.close()
 
     def _end(self, task: asyncio.Task[T]) -> None:
         self.task = None  # freed on the loop: its weak-set callbacks never run on the caller
