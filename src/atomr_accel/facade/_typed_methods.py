@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["typed_allocate", "typed_download", "typed_upload"]
 
-
 _DEVICE_MODULE = "atomr_accel.facade._device"
+"""The module the twins report as theirs: ``Device``'s, whose methods they are (the package
+gives its public module to the methods written there)."""
 
 _SUFFIX = {DType.C64: "complex64", DType.C128: "complex128"}
 """The original package's name of a dtype in method names (others: ``f32``, ``u8``, ...)."""
