@@ -213,3 +213,49 @@ async def test_a_device_whose_journal_falls_behind_keeps_serving_and_says_so(
             store.go.set()  # before the device flushes on its way out
     with pytest.raises(LibraryError, match="QueueFull"):
         journal.close()
+
+
+def test_a_call_its_journal_could_not_store_is_refused_and_the_journal_stays_whole(
+) -> None:
+    """On a thread-host device with a journal, a device function that names a buffer and
+    takes an argument that cannot be pickled (a lock) is refused before it runs: the
+    journal would have failed to store it and stored nothing after. The buffer keeps its
+    data, the journal stays healthy and stores what follows. A call that names no buffer
+    is not journaled, so its lock passes; an ``ExternalWrite`` built by hand is refused."""
+    from atomr_accel.core.ops._dlpack import ExternalWrite
+
+    class Passed:  # a recorded event whose work is done
+        ptr = 1
+
+        def synchronize(self) -> None:
+            pass
+
+    def scale(view: Any, lock: Any) -> None:
+        with lock:
+            view *= 2.0
+
+    def locked_sum(values: Any, lock: Any) -> float:
+        with lock:
+            return float(values.sum())
+
+    values = np.random.default_rng(11).standard_normal(4)
+    with System.open("journal-refusal") as system:
+        dev = system.spawn_device(mock=True, journal=":memory:")
+        journal = dev.journal
+        assert journal is not None
+        buf = dev.allocate_f64(4, durable=True)
+        dev.copy_from_numpy(buf, values)
+        with pytest.raises(InvalidArgument, match="cannot be pickled"):
+            dev.function(scale)(buf, threading.Lock())
+        with pytest.raises(InvalidArgument, match="journal"):
+            dev.run(ExternalWrite((dev.ref_of(buf),), Passed()))
+        assert dev.function(locked_sum)(values, threading.Lock()) == pytest.approx(values.sum())
+        journal.flush()
+        assert journal.healthy and journal.error is None
+        np.testing.assert_array_equal(dev.copy_to_numpy(buf), values)
+
+        written = journal.written
+        dev.function(lambda view: view.__imul__(3.0))(buf)  # a closure pickles: journaled
+        journal.flush()
+        assert journal.healthy and journal.written == written + 1
+        np.testing.assert_array_equal(dev.copy_to_numpy(buf), 3.0 * values)

@@ -92,6 +92,9 @@ def prepare(op: Op, state: DeviceState, checked: bool = False) -> Op:
     """
     recorder = state.recorder
     if recorder is not None:
+        if op.in_process and op.writes():
+            raise InvalidArgument(f"{type(op).__name__} holds objects of this process, which "
+                                  "this device's journal could neither store nor replay")
         op = recorder.refresh(op)  # a durable buffer's ref from before a rebuild
     return op if checked else validated(op)
 

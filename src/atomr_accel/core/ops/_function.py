@@ -150,6 +150,15 @@ class Packed:
             unpacked = self._args = pickle.loads(self._payload)
         return unpacked
 
+    def pickled(self) -> bytes:
+        """The arguments' pickle, made once and kept (``__reduce__`` sends it): it holds
+        them as they are now, whatever the caller does with them later. Raises what
+        pickling raises."""
+        payload = self._payload
+        if payload is None:
+            payload = self._payload = _dumps(self._args)
+        return payload
+
     def __reduce__(self) -> tuple[Any, ...]:
         payload = self._payload
         if payload is None:
