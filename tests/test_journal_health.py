@@ -217,8 +217,8 @@ async def test_a_device_whose_journal_falls_behind_keeps_serving_and_says_so(
 
 def test_a_call_its_journal_could_not_store_is_refused_and_the_journal_stays_whole(
 ) -> None:
-    """On a thread-host device with a journal, a device function that names a buffer and
-    takes an argument that cannot be pickled (a lock) is refused before it runs: the
+    """On a thread-host device with a journal, a device function that names or keeps a
+    buffer and takes an argument that cannot be pickled (a lock) is refused before it runs: the
     journal would have failed to store it and stored nothing after. The buffer keeps its
     data, the journal stays healthy and stores what follows. A call that names no buffer
     is not journaled, so its lock passes; an ``ExternalWrite`` built by hand is refused."""
@@ -247,6 +247,8 @@ def test_a_call_its_journal_could_not_store_is_refused_and_the_journal_stays_who
         dev.copy_from_numpy(buf, values)
         with pytest.raises(InvalidArgument, match="cannot be pickled"):
             dev.function(scale)(buf, threading.Lock())
+        with pytest.raises(InvalidArgument, match="cannot be pickled"):  # keeps a new buffer
+            dev.function(lambda lock: np.ones(4), keep=True)(threading.Lock())
         with pytest.raises(InvalidArgument, match="journal"):
             dev.run(ExternalWrite((dev.ref_of(buf),), Passed()))
         assert dev.function(locked_sum)(values, threading.Lock()) == pytest.approx(values.sum())

@@ -155,22 +155,23 @@ class DeviceFunction:
         packer = _Packer(self.device)
         packed = Packed(packer.pack(args), packer.pack(kwargs) if kwargs else {},
                         arrays=tuple(packer.arrays))
-        if packer.buffers and self.device.journal is not None:
+        if (packer.buffers or self.keep) and self.device.journal is not None:
             self._journalable(packed)
         return CallFunction(self._code, packed, tuple(packer.buffers), self.arrays, self.keep,
                             self.pure)
 
     def _journalable(self, packed: Packed) -> None:
         """Refuse, before it runs, a call the device's journal could not store: the journal
-        keeps every call that names buffers (to replay it after a rebuild), pickled, so its
-        function and arguments must pickle even where the context is in this process."""
+        keeps every call that names or keeps buffers (to replay it after a rebuild),
+        pickled, so its function and arguments must pickle even where the context is in
+        this process."""
         try:
             self._code.payload  # noqa: B018 - pickled once, kept for every later call
             packed.pickled()  # as the arguments are now: what a replay will run on
         except Exception as exc:
             raise InvalidArgument(
-                f"{self.name} names buffers of a device with a journal, which stores the "
-                f"call to replay it, but it cannot be pickled: {exc}") from exc
+                f"{self.name} names or keeps buffers of a device with a journal, which "
+                f"stores the call to replay it, but it cannot be pickled: {exc}") from exc
 
     def call_async(self, *args: Any, timeout_secs: float | None = None,
                    **kwargs: Any) -> Coroutine[Any, Any, Any]:
