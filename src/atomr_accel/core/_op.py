@@ -93,8 +93,8 @@ class Op(PickleByFields):
     later run may stand in for it (a repeated ``OpSequence`` on CUDA); a graph may record it
     unless it answers a host value."""
     in_process: ClassVar[bool] = False
-    """It holds live objects of the caller's process (an array, a torch event), so it runs
-    only on a context of that process without a journal; its facade methods refuse others."""
+    """It holds live objects of the caller's process (an array, a torch event): its facade
+    methods refuse a context elsewhere, and a device with a journal refuses it if it writes."""
     api: ClassVar[tuple[Form, ...]] = ()
     """The facade methods that run the op (``core._api.Form``), declared once here."""
 

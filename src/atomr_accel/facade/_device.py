@@ -223,15 +223,14 @@ class Device(DeviceApi):
         return typed_ref(self.ref_of(buffer, name), name, dtypes)
 
     def _in_process_only(self, op: str) -> None:
-        """Refuse an op that holds this process's objects where the context is elsewhere or
-        a journal records the ops (``Op.in_process``)."""
-        if self.isolation != "thread" or self.journal is not None:
-            where = ("a device with a journal, which could not replay it"
-                     if self.isolation == "thread" else
-                     f"isolation={self.isolation!r}, whose buffers reach this process's "
-                     "libraries as copies (copy_from_numpy their results instead)")
-            raise InvalidArgument(f"{op} runs only on a thread-host device without a "
-                                  f"journal, not on {where}")
+        """Refuse an op that holds this process's objects (``Op.in_process``) where the
+        context lives elsewhere; the device's entry refuses one that writes buffers of a
+        device with a journal (``device._lane.prepare``)."""
+        if self.isolation != "thread":
+            raise InvalidArgument(f"{op} runs only on a thread-host device, not on "
+                                  f"isolation={self.isolation!r}, whose buffers reach this "
+                                  "process's libraries as copies (copy_from_numpy their "
+                                  "results instead)")
 
     def _submit(self, op: Op, timeout_secs: float | None) -> Coroutine[Any, Any, Any]:
         """Check ``op`` now (raises ``InvalidArgument``) and return the awaitable of its run."""
