@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -440,6 +440,53 @@ async def test_work_an_event_loop_launches_itself_is_reported_in_order(delay: fl
         np.testing.assert_array_equal(await host.submit(Download(ref)), np.full(4, 22.0))
         assert sorted(order) == list(range(20))
         assert [i for i in order if i % 2 == 0] == list(range(0, 20, 2))  # in order per stream
+    finally:
+        await host.close()
+
+
+class _Logged(_DeviceLike):
+    """A ``_DeviceLike`` that logs each launch and each report, in order."""
+
+    log: ClassVar[list[str]] = []
+
+    def begin(self, op: Any, stream: int) -> Any:
+        self.log.append("launch")
+        return super().begin(op, stream)
+
+    def wait(self, started: Any, deadline: float | None) -> Any:
+        self.log.append("report")
+        return super().wait(started, deadline)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LoggedSpec(BackendSpec):
+    def create(self) -> Any:
+        return _Logged(self.device_id)
+
+
+async def test_gathered_calls_all_launch_before_the_loop_waits_for_any() -> None:
+    """A loop that launched a short op waits for it in place only when nothing else is
+    ready to run: gathered calls queue all their work first, as direct library calls would,
+    instead of each waiting for the one before it."""
+    _Logged.delay = 0.00002  # done within the in-place wait of a lone op
+    host = ThreadHost(_LoggedSpec("cpu"))
+    await host.start()
+    try:
+        ref = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
+        ones = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
+        await host.submit(Upload(ones, np.ones(4)))
+        # the context thread ran those: it answers before it lets go of the context, and
+        # an op that finds the context taken is queued for that thread, not launched here
+        await asyncio.sleep(0.05)
+
+        async def axpy() -> None:
+            await host.submit(Axpy(4, 1.0, ones, ref))
+
+        _Logged.log.clear()
+        await axpy()  # alone: waited for in place, so reported before the next launch
+        await asyncio.gather(*(axpy() for _ in range(8)))
+        assert _Logged.log == ["launch", "report"] + ["launch"] * 8 + ["report"] * 8
+        np.testing.assert_array_equal(await host.submit(Download(ref)), np.full(4, 9.0))
     finally:
         await host.close()
 

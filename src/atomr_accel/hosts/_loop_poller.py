@@ -24,11 +24,19 @@ from typing import Any
 from atomr_accel.core._op import Op
 from atomr_accel.hosts._base import Done
 
-__all__ = ["LoopPoller", "OffLoop", "Started"]
+__all__ = ["LoopPoller", "OffLoop", "Started", "others_ready"]
 
 _STOP = object()
 SWEEP_SECONDS = 0.1
 """How often an idle waiter thread looks for pollers whose loop has closed."""
+
+
+def others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` has other callbacks ready to run (the other tasks of a ``gather``,
+    say): then an op it launched is not waited for in place, so that those launch their
+    own work first. Read from asyncio's ready queue; a loop without one (uvloop) answers
+    False, and its ops are waited for in place as before."""
+    return bool(getattr(loop, "_ready", None))
 
 
 @dataclasses.dataclass(slots=True)

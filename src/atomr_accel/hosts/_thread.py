@@ -44,7 +44,7 @@ from atomr_accel.hosts._base import (
     settle,
     translate_error,
 )
-from atomr_accel.hosts._loop_poller import OffLoop, Started
+from atomr_accel.hosts._loop_poller import OffLoop, Started, others_ready
 
 _log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class ThreadHost(ContextHost):
             return False
         entry = Started(op, started, done, time.perf_counter() + SPIN_SECONDS, after)
         poller = self._off.poller(loop)
-        if poller.may_report_now(entry) and self._report_soon(entry):
+        if poller.may_report_now(entry) and not others_ready(loop) and self._report_soon(entry):
             return True  # a lone short op: answered before its caller awaits, no loop turn
         poller.add(stream, entry)
         return True
