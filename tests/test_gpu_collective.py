@@ -9,6 +9,7 @@ Run on a 2-GPU machine (keep NVLink multicast off: ``NCCL_NVLS_ENABLE=0``):
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import threading
 import time
@@ -160,10 +161,24 @@ def test_many_threads_calling_one_world_each_get_their_own_sums(
             np.testing.assert_allclose(d.copy_to_numpy(b), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("watchdog", ["awake", "asleep"])
 def test_a_lone_rank_aborts_past_its_time_out_and_the_world_recovers(
-        worlds: dict[str, Any]) -> None:
+        worlds: dict[str, Any], monkeypatch: pytest.MonkeyPatch, watchdog: str) -> None:
+    """The watchdog that aborts it looks every few milliseconds while collectives come,
+    and sleeps once none has come for a while: either way the lone rank is aborted."""
+    cuda_collective = importlib.import_module("atomr_accel.backends.cuda._collective")
     devices, world = worlds["thread"]
     bufs = [put(d, np.ones(256, np.float32), "f32") for d in devices]
+    world.all_reduce(bufs)  # the watchdog has watched a collective just now
+    if watchdog == "asleep":
+        monkeypatch.setattr(cuda_collective, "_WATCHDOG_IDLE", 0.05)
+    asleep = watchdog == "asleep"
+    deadline = time.perf_counter() + 0.5
+    while cuda_collective._WATCHDOG._asleep is not asleep and time.perf_counter() < deadline:
+        time.sleep(0.005)  # (a watchdog woken by that collective takes a moment to stir)
+    assert cuda_collective._WATCHDOG._asleep is asleep
+    for d, b in zip(devices, bufs, strict=True):
+        d.copy_from_numpy(b, np.ones(256, np.float32))
     epoch = world.epoch
     lone = RunCollective(world._state.id, epoch, 2, (CollectiveCall(
         CallKind.ALL_REDUCE, bufs[0].ref, bufs[0].ref, 256),), timeout=0.5)

@@ -149,7 +149,12 @@ class _Watchdog:
     """Aborts the communicators of collectives in flight once their world aborts the
     epoch, their time-out passes or NCCL reports an asynchronous error:
     ``ncclCommAbort`` from this thread makes their kernels (or a blocking ``groupEnd``
-    waiting for a peer that never comes) return. Sleeps while nothing is watched."""
+    waiting for a peer that never comes) return.
+
+    It looks every ``_WATCHDOG_SECONDS`` while collectives come, and sleeps only once
+    none has been watched for ``_WATCHDOG_IDLE`` seconds: a run of short collectives
+    then never wakes it (a wake per call made it take the interpreter lock from the
+    caller while that caller launched the next one)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -157,18 +162,22 @@ class _Watchdog:
         self._watched: dict[int, tuple[_Comm, float, float]] = {}
         self._tokens = itertools.count(1)
         self._thread: threading.Thread | None = None
+        self._asleep = False
+        """Whether it sleeps until something is watched (under the lock)."""
+        self._last_watch = 0.0
+        """When ``watch`` was last called (under the lock)."""
 
     def watch(self, held: _Comm, timeout: float) -> int:
         """Watch ``held`` for ``timeout`` seconds until ``unwatch``; answers the token."""
         with self._lock:
             token = next(self._tokens)
-            idle = not self._watched
-            self._watched[token] = (held, time.perf_counter() + timeout, timeout)
+            self._last_watch = now = time.perf_counter()
+            self._watched[token] = (held, now + timeout, timeout)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, daemon=True,
                                                 name="atomr-nccl-watchdog")
                 self._thread.start()
-            if idle:  # it sleeps until something is watched; else its next round sees it
+            if self._asleep:  # else its next round, at most _WATCHDOG_SECONDS away, sees it
                 self._work.notify()
             return token
 
@@ -180,8 +189,11 @@ class _Watchdog:
     def _serve(self) -> None:
         while True:
             with self._work:
-                while not self._watched:
-                    self._work.wait()
+                if not self._watched and time.perf_counter() - self._last_watch > _WATCHDOG_IDLE:
+                    self._asleep = True
+                    while not self._watched:
+                        self._work.wait()
+                    self._asleep = False
                 self._work.wait(_WATCHDOG_SECONDS)
                 watched = list(self._watched.items())
             now = time.perf_counter()
@@ -210,6 +222,9 @@ class _Watchdog:
 
 _WATCHDOG_SECONDS = 0.01
 """How often the watchdog looks at the collectives in flight."""
+_WATCHDOG_IDLE = 1.0
+"""How long the watchdog keeps looking after the last collective it watched, before it
+sleeps until the next one."""
 _WATCHDOG = _Watchdog()
 
 
