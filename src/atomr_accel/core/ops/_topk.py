@@ -13,7 +13,6 @@ from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
     Op,
     is_int,
-    require,
     require_buffer,
     require_len,
     require_numbers,
@@ -98,13 +97,15 @@ class ScoreTopK(_TopKOp):
     def validate(self) -> None:
         self._check_sizes("n", "dim", "k")
         require_buffer(self.matrix, _DTYPES, self.n * self.dim, "matrix")
-        q = self.queries
-        require(isinstance(q, np.ndarray) and q.ndim == 2 and q.shape[0] >= 1
-                and q.shape[1] == self.dim,
+        q = self.queries  # (each message is made only once its check has failed)
+        if not (isinstance(q, np.ndarray) and q.ndim == 2 and q.shape[0] >= 1
+                and q.shape[1] == self.dim):
+            raise InvalidArgument(
                 f"queries must be a host array of shape (m, {self.dim}) with m >= 1, got "
                 f"{getattr(q, 'shape', type(q).__name__)}")
-        require(q.dtype == self.matrix.dtype.numpy,
-                f"queries have dtype {q.dtype} but the matrix holds {self.matrix.dtype.value}")
+        if q.dtype != self.matrix.dtype.numpy:
+            raise InvalidArgument(f"queries have dtype {q.dtype} but the matrix holds "
+                                  f"{self.matrix.dtype.value}")
         require_numbers(self.matrix.dtype, alpha=self.alpha)
         self._check_keys()
         if self.bias is not None:
