@@ -15,6 +15,8 @@ The goals (issue "Fast data path"), all through the public facade:
    synchronize) from 4 MiB up, >= 70% at 1 MiB.
 5. RNG uniform fill of 2^24 f32: >= 90% of one direct cuRAND Philox call, continuation
    exact (two fills of 2^23 equal one of 2^24).
+6. Device -> host download round trip p50 at 4 KiB, 256 KiB and 4 MiB: blocking and
+   awaited from a user's loop, both hosts, beside CuPy's ``get`` (which synchronizes).
 
     python benchmarks/gpu_overhead.py [--quick]
 """
@@ -250,6 +252,35 @@ def copies(dev: Device, max_mib: int) -> list[dict[str, Any]]:
     return results
 
 
+def downloads(devices: dict[str, Device], reps: int) -> dict[str, Any]:
+    """p50/p99 of one download of each size: CuPy's ``get``, then each host's blocking and
+    awaited facade."""
+    rows: dict[str, Any] = {}
+    for size in (4 << 10, 256 << 10, 4 << 20):
+        label = f"{size >> 10} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
+        source = cp.random.standard_normal(size // 4, dtype=cp.float32)
+        rows[f"{label}, cupy get"] = summarize_us(samples_ns(source.get, reps, warm=20))
+        for isolation, dev in devices.items():
+            buf = dev.allocate(size // 4, "f32")
+            dev.copy_from_numpy(buf, source.get())
+            rows[f"{label}, {isolation} host, blocking"] = summarize_us(
+                samples_ns(lambda dev=dev, buf=buf: dev.copy_to_numpy(buf), reps, warm=20))
+
+            async def awaited(dev: Device = dev, buf: Any = buf) -> list[int]:
+                out = []
+                for i in range(reps + 20):
+                    start = time.perf_counter_ns()
+                    await dev.copy_to_numpy_async(buf)
+                    if i >= 20:
+                        out.append(time.perf_counter_ns() - start)
+                return out
+
+            rows[f"{label}, {isolation} host, async from a user's loop"] = summarize_us(
+                asyncio.run(awaited()))
+            dev.free(buf)
+    return rows
+
+
 def rng_fill(dev: Device, reps: int) -> dict[str, Any]:
     n = 1 << 24
     out = cp.empty(n, dtype=cp.float32)
@@ -289,12 +320,13 @@ def main(quick: bool) -> dict[str, Any]:
     with System.open("bench") as system:
         devices = {isolation: system.spawn_device(mock=False, isolation=isolation)
                    for isolation in HOSTS}
-        results = {
+        results: dict[str, Any] = {
             "sgemm": sgemm(devices, 4096, 10 if quick else 40),
             "small_gemm": small_gemm(devices, reps),
             "wakeup": wakeups(devices, reps),
             "copies": copies(devices["thread"], 256 if quick else 1024),
             "rng": rng_fill(devices["thread"], 20 if quick else 100),
+            "downloads": downloads(devices, reps // 2),
         }
     results["small_gemm"].update(asyncio.run(small_gemm_on_the_system_loop(reps)))
     return results
@@ -322,6 +354,8 @@ def report(results: dict[str, Any]) -> None:
                   f"{r['ratio']:.1%}"] for r in results["copies"]])
     print_table("5. RNG uniform fill of 2^24 f32", ["", "value"],
                 [[k, v] for k, v in results["rng"].items()])
+    print_table("6. device -> host download round trip (us)", ["path", "p50", "p99"],
+                [[k, v["p50_us"], v["p99_us"]] for k, v in results["downloads"].items()])
 
 
 if __name__ == "__main__":

@@ -355,6 +355,61 @@ def test_large_pageable_uploads_arrive_whole_and_in_order(isolation: str) -> Non
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_downloads_around_the_queued_size_read_what_the_stream_wrote(isolation: str) -> None:
+    """Downloads of up to ``QUEUED_READ_MAX`` bytes are queued into page-locked memory
+    (on the thread host an awaited one is launched from the caller's loop), larger ones
+    copied at once. Each size, at an offset, awaited right behind the gemm that writes
+    its buffer, then gathered, then blocking, reads what the stream wrote; every dtype
+    reads its own values."""
+    import asyncio
+
+    from atomr_accel.backends.cuda._queued_read import QUEUED_READ_MAX
+
+    rng = np.random.default_rng(23)
+    n = 4096  # an f64 gemm of some milliseconds: a download not ordered behind it reads 0s
+    a = rng.standard_normal(n * n) / np.sqrt(n)
+    a2 = a.reshape(n, n).T
+    want = (a2 @ a2).T.reshape(-1)  # column-major, as cuBLAS computes it
+    step = QUEUED_READ_MAX // 8
+    spans = [(0, 1), (5, 1000), (5, step), (5, step + 1), (3, 2 * step)]
+
+    async def main() -> None:
+        async with await System.open_async("gpu") as system:
+            dev = await system.spawn_device_async(mock=False, isolation=isolation)
+            blas = dev.blas()
+            x, c = await dev.allocate_f64_async(n * n), await dev.allocate_f64_async(n * n)
+            await dev.copy_from_numpy_async(x, a)
+            for offset, length in spans:
+                await dev.copy_from_numpy_async(c, np.zeros(n * n))
+                gemm = asyncio.ensure_future(blas.gemm_f64_async(x, x, c, n, n, n))
+                await asyncio.sleep(0)  # the gemm's task launches it
+                assert not gemm.done()
+                got = await dev.copy_to_numpy_async(c, offset, length)
+                await gemm
+                np.testing.assert_allclose(got, want[offset:offset + length], rtol=1e-9,
+                                           atol=1e-9)
+            reads = await asyncio.gather(*(dev.copy_to_numpy_async(c, offset, length)
+                                           for offset, length in spans))
+            for offset, length in spans:  # and blocking, from a plain thread
+                reads.append(await asyncio.to_thread(dev.copy_to_numpy, c, offset, length))
+            for (offset, length), got in zip(spans + spans, reads, strict=True):
+                np.testing.assert_allclose(got, want[offset:offset + length], rtol=1e-9,
+                                           atol=1e-9)
+            for dtype in (DType.F32, DType.C128, DType.I32, DType.U8):
+                size = 2 * step + 8  # every span fits
+                values = random(rng, size, dtype) if dtype.is_float or dtype.is_complex \
+                    else rng.integers(0, 100, size).astype(dtype.numpy)
+                buf = await dev.allocate_async(len(values), dtype)
+                await dev.copy_from_numpy_async(buf, values)
+                for offset, length in spans:
+                    got = await dev.copy_to_numpy_async(buf, offset, length)
+                    assert got.dtype == values.dtype
+                    np.testing.assert_array_equal(got, values[offset:offset + length])
+
+    asyncio.run(main())
+
+
 def test_an_allocation_out_of_memory_takes_back_the_memory_of_replayed_graphs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A sequence run twice holds a recorded graph and its pool; an allocation that finds

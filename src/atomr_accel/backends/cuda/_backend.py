@@ -51,6 +51,7 @@ from atomr_accel.backends.cuda._cuda_errors import (
     classified,
     translate_cuda_error,
 )
+from atomr_accel.backends.cuda._queued_read import QUEUED_READ_MAX, QueuedRead
 from atomr_accel.backends.cuda._replay import replays_of
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
@@ -65,7 +66,7 @@ from atomr_accel.core._errors import (
 from atomr_accel.core._op import Op, kept
 from atomr_accel.core.ops._faults import FaultKind, InjectFault
 from atomr_accel.core.ops._graph import OpSequence
-from atomr_accel.core.ops._memory import Advice, Attach, Location, Upload
+from atomr_accel.core.ops._memory import Advice, Attach, Download, Location, Upload
 from atomr_accel.core.ops._rng import RngFill
 
 __all__ = ["DEFAULT_COMPLETION", "STICKY_ERRORS", "CudaBackend", "translate_cuda_error"]
@@ -314,8 +315,9 @@ class CudaBackend(Backend):
     def queues_only(self, op: Op) -> bool:
         """True for ops whose handlers only queue device work (no host sync, no compile: the
         op's ``queues_only`` trait); most RNG fills qualify (``_rng.queues_only``), an
-        upload when its source is page-locked host memory, and an op that ran before whose
-        first run built or compiled what it needs (``_prepared.Prepared``)."""
+        upload when its source is page-locked host memory, a download of at most
+        ``QUEUED_READ_MAX`` bytes (``_queued_read``), and an op that ran before whose first
+        run built or compiled what it needs (``_prepared.Prepared``)."""
         if op.queues_only:
             return True
         kind = type(op)
@@ -326,6 +328,9 @@ class CudaBackend(Backend):
             return cuda_rng.queues_only(op)  # type: ignore[arg-type]
         if kind is Upload:
             return _is_pinned(op.data)  # type: ignore[attr-defined]
+        if kind is Download:
+            download: Download = op  # type: ignore[assignment]
+            return download.count * download.ref.dtype.itemsize <= QUEUED_READ_MAX
         if kind in prepared.PREPARING:  # an op that ran before: what it builds is built
             return prepared.prepared_of(self).queues(op)
         return False
@@ -470,9 +475,13 @@ class CudaBackend(Backend):
         return out
 
     def read(self, buffer_id: int, offset: int, length: int) -> Any:
+        """A download: queued into page-locked memory (``QueuedRead``, answered once the
+        stream has run the copy) up to ``QUEUED_READ_MAX`` bytes, else copied at once."""
         source = self.array(buffer_id)
         if offset or length != source.size:
             source = source[offset : offset + length]
+        if source.nbytes <= QUEUED_READ_MAX and not self.capturing:
+            return QueuedRead(source)
         return source.get(stream=cp.cuda.get_current_stream())
 
     def copy(self, src: int, dst: int, length: int, src_offset: int, dst_offset: int) -> None:
