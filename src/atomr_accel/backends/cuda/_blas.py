@@ -38,7 +38,8 @@ from atomr_accel.core.ops._blas import (
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["Matrix", "copy", "gemm", "gemm_call", "gemv_call", "iamin", "rot", "swap"]
+__all__ = ["Matrix", "copy", "cublas_handle", "gemm", "gemm_call", "gemv_call", "iamin", "rot",
+           "swap"]
 
 _ROUTINES = {  # dtype -> (gemm, strided batched gemm, host scalar type)
     DType.F32: ("sgemm", "sgemmStridedBatched", np.float32),
@@ -78,7 +79,7 @@ _LEVEL1 = {  # dtype -> (routine letter, host type of rot's c, of rot's s, amin 
 }
 
 
-def _handle(backend: CudaBackend) -> int:
+def cublas_handle(backend: CudaBackend) -> int:
     """The cuBLAS handle, bound to the current stream unless a capture bound it already."""
     handle: int = cp.cuda.device.get_cublas_handle()
     if not getattr(backend, "capturing", False):
@@ -100,7 +101,7 @@ def gemm(backend: CudaBackend, op: Gemm | GemmStridedBatched) -> None:
     single, batched, scalar = _ROUTINES[op.c.dtype]
     _alpha, alpha = _scalar(op.alpha, scalar)
     _beta, beta = _scalar(op.beta, scalar)
-    args = (_handle(backend), *codes, op.m, op.n, op.k, alpha, pa, a.ld, a.stride, pb, b.ld,
+    args = (cublas_handle(backend), *codes, op.m, op.n, op.k, alpha, pa, a.ld, a.stride, pb, b.ld,
             b.stride, beta, pc, c.ld, c.stride, op.batch)
     if getattr(backend, "capturing", False):  # CuPy's wrappers refuse capture; cuBLAS does not
         call_cublas(f"cublas{single[0].upper()}gemmStridedBatched", *args)
@@ -120,7 +121,7 @@ def gemm_call(backend: CudaBackend, dtype: DType, codes: tuple[int, int],
     single, _, scalar = _ROUTINES[dtype]
     _alpha, alpha_at = _scalar(alpha, scalar)
     _beta, beta_at = _scalar(beta, scalar)
-    args = (_handle(backend), *codes, *mnk, alpha_at, *a, *b, beta_at, *c)
+    args = (cublas_handle(backend), *codes, *mnk, alpha_at, *a, *b, beta_at, *c)
     if getattr(backend, "capturing", False):
         call_cublas(f"cublas{single[0].upper()}gemm_v2", *args)
     else:
@@ -134,7 +135,7 @@ def gemv_call(backend: CudaBackend, dtype: DType, trans: int, mn: tuple[int, int
     letter, scalar = _LEVEL1[dtype][0], _LEVEL1[dtype][1]
     _alpha, alpha_at = _scalar(alpha, scalar)
     _beta, beta_at = _scalar(beta, scalar)
-    args = (_handle(backend), trans, *mn, alpha_at, *a, x, 1, beta_at, y, 1)
+    args = (cublas_handle(backend), trans, *mn, alpha_at, *a, x, 1, beta_at, y, 1)
     if getattr(backend, "capturing", False):
         call_cublas(f"cublas{letter}gemv_v2", *args)
     else:
@@ -156,14 +157,14 @@ def rot(backend: CudaBackend, op: Rot) -> None:
     letter, c_type, s_type, _ = _LEVEL1[op.x.dtype]
     _c, c = _scalar(op.c, c_type)
     _s, s = _scalar(op.s, s_type)
-    call_cublas(f"cublas{letter}rot_v2", _handle(backend), *_vectors(backend, op), c, s)
+    call_cublas(f"cublas{letter}rot_v2", cublas_handle(backend), *_vectors(backend, op), c, s)
 
 
 @cuda.handles(Swap)
 def swap(backend: CudaBackend, op: Swap) -> None:
     """Exchange x and y in place by cuBLAS swap."""
     if op.n:
-        call_cublas(f"cublas{_LEVEL1[op.x.dtype][0]}swap_v2", _handle(backend),
+        call_cublas(f"cublas{_LEVEL1[op.x.dtype][0]}swap_v2", cublas_handle(backend),
                     *_vectors(backend, op))
 
 
@@ -171,7 +172,7 @@ def swap(backend: CudaBackend, op: Swap) -> None:
 def copy(backend: CudaBackend, op: Copy) -> None:
     """Copy x into y by cuBLAS copy."""
     if op.n:
-        call_cublas(f"cublas{_LEVEL1[op.x.dtype][0]}copy_v2", _handle(backend),
+        call_cublas(f"cublas{_LEVEL1[op.x.dtype][0]}copy_v2", cublas_handle(backend),
                     *_vectors(backend, op))
 
 
@@ -182,7 +183,8 @@ def iamin(backend: CudaBackend, op: Iamin) -> int:
         return 0
     index = np.zeros(1, dtype=np.int32)  # host memory: cuBLAS writes it once the result is in
     routine = getattr(cublas, _LEVEL1[op.x.dtype][3])
-    routine(_handle(backend), op.n, backend.pointer(op.x.buffer_id), op.incx, index.ctypes.data)
+    routine(cublas_handle(backend), op.n, backend.pointer(op.x.buffer_id), op.incx,
+            index.ctypes.data)
     return int(index[0])
 
 

@@ -25,15 +25,22 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import cupy as cp
 import numpy as np
+from cupy_backends.cuda.libs import cublas
 
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends.cpu import _topk as shared
 from atomr_accel.backends.cuda import _topk_kernel as kernel
+from atomr_accel.backends.cuda._blas import cublas_handle
+from atomr_accel.core._dtype import DType
 from atomr_accel.core.ops._topk import ScoreTopK, TopK
+
+if TYPE_CHECKING:
+    from atomr_accel.backends.cuda._backend import CudaBackend
 
 __all__ = ["GROUPED_ROWS", "score_top_k", "top_k", "torch_module"]
 
@@ -168,13 +175,41 @@ def _staged(xp: Any, host: np.ndarray[Any, Any]) -> tuple[Any, Any]:
     return device, pinned
 
 
+def _scores(backend: CudaBackend, op: ScoreTopK, queries: Any) -> Any:
+    """``shared.scores`` of ``op``: for f16, the products by one cuBLAS ``gemmEx`` as CuPy's
+    matmul calls it (f32 accumulation, a tensor-op algorithm), without the host work that
+    call costs around it (a one-query search waits for it before its matmul starts);
+    ``alpha`` and the bias then as the shared handler applies them. Other dtypes, and a
+    capture, through ``shared.scores``."""
+    if op.matrix.dtype is not DType.F16 or backend.capturing:
+        return shared.scores(backend, op, queries)
+    xp = backend.xp
+    m = queries.shape[0]
+    out = xp.empty((m, op.n), dtype=np.float16)
+    # row-major scores (m x n) are column-major (n x m): matrix^T-as-stored times queries
+    cublas.gemmEx(cublas_handle(backend), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, op.n, m, op.dim,
+                  _ONE.ctypes.data, backend.pointer(op.matrix.buffer_id), _HALF, op.dim,
+                  queries.data.ptr, _HALF, op.dim, _ZERO.ctypes.data, out.data.ptr, _HALF,
+                  op.n, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP)
+    if op.alpha != 1.0:
+        out *= np.float16(op.alpha)
+    if op.bias is not None:
+        out += backend.array(op.bias.buffer_id)[: op.n]
+    return out
+
+
+_HALF = int(cp.cuda.runtime.CUDA_R_16F)
+_ONE, _ZERO = np.ones((), np.float32), np.zeros((), np.float32)
+"""The gemm's alpha and beta, read by cuBLAS from host memory (f32: it accumulates in f32)."""
+
+
 @cuda.handles(ScoreTopK)
-def score_top_k(backend: ArrayBackend, op: ScoreTopK) -> shared.Answer:
-    """Score (``backends.cpu._topk.scores``: a cuBLAS matmul of the queries, staged through
-    pinned memory) and select (``_answer``, which waits for the stream: the staging memory
-    is held until then)."""
+def score_top_k(backend: CudaBackend, op: ScoreTopK) -> shared.Answer:
+    """Score (``_scores``: a cuBLAS matmul of the queries, staged through pinned memory)
+    and select (``_answer``, which waits for the stream: the staging memory is held until
+    then)."""
     keys = None if op.keys is None else backend.array(op.keys.buffer_id)[: op.n]
     queries, staging = _staged(backend.xp, op.queries)
-    answer = _answer(backend, shared.scores(backend, op, queries), keys, op.k)
+    answer = _answer(backend, _scores(backend, op, queries), keys, op.k)
     del staging
     return answer
