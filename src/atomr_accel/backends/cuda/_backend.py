@@ -51,7 +51,7 @@ from atomr_accel.backends.cuda._cuda_errors import (
     classified,
     translate_cuda_error,
 )
-from atomr_accel.backends.cuda._queued_read import QUEUED_READ_MAX, QueuedRead
+from atomr_accel.backends.cuda._queued_read import QUEUED_READ_MAX
 from atomr_accel.backends.cuda._replay import replays_of
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
@@ -316,8 +316,8 @@ class CudaBackend(Backend):
         """True for ops whose handlers only queue device work (no host sync, no compile: the
         op's ``queues_only`` trait); most RNG fills qualify (``_rng.queues_only``), an
         upload when its source is page-locked host memory, a download of at most
-        ``QUEUED_READ_MAX`` bytes (``_queued_read``), and an op that ran before whose first
-        run built or compiled what it needs (``_prepared.Prepared``)."""
+        ``QUEUED_READ_MAX`` bytes (``_queued_read.download``), and an op that ran before
+        whose first run built or compiled what it needs (``_prepared.Prepared``)."""
         if op.queues_only:
             return True
         kind = type(op)
@@ -475,13 +475,9 @@ class CudaBackend(Backend):
         return out
 
     def read(self, buffer_id: int, offset: int, length: int) -> Any:
-        """A download: queued into page-locked memory (``QueuedRead``, answered once the
-        stream has run the copy) up to ``QUEUED_READ_MAX`` bytes, else copied at once."""
         source = self.array(buffer_id)
         if offset or length != source.size:
             source = source[offset : offset + length]
-        if source.nbytes <= QUEUED_READ_MAX and not self.capturing:
-            return QueuedRead(source)
         return source.get(stream=cp.cuda.get_current_stream())
 
     def copy(self, src: int, dst: int, length: int, src_offset: int, dst_offset: int) -> None:

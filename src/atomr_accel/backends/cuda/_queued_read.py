@@ -13,14 +13,19 @@ has run, so the block goes back to CuPy's pool at once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cupy as cp
 import numpy as np
 
 from atomr_accel.backends._base import Deferred
+from atomr_accel.backends._handlers import cuda
+from atomr_accel.core.ops._memory import Download
 
-__all__ = ["QUEUED_READ_MAX", "QueuedRead"]
+if TYPE_CHECKING:
+    from atomr_accel.backends.cuda._backend import CudaBackend
+
+__all__ = ["QUEUED_READ_MAX", "QueuedRead", "download"]
 
 QUEUED_READ_MAX = 1 << 20
 """Bytes up to which a download is queued (larger ones are copied at once, off any event
@@ -52,3 +57,12 @@ class QueuedRead(Deferred):
             self._answer = np.ndarray((self._size,), self._dtype, self._pinned).copy()
             self._pinned = None
         return self._answer
+
+
+@cuda.handles(Download)
+def download(backend: CudaBackend, op: Download) -> Any:
+    """``Download`` on CUDA: queued (``QueuedRead``) up to ``QUEUED_READ_MAX`` bytes outside
+    a capture, else copied at once (``CudaBackend.read``)."""
+    if op.count * op.ref.dtype.itemsize > QUEUED_READ_MAX or backend.capturing:
+        return backend.read(op.ref.buffer_id, op.offset, op.count)
+    return QueuedRead(backend.array(op.ref.buffer_id)[op.offset : op.offset + op.count])
