@@ -419,15 +419,21 @@ class _DeviceLikeSpec(BackendSpec):
         return _DeviceLike(self.device_id)
 
 
+async def _ref_and_ones(host: ThreadHost) -> tuple[GpuRef, GpuRef]:
+    """Two 4-element f64 buffers of ``host``: zeros, and ones."""
+    ref = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
+    ones = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
+    await host.submit(Upload(ones, np.ones(4)))
+    return ref, ones
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.0002, 0.02])  # done at once, in the spin, after it
 async def test_work_an_event_loop_launches_itself_is_reported_in_order(delay: float) -> None:
     _DeviceLike.delay = delay
     host = ThreadHost(_DeviceLikeSpec("cpu"))
     await host.start()
     try:
-        ref = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
-        ones = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
-        await host.submit(Upload(ones, np.ones(4)))
+        ref, ones = await _ref_and_ones(host)
         order: list[int] = []
         futures = []
         for i in range(20):
@@ -472,9 +478,7 @@ async def test_gathered_calls_all_launch_before_the_loop_waits_for_any() -> None
     host = ThreadHost(_LoggedSpec("cpu"))
     await host.start()
     try:
-        ref = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
-        ones = GpuRef(0, await host.submit(Allocate(DType.F64, 4)), DType.F64, 4, 1)
-        await host.submit(Upload(ones, np.ones(4)))
+        ref, ones = await _ref_and_ones(host)
         # the context thread ran those: it answers before it lets go of the context, and
         # an op that finds the context taken is queued for that thread, not launched here
         await asyncio.sleep(0.05)
