@@ -181,6 +181,71 @@ def test_gemm_repeated_on_the_same_buffers_computes_each_calls_data(
             close(get(gpu, d, (m, n)), want, name)
 
 
+def test_a_gemm_of_a_signature_that_ran_only_queues_work(devices: tuple[Any, Any]) -> None:
+    """Once a GEMM ran, a GEMM of its signature only queues work whatever its buffers and
+    scalars (an awaited one launches from the caller's event loop); another shape or kind
+    of epilogue node does not until it ran (its kernel may have to be built)."""
+    from atomr_accel.backends.cuda._backend import CudaBackend
+    from atomr_accel.core import GpuRef
+    from atomr_accel.core.ops._cutlass import CutlassGemm
+
+    backend = CudaBackend(0)
+
+    def ref(length: int) -> GpuRef:
+        return GpuRef(0, backend.allocate(DType.BF16, length), DType.BF16, length, 1)
+
+    m = 256
+    a, b, d, other = (ref(m * m) for _ in range(4))
+    bias = ref(m)
+
+    def gemm(out: GpuRef, epilogue: Epilogue, k: int = m) -> CutlassGemm:
+        return CutlassGemm(a, b, out, m, m, k, epilogue)
+
+    first = gemm(d, Epilogue().scale(0.5).bias(bias))
+    assert not backend.queues_only(first)
+    backend.execute(first)
+    assert backend.queues_only(first)
+    assert backend.queues_only(gemm(other, Epilogue().scale(2.0).bias(bias)))
+    assert not backend.queues_only(gemm(d, Epilogue().scale(0.5)))
+    assert not backend.queues_only(gemm(d, Epilogue().scale(0.5).bias(bias), k=m // 2))
+    backend.synchronize()
+
+
+def test_gathered_gemms_awaited_again_compute_each_calls_data(
+        devices: tuple[Any, Any]) -> None:
+    """GEMMs of one signature awaited together, round after round with new data, scales and
+    row sums (launched from the caller's event loop once the first ran), match NumPy in
+    float64."""
+    import asyncio
+
+    m = n = k = 256
+    name = "bf16"
+    _, gpu = devices
+    cl = gpu.cutlass()
+    a, b = gpu.allocate(m * k, DType.BF16), gpu.allocate(k * n, DType.BF16)
+    outs = [(gpu.allocate(m * n, DType.BF16), gpu.allocate(m, DType.F32)) for _ in range(6)]
+
+    async def together(scales: list[float]) -> None:
+        await asyncio.gather(*(
+            cl.gemm_async(a, b, d, m, n, k, Epilogue().scale(scale).reduce(sums, axis="row"),
+                          timeout_secs=600)
+            for (d, sums), scale in zip(outs, scales, strict=True)))
+
+    for round_ in range(3):
+        x, y = rand((m, k), name, 70 + round_), rand((k, n), name, 80 + round_)
+        gpu.copy_from_numpy(a, x.reshape(-1))
+        gpu.copy_from_numpy(b, y.reshape(-1))
+        scales = [0.5 + i + round_ for i in range(len(outs))]
+        asyncio.run(together(scales))
+        exact = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+        for (d, sums), scale in zip(outs, scales, strict=True):
+            got = get(gpu, d, (m, n))
+            close(got, scale * exact, name)
+            np.testing.assert_allclose(get(gpu, sums, (m,)),
+                                       np.asarray(got, np.float64).sum(axis=1),
+                                       rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("name", ["f16", "bf16"])
 def test_grouped_gemm_matches_the_cpu_and_cublas(devices: tuple[Any, Any], name: str) -> None:
     torch = pytest.importorskip("torch")

@@ -5,7 +5,11 @@ Every handler runs inside the op's stream context: scratch (workspace, a
 transposed f32 ``B``, padded grouped operands) comes from CuPy's pool on that
 stream, so it is reused only after the kernel that reads it, and nothing
 synchronizes. A reduction node of an epilogue runs as a CuPy sum over the
-stored ``D`` right after the GEMM. The device's compute capability names the
+stored ``D`` right after the GEMM. Once a GEMM of a signature (``signature``:
+dtypes, shape, family, epilogue nodes) or a convolution ran, its kernels are
+loaded and the next ones only queue work (``_prepared``), so a repeated
+awaited call launches from the caller's event loop and gathered calls keep the
+device busy. The device's compute capability names the
 architecture the kernels are planned and compiled for (8.0, 8.6, 8.9, 9.0,
 10.0, 12.0); another device raises ``LibraryUnavailable``.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
@@ -25,6 +30,7 @@ from atomr_accel.backends._handlers import cuda
 from atomr_accel.backends._optional import require
 from atomr_accel.backends._state import Lru, per_backend
 from atomr_accel.backends.cpu._cutlass import ledger, plan_of
+from atomr_accel.backends.cuda._prepared import prepares, prepares_alike, ran
 from atomr_accel.core._errors import LibraryError, LibraryUnavailable
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._cutlass import (
@@ -176,10 +182,24 @@ def _run_epilogue_gemm(backend: CudaBackend, op: CutlassGemm | CutlassGemmFp8,
         cp.sum(d, axis=axis, dtype=out.dtype if sum_dtype is None else sum_dtype, out=out)
 
 
+def signature(op: CutlassGemm | CutlassGemmFp8) -> Hashable:
+    """What a GEMM's first run builds from (its kernel, a transposition, a reduction's sum):
+    its class, dtypes, shape, family, and each epilogue node's kind, axis or activation;
+    not its buffers or scalars."""
+    nodes = tuple((type(node), getattr(node, "axis", None), getattr(node, "fn", None))
+                  for node in op.epilogue.nodes)
+    return (type(op), op.a.dtype, op.d.dtype, op.m, op.n, op.k, getattr(op, "family", None),
+            nodes)
+
+
+prepares_alike(CutlassGemm, signature)
+prepares(CutlassConv2d)
+
+
 @cuda.handles(CutlassGemm)
 def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
     """The fused GEMM; for the ``sm90`` family an f32 ``B`` is transposed first (its TF32
-    operands are K-major)."""
+    operands are K-major). Once it ran, ops of its signature only queue work (``ran``)."""
     plan = plan_of(op, device_arch(backend))
     k, n = op.k, op.n
     if plan.dtype.value == "f32" and plan.family == "sm90":
@@ -187,6 +207,7 @@ def gemm(backend: CudaBackend, op: CutlassGemm) -> None:
         _run_epilogue_gemm(backend, op, plan, int(bt.data.ptr), op.epilogue.alpha)
     else:
         _run_epilogue_gemm(backend, op, plan, _ptr(backend, op.b), op.epilogue.alpha)
+    ran(backend, op)
 
 
 def _padded(x: Any, rows: int, cols: int) -> Any:
@@ -249,7 +270,8 @@ def grouped_gemm(backend: CudaBackend, op: CutlassGroupedGemm) -> None:
 
 @cuda.handles(CutlassConv2d)
 def conv2d(backend: CudaBackend, op: CutlassConv2d) -> None:
-    """The implicit-GEMM forward convolution; the bias (zeros without one) is a stride-0 C."""
+    """The implicit-GEMM forward convolution; the bias (zeros without one) is a stride-0 C.
+    Once it ran, the op only queues work (``ran``)."""
     plan = plan_of(op, device_arch(backend))
     kernel = library(plan)
     p, q = op.out_hw
@@ -267,6 +289,7 @@ def conv2d(backend: CudaBackend, op: CutlassConv2d) -> None:
            plan)
     ledger(backend).launched(plan)
     del ws, zeros
+    ran(backend, op)
 
 
 @cuda.handles(CutlassStats)
