@@ -1,9 +1,13 @@
 """``dev.cutlass()`` against cuBLAS: a bf16 GEMM of 8192^3, and a grouped GEMM of 64 mixed
 small problems against 64 separate calls.
 
-GEMM (bf16, f32 accumulation, row-major): after warm-up, the median of ``--reps`` of
+GEMM (bf16, f32 accumulation, row-major): after warm-up, the median over
+``--rounds`` rounds of ``--reps`` calls each, every path in turn within a round (a
+GPU that sustains a large GEMM clocks down as it warms, so paths timed one
+after another would each see another clock) of
 
-1. cuBLAS: ``torch.matmul`` timed back to back with CUDA events;
+1. cuBLAS: ``torch.matmul`` timed back to back with CUDA events, and blocking
+   (``torch.matmul`` then ``torch.cuda.synchronize``, wall time of each call);
 2. the CUTLASS kernel alone: our compiled kernel called through ctypes on torch's
    stream, CUDA events (what the kernel itself achieves);
 3. ours, blocking: ``Cutlass.gemm``, wall time of each call (it returns when ``D``
@@ -34,7 +38,7 @@ and the odd size's narrow-load ``sm80`` kernels (bf16, f32); each result's large
 relative to the largest value of the float64 product (``torch.matmul`` of the inputs
 in float64).
 
-    python benchmarks/cutlass_bench.py [--size 8192] [--reps 10] [--json PATH]
+    python benchmarks/cutlass_bench.py [--size 8192] [--reps 10] [--rounds 3] [--json PATH]
         [--sections gemm,grouped,fp8,families] [--family-size 4096]
 """
 
@@ -89,7 +93,7 @@ def upload(dev: Any, t: torch.Tensor, dtype: DType) -> Any:
     return buf
 
 
-def gemm_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
+def gemm_section(dev: Any, size: int, reps: int, warm: int, inflight: int, rounds: int,
                  ) -> tuple[list[list[Any]], dict[str, Any]]:
     m = n = k = size
     flops = 2.0 * m * n * k
@@ -112,14 +116,25 @@ def gemm_section(dev: Any, size: int, reps: int, warm: int, inflight: int,
                                       torch.cuda.current_stream().cuda_stream)
         assert status == 0, status
 
-    samples = {
-        "cuBLAS (torch.matmul), events": events(lambda: torch.matmul(ta, tb, out=tc), reps, warm),
-        "CUTLASS kernel alone, events": events(direct, reps, warm),
-        "ours, blocking (Cutlass.gemm)": wall_samples(
+    def cublas_blocking() -> None:
+        torch.matmul(ta, tb, out=tc)
+        torch.cuda.synchronize()
+
+    paths: dict[str, Callable[[], list[float]]] = {
+        "cuBLAS (torch.matmul), events": lambda: events(
+            lambda: torch.matmul(ta, tb, out=tc), reps, warm),
+        "cuBLAS, blocking (matmul + synchronize)": lambda: wall_samples(
+            cublas_blocking, reps, warm),
+        "CUTLASS kernel alone, events": lambda: events(direct, reps, warm),
+        "ours, blocking (Cutlass.gemm)": lambda: wall_samples(
             lambda: cl.gemm(a, b, d, m, n, k, timeout_secs=120), reps, warm),
-        "ours, async": pipelined(lambda: cl.gemm_async(a, b, d, m, n, k, timeout_secs=120),
-                                 inflight, reps, warm),
+        "ours, async": lambda: pipelined(
+            lambda: cl.gemm_async(a, b, d, m, n, k, timeout_secs=120), inflight, reps, warm),
     }
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(rounds):  # in turn, so each path sees the GPU as warm (and as clocked)
+        for name, run in paths.items():
+            samples[name] += run()
     want = tc.float()
     got = torch.tensor(np.asarray(dev.copy_to_numpy(d), np.float32), device="cuda").view(m, n)
     error = float(((got - want).abs().max() / want.abs().max()).item())
@@ -334,7 +349,7 @@ def run_families(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_gemm(dev: Any, args: argparse.Namespace) -> dict[str, Any]:
-    rows, meta = gemm_section(dev, args.size, args.reps, args.warm, args.inflight)
+    rows, meta = gemm_section(dev, args.size, args.reps, args.warm, args.inflight, args.rounds)
     print_table(f"bf16 GEMM {args.size}^3 ({meta['plan']})",
                 ["path", "ms", "TFLOP/s", "vs cuBLAS"], rows)
     print(f"max |ours - cuBLAS| / max |cuBLAS| = {meta['max_rel_error_vs_cublas']:.2e}")
@@ -369,6 +384,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warm", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="GEMM section: rounds of every path in turn")
     parser.add_argument("--inflight", type=int, default=4)
     parser.add_argument("--json", default="benchmarks/results/cutlass_bench.json")
     parser.add_argument("--sections", default="gemm,grouped,fp8,families",
@@ -376,7 +393,7 @@ def main() -> None:
     parser.add_argument("--family-size", type=int, default=4096)
     parser.add_argument("--fp8-candidates", action="store_true",
                         help="also time other fp8 kernels (tile, cluster, schedule) alone")
-    add_quick(parser, size=1024, reps=3, warm=1, inflight=2)
+    add_quick(parser, size=1024, reps=3, warm=1, inflight=2, rounds=1)
     args = parser.parse_args()
     require_cuda()
     sections = set(args.sections.split(","))
