@@ -159,11 +159,17 @@ def scores(backend: ArrayBackend, op: ScoreTopK, queries: Array | None = None) -
         result = (queries.astype(np.float32) @ matrix.astype(np.float32).T).astype(np.float16)
     else:
         result = queries @ matrix.T
+    return scaled(backend, op, result)
+
+
+def scaled(backend: ArrayBackend, op: ScoreTopK, products: Array) -> Array:
+    """``products`` (the queries times the matrix, ``m x n`` in its dtype) times ``alpha``
+    plus the bias, in place."""
     if op.alpha != 1.0:
-        result *= dtype.numpy.type(op.alpha)
+        products *= op.matrix.dtype.numpy.type(op.alpha)
     if op.bias is not None:
-        result += backend.array(op.bias.buffer_id)[: op.n]
-    return result
+        products += backend.array(op.bias.buffer_id)[: op.n]
+    return products
 
 
 @cpu.handles(ScoreTopK)

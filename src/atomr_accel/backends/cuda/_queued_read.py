@@ -31,9 +31,6 @@ QUEUED_READ_MAX = 1 << 20
 """Bytes up to which a download is queued (larger ones are copied at once, off any event
 loop: the copy out of page-locked memory would cost an event loop as much)."""
 
-_DEVICE_TO_HOST = 2
-"""``cudaMemcpyDeviceToHost``."""
-
 
 class QueuedRead(Deferred):
     """A device array's copy into page-locked memory, queued on the current stream; its
@@ -49,7 +46,8 @@ class QueuedRead(Deferred):
         self._answer: np.ndarray[Any, Any] | None = None
         if nbytes:
             cp.cuda.runtime.memcpyAsync(self._pinned.ptr, source.data.ptr, nbytes,
-                                        _DEVICE_TO_HOST, cp.cuda.get_current_stream().ptr)
+                                        cp.cuda.runtime.memcpyDeviceToHost,
+                                        cp.cuda.get_current_stream().ptr)
 
     def settle(self) -> np.ndarray[Any, Any]:
         """The downloaded values, in an array of their own (the page-locked block is let go)."""

@@ -191,11 +191,7 @@ def _scores(backend: CudaBackend, op: ScoreTopK, queries: Any) -> Any:
                   _ONE.ctypes.data, backend.pointer(op.matrix.buffer_id), _HALF, op.dim,
                   queries.data.ptr, _HALF, op.dim, _ZERO.ctypes.data, out.data.ptr, _HALF,
                   op.n, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP)
-    if op.alpha != 1.0:
-        out *= np.float16(op.alpha)
-    if op.bias is not None:
-        out += backend.array(op.bias.buffer_id)[: op.n]
-    return out
+    return shared.scaled(backend, op, out)
 
 
 _HALF = int(cp.cuda.runtime.CUDA_R_16F)
