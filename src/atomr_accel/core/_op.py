@@ -39,6 +39,7 @@ __all__ = [
     "kept",
     "made",
     "positive_ints",
+    "positive_sizes",
     "remembered",
     "require",
     "require_buffer",
@@ -147,6 +148,12 @@ def positive_ints(*values: object) -> bool:
         if type(v) is not int or v < 1:
             return False
     return True
+
+
+def positive_sizes(values: tuple[object, ...]) -> bool:
+    """Say whether every value is an integer (``is_int``) >= 1: ``positive_ints``' quick
+    test, then the detailed one where that answers False (a refusal, unlike its False)."""
+    return positive_ints(*values) or all(is_int(v) and v >= 1 for v in values)
 
 
 def _require_ints(values: Mapping[str, object], least: int, what: str) -> None:

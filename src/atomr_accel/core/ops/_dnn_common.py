@@ -16,7 +16,7 @@ from atomr_accel.core._fields import pickle_by_name
 from atomr_accel.core._op import (
     Op,
     is_int,
-    positive_ints,
+    positive_sizes,
     require_len,
     require_numbers,
     require_shared_dtype,
@@ -121,7 +121,7 @@ def _nchw(name: str, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     """``shape`` as four positive ints ``(N, C, H, W)`` (``InvalidArgument`` otherwise)."""
     if not (isinstance(shape, tuple) and len(shape) == 4):
         raise InvalidArgument(f"{name} must be 4 sizes (N, C, H, W), got {shape!r}")
-    if not positive_ints(*shape) and not all(is_int(e) and e >= 1 for e in shape):
+    if not positive_sizes(shape):
         raise InvalidArgument(f"{name} must be positive ints, got {shape!r}")
     n, c, h, w = shape
     return n, c, h, w
@@ -139,7 +139,7 @@ def _dims(name: str, dims: tuple[int, ...]) -> int:
     """Check an element-wise op's ``dims`` (1 to 8 positive sizes); answer their product."""
     if not (isinstance(dims, tuple) and 1 <= len(dims) <= 8):
         raise InvalidArgument(f"{name} must be 1 to 8 sizes, got {dims!r}")
-    if not positive_ints(*dims) and not all(is_int(e) and e >= 1 for e in dims):
+    if not positive_sizes(dims):
         raise InvalidArgument(f"{name} must be positive ints, got {dims!r}")
     return math.prod(dims)
 

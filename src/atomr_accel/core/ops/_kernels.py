@@ -11,7 +11,7 @@ import numpy as np
 
 from atomr_accel.core._catalogue import declare
 from atomr_accel.core._errors import InvalidArgument
-from atomr_accel.core._op import Op, is_int, positive_ints, require, require_nonneg
+from atomr_accel.core._op import Op, is_int, positive_ints, positive_sizes, require, require_nonneg
 from atomr_accel.core._ref import GpuRef, GraphRef, KernelRef
 from atomr_accel.core.ops._tensor_map import TensorMap
 
@@ -42,7 +42,7 @@ def dim3(value: int | tuple[int, ...], name: str) -> tuple[int, int, int]:
         items = (value,)
     elif isinstance(value, Iterable):
         items = tuple(value)
-    if not 1 <= len(items) <= 3 or not all(is_int(v) and v >= 1 for v in items):
+    if not 1 <= len(items) <= 3 or not positive_sizes(items):
         raise InvalidArgument(f"{name} must be 1 to 3 positive ints, got {value!r}")
     x, y, z = (*[operator.index(v) for v in items], 1, 1)[:3]  # type: ignore[arg-type]
     return (x, y, z)

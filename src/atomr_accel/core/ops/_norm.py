@@ -35,13 +35,7 @@ from atomr_accel.core._api import Form, Param, choice
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import pickle_by_name
-from atomr_accel.core._op import (
-    is_int,
-    positive_ints,
-    require,
-    require_len,
-    require_shared_dtype,
-)
+from atomr_accel.core._op import is_int, positive_sizes, require, require_len, require_shared_dtype
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._dnn_common import _DnnOp
 
@@ -139,7 +133,7 @@ class NormLayout(NamedTuple):
 def _require_dims(dims: tuple[int, ...], least: int) -> None:
     if not isinstance(dims, tuple) or len(dims) < least:
         raise InvalidArgument(f"dims must be a tuple of at least {least} sizes, got {dims!r}")
-    if not positive_ints(*dims) and not all(is_int(d) and d >= 1 for d in dims):
+    if not positive_sizes(dims):
         raise InvalidArgument(f"dims must be positive ints, got {dims!r}")
 
 

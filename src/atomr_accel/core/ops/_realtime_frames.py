@@ -17,7 +17,7 @@ from typing import ClassVar
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._fields import PickleByFields
-from atomr_accel.core._op import is_int, require_positive
+from atomr_accel.core._op import is_int, positive_sizes, require_positive
 from atomr_accel.core._ref import GpuRef, same_buffer
 from atomr_accel.core.ops._realtime_checks import _RealtimeOp, finite, require_buffer
 
@@ -42,7 +42,7 @@ class Correlate(PickleByFields):
     def validate(self) -> None:
         """Raise ``InvalidArgument`` unless ``weights`` fill ``size`` with finite numbers."""
         if (not isinstance(self.size, tuple) or len(self.size) != 2
-                or not all(is_int(v) and v >= 1 for v in self.size)):
+                or not positive_sizes(self.size)):
             raise InvalidArgument(f"size must be two ints >= 1, got {self.size!r}")
         if not isinstance(self.weights, tuple) or len(self.weights) != self.size[0] * self.size[1]:
             count = len(self.weights) if isinstance(self.weights, tuple) else self.weights

@@ -17,8 +17,7 @@ from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import (
     Op,
-    is_int,
-    positive_ints,
+    positive_sizes,
     require_len,
     require_numbers,
     require_shared_dtype,
@@ -49,7 +48,7 @@ def _check_operand(name: str, modes: str, shape: tuple[int, ...]) -> None:
         raise InvalidArgument(
             f"{name}_shape {shape} has {len(shape)} extents for {len(modes)} modes {modes!r}"
         )
-    if not positive_ints(*shape) and not all(is_int(e) and e >= 1 for e in shape):
+    if not positive_sizes(shape):
         raise InvalidArgument(f"{name}_shape extents must be positive ints, got {shape!r}")
 
 
