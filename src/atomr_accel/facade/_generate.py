@@ -40,8 +40,12 @@ def declared_ops() -> tuple[type[Op], ...]:
     load_op_modules()
     found: list[type[Op]] = []
     pending: list[type[Op]] = [Op]
+    seen: set[type[Op]] = set()
     while pending:
         cls = pending.pop()
+        if cls in seen:  # a class with two op bases is reached through each
+            continue
+        seen.add(cls)
         pending.extend(cls.__subclasses__())
         module = sys.modules.get(cls.__module__)
         # a slotted dataclass replaces its class: only the module's own one counts

@@ -215,12 +215,67 @@ class Attention(Op):
                                               f"{stats.dtype.value}")
             require_len(stats, self.batch * self.heads_q * self.seq_q, "stats")
 
+    def check_queries(self, o: GpuRef) -> None:
+        """A forward's shapes (``check_shapes``), and ``q`` and its output ``o``: one dtype,
+        each a q-shaped tensor."""
+        dtype = self.check_shapes()
+        require(o.dtype is dtype, f"o has dtype {o.dtype.value} but q has {dtype.value}")
+        self.check_dense(self.q, self.heads_q, self.seq_q, "q")
+        self.check_dense(o, self.heads_q, self.seq_q, "o")
+
+
+class _Gradients(Attention):
+    """The fields and checks both attention backwards share (a mixin of field-typed
+    dataclass ops): the forward's ``o`` and ``stats``, ``do``, and the gradients ``dq``,
+    ``dk`` and ``dv``."""
+
+    __slots__ = ()
+    o: GpuRef
+    do: GpuRef
+    dq: GpuRef
+    dk: GpuRef
+    dv: GpuRef
+    stats: GpuRef | None
+
+    def check_gradients(self) -> None:
+        """Check the shapes, one dtype for the tensors, their lengths and ``stats``."""
+        self.check_shapes()
+        require_same_dtype(q=self.q, o=self.o, do=self.do, dq=self.dq, dk=self.dk, dv=self.dv)
+        for name in ("q", "o", "do", "dq"):
+            self.check_dense(getattr(self, name), self.heads_q, self.seq_q, name)
+        for name in ("k", "v", "dk", "dv"):
+            self.check_dense(getattr(self, name), self.heads_kv, self.seq_kv, name)
+        self.check_stats(self.stats)
+
+
+class _Sdpa(Attention):
+    """The FlashAttn ops' mask (``causal``, ``window``, ``sink_tokens``, ``alibi``) and the
+    caller's ALiBi slopes."""
+
+    __slots__ = ()
+    library: ClassVar[str] = "flashattn"
+    causal: bool
+    window: int
+    sink_tokens: int
+    alibi: bool
+    alibi_slopes: GpuRef | None
+
+    def attention_mask(self) -> AttentionMask:
+        return AttentionMask(self.causal, self.window, self.sink_tokens, self.alibi)
+
+    def check_slopes(self) -> None:
+        """``alibi_slopes``, when given, goes with ``alibi`` and is f32, one per query head."""
+        if self.alibi_slopes is not None:
+            require(self.alibi, "alibi_slopes given without alibi=True")
+            require(self.alibi_slopes.dtype is DType.F32, "alibi_slopes must be an f32 buffer")
+            require_len(self.alibi_slopes, self.heads_q, "alibi_slopes")
+
 
 _SHAPE = ("q", "k", "v", "o", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim")
 
 
 @dataclass(frozen=True, slots=True)
-class SdpaForward(Attention):
+class SdpaForward(_Sdpa):
     """Scaled-dot-product attention forward: ``o = softmax(scale * q k^T + alibi, masked) v``,
     optionally writing the softmax statistics (``stats``) the backward reads.
 
@@ -246,7 +301,6 @@ class SdpaForward(Attention):
     cuDNN declines) or ``"numpy"``.
     """
 
-    library: ClassVar[str] = "flashattn"
     outputs: ClassVar[tuple[str, ...]] = ("o", "stats")
     api = (Form("forward", _SHAPE, returns="str"),)
     q: GpuRef
@@ -274,9 +328,6 @@ class SdpaForward(Attention):
     block_size: int = 0
     check_table: bool = True
 
-    def attention_mask(self) -> AttentionMask:
-        return AttentionMask(self.causal, self.window, self.sink_tokens, self.alibi)
-
     @property
     def paged(self) -> bool:
         """Whether ``k``/``v`` are block caches read through ``block_table``."""
@@ -294,16 +345,9 @@ class SdpaForward(Attention):
         return min(self.k.length, self.v.length) // per_block
 
     def validate(self) -> None:
-        dtype = self.check_shapes()
-        require(self.o.dtype is dtype, f"o has dtype {self.o.dtype.value} but q has "
-                                       f"{dtype.value}")
-        self.check_dense(self.q, self.heads_q, self.seq_q, "q")
-        self.check_dense(self.o, self.heads_q, self.seq_q, "o")
+        self.check_queries(self.o)
         self.check_stats(self.stats)
-        if self.alibi_slopes is not None:
-            require(self.alibi, "alibi_slopes given without alibi=True")
-            require(self.alibi_slopes.dtype is DType.F32, "alibi_slopes must be an f32 buffer")
-            require_len(self.alibi_slopes, self.heads_q, "alibi_slopes")
+        self.check_slopes()
         if self.paged:
             self._check_paged()
         else:
@@ -329,7 +373,7 @@ class SdpaForward(Attention):
 
 
 @dataclass(frozen=True, slots=True)
-class SdpaBackward(Attention):
+class SdpaBackward(_Sdpa, _Gradients):
     """Scaled-dot-product attention backward: ``dq``, ``dk``, ``dv`` from ``do``, the forward's
     ``o`` and softmax statistics ``stats``, under the forward's mask and scale.
 
@@ -339,7 +383,6 @@ class SdpaBackward(Attention):
     ``"numpy"`` as the forward does.
     """
 
-    library: ClassVar[str] = "flashattn"
     outputs: ClassVar[tuple[str, ...]] = ("dq", "dk", "dv")
     api = (Form("backward", ("q", "k", "v", "o", "do", "stats", "dq", "dk", "dv", "batch",
                              "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim"),
@@ -369,21 +412,9 @@ class SdpaBackward(Attention):
     cu_seqlens_q: GpuRef | None = None
     cu_seqlens_kv: GpuRef | None = None
 
-    def attention_mask(self) -> AttentionMask:
-        return AttentionMask(self.causal, self.window, self.sink_tokens, self.alibi)
-
     def validate(self) -> None:
-        self.check_shapes()
-        require_same_dtype(q=self.q, o=self.o, do=self.do, dq=self.dq, dk=self.dk, dv=self.dv)
-        for name in ("q", "o", "do", "dq"):
-            self.check_dense(getattr(self, name), self.heads_q, self.seq_q, name)
-        for name in ("k", "v", "dk", "dv"):
-            self.check_dense(getattr(self, name), self.heads_kv, self.seq_kv, name)
-        self.check_stats(self.stats)
-        if self.alibi_slopes is not None:
-            require(self.alibi, "alibi_slopes given without alibi=True")
-            require(self.alibi_slopes.dtype is DType.F32, "alibi_slopes must be an f32 buffer")
-            require_len(self.alibi_slopes, self.heads_q, "alibi_slopes")
+        self.check_gradients()
+        self.check_slopes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,11 +515,7 @@ class MultiHeadAttnForward(_MultiHeadAttn):
     dropout_seed: int = 0
 
     def validate(self) -> None:
-        dtype = self.check_shapes()
-        require(self.o.dtype is dtype, f"o has dtype {self.o.dtype.value} but q has "
-                                       f"{dtype.value}")
-        self.check_dense(self.q, self.heads_q, self.seq_q, "q")
-        self.check_dense(self.o, self.heads_q, self.seq_q, "o")
+        self.check_queries(self.o)
         self.check_dense(self.k, self.heads_kv, self.seq_kv, "k")
         self.check_dense(self.v, self.heads_kv, self.seq_kv, "v")
         self.check_stats(self.stats)
@@ -499,7 +526,7 @@ class MultiHeadAttnForward(_MultiHeadAttn):
 
 
 @dataclass(frozen=True, slots=True)
-class MultiHeadAttnBackward(_MultiHeadAttn):
+class MultiHeadAttnBackward(_MultiHeadAttn, _Gradients):
     """cuDNN multi-head attention backward (the original package's ``multihead_attn_bwd_f32``,
     built with ``MultiHeadAttnBwdInputs``): ``dq``, ``dk``, ``dv`` of the forward with the
     same mask, scale and dropout (same seed, same mask). ``stats`` (the forward's
@@ -528,13 +555,7 @@ class MultiHeadAttnBackward(_MultiHeadAttn):
     dropout_seed: int = 0
 
     def validate(self) -> None:
-        self.check_shapes()
-        require_same_dtype(q=self.q, o=self.o, do=self.do, dq=self.dq, dk=self.dk, dv=self.dv)
-        for name in ("q", "o", "do", "dq"):
-            self.check_dense(getattr(self, name), self.heads_q, self.seq_q, name)
-        for name in ("k", "v", "dk", "dv"):
-            self.check_dense(getattr(self, name), self.heads_kv, self.seq_kv, name)
-        self.check_stats(self.stats)
+        self.check_gradients()
         _check_dropout(self.dropout, self.dropout_seed)
 
 
