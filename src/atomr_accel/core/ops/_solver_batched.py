@@ -36,18 +36,22 @@ __all__ = [
 ]
 
 
+def _wanted(name: str, ref: GpuRef | None, rows: int, cols: int, ld: int | None, batch: int,
+            stride: int | None) -> tuple[Matrix, ...]:
+    """The batch of an optional output (a decomposition's U or V): none where ``ref`` is
+    None, as it is not computed then."""
+    if ref is None:
+        return ()
+    return (Matrix.of(name, ref, rows, cols, ld, batch=batch, stride=stride),)
+
+
 def svd_operands(
     op: Gesvd | GesvdBatched, batch: int, strides: tuple[int | None, int | None, int | None]
 ) -> tuple[Matrix, ...]:
     """A, then U and V^T when the op computes them, of ``batch`` problems ``strides`` apart."""
     a = Matrix.of("a", op.a, op.m, op.n, op.lda, batch=batch, stride=strides[0])
-    u = () if op.u is None else (
-        Matrix.of("u", op.u, op.m, op.m, op.ldu, batch=batch, stride=strides[1]),
-    )
-    vt = () if op.vt is None else (
-        Matrix.of("vt", op.vt, op.n, op.n, op.ldvt, batch=batch, stride=strides[2]),
-    )
-    return (a, *u, *vt)
+    return (a, *_wanted("u", op.u, op.m, op.m, op.ldu, batch, strides[1]),
+            *_wanted("vt", op.vt, op.n, op.n, op.ldvt, batch, strides[2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,13 +252,8 @@ class GesvdjBatched(_SolverOp):
         k = min(self.m, self.n)
         a = Matrix.of("a", self.a, self.m, self.n, self.lda, batch=self.batch,
                       stride=self.stride_a)
-        u = () if self.u is None else (
-            Matrix.of("u", self.u, self.m, k, self.ldu, batch=self.batch, stride=self.stride_u),
-        )
-        v = () if self.v is None else (
-            Matrix.of("v", self.v, self.n, k, self.ldv, batch=self.batch, stride=self.stride_v),
-        )
-        return (a, *u, *v)
+        return (a, *_wanted("u", self.u, self.m, k, self.ldu, self.batch, self.stride_u),
+                *_wanted("v", self.v, self.n, k, self.ldv, self.batch, self.stride_v))
 
     def check_extra(self, dtype: DType) -> None:
         """Check ``s`` (real, ``batch * min(m, n)`` entries) and ``info`` where given."""
