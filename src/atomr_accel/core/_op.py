@@ -152,8 +152,11 @@ def positive_ints(*values: object) -> bool:
 
 def positive_sizes(values: tuple[object, ...]) -> bool:
     """Say whether every value is an integer (``is_int``) >= 1: ``positive_ints``' quick
-    test, then the detailed one where that answers False (a refusal, unlike its False)."""
-    return positive_ints(*values) or all(is_int(v) and v >= 1 for v in values)
+    test, then the detailed one where that fails (a refusal, unlike its False)."""
+    for v in values:
+        if type(v) is not int or v < 1:  # not plainly fit: look at every value in detail
+            return all(is_int(w) and w >= 1 for w in values)
+    return True
 
 
 def _require_ints(values: Mapping[str, object], least: int, what: str) -> None:
