@@ -410,6 +410,53 @@ def test_downloads_around_the_queued_size_read_what_the_stream_wrote(isolation: 
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F64], ids=lambda d: d.value)
+def test_a_layers_forward_and_backward_with_a_bias_are_recorded_and_replayed(
+        dtype: DType) -> None:
+    """A linear layer's forward and backward with a bias (whose gradient is a cuBLAS gemv,
+    called directly under capture) run as one sequence: recorded as a graph on its second
+    run and replayed after, each run computing its own data, against NumPy in float64."""
+    from atomr_accel.backends.cuda._replay import replays_of
+    from atomr_accel.core.ops._graph import OpSequence
+    from atomr_accel.core.ops._train import LinearBackward, LinearForward
+
+    cuda = BackendSpec("cuda").create()
+    try:
+        rows, fin, fout = 64, 48, 32
+        weights = fout * fin
+        size = weights + fout
+
+        def buffer(length: int) -> GpuRef:
+            return GpuRef(0, cuda.execute(Allocate(dtype, length)), dtype, length, 0)
+
+        x, params, y, dy, grads, dx = (buffer(n) for n in (
+            rows * fin, size, rows * fout, rows * fout, size, rows * fin))
+        sequence = OpSequence((
+            LinearForward(x, params, y, rows, fin, fout, 0, weights),
+            LinearBackward(x, params, dy, grads, dx, rows, fin, fout, 0, weights)))
+        replays = replays_of(cuda)
+        rng = np.random.default_rng(31)
+        tol = 1e-4 if dtype is DType.F32 else 1e-12
+        for run in range(4):
+            data = {ref: rng.standard_normal(ref.length).astype(dtype.numpy)
+                    for ref in (x, params, dy, grads)}
+            for ref, values in data.items():
+                cuda.execute(Upload(ref, values))
+            cuda.execute(sequence)
+            assert replays.recorded(sequence) == (run >= 1)
+            xs, ps, dys, gs = (data[ref].astype(np.float64) for ref in (x, params, dy, grads))
+            w, b = ps[:weights].reshape(fout, fin), ps[weights:]
+            xm, dym = xs.reshape(rows, fin), dys.reshape(rows, fout)
+            np.testing.assert_allclose(cuda.execute(Download(y)), (xm @ w.T + b).ravel(),
+                                       rtol=tol, atol=tol)
+            want = gs + np.concatenate([(dym.T @ xm).ravel(), dym.sum(axis=0)])
+            np.testing.assert_allclose(cuda.execute(Download(grads)), want, rtol=tol, atol=tol)
+            np.testing.assert_allclose(cuda.execute(Download(dx)), (dym @ w).ravel(),
+                                       rtol=tol, atol=tol)
+    finally:
+        cuda.close()
+
+
 def test_an_allocation_out_of_memory_takes_back_the_memory_of_replayed_graphs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A sequence run twice holds a recorded graph and its pool; an allocation that finds

@@ -1,8 +1,9 @@
 """Direct calls into the CUDA libraries CuPy has loaded, where CuPy's wrappers fall short.
 
 * Stream capture: CuPy refuses every cuBLAS call while a stream captures (its
-  ``setStream`` guard), though cuBLAS supports capture. So a gemm recorded into a graph
-  calls cuBLAS directly, on a handle bound to the capturing stream before the capture.
+  ``setStream`` guard), though cuBLAS supports capture. So a gemm or gemv recorded into
+  a graph calls cuBLAS directly, on a handle bound to the capturing stream before the
+  capture.
 * Missing wrappers: CuPy 14 wraps no rot, swap or copy, so those are called here too.
 * Managed memory: CuPy's ``memPrefetchAsync``/``memAdvise`` take a device ordinal,
   which CUDA 13 no longer accepts for the host; the driver's ``cuMemPrefetchAsync_v2``
@@ -48,6 +49,8 @@ _TWO_VECTORS = [_P, _I, _P, _I, _P, _I]  # handle, n, x, incx, y, incy
 _ARGTYPES = {  # routine name suffix -> argument types
     "gemm_v2": _GEMM,
     "gemmStridedBatched": _GEMM_STRIDED,
+    # handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy
+    "gemv_v2": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
     "rot_v2": [*_TWO_VECTORS, _P, _P],  # ..., c, s (host pointers)
     "swap_v2": _TWO_VECTORS,
     "copy_v2": _TWO_VECTORS,
@@ -58,11 +61,14 @@ _ARGTYPES = {  # routine name suffix -> argument types
 def cublas_function(name: str) -> Any:
     """A cuBLAS entry point (``"cublasSgemm_v2"``, ``"cublasDrot_v2"``, ...) with its
     argument types."""
-    function = getattr(loaded_library("libcublas"), name)
-    function.argtypes = next(types for suffix, types in _ARGTYPES.items()
-                             if name.endswith(suffix))
-    function.restype = _I
-    return function
+    for suffix, types in _ARGTYPES.items():
+        if name.endswith(suffix):
+            function = getattr(loaded_library("libcublas"), name)
+            function.argtypes = types
+            function.restype = _I
+            return function
+    raise LibraryError("cublas", "unsupported", f"{name} is not called directly here (no "
+                       "argument types are declared for it)")
 
 
 def call_cublas(name: str, *args: Any) -> None:
