@@ -18,13 +18,15 @@ and an event loop may launch it itself.
 A replay is refused (the ops run one by one, and refuse as they would) when a
 buffer of the sequence was freed or moved since the recording; a recording
 that fails (a handler that cannot be captured) leaves the sequence to run op
-by op from then on. Past ``Replays.SIZE`` graphs the oldest is released once
-its replays have finished.
+by op from then on, and says why in a debug record of this module's logger.
+Past ``Replays.SIZE`` graphs the oldest is released once its replays have
+finished.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
 __all__ = ["RecordFailed", "Replays", "record", "replays_of", "run_sequence"]
+
+_log = logging.getLogger(__name__)
 
 
 class RecordFailed(Exception):
@@ -190,8 +194,10 @@ def run_sequence(backend: CudaBackend, op: OpSequence) -> tuple[Any, ...]:
             try:
                 held.buffers = _addresses(backend, op)
                 held.graph, held.pool = record(backend, op.ops)
-            except (RecordFailed, GpuRuntimeError):  # not capturable, or a freed buffer:
-                # run op by op from now on (refusing as the ops would)
+            except (RecordFailed, GpuRuntimeError) as exc:  # not capturable, or a freed
+                # buffer: run op by op from now on (refusing as the ops would)
+                _log.debug("a sequence of %s runs op by op: its recording failed",
+                           [type(inner).__name__ for inner in op.ops], exc_info=exc)
                 replays.refuse(op)
                 return run_each(backend, op)
         if _intact(backend, held):
