@@ -190,25 +190,26 @@ def test_a_gemm_of_a_signature_that_ran_only_queues_work(devices: tuple[Any, Any
     from atomr_accel.core.ops._cutlass import CutlassGemm
 
     backend = CudaBackend(0)
+    try:
+        def ref(length: int) -> GpuRef:
+            return GpuRef(0, backend.allocate(DType.BF16, length), DType.BF16, length, 1)
 
-    def ref(length: int) -> GpuRef:
-        return GpuRef(0, backend.allocate(DType.BF16, length), DType.BF16, length, 1)
+        m = 256
+        a, b, d, other = (ref(m * m) for _ in range(4))
+        bias = ref(m)
 
-    m = 256
-    a, b, d, other = (ref(m * m) for _ in range(4))
-    bias = ref(m)
+        def gemm(out: GpuRef, epilogue: Epilogue, k: int = m) -> CutlassGemm:
+            return CutlassGemm(a, b, out, m, m, k, epilogue)
 
-    def gemm(out: GpuRef, epilogue: Epilogue, k: int = m) -> CutlassGemm:
-        return CutlassGemm(a, b, out, m, m, k, epilogue)
-
-    first = gemm(d, Epilogue().scale(0.5).bias(bias))
-    assert not backend.queues_only(first)
-    backend.execute(first)
-    assert backend.queues_only(first)
-    assert backend.queues_only(gemm(other, Epilogue().scale(2.0).bias(bias)))
-    assert not backend.queues_only(gemm(d, Epilogue().scale(0.5)))
-    assert not backend.queues_only(gemm(d, Epilogue().scale(0.5).bias(bias), k=m // 2))
-    backend.synchronize()
+        first = gemm(d, Epilogue().scale(0.5).bias(bias))
+        assert not backend.queues_only(first)
+        backend.execute(first)
+        assert backend.queues_only(first)
+        assert backend.queues_only(gemm(other, Epilogue().scale(2.0).bias(bias)))
+        assert not backend.queues_only(gemm(d, Epilogue().scale(0.5)))
+        assert not backend.queues_only(gemm(d, Epilogue().scale(0.5).bias(bias), k=m // 2))
+    finally:
+        backend.close()
 
 
 def test_gathered_gemms_awaited_again_compute_each_calls_data(
