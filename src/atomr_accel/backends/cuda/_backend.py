@@ -51,7 +51,7 @@ from atomr_accel.backends.cuda._cuda_errors import (
     classified,
     translate_cuda_error,
 )
-from atomr_accel.backends.cuda._queued_read import QUEUED_READ_MAX
+from atomr_accel.backends.cuda._queued_read import queued as queued_read
 from atomr_accel.backends.cuda._replay import replays_of
 from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import (
@@ -316,7 +316,7 @@ class CudaBackend(Backend):
         """True for ops whose handlers only queue device work (no host sync, no compile: the
         op's ``queues_only`` trait); most RNG fills qualify (``_rng.queues_only``), an
         upload when its source is page-locked host memory, a download of at most
-        ``QUEUED_READ_MAX`` bytes (``_queued_read.download``), and an op that ran before
+        ``QUEUED_READ_MAX`` bytes (``_queued_read.queued``), and an op that ran before
         whose first run built or compiled what it needs (``_prepared.Prepared``)."""
         if op.queues_only:
             return True
@@ -329,8 +329,7 @@ class CudaBackend(Backend):
         if kind is Upload:
             return _is_pinned(op.data)  # type: ignore[attr-defined]
         if kind is Download:
-            download: Download = op  # type: ignore[assignment]
-            return download.count * download.ref.dtype.itemsize <= QUEUED_READ_MAX
+            return queued_read(op)  # type: ignore[arg-type]
         if kind in prepared.PREPARING:  # an op that ran before: what it builds is built
             return prepared.prepared_of(self).queues(op)
         return False

@@ -25,11 +25,16 @@ from atomr_accel.core.ops._memory import Download
 if TYPE_CHECKING:
     from atomr_accel.backends.cuda._backend import CudaBackend
 
-__all__ = ["QUEUED_READ_MAX", "QueuedRead", "download"]
+__all__ = ["QUEUED_READ_MAX", "QueuedRead", "download", "queued"]
 
 QUEUED_READ_MAX = 1 << 20
 """Bytes up to which a download is queued (larger ones are copied at once, off any event
 loop: the copy out of page-locked memory would cost an event loop as much)."""
+
+
+def queued(op: Download) -> bool:
+    """Whether ``op`` is small enough to be queued (``QUEUED_READ_MAX`` bytes at most)."""
+    return op.count * op.ref.dtype.itemsize <= QUEUED_READ_MAX
 
 
 class QueuedRead(Deferred):
@@ -61,6 +66,6 @@ class QueuedRead(Deferred):
 def download(backend: CudaBackend, op: Download) -> Any:
     """``Download`` on CUDA: queued (``QueuedRead``) up to ``QUEUED_READ_MAX`` bytes outside
     a capture, else copied at once (``CudaBackend.read``)."""
-    if op.count * op.ref.dtype.itemsize > QUEUED_READ_MAX or backend.capturing:
+    if not queued(op) or backend.capturing:
         return backend.read(op.ref.buffer_id, op.offset, op.count)
     return QueuedRead(backend.array(op.ref.buffer_id)[op.offset : op.offset + op.count])
