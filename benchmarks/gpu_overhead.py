@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,20 @@ def samples_ns(fn: Callable[[], Any], reps: int, warm: int = 200) -> list[int]:
     return out
 
 
+async def samples_ns_async(make: Callable[[], Awaitable[Any]], reps: int,
+                           warm: int = 200) -> list[int]:
+    """``samples_ns`` for an async call: wall nanoseconds of each of ``reps`` awaited calls
+    of ``make()``, after ``warm`` untimed ones, on the running loop."""
+    for _ in range(warm):
+        await make()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter_ns()
+        await make()
+        out.append(time.perf_counter_ns() - start)
+    return out
+
+
 def gemm_buffers(dev: Device, n: int, a: Any, b: Any) -> tuple[Any, Any, Any]:
     bufs = dev.allocate_f32(n * n), dev.allocate_f32(n * n), dev.allocate_f32(n * n)
     dev.copy_from_numpy(bufs[0], cp.asnumpy(a).reshape(-1))
@@ -131,16 +145,9 @@ def small_gemm(devices: dict[str, Device], reps: int) -> dict[str, Any]:
         rows[f"{isolation} host, blocking facade"] = summarize_us(
             samples_ns(lambda blas=blas, x=x, y=y, z=z: blas.gemm_f32(x, y, z, n, n, n), reps))
 
-        async def awaited(blas: Any = blas, x: Any = x, y: Any = y, z: Any = z) -> list[int]:
-            out = []
-            for i in range(reps + 200):
-                start = time.perf_counter_ns()
-                await blas.gemm_f32_async(x, y, z, n, n, n)
-                if i >= 200:
-                    out.append(time.perf_counter_ns() - start)
-            return out
-
-        rows[f"{isolation} host, async from a user's loop"] = summarize_us(asyncio.run(awaited()))
+        rows[f"{isolation} host, async from a user's loop"] = summarize_us(asyncio.run(
+            samples_ns_async(lambda blas=blas, x=x, y=y, z=z: blas.gemm_f32_async(
+                x, y, z, n, n, n), reps)))
     return rows
 
 
@@ -153,12 +160,8 @@ async def small_gemm_on_the_system_loop(reps: int) -> dict[str, Any]:
         await dev.copy_from_numpy_async(bufs[0], np.random.default_rng(0).standard_normal(
             n * n).astype(np.float32))
         blas = dev.blas()
-        out = []
-        for i in range(reps + 200):
-            start = time.perf_counter_ns()
-            await blas.gemm_f32_async(bufs[0], bufs[0], bufs[1], n, n, n)
-            if i >= 200:
-                out.append(time.perf_counter_ns() - start)
+        out = await samples_ns_async(
+            lambda: blas.gemm_f32_async(bufs[0], bufs[0], bufs[1], n, n, n), reps)
         return {"thread host, async on the system's own loop": summarize_us(out)}
 
 
@@ -265,18 +268,9 @@ def downloads(devices: dict[str, Device], reps: int) -> dict[str, Any]:
             dev.copy_from_numpy(buf, source.get())
             rows[f"{label}, {isolation} host, blocking"] = summarize_us(
                 samples_ns(lambda dev=dev, buf=buf: dev.copy_to_numpy(buf), reps, warm=20))
-
-            async def awaited(dev: Device = dev, buf: Any = buf) -> list[int]:
-                out = []
-                for i in range(reps + 20):
-                    start = time.perf_counter_ns()
-                    await dev.copy_to_numpy_async(buf)
-                    if i >= 20:
-                        out.append(time.perf_counter_ns() - start)
-                return out
-
             rows[f"{label}, {isolation} host, async from a user's loop"] = summarize_us(
-                asyncio.run(awaited()))
+                asyncio.run(samples_ns_async(
+                    lambda dev=dev, buf=buf: dev.copy_to_numpy_async(buf), reps, warm=20)))
             dev.free(buf)
     return rows
 
