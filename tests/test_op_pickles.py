@@ -75,7 +75,7 @@ def test_a_worker_reads_a_repeated_op_once_and_every_other_payload_each_time() -
 
 
 def test_a_worker_stops_keeping_a_kind_of_op_whose_payloads_keep_changing() -> None:
-    from atomr_accel.core._op import HitRate
+    from atomr_accel.core._hit_rate import HitRate
 
     ref = GpuRef(0, 3, DType.F32, 8, 1, 7)
     reads = ReadOps()

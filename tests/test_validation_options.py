@@ -131,7 +131,8 @@ def test_a_repeated_call_through_a_handle_makes_no_new_op(
     """A handle's method called again with equal values of the same exact types takes the
     op the memo holds (made and checked once); another value, or one of another type that
     compares equal, makes and checks its own; every call computes with its own data."""
-    from atomr_accel.core._op import HitRate, _declared
+    from atomr_accel.core._hit_rate import HitRate
+    from atomr_accel.core._op import _declared
 
     monkeypatch.setattr(_declared(Gemm), "rate", HitRate())  # whatever ran before here
     made: list[tuple[object, ...]] = []
@@ -192,7 +193,8 @@ def test_a_kind_of_op_whose_values_keep_changing_is_not_remembered_for_a_while()
     """``checked`` stops looking ops of a kind up once a whole trial of them found nothing
     (an RNG fill's offset changes every call); another kind is remembered as before."""
     from atomr_accel.core._dtype import DType
-    from atomr_accel.core._op import HitRate, remembered
+    from atomr_accel.core._hit_rate import HitRate
+    from atomr_accel.core._op import remembered
     from atomr_accel.core._ref import GpuRef
     from atomr_accel.core.ops._blas_vectors import Axpy, Scal
 

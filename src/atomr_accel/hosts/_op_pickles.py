@@ -16,7 +16,8 @@ from typing import Any
 
 from atomr_accel.backends._state import Lru
 from atomr_accel.core._fields import immutable
-from atomr_accel.core._op import HitRate, Op, remembered
+from atomr_accel.core._hit_rate import HitRate
+from atomr_accel.core._op import Op, remembered
 from atomr_accel.core.ops._collective import RunCollective
 from atomr_accel.core.ops._graph import OpSequence
 from atomr_accel.hosts._channel import Spilled, loads
