@@ -27,7 +27,15 @@ from atomr_accel import (
     System,
 )
 from atomr_accel.backends.cpu import CpuBackend
-from atomr_accel.core.ops._collective import CommInit
+from atomr_accel.core._dtype import DType
+from atomr_accel.core._ref import GpuRef
+from atomr_accel.core.ops._collective import (
+    CallKind,
+    CollectiveCall,
+    CommInit,
+    ReduceOp,
+    RunCollective,
+)
 from atomr_accel.core.ops._faults import InjectFault
 from atomr_accel.errors import CollectiveAborted
 from atomr_accel.facade import Collective, Device, GpuBuffer
@@ -291,6 +299,49 @@ def test_blocking_calls_and_bad_input_are_typed() -> None:
             system.nccl_world(devices, timeout_secs=-1)
         world.all_reduce(bufs)  # still serving
         assert world.stats().status == "ready"
+
+
+def test_a_repeated_call_runs_its_kept_plan_on_each_calls_data() -> None:
+    """A call repeated on the same buffers takes its kept plan (kept by its refs' identities);
+    each run reduces the data of its own moment, whichever way the reduction is named, and
+    a buffer of the same size and dtype gets a plan of its own."""
+    rng = np.random.default_rng(21)
+    with System.open("t", op_timeout=20) as system:
+        devices = [system.spawn_device(device_id=i, mock=True) for i in range(2)]
+        world = system.nccl_world(devices, name="again")
+        bufs = [d.allocate(5, "f64") for d in devices]
+        others = [d.allocate(5, "f64") for d in devices]
+        for op, reduce in (("sum", np.add), (ReduceOp.SUM, np.add), ("max", np.maximum),
+                           (ReduceOp.MAX, np.maximum), ("sum", np.add)):
+            for target in (bufs, others):
+                xs = [rng.standard_normal(5) for _ in devices]
+                for d, b, x in zip(devices, target, xs, strict=True):
+                    d.copy_from_numpy(b, x)
+                world.all_reduce(target, op=op)
+                for d, b in zip(devices, target, strict=True):
+                    np.testing.assert_allclose(d.copy_to_numpy(b), reduce(*xs), rtol=1e-12)
+        assert world.stats().calls["all_reduce"] == 10
+
+
+def test_a_collective_ops_buffers_are_its_sends_and_receives() -> None:
+    """``RunCollective.refs`` names each buffer once (sends first), ``writes`` the receives."""
+    a, b, c = (GpuRef(0, i, DType.F32, 8, 1) for i in range(3))
+    twin = GpuRef(0, 0, DType.F32, 8, 1)  # equal to ``a``, another object
+
+    def run(*calls: CollectiveCall) -> RunCollective:
+        return RunCollective(1, 1, 2, calls)
+
+    reduce = CallKind.ALL_REDUCE
+    assert run(CollectiveCall(reduce, a, a, 8)).refs() == (a,)
+    assert run(CollectiveCall(reduce, a, twin, 8)).refs() == (a,)
+    assert run(CollectiveCall(reduce, a, b, 8)).refs() == (a, b)
+    assert run(CollectiveCall(CallKind.SEND, a, None, 8, root=1)).refs() == (a,)
+    assert run(CollectiveCall(CallKind.RECV, None, b, 8, root=1)).refs() == (b,)
+    assert run(CollectiveCall(reduce, a, b, 8)).writes() == (b,)
+    assert run(CollectiveCall(CallKind.SEND, a, None, 8, root=1)).writes() == ()
+    two = run(CollectiveCall(reduce, a, b, 8), CollectiveCall(reduce, b, c, 8))
+    assert two.refs() == (a, b, c)
+    assert two.writes() == (b, c)
 
 
 async def test_a_world_of_thread_and_process_hosts_meets_through_files() -> None:

@@ -273,6 +273,11 @@ class Backend(abc.ABC):
         """
         return started
 
+    def result(self, started: Any) -> Any:
+        """The result of an op ``finished`` has answered True for (raises its error), with
+        no second look at whether it finished."""
+        return self.wait(started, None)
+
     def queues_only(self, op: Op) -> bool:
         """True when ``begin(op)`` only queues device work (no host work, no waiting), so an
         event loop's thread may call it. False on the CPU, where ops run at once."""

@@ -52,7 +52,15 @@ _KEPT_PLANS = 256
 """How many plans a world keeps (the least recently used go first)."""
 
 
+_REDUCE_OPS: dict[object, ReduceOp] = {m.value: m for m in ReduceOp}
+"""Each reduction by its name (a member equals its name): found without a parse."""
+
+
 def _reduce_op(op: object) -> ReduceOp:
+    if type(op) is str or type(op) is ReduceOp:
+        found = _REDUCE_OPS.get(op)
+        if found is not None:
+            return found
     try:
         return ReduceOp(str(op)) if isinstance(op, str) else ReduceOp(op)  # type: ignore[arg-type]
     except ValueError:
@@ -146,9 +154,11 @@ class Collective:
               recv: list[GpuBuffer | None], count: int, op: ReduceOp = ReduceOp.SUM,
               root: int = 0) -> Planned:
         """The checked calls of one collective over checked buffers; the plan of a call
-        repeated on the same buffers (a training loop's) is kept and taken again."""
-        key = (kind, tuple(None if b is None else b.ref for b in send),
-               tuple(None if b is None else b.ref for b in recv), count, op, root)
+        repeated on the same buffers (a training loop's) is kept and taken again. Kept by
+        the identities of the buffers' refs, which the plan holds (so no other ref takes
+        one of them while it is kept), as a ref is slower to hash than its id."""
+        key = (kind, tuple([None if b is None else id(b.ref) for b in send]),
+               tuple([None if b is None else id(b.ref) for b in recv]), count, op, root)
         return self._plans.get(key, lambda: self._new_plan(kind, send, recv, count, op, root))
 
     def _new_plan(self, kind: CallKind, send: list[GpuBuffer | None],

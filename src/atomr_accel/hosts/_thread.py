@@ -369,21 +369,28 @@ class _RankFlight:
     """A rank ``ThreadHost.send_ranks`` started: the thread that sent it polls its work
     and reads its outcome."""
 
-    __slots__ = ("_host", "_op", "_started")
+    __slots__ = ("_failed", "_finished", "_host", "_op", "_started")
 
     def __init__(self, host: ThreadHost, op: Op, started: Any) -> None:
         self._host = host
         self._op = op
         self._started = started
+        self._finished = False
+        """Whether ``done`` has seen its work finish (the outcome then needs no second look)."""
+        self._failed: BaseException | None = None
+        """The error ``done`` found instead (the outcome classifies it)."""
 
     def done(self) -> bool:
         """Whether its work has finished (or failed: the outcome then says how)."""
-        try:
-            return cast(Backend, self._host._backend).finished(self._started)
-        except BaseException as exc:
-            if interrupt_in(exc) is not None:
-                raise
-            return True
+        if not self._finished:
+            try:
+                self._finished = cast(Backend, self._host._backend).finished(self._started)
+            except BaseException as exc:
+                if interrupt_in(exc) is not None:
+                    raise
+                self._failed = exc
+                self._finished = True
+        return self._finished
 
     def park(self, seconds: float) -> None:
         """Sleep ``seconds`` (nothing wakes this thread earlier)."""
@@ -394,6 +401,10 @@ class _RankFlight:
         host = self._host
         backend = cast(Backend, host._backend)
         try:
+            if self._failed is not None:
+                raise self._failed
+            if self._finished:
+                return backend.result(self._started), None
             return backend.wait(self._started, None), None
         except BaseException as exc:
             if interrupt_in(exc) is not None:

@@ -292,6 +292,10 @@ class CudaBackend(Backend):
         cannot time out.
         """
         wait_until(lambda: self.finished(started), deadline)
+        return self.result(started)
+
+    def result(self, started: Any) -> Any:
+        """The op's result once its event has completed (a deferred one settled)."""
         result = started[1]
         if isinstance(result, Deferred):
             try:

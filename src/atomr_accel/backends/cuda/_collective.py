@@ -274,8 +274,8 @@ def _abort(backend: CudaBackend, op: CommAbort) -> None:
 def _launch(comm: Any, call: CollectiveCall, backend: CudaBackend, nranks: int,
             stream: int) -> None:
     dtype = _DTYPES[call.dtype]
-    send = 0 if call.send is None else int(backend.array(call.send.buffer_id).data.ptr)
-    recv = 0 if call.recv is None else int(backend.array(call.recv.buffer_id).data.ptr)
+    send = 0 if call.send is None else backend.pointer(call.send.buffer_id)
+    recv = 0 if call.recv is None else backend.pointer(call.recv.buffer_id)
     reduce_op, count, root = _OPS[call.op], call.count, call.root
     kind = call.kind
     if kind is CallKind.ALL_REDUCE:
@@ -349,33 +349,42 @@ def start_ranks(parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any
     aborted by the watchdog once the world leaves the epoch."""
     nccl = _nccl()
     queued: list[Any] = []
-    nccl.groupStart()
+    runtime = cp.cuda.runtime
+    current = runtime.getDevice()  # made current again once every rank is started
     try:
-        for backend, op, stream in parts:
-            try:
-                with cp.cuda.Device(backend.device_id):
+        nccl.groupStart()
+        try:
+            for backend, op, stream in parts:
+                try:
+                    runtime.setDevice(backend.device_id)
                     queued.append(backend.enqueue_unrecorded(op, stream))  # type: ignore[attr-defined]
-            except BaseException as exc:  # an interrupt too: every rank is accounted for
-                queued.append(exc)
-        if any(isinstance(entry, BaseException) for entry in queued):
-            failed()
+                except BaseException as exc:  # an interrupt too: every rank is accounted for
+                    queued.append(exc)
+            if any(isinstance(entry, BaseException) for entry in queued):
+                failed()
+        finally:
+            group_error = _end_group(nccl)
+        return [_recorded(part, entry, group_error) for part, entry in zip(parts, queued,
+                                                                           strict=True)]
     finally:
-        group_error = _end_group(nccl)
-    started: list[Any] = []
-    for (backend, op, _), entry in zip(parts, queued, strict=True):
-        if isinstance(entry, BaseException):
-            started.append(entry)
-        elif group_error is not None:
-            started.append(_unlaunched(entry[0], group_error))
-        else:
-            try:
-                with cp.cuda.Device(backend.device_id):
-                    event = backend.record(entry)  # type: ignore[attr-defined]
-            except BaseException as exc:  # a context gone bad: nothing will report the op
-                started.append(_unlaunched(entry[0], exc))
-                continue
-            started.append((op, entry[0], event))
-    return started
+        runtime.setDevice(current)
+
+
+def _recorded(part: Rank, entry: Any, group_error: Exception | None) -> Any:
+    """``start_ranks``' entry of one rank once its group is launched: ``(op, result,
+    event)`` with the event recorded behind the rank's work (its device made current), or
+    the rank's error."""
+    backend, op, _ = part
+    if isinstance(entry, BaseException):
+        return entry
+    if group_error is not None:
+        return _unlaunched(entry[0], group_error)
+    try:
+        cp.cuda.runtime.setDevice(backend.device_id)
+        event = backend.record(entry)  # type: ignore[attr-defined]
+    except BaseException as exc:  # a context gone bad: nothing will report the op
+        return _unlaunched(entry[0], exc)
+    return op, entry[0], event
 
 
 def _end_group(nccl: Any) -> Exception | None:

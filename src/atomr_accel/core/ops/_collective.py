@@ -217,6 +217,11 @@ class RunCollective(Op):
 
     def refs(self) -> tuple[GpuRef, ...]:
         """Every send and recv buffer of the calls."""
+        if len(self.calls) == 1:  # the common case, without the general dedup
+            send, recv = self.calls[0].send, self.calls[0].recv
+            if recv is None or recv is send:
+                return () if send is None else (send,)
+            return (recv,) if send is None or send == recv else (send, recv)
         refs: list[GpuRef] = []
         for call in self.calls:
             refs.extend(r for r in (call.send, call.recv) if r is not None and r not in refs)
@@ -224,6 +229,9 @@ class RunCollective(Op):
 
     def writes(self) -> tuple[GpuRef, ...]:
         """The recv buffers of the calls."""
+        if len(self.calls) == 1:
+            recv = self.calls[0].recv
+            return () if recv is None else (recv,)
         return tuple({c.recv: None for c in self.calls if c.recv is not None})
 
     def validate(self) -> None:
