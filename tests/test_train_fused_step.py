@@ -374,7 +374,7 @@ def test_a_step_sends_each_run_of_a_replicas_ops_as_one_request(
     alone = [op for op in requests if not isinstance(op, OpSequence)]
     assert not [op for op in alone if may_sequence(op)]
     assert sorted(type(op).__name__ for op in alone) == \
-        ["Download"] * replicas + ["Upload"] * 2 * replicas  # x and y, the stats
+        ["Download"] * replicas + ["Upload"] * 3 * replicas  # x, y, Adam's hyper_values; the stats
     # A replica: zeroing, forward, loss and the last layer's backward, the first layer's
     # backward, the check and the updates: five sequences holding 14 ops.
     assert len(sequences) == 5 * replicas

@@ -439,6 +439,7 @@ class ModelReplica(ReplicaUpdates):
         ``step_stats[0]`` on the device; ``bucket_ready`` in the last micro-batch, and for
         every bucket again at the end (the gradients are zeroed when there is none)."""
         stats = self._stats = await self._buffer(("stats",), STATS_LENGTH)
+        await self._hyper()  # for finish_step_ops
         coros: list[Thunk] = [self._run(FillZeros(stats.ref))]
         if not batches:
             coros += self._zero_ops()
@@ -472,10 +473,11 @@ class ModelReplica(ReplicaUpdates):
     async def train_step_async(self, x: Any, y: Any) -> float:
         """Zero the gradients, forward ``x``, take the loss against ``y``, backward, update;
         all submitted back to back and awaited once. Answers the loss (before the update)."""
+        await self._hyper()
         coros = await self._gradient_ops(x, y, grad_scale=1.0, zero=True, micro_batch=0,
                                          bucket_ready=None)
-        coros += [*self._update_ops(1.0), self._read_loss]
-        results = await gather(coros)
+        uploads, updates = self._update_ops(1.0)
+        results = await gather([*uploads, *coros, *updates, self._read_loss])
         return float(results[-1])
 
     train_step = twin(train_step_async, on_loop=True)

@@ -19,16 +19,21 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
+
 from atomr_accel.blueprint import twin
+from atomr_accel.core._dtype import DType
 from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core._op import Op
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._train import (
+    HYPER_LENGTH,
     STATS_LENGTH,
     AdamUpdate,
     FillZeros,
     GradCheck,
     SgdUpdate,
+    hyper_values,
 )
 from atomr_accel.facade._buffers import GpuBuffer
 from atomr_accel.train._model import Array
@@ -36,6 +41,9 @@ from atomr_accel.train._optim import SGD, Adam
 from atomr_accel.train._replica_state import ReplicaState, Thunk, gather, require_real
 
 __all__ = ["ReplicaUpdates"]
+
+_HYPER = ("hyper",)
+"""The work-buffer key of the update's ``hyper_values`` (``ReplicaUpdates._hyper``)."""
 
 
 class ReplicaUpdates(ReplicaState):
@@ -62,33 +70,60 @@ class ReplicaUpdates(ReplicaState):
 
     zero_grad = twin(zero_grad_async, on_loop=True)
 
-    def _update_ops(self, grad_scale: float, gate: GpuRef | None = None) -> list[Thunk]:
-        """One fused update a bucket (applied only where ``gate[2] != 0`` when given);
-        advances the step count."""
+    def _scalars_vary(self) -> bool:
+        """Whether the update's scalars change from step to step (Adam's bias corrections,
+        a schedule's learning rate): they then reach the device in a ``hyper`` buffer, so
+        that the update ops are the same every step (and replayed as a recorded graph)."""
+        opt = self.optimizer
+        return isinstance(opt, Adam) or opt.schedule is not None
+
+    async def _hyper(self) -> GpuBuffer | None:
+        """The buffer of the update's ``hyper_values`` (made on first use), None where the
+        scalars do not vary."""
+        if not self._scalars_vary():
+            return None
+        return await self._buffer(_HYPER, HYPER_LENGTH, DType.F64)
+
+    def _update_ops(self, grad_scale: float, gate: GpuRef | None = None
+                    ) -> tuple[list[Thunk], list[Thunk]]:
+        """The upload of this update's ``hyper_values`` into the ``hyper`` buffer (none where
+        the scalars do not vary; ``_hyper`` made it), and one fused update a bucket
+        (applied only where ``gate[2] != 0`` when given); advances the step count. The
+        upload may go first in a step, so that the updates join the backward's sequence."""
         opt = self.optimizer
         lr = opt.lr_at(self.step)
+        hyper = self._work.get(_HYPER) if self._scalars_vary() else None
+        betas = opt.betas if isinstance(opt, Adam) else (0.0, 0.0)
+        uploads = [] if hyper is None else [self._upload(hyper, np.array(
+            hyper_values(lr, self.step + 1, *betas), dtype=np.float64))]
+        ref = None if hyper is None else hyper.ref
+        if ref is not None:  # the ops' own scalars stay fixed: the kernel reads hyper's
+            lr = opt.lr
         ops: list[Op] = []
         for b, (p, g) in enumerate(zip(self.params, self.grads, strict=True)):
             if isinstance(opt, SGD):
                 buf = self.optimizer_state["momentum_buffer"][b].ref if opt.momentum else None
                 ops.append(SgdUpdate(p.ref, g.ref, buf, 0, len(p), lr, opt.momentum,
                                      opt.nesterov, opt.weight_decay, grad_scale,
-                                     self.step == 0, gate=gate))
+                                     self.step == 0, gate=gate, hyper=ref))
             else:
                 assert isinstance(opt, Adam)  # AdamW is an Adam
                 ops.append(AdamUpdate(p.ref, g.ref, self.optimizer_state["exp_avg"][b].ref,
                                       self.optimizer_state["exp_avg_sq"][b].ref, 0, len(p),
-                                      lr, self.step + 1, opt.betas[0], opt.betas[1], opt.eps,
+                                      lr, 1 if ref is not None else self.step + 1,
+                                      opt.betas[0], opt.betas[1], opt.eps,
                                       opt.weight_decay, opt.decoupled, grad_scale,
-                                      gate=gate))
+                                      gate=gate, hyper=ref))
         self.step += 1
-        return [self._run(op) for op in ops]
+        return uploads, [self._run(op) for op in ops]
 
     async def optimizer_step_async(self, *, grad_scale: float = 1.0) -> None:
         """Apply one fused optimizer update per bucket, the gradients multiplied by
         ``grad_scale`` first; the step count (and the schedule's learning rate) advances."""
         require_real("grad_scale", grad_scale)
-        await gather(self._update_ops(float(grad_scale)))
+        await self._hyper()
+        uploads, updates = self._update_ops(float(grad_scale))
+        await gather([*uploads, *updates])
 
     optimizer_step = twin(optimizer_step_async, on_loop=True)
 
@@ -97,12 +132,13 @@ class ReplicaUpdates(ReplicaState):
         ``step_stats`` hold their sums over the replicas: ``GradCheck``, the optimizer
         update gated on its flag and the download of ``step_stats``, as calls to start
         in order (``gather``); the last answers the three stats as a host array. The step
-        count advances, and goes back if the flag comes back 0 (nothing was applied)."""
+        count advances, and goes back if the flag comes back 0 (nothing was applied).
+        ``gradient_phase_ops`` made the ``hyper`` buffer where the update needs one."""
         stats = self.step_stats
         before = self.step
         check = self._run(GradCheck(tuple(g.ref for g in self.grads), stats.ref))
-        update = self._update_ops(1.0, gate=stats.ref)
-        return [check, *update, partial(self._settle_step, stats, before)]
+        uploads, updates = self._update_ops(1.0, gate=stats.ref)
+        return [*uploads, check, *updates, partial(self._settle_step, stats, before)]
 
     async def _settle_step(self, stats: GpuBuffer, before: int) -> Array:
         values: Array = await self.device.copy_to_numpy_async(

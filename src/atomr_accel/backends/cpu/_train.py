@@ -17,6 +17,7 @@ from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import shared
 from atomr_accel.core._ref import GpuRef
 from atomr_accel.core.ops._train import (
+    HYPER_LENGTH,
     AdamUpdate,
     FillZeros,
     GradCheck,
@@ -27,6 +28,7 @@ from atomr_accel.core.ops._train import (
     MseLoss,
     SgdUpdate,
     SoftmaxCrossEntropy,
+    hyper_values,
 )
 
 __all__ = [
@@ -162,11 +164,24 @@ def _open(backend: ArrayBackend, gate: GpuRef | None) -> bool:
     return gate is None or bool(span(backend, gate, 2, 1)[0] != 0)
 
 
+def _scalars(backend: ArrayBackend, op: SgdUpdate | AdamUpdate
+             ) -> tuple[float, float, float]:
+    """The update's learning rate and Adam's two bias corrections (``hyper_values``):
+    read from ``hyper`` when it has one, else from its own ``lr`` (and ``step``)."""
+    if op.hyper is not None:
+        lr, correction1, root2 = span(backend, op.hyper, 0, HYPER_LENGTH).tolist()
+        return float(lr), float(correction1), float(root2)
+    if isinstance(op, AdamUpdate):
+        return hyper_values(op.lr, op.step, op.beta1, op.beta2)
+    return op.lr, 1.0, 1.0
+
+
 @shared.handles(SgdUpdate, quiet=True)
 def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
     """torch's SGD over the span (see ``SgdUpdate``); nothing when its gate is closed."""
     if not _open(backend, op.gate):
         return
+    lr, _, _ = _scalars(backend, op)
     p = span(backend, op.params, op.offset, op.length)
     g = span(backend, op.grads, op.offset, op.length) * op.grad_scale
     if op.weight_decay:
@@ -179,7 +194,7 @@ def sgd_update(backend: ArrayBackend, op: SgdUpdate) -> None:
             buf *= op.momentum
             buf += g
         g = g + op.momentum * buf if op.nesterov else buf
-    p -= op.lr * g
+    p -= lr * g
 
 
 @shared.handles(AdamUpdate, quiet=True)
@@ -188,22 +203,21 @@ def adam_update(backend: ArrayBackend, op: AdamUpdate) -> None:
     closed."""
     if not _open(backend, op.gate):
         return
+    lr, correction1, root2 = _scalars(backend, op)
     xp = backend.xp
     p = span(backend, op.params, op.offset, op.length)
     m = span(backend, op.exp_avg, op.offset, op.length)
     v = span(backend, op.exp_avg_sq, op.offset, op.length)
     g = span(backend, op.grads, op.offset, op.length) * op.grad_scale
     if op.decoupled:
-        p *= 1.0 - op.lr * op.weight_decay
+        p *= 1.0 - lr * op.weight_decay
     elif op.weight_decay:
         g = g + op.weight_decay * p
     m *= op.beta1
     m += (1.0 - op.beta1) * g
     v *= op.beta2
     v += (1.0 - op.beta2) * g * g
-    correction1 = 1.0 - op.beta1 ** op.step
-    correction2 = 1.0 - op.beta2 ** op.step
-    p -= (op.lr / correction1) * m / (xp.sqrt(v) / correction2 ** 0.5 + op.eps)
+    p -= (lr / correction1) * m / (xp.sqrt(v) / root2 + op.eps)
 
 
 @shared.handles(FillZeros, quiet=True)

@@ -57,6 +57,7 @@ from atomr_accel.core._op import (
 from atomr_accel.core._ref import GpuRef
 
 __all__ = [
+    "HYPER_LENGTH",
     "STATS_LENGTH",
     "TRAIN_OP_DTYPES",
     "AdamUpdate",
@@ -69,6 +70,7 @@ __all__ = [
     "MseLoss",
     "SgdUpdate",
     "SoftmaxCrossEntropy",
+    "hyper_values",
 ]
 
 declare("train", "Train",
@@ -80,6 +82,16 @@ TRAIN_OP_DTYPES = (DType.F32, DType.F64)
 
 STATS_LENGTH = 3
 """The elements of a step's stats buffer: ``[loss_sum, grad_sumsq, apply_flag]``."""
+HYPER_LENGTH = 3
+"""The elements of an update's ``hyper`` buffer (f64): ``hyper_values``'."""
+
+
+def hyper_values(lr: float, step: int, beta1: float = 0.9, beta2: float = 0.999
+                 ) -> tuple[float, float, float]:
+    """What an update's ``hyper`` buffer holds for a step: ``[lr, 1 - beta1^step,
+    sqrt(1 - beta2^step)]`` (Adam's bias corrections of 1-based ``step``; SGD reads
+    ``lr`` alone)."""
+    return lr, 1.0 - beta1 ** step, math.sqrt(1.0 - beta2 ** step)
 
 
 def _floats(**refs: GpuRef | None) -> DType:
@@ -370,9 +382,13 @@ class _Update(_TrainOp):
     weight_decay: float
     grad_scale: float
     gate: GpuRef | None
+    hyper: GpuRef | None
 
     def _check_update(self, **state: GpuRef | None) -> None:
         _floats(params=self.params, grads=self.grads, gate=self.gate, **state)
+        if self.hyper is not None:
+            require_dtype(self.hyper, (DType.F64,), "hyper")
+            _span(self.hyper, 0, HYPER_LENGTH, "hyper")
         require_nonneg(offset=self.offset)
         require_positive(length=self.length)
         _real("lr", self.lr, least=0.0)
@@ -383,7 +399,8 @@ class _Update(_TrainOp):
                 _span(ref, self.offset, self.length, name)
         if self.gate is not None:
             _span(self.gate, 0, STATS_LENGTH, "gate")
-        _distinct({"params": self.params, **state}, {"grads": self.grads, "gate": self.gate})
+        _distinct({"params": self.params, **state},
+                  {"grads": self.grads, "gate": self.gate, "hyper": self.hyper})
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +411,10 @@ class SgdUpdate(_Update):
     ``buf = g`` when ``first_step`` else ``momentum * buf + g`` (in
     ``momentum_buffer``), then ``g = g + momentum * buf`` (``nesterov``) or
     ``buf``; ``p -= lr * g``. One fused element-wise kernel on CUDA. With ``gate``
-    (None: always) nothing changes unless ``gate[2] != 0``.
+    (None: always) nothing changes unless ``gate[2] != 0``. With ``hyper`` (an f64
+    buffer, ``hyper_values``), ``lr`` is ``hyper[0]`` as the update runs, in place of
+    the op's own: an op whose learning rate changes every step is then the same op every
+    step, so a sequence holding it is replayed as one recorded CUDA graph.
     """
 
     outputs: ClassVar[tuple[str, ...]] = ("params", "momentum_buffer")
@@ -410,6 +430,7 @@ class SgdUpdate(_Update):
     grad_scale: float = 1.0
     first_step: bool = False
     gate: GpuRef | None = None
+    hyper: GpuRef | None = None
 
     def validate(self) -> None:
         self._check_update(momentum_buffer=self.momentum_buffer)
@@ -428,7 +449,11 @@ class AdamUpdate(_Update):
     ``p *= 1 - lr * weight_decay``); ``m = beta1 m + (1 - beta1) g``; ``v = beta2 v +
     (1 - beta2) g^2``; ``p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 -
     beta2^step) + eps)``. One fused element-wise kernel on CUDA. With ``gate`` (None:
-    always) nothing changes unless ``gate[2] != 0``.
+    always) nothing changes unless ``gate[2] != 0``. With ``hyper`` (an f64 buffer
+    holding ``hyper_values(lr, step, beta1, beta2)``), the learning rate and the bias
+    corrections are read there as the update runs, in place of the op's own ``lr`` and
+    ``step``: the op is then the same every step, so a sequence holding it is replayed
+    as one recorded CUDA graph.
     """
 
     outputs: ClassVar[tuple[str, ...]] = ("params", "exp_avg", "exp_avg_sq")
@@ -447,6 +472,7 @@ class AdamUpdate(_Update):
     decoupled: bool = False
     grad_scale: float = 1.0
     gate: GpuRef | None = None
+    hyper: GpuRef | None = None
 
     def validate(self) -> None:
         self._check_update(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq)
