@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -367,7 +368,8 @@ def start_ranks(parts: Sequence[Rank], failed: Callable[[], object]) -> list[Any
         return [_recorded(part, entry, group_error) for part, entry in zip(parts, queued,
                                                                            strict=True)]
     finally:
-        runtime.setDevice(current)
+        with contextlib.suppress(runtime.CUDARuntimeError):  # a rank's error says it
+            runtime.setDevice(current)
 
 
 def _recorded(part: Rank, entry: Any, group_error: Exception | None) -> Any:
