@@ -434,13 +434,15 @@ class ModelReplica(ReplicaUpdates):
     async def gradient_phase_ops(self, batches: Sequence[MicroBatch], *,
                                  bucket_ready: Callable[[int], None]) -> list[Thunk]:
         """A trainer step's first half (``finish_step_ops`` is the second), as calls to
-        start in order, nothing read back: zero ``step_stats``, then ``gradient_step``'s
+        start in order, nothing read back: the upload of the coming update's ``hyper``
+        values (where it has any: ``finish_step_ops`` reads them), zero ``step_stats``,
+        then ``gradient_step``'s
         ops for each micro-batch (the first zeroes), ``rows * loss`` added into
         ``step_stats[0]`` on the device; ``bucket_ready`` in the last micro-batch, and for
         every bucket again at the end (the gradients are zeroed when there is none)."""
         stats = self._stats = await self._buffer(("stats",), STATS_LENGTH)
-        await self._hyper()  # for finish_step_ops
-        coros: list[Thunk] = [self._run(FillZeros(stats.ref))]
+        await self._hyper()
+        coros: list[Thunk] = [*self._hyper_uploads(), self._run(FillZeros(stats.ref))]
         if not batches:
             coros += self._zero_ops()
         for number, batch in enumerate(batches):
@@ -476,8 +478,9 @@ class ModelReplica(ReplicaUpdates):
         await self._hyper()
         coros = await self._gradient_ops(x, y, grad_scale=1.0, zero=True, micro_batch=0,
                                          bucket_ready=None)
-        uploads, updates = self._update_ops(1.0)
-        results = await gather([*uploads, *coros, *updates, self._read_loss])
+        uploads = self._hyper_uploads()
+        coros += [*self._update_ops(1.0), self._read_loss]
+        results = await gather([*uploads, *coros])
         return float(results[-1])
 
     train_step = twin(train_step_async, on_loop=True)

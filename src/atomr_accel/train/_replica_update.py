@@ -84,21 +84,27 @@ class ReplicaUpdates(ReplicaState):
             return None
         return await self._buffer(_HYPER, HYPER_LENGTH, DType.F64)
 
-    def _update_ops(self, grad_scale: float, gate: GpuRef | None = None
-                    ) -> tuple[list[Thunk], list[Thunk]]:
-        """The upload of this update's ``hyper_values`` into the ``hyper`` buffer (none where
-        the scalars do not vary; ``_hyper`` made it), and one fused update a bucket
-        (applied only where ``gate[2] != 0`` when given); advances the step count. The
-        upload may go first in a step, so that the updates join the backward's sequence."""
-        opt = self.optimizer
-        lr = opt.lr_at(self.step)
+    def _hyper_uploads(self) -> list[Thunk]:
+        """The upload of the coming update's ``hyper_values`` (its step not counted yet)
+        into the ``hyper`` buffer, which ``_hyper`` made; none where the scalars do not
+        vary. It goes first in a step, beside the batch's uploads: the updates then join
+        the backward's sequence, and a trainer's second half waits for no upload."""
         hyper = self._work.get(_HYPER) if self._scalars_vary() else None
+        if hyper is None:
+            return []
+        opt = self.optimizer
         betas = opt.betas if isinstance(opt, Adam) else (0.0, 0.0)
-        uploads = [] if hyper is None else [self._upload(hyper, np.array(
-            hyper_values(lr, self.step + 1, *betas), dtype=np.float64))]
+        values = hyper_values(opt.lr_at(self.step), self.step + 1, *betas)
+        return [self._upload(hyper, np.array(values, dtype=np.float64))]
+
+    def _update_ops(self, grad_scale: float, gate: GpuRef | None = None) -> list[Thunk]:
+        """One fused update a bucket (applied only where ``gate[2] != 0`` when given);
+        advances the step count. Where the scalars vary, the ops read them from the
+        ``hyper`` buffer (``_hyper_uploads`` fills it), so they are the same every step."""
+        opt = self.optimizer
+        hyper = self._work.get(_HYPER) if self._scalars_vary() else None
         ref = None if hyper is None else hyper.ref
-        if ref is not None:  # the ops' own scalars stay fixed: the kernel reads hyper's
-            lr = opt.lr
+        lr = opt.lr if ref is not None else opt.lr_at(self.step)  # fixed when hyper's is read
         ops: list[Op] = []
         for b, (p, g) in enumerate(zip(self.params, self.grads, strict=True)):
             if isinstance(opt, SGD):
@@ -115,15 +121,14 @@ class ReplicaUpdates(ReplicaState):
                                       opt.weight_decay, opt.decoupled, grad_scale,
                                       gate=gate, hyper=ref))
         self.step += 1
-        return uploads, [self._run(op) for op in ops]
+        return [self._run(op) for op in ops]
 
     async def optimizer_step_async(self, *, grad_scale: float = 1.0) -> None:
         """Apply one fused optimizer update per bucket, the gradients multiplied by
         ``grad_scale`` first; the step count (and the schedule's learning rate) advances."""
         require_real("grad_scale", grad_scale)
         await self._hyper()
-        uploads, updates = self._update_ops(float(grad_scale))
-        await gather([*uploads, *updates])
+        await gather([*self._hyper_uploads(), *self._update_ops(float(grad_scale))])
 
     optimizer_step = twin(optimizer_step_async, on_loop=True)
 
@@ -133,12 +138,12 @@ class ReplicaUpdates(ReplicaState):
         update gated on its flag and the download of ``step_stats``, as calls to start
         in order (``gather``); the last answers the three stats as a host array. The step
         count advances, and goes back if the flag comes back 0 (nothing was applied).
-        ``gradient_phase_ops`` made the ``hyper`` buffer where the update needs one."""
+        ``gradient_phase_ops`` wrote the update's ``hyper`` values where it has any."""
         stats = self.step_stats
         before = self.step
         check = self._run(GradCheck(tuple(g.ref for g in self.grads), stats.ref))
-        uploads, updates = self._update_ops(1.0, gate=stats.ref)
-        return [*uploads, check, *updates, partial(self._settle_step, stats, before)]
+        update = self._update_ops(1.0, gate=stats.ref)
+        return [check, *update, partial(self._settle_step, stats, before)]
 
     async def _settle_step(self, stats: GpuBuffer, before: int) -> Array:
         values: Array = await self.device.copy_to_numpy_async(
