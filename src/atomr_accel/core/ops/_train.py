@@ -83,7 +83,7 @@ TRAIN_OP_DTYPES = (DType.F32, DType.F64)
 STATS_LENGTH = 3
 """The elements of a step's stats buffer: ``[loss_sum, grad_sumsq, apply_flag]``."""
 HYPER_LENGTH = 3
-"""The elements of an update's ``hyper`` buffer (f64): ``hyper_values``'."""
+"""The elements of an update's ``hyper`` buffer (f64), as ``hyper_values`` gives them."""
 
 
 def hyper_values(lr: float, step: int, beta1: float = 0.9, beta2: float = 0.999
