@@ -20,7 +20,7 @@ import numpy as np
 from atomr_accel.backends._base import ArrayBackend
 from atomr_accel.backends._handlers import shared
 from atomr_accel.backends._lazy import lazy_module
-from atomr_accel.core._op import require
+from atomr_accel.core._errors import InvalidArgument
 from atomr_accel.core.ops._blas import (
     Asum,
     Axpy,
@@ -76,11 +76,10 @@ def matrix_views(backend: ArrayBackend, spec: Matrix) -> Array:
     """Return a writable ``(batch, rows, cols)`` view of a column-major batch in its buffer."""
     buf = backend.array(spec.ref.buffer_id)
     extent = spec.extent
-    require(
-        min(spec.rows, spec.cols, spec.batch, spec.stride) >= 0 and extent <= buf.size,
-        f"{spec.name} does not fit its buffer of {buf.size} elements; validate the op first",
-    )
     batch, rows, cols, ld, stride = spec.batch, spec.rows, spec.cols, spec.ld, spec.stride
+    if min(rows, cols, batch, stride) < 0 or extent > buf.size:  # (the message made only here)
+        raise InvalidArgument(f"{spec.name} does not fit its buffer of {buf.size} elements; "
+                              "validate the op first")
     xp = backend.xp
     if extent == 0:
         return xp.empty((batch, rows, cols), buf.dtype)
@@ -104,7 +103,8 @@ def vector_view(backend: ArrayBackend, spec: Vector) -> Array:
     buf = backend.array(spec.ref.buffer_id)
     step = abs(spec.inc)
     view = buf[: spec.extent : step] if spec.n > 0 else buf[:0]
-    require(view.size == spec.n, f"{spec.name} does not fit its buffer; validate the op first")
+    if view.size != spec.n:
+        raise InvalidArgument(f"{spec.name} does not fit its buffer; validate the op first")
     return view if spec.inc > 0 else view[::-1]
 
 
