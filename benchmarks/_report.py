@@ -11,7 +11,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,20 @@ def wall_samples(fn: Callable[[], Any], reps: int, warm: int) -> list[float]:
         start = time.perf_counter()
         fn()
         out.append(time.perf_counter() - start)
+    return out
+
+
+async def samples_ns_async(make: Callable[[], Awaitable[Any]], reps: int,
+                           warm: int = 200) -> list[int]:
+    """Wall nanoseconds of each of ``reps`` awaited calls of ``make()``, after ``warm``
+    untimed ones, on the running loop."""
+    for _ in range(warm):
+        await make()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter_ns()
+        await make()
+        out.append(time.perf_counter_ns() - start)
     return out
 
 

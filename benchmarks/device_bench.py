@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import add_quick, print_table, summarize_us, write_json
+from _report import add_quick, print_table, samples_ns_async, summarize_us, write_json
 
 from atomr_accel import Device, System
 from atomr_accel.core import DType, GpuRef
@@ -64,15 +64,8 @@ def timed(fn: Callable[[], Any], reps: int) -> list[int]:
 
 
 async def timed_async(fn: Callable[[], Any], reps: int) -> list[int]:
-    """``timed`` for a coroutine function."""
-    for _ in range(min(200, reps)):
-        await fn()
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter_ns()
-        await fn()
-        samples.append(time.perf_counter_ns() - start)
-    return samples
+    """``timed`` for a coroutine function (GC left on, as before)."""
+    return await samples_ns_async(fn, reps, min(200, reps))
 
 
 class WorkerThread:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ try:
     from cupy.cuda import curand
 except ImportError:  # no CuPy, so no CUDA device: main() says so and skips
     cp = curand = None
-from _report import print_table, require_cuda, summarize_us, write_json
+from _report import print_table, require_cuda, samples_ns_async, summarize_us, write_json
 
 from atomr_accel import Device, System
 from atomr_accel.core import KernelRef
@@ -77,20 +77,6 @@ def samples_ns(fn: Callable[[], Any], reps: int, warm: int = 200) -> list[int]:
     for _ in range(reps):
         start = time.perf_counter_ns()
         fn()
-        out.append(time.perf_counter_ns() - start)
-    return out
-
-
-async def samples_ns_async(make: Callable[[], Awaitable[Any]], reps: int,
-                           warm: int = 200) -> list[int]:
-    """``samples_ns`` for an async call: wall nanoseconds of each of ``reps`` awaited calls
-    of ``make()``, after ``warm`` untimed ones, on the running loop."""
-    for _ in range(warm):
-        await make()
-    out = []
-    for _ in range(reps):
-        start = time.perf_counter_ns()
-        await make()
         out.append(time.perf_counter_ns() - start)
     return out
 
