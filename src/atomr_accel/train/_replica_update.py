@@ -84,12 +84,16 @@ class ReplicaUpdates(ReplicaState):
             return None
         return await self._buffer(_HYPER, HYPER_LENGTH, DType.F64)
 
+    def _hyper_made(self) -> GpuBuffer | None:
+        """The ``hyper`` buffer ``_hyper`` made, where the scalars vary; else None."""
+        return self._work.get(_HYPER) if self._scalars_vary() else None
+
     def _hyper_uploads(self) -> list[Thunk]:
         """The upload of the coming update's ``hyper_values`` (its step not counted yet)
         into the ``hyper`` buffer, which ``_hyper`` made; none where the scalars do not
         vary. It goes first in a step, beside the batch's uploads: the updates then join
         the backward's sequence, and a trainer's second half waits for no upload."""
-        hyper = self._work.get(_HYPER) if self._scalars_vary() else None
+        hyper = self._hyper_made()
         if hyper is None:
             return []
         opt = self.optimizer
@@ -102,7 +106,7 @@ class ReplicaUpdates(ReplicaState):
         advances the step count. Where the scalars vary, the ops read them from the
         ``hyper`` buffer (``_hyper_uploads`` fills it), so they are the same every step."""
         opt = self.optimizer
-        hyper = self._work.get(_HYPER) if self._scalars_vary() else None
+        hyper = self._hyper_made()
         ref = None if hyper is None else hyper.ref
         lr = opt.lr if ref is not None else opt.lr_at(self.step)  # fixed when hyper's is read
         ops: list[Op] = []
