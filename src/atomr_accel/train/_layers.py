@@ -9,7 +9,8 @@ may run single layers (a column- or row-parallel shard of a ``Linear`` is a
   gradients at the same offsets of the bucket's gradient buffer).
 * ``Saved``: what a layer's forward keeps for its backward (LayerNorm's
   statistics, Dropout's mask), allocated by ``saved_sizes``.
-* ``forward_ops(layer, x, y, rows, features, params, slot, saved, train, seed)``
+* ``forward_ops(layer, x, y, rows, features, params, slot, saved, train, seed,
+  seeds)``
   -> ops computing ``y`` from ``x`` (``rows x features`` in, ``rows x
   layer.features_out(features)`` out). ``aliases(layer, train)`` says when a
   layer computes nothing (``Flatten``, ``Dropout`` in evaluation or with
@@ -120,9 +121,10 @@ def saved_sizes(layer: Layer, rows: int, features: int, train: bool) -> dict[str
 
 def forward_ops(layer: Layer, x: GpuRef, y: GpuRef, rows: int, features: int,
                 params: GpuRef | None, slot: ParamSlot | None, saved: Saved, train: bool,
-                seed: int) -> list[Op]:
+                seed: int, seeds: GpuRef | None = None) -> list[Op]:
     """The ops computing ``y`` from ``x`` for one layer (empty when ``aliases``); ``seed``
-    draws a Dropout mask (same seed, same mask)."""
+    draws a Dropout mask (same seed, same mask), or with ``seeds`` (a u64 buffer) the
+    seed is ``seeds[seed]`` as the op runs."""
     if isinstance(layer, Linear):
         assert params is not None and slot is not None
         return [LinearForward(x, params, y, rows, layer.in_features, layer.out_features,
@@ -137,7 +139,7 @@ def forward_ops(layer: Layer, x: GpuRef, y: GpuRef, rows: int, features: int,
         return [ActivationForward(x, y, (rows * features,), kind)]
     if isinstance(layer, Dropout) and not aliases(layer, train):
         assert saved.mask is not None
-        return [DropoutForward(x, y, saved.mask, (rows * features,), layer.p, seed)]
+        return [DropoutForward(x, y, saved.mask, (rows * features,), layer.p, seed, seeds)]
     return []
 
 

@@ -62,7 +62,7 @@ from atomr_accel.train._layers import (
     forward_ops,
     saved_sizes,
 )
-from atomr_accel.train._model import Array, Flatten, Sequential, train_dtype
+from atomr_accel.train._model import Array, Dropout, Flatten, Sequential, train_dtype
 from atomr_accel.train._optim import (
     CrossEntropyLoss,
     Loss,
@@ -223,6 +223,7 @@ class ModelReplica(ReplicaUpdates):
         shape = tuple(int(s) for s in shape)
         rows = shape[0]
         shapes, inputs, saved = [shape], [], []
+        seeds, drawn, uploads = await self._seeds(micro_batch, train), [], len(coros)
         for i, (index, layer) in enumerate(zip(self.model.indices, self.model.layers,
                                                strict=True)):
             if isinstance(layer, Flatten):
@@ -241,17 +242,28 @@ class ModelReplica(ReplicaUpdates):
                 y = await self._buffer(("act", micro_batch, i), math.prod(out_shape))
                 slot = self.slots[i]
                 params = self.params[slot.bucket].ref if slot is not None else None
-                seed = hash((self.seed, self.step, index, micro_batch)) & (2**63 - 1)
+                if isinstance(layer, Dropout):
+                    drawn.append(hash((self.seed, self.step, index, micro_batch)) & (2**63 - 1))
                 coros += [self._run(op) for op in forward_ops(
                     layer, current, y.ref, lead, features, params, slot, saved[-1], train,
-                    seed)]
+                    len(drawn) - 1, None if seeds is None else seeds.ref)]
                 current = y.ref
             shape = out_shape
             shapes.append(shape)
+        if seeds is not None:  # before the forward's ops, beside the batch's upload
+            coros.insert(uploads, self._upload(seeds, np.array(drawn, dtype=np.uint64)))
         out = self._device_buffer(current, keep)
         tape = _Tape(rows, train, shapes, inputs, out, saved, keep)
         self._tapes[micro_batch] = tape
         return coros, tape
+
+    async def _seeds(self, micro_batch: int, train: bool) -> GpuBuffer | None:
+        """The u64 buffer a forward's Dropout ops read their masks' seeds from, one element
+        a Dropout layer that drops (None where none does). The step's seeds are uploaded
+        there, so the forward's ops are the same every step (and replayed as a graph)."""
+        count = sum(isinstance(layer, Dropout) and not aliases(layer, train)
+                    for layer in self.model.layers)
+        return await self._buffer(("seeds", micro_batch), count, DType.U64) if count else None
 
     def _device_buffer(self, ref: GpuRef, keep: list[GpuBuffer]) -> GpuBuffer:
         """The ``GpuBuffer`` behind ``ref`` among the replica's work buffers and ``keep``."""

@@ -392,17 +392,27 @@ def _splitmix64_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def dropout_keep(xp: Any, seed: int, count: int, probability: float) -> Array:
-    """Which of ``count`` elements dropout keeps (a bool array), from ``(seed, index)``."""
+def dropout_keep(xp: Any, key: Any, count: int, probability: float) -> Array:
+    """Which of ``count`` elements dropout keeps (a bool array), from ``(key, index)``;
+    ``key`` is ``splitmix64(seed)``, a uint64 scalar or one-element array."""
     index = xp.arange(count, dtype=xp.uint64)
-    bits = splitmix64(xp, index + xp.uint64(_splitmix64_int(seed)))
+    bits = splitmix64(xp, index + key)
     return (bits >> xp.uint64(40)) >= xp.uint64(round(probability * (1 << 24)))
+
+
+def _dropout_key(backend: ArrayBackend, op: DropoutForward) -> Any:
+    """``splitmix64`` of the op's seed: of ``seed`` itself, or made on the device from
+    ``seeds[seed]`` (nothing read back, so a graph may record it)."""
+    xp = backend.xp
+    if op.seeds is None:
+        return xp.uint64(_splitmix64_int(op.seed))
+    return splitmix64(xp, backend.array(op.seeds.buffer_id)[op.seed: op.seed + 1])
 
 
 def dropout_forward(backend: ArrayBackend, op: DropoutForward) -> str:
     """Write ``x * keep / (1 - p)`` into ``y`` and ``keep`` (0/1) into ``mask``."""
     xp, count = backend.xp, math.prod(op.dims)
-    keep = dropout_keep(xp, op.seed, count, op.probability)
+    keep = dropout_keep(xp, _dropout_key(backend, op), count, op.probability)
     x = _flat(backend, op.x, count).astype(_compute(op.x.dtype))
     y = _flat(backend, op.y, count)
     y[...] = (xp.where(keep, x, 0) * (1.0 / (1.0 - op.probability))).astype(y.dtype)

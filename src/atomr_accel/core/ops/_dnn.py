@@ -367,8 +367,13 @@ class DropoutForward(_DnnOp):
     when the top 24 bits of ``splitmix64(splitmix64(seed) + i)`` are at least
     ``round(p * 2**24)``. The same seed gives the same mask, bit for bit, on
     the CPU and on CUDA. Answers ``"cupy"`` or ``"numpy"``.
+
+    With ``seeds`` (a u64 buffer), the seed is ``seeds[seed]`` as the op runs,
+    not ``seed`` itself: a training step writes each step's seeds there, so its
+    ops are the same every step (and a CUDA graph recorded once replays them).
     """
 
+    replayable: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("y", "mask")
     api = _forms("dropout_fwd", ("x", "y", "mask", "dims", "probability", "seed"))
     x: GpuRef
@@ -377,6 +382,7 @@ class DropoutForward(_DnnOp):
     dims: tuple[int, ...]
     probability: float = 0.5
     seed: int = 0
+    seeds: GpuRef | None = None
 
     def validate(self) -> None:
         count = _dims("dims", self.dims)
@@ -387,6 +393,9 @@ class DropoutForward(_DnnOp):
         require_dtype(self.mask, (DType.U8,), "mask")
         for name, ref in (("x", self.x), ("y", self.y), ("mask", self.mask)):
             require_len(ref, count, name)
+        if self.seeds is not None:
+            require_dtype(self.seeds, (DType.U64,), "seeds")
+            require_len(self.seeds, self.seed + 1, "seeds")  # a u64 buffer: none of the others
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +403,7 @@ class DropoutBackward(_DnnOp):
     """The gradient of ``DropoutForward``: ``dx = dy * mask / (1 - probability)``, with the
     u8 ``mask`` the forward pass wrote. Answers ``"cupy"`` or ``"numpy"``."""
 
+    replayable: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("dx",)
     api = _forms("dropout_bwd", ("dy", "mask", "dx", "dims", "probability"))
     dy: GpuRef
