@@ -349,8 +349,30 @@ class Alarm(Exception):
     """The user's own exception, raised by the user's own signal handler."""
 
 
-def _alarm(signum: int, frame: object) -> None:
-    raise Alarm(f"signal {signum}")
+class _Alarms:
+    """A signal handler raising ``Alarm``, but not inside a callback of the garbage
+    collector (a dying weak reference's, say), where Python would swallow it: landed there,
+    the signal is sent again a moment later. ``join`` waits for every timer it started."""
+
+    def __init__(self) -> None:
+        self.timers: list[threading.Timer] = []
+
+    def send(self, delay: float) -> None:
+        """Raise ``SIGUSR1`` in this process after ``delay`` seconds."""
+        timer = threading.Timer(delay, signal.raise_signal, (signal.SIGUSR1,))
+        self.timers.append(timer)
+        timer.start()
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if _in_collector_callback(frame):
+            self.send(0.01)
+            return
+        raise Alarm(f"signal {signum}")
+
+    def join(self) -> None:
+        """Wait for the timers (each has fired, or fires now)."""
+        for timer in self.timers:
+            timer.join()
 
 
 @pytest.mark.parametrize("call", ["a second of work", "copy_to_numpy", "gemm"])
@@ -367,15 +389,15 @@ def test_a_signal_handlers_exception_reaches_the_caller_unchanged(env: Env, call
         "copy_to_numpy": lambda: dev.copy_to_numpy(a),
         "gemm": lambda: dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n),
     }
-    previous = signal.signal(signal.SIGUSR1, _alarm)
-    timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGUSR1,))
+    alarms = _Alarms()
+    previous = signal.signal(signal.SIGUSR1, alarms)
     try:
-        timer.start()
+        alarms.send(0.3)
         with pytest.raises(Alarm) as info:
             while True:  # until the signal lands (the calls take nearly all the time)
                 calls[call]()
     finally:
-        timer.join()
+        alarms.join()
         signal.signal(signal.SIGUSR1, previous)
     assert type(info.value) is Alarm and info.value.__cause__ is None
     assert any("atomr_accel" in str(entry.path) for entry in info.traceback), \
