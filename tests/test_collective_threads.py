@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _signals import Alarms
 
 from atomr_accel import ContextPoisoned, FaultKind, GpuRuntimeError, System
 from atomr_accel.core.ops._faults import InjectFault
@@ -227,17 +228,14 @@ def test_an_interrupted_blocking_collective_raises_unchanged_and_the_world_recov
     bufs = uploaded(devices, xs)
     busy = Busy(devices[1], InjectFault(FaultKind.OOM, delay=0.6)).started()
 
-    def handler(signum: int, frame: Any) -> None:
-        raise Interrupted
-
-    previous = signal.signal(signal.SIGUSR1, handler)  # pytest-timeout holds SIGALRM
-    timer = threading.Timer(0.2, signal.raise_signal, (signal.SIGUSR1,))
+    alarms = Alarms(Interrupted)
+    previous = signal.signal(signal.SIGUSR1, alarms)  # pytest-timeout holds SIGALRM
     try:
-        timer.start()
+        alarms.send(0.2)
         with pytest.raises(Interrupted):
             coll.all_reduce(bufs, timeout_secs=10)  # waits for rank 1 while it lands
     finally:
-        timer.join()
+        alarms.join()
         signal.signal(signal.SIGUSR1, previous)
     busy.join(10)
     assert isinstance(busy.raised, GpuRuntimeError), busy.raised

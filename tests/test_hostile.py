@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _ray_hosts import RAY
+from _signals import Alarms, in_collector_callback
 
 from atomr_accel import (
     AskTimeout,
@@ -349,32 +350,6 @@ class Alarm(Exception):
     """The user's own exception, raised by the user's own signal handler."""
 
 
-class _Alarms:
-    """A signal handler raising ``Alarm``, but not inside a callback of the garbage
-    collector (a dying weak reference's, say), where Python would swallow it: landed there,
-    the signal is sent again a moment later. ``join`` waits for every timer it started."""
-
-    def __init__(self) -> None:
-        self.timers: list[threading.Timer] = []
-
-    def send(self, delay: float) -> None:
-        """Raise ``SIGUSR1`` in this process after ``delay`` seconds."""
-        timer = threading.Timer(delay, signal.raise_signal, (signal.SIGUSR1,))
-        self.timers.append(timer)
-        timer.start()
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        if _in_collector_callback(frame):
-            self.send(0.01)
-            return
-        raise Alarm(f"signal {signum}")
-
-    def join(self) -> None:
-        """Wait for the timers (each has fired, or fires now)."""
-        for timer in self.timers:
-            timer.join()
-
-
 @pytest.mark.parametrize("call", ["a second of work", "copy_to_numpy", "gemm"])
 def test_a_signal_handlers_exception_reaches_the_caller_unchanged(env: Env, call: str) -> None:
     """A signal handler of the user's raises the user's exception while a blocking call runs
@@ -389,7 +364,7 @@ def test_a_signal_handlers_exception_reaches_the_caller_unchanged(env: Env, call
         "copy_to_numpy": lambda: dev.copy_to_numpy(a),
         "gemm": lambda: dev.blas().gemm_f64(a, a, c, m=n, n=n, k=n),
     }
-    alarms = _Alarms()
+    alarms = Alarms(Alarm)
     previous = signal.signal(signal.SIGUSR1, alarms)
     try:
         alarms.send(0.3)
@@ -516,7 +491,7 @@ def _storm(calls: list[Callable[[], object]], seconds: float, enough: int, seed:
         signal.setitimer(signal.ITIMER_PROF, float(next(armed)))
 
     def alarm(signum: int, frame: Any) -> None:
-        if _in_collector_callback(frame):  # Python swallows what is raised there
+        if in_collector_callback(frame):  # Python swallows what is raised there
             arm()
             return
         while frame is not None:  # only inside the package: the loop below stays exact
@@ -543,20 +518,6 @@ def _storm(calls: list[Callable[[], object]], seconds: float, enough: int, seed:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
         signal.signal(signal.SIGPROF, previous)
     return interrupted, answered
-
-
-def _in_collector_callback(frame: Any) -> bool:
-    """Whether ``frame`` runs inside a callback of the garbage collector (a weak reference's
-    or a ``__del__``): an exception raised there never reaches the call it interrupted,
-    Python reports it as unraisable, whatever the package does."""
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "__del__" or (
-                code.co_filename.endswith(("weakref.py", "_weakrefset.py"))
-                and code.co_name in ("_remove", "remove", "__call__")):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def test_calls_after_close_are_system_closed() -> None:
