@@ -28,6 +28,7 @@ from atomr_accel.hosts import BackendSpec
 from atomr_accel.train import (
     SGD,
     AdamW,
+    DataParallelTrainer,
     Dropout,
     LayerNorm,
     Linear,
@@ -173,3 +174,29 @@ def test_a_dropout_model_trains_alike_on_each_host_and_backend(backend: str) -> 
         want = reference.state_dict()
         for name, value in other.state_dict().items():
             np.testing.assert_allclose(value, want[name], rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_each_micro_batch_of_a_trainer_step_draws_its_own_dropout_masks(p: float) -> None:
+    """A trainer step over two micro-batches of the same rows: the first draws the mask a
+    step without micro-batches draws, the second a mask of its own, so the step's loss (the
+    micro-batches' mean) is not the single batch's. Without Dropout it is, to the bit."""
+    model = Sequential(Linear(6, 32), Dropout(p), Linear(32, 3))
+    rng = np.random.default_rng(21)
+    x, y = rng.standard_normal((8, 6)), rng.standard_normal((8, 3))
+    with System.open("micro-masks") as system:
+        def step_loss(xs: Any, ys: Any, micro_batch: int | None) -> float:
+            trainer = DataParallelTrainer.spawn(
+                system, model, loss=MSELoss(), optimizer=SGD(0.0), dtype="f64", seed=3,
+                devices=[system.spawn_device(mock=True)], micro_batch=micro_batch)
+            try:
+                return float(trainer.step(xs, ys))
+            finally:
+                trainer.stop()
+
+        once = step_loss(x, y, None)
+        twice = step_loss(np.concatenate([x, x]), np.concatenate([y, y]), len(x))
+    if p == 0.0:
+        assert twice == once
+    else:
+        assert abs(twice - once) > 1e-3 * once

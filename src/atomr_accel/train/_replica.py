@@ -191,9 +191,12 @@ class ModelReplica(ReplicaUpdates):
     # ------------------------------------------------------------ forward
 
     async def _forward_ops(self, x: Any, micro_batch: int, train: bool,
-                           shape: tuple[int, ...] | None
+                           shape: tuple[int, ...] | None, draw: int = 0,
                            ) -> tuple[list[Thunk], _Tape]:
-        """Make (allocating what is missing) the coroutines of a forward; keep its tape."""
+        """Make (allocating what is missing) the coroutines of a forward; keep its tape.
+        Dropout's masks are drawn from the replica's seed, the step, the layer,
+        ``micro_batch`` and ``draw`` (which tells apart the forwards of one step that share
+        a ``micro_batch`` key: a trainer's micro-batches)."""
         if not is_int(micro_batch) or micro_batch < 0:
             raise InvalidArgument(f"micro_batch must be an int >= 0, got {micro_batch!r}")
         if not isinstance(train, bool):
@@ -243,7 +246,8 @@ class ModelReplica(ReplicaUpdates):
                 slot = self.slots[i]
                 params = self.params[slot.bucket].ref if slot is not None else None
                 if isinstance(layer, Dropout):
-                    drawn.append(hash((self.seed, self.step, index, micro_batch)) & (2**63 - 1))
+                    drawn.append(hash((self.seed, self.step, index, micro_batch, draw))
+                                 & (2**63 - 1))
                 coros += [self._run(op) for op in forward_ops(
                     layer, current, y.ref, lead, features, params, slot, saved[-1], train,
                     len(drawn) - 1, None if seeds is None else seeds.ref)]
@@ -432,10 +436,11 @@ class ModelReplica(ReplicaUpdates):
 
     async def _gradient_ops(self, x: Any, y: Any, *, grad_scale: float, zero: bool,
                             micro_batch: int, bucket_ready: Callable[[int], None] | None,
-                            loss_sum: GpuRef | None = None) -> list[Thunk]:
+                            loss_sum: GpuRef | None = None, draw: int = 0) -> list[Thunk]:
         """Zero (when ``zero``), forward, loss (with ``loss_sum``: ``rows * loss`` added into
-        its first element on the device) and backward of one batch, as calls in order."""
-        forward, tape = await self._forward_ops(x, micro_batch, True, None)
+        its first element on the device) and backward of one batch, as calls in order
+        (``draw``: as for ``_forward_ops``)."""
+        forward, tape = await self._forward_ops(x, micro_batch, True, None, draw)
         loss = await self._loss_ops(y, micro_batch, grad_scale)
         if loss_sum is not None:
             assert self._loss_buffer is not None
@@ -462,7 +467,7 @@ class ModelReplica(ReplicaUpdates):
             coros += await self._gradient_ops(
                 batch.x, batch.y, grad_scale=batch.grad_scale, zero=number == 0,
                 micro_batch=0, bucket_ready=bucket_ready if last else None,
-                loss_sum=stats.ref)
+                loss_sum=stats.ref, draw=number)
         coros += [partial(_call_soon, bucket_ready, i) for i in range(len(self.grads))]
         return coros
 
