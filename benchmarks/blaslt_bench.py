@@ -21,10 +21,8 @@ It prints a table (ms, TFLOP/s, ours/nvmath) and writes JSON to ``--json``. Goal
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +35,7 @@ import numpy as np
 from _report import (
     add_quick,
     cupy_event_samples,
+    pipelined,
     print_table,
     require_cuda,
     wall_samples,
@@ -131,23 +130,10 @@ def main() -> None:
 
         rows["ours, blocking facade"] = wall_samples(ours, reps, warm)
 
-        async def pipelined() -> list[float]:
-            async def batch() -> None:
-                await asyncio.gather(*(blaslt.matmul_async(a, b, d, m, n, k, "bias_gelu",
-                                                           bias=bias)
-                                       for _ in range(args.inflight)))
-
-            for _ in range(warm):
-                await batch()
-            out = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                await batch()
-                out.append((time.perf_counter() - start) / args.inflight)
-            return out
-
         try:
-            rows[f"ours, async ({args.inflight} in flight)"] = asyncio.run(pipelined())
+            rows[f"ours, async ({args.inflight} in flight)"] = pipelined(
+                lambda: blaslt.matmul_async(a, b, d, m, n, k, "bias_gelu", bias=bias),
+                args.inflight, reps, warm)
         except Exception as exc:  # reported with the table; the other paths still run
             failures[f"ours, async ({args.inflight} in flight)"] = f"{type(exc).__name__}: {exc}"
         ours_d = dev.copy_to_numpy(d).reshape(m, n)[:64].astype(np.float64)
