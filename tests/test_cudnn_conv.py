@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _splitmix import splitmix64
 
 from atomr_accel import Device, DType, GpuBuffer, InvalidArgument, System
 from atomr_accel.core import GpuRef
@@ -196,14 +197,6 @@ def lrn_ref(x: Arr, n: int, a: float, b: float, k: float) -> Arr:
         total = (x[:, lo:hi + 1] ** 2).sum(axis=1)
         out[:, c] = x[:, c] / (k + a / n * total) ** b
     return out
-
-
-def splitmix64(z: int) -> int:
-    mask = (1 << 64) - 1
-    z = (z + 0x9E3779B97F4A7C15) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return z ^ (z >> 31)
 
 
 # ----------------------------------------------------------------- convolutions

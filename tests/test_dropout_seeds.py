@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _splitmix import MASK64, splitmix64
 
 from atomr_accel import DType, System
-from atomr_accel.backends import cuda_device_count
 from atomr_accel.core import GpuRef
 from atomr_accel.core.ops._dnn import DropoutBackward, DropoutForward
 from atomr_accel.core.ops._graph import OpSequence
@@ -39,20 +39,7 @@ from atomr_accel.train import (
     WarmupCosine,
 )
 
-BACKENDS = [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        cuda_device_count() < 1, reason="needs a CUDA device")]),
-]
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(z: int) -> int:
-    """SplitMix64's output function, in plain Python integers."""
-    z = (z + 0x9E3779B97F4A7C15) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # skipped without a GPU
 
 
 def documented_mask(seed: int, count: int, p: float) -> np.ndarray[Any, Any]:
